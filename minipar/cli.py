@@ -19,6 +19,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "bench": ("minipar.bench", "benchmarks: collectives, wait, model, ..."),
     "exercise": ("minipar.exercises.cli", "mpirun exercises: list | start NAME | check NAME FILE"),
     "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
+    "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
+    "plan": ("minipar.plan", "the papers' formulas: memory and bytes per rank at any scale"),
 }
 
 

@@ -1,0 +1,11 @@
+"""Figures, all drawn with matplotlib from data the package computes.
+
+Notebooks draw nothing by hand: every figure is a function here, so it is
+tested and stays short.  One submodule per topic (import it directly):
+
+* ``minipar.viz.ring``      ring all-reduce steps, bytes and bandwidth
+* ``minipar.viz.model``     serial model: memory by category, training curve, MoE load
+* ``minipar.viz.overview``  the map of the field: what each technique splits
+
+Figures are returned (``fig``), never shown, so they work headless (Agg).
+"""
