@@ -1,0 +1,236 @@
+"""The GPT model — модель GPT (декодер трансформера) — GPT 模型 (仅解码器的 Transformer).
+
+GPT-2 (Radford et al. 2019) as nanoGPT writes it: decoder only,
+pre-LayerNorm, untied output head, no dropout, so runs are deterministic.
+
+    x = tok_emb[tokens] + pos_emb[:T]
+    for each block:  x = x + attn(ln1(x));  x = x + ffn(ln2(x))   (ffn: MLP or MoE)
+    logits = ln_f(x) @ lm_head;  loss = mean cross-entropy + Σ_blocks aux_loss
+
+Parameter names (dotted, in this order — ``GPT.init`` returns them so):
+``tok_emb`` (V, d), ``pos_emb`` (block_size, d), per block i
+``blocks.{i}.ln1.{gamma,beta}``, ``blocks.{i}.attn.{w_qkv,b_qkv,w_out,b_out}``,
+``blocks.{i}.ln2.{gamma,beta}``, then ``blocks.{i}.mlp.{w_in,b_in,w_out,b_out}``
+or, in an MoE block, ``blocks.{i}.moe.router`` (d, E) and
+``blocks.{i}.moe.experts.{e}.{w_in,b_in,w_out,b_out}``; ``ln_f.{gamma,beta}``,
+``lm_head`` (d, V).
+
+Initialisation (GPT-2): weights N(0, 0.02²); the projections that write
+into the residual stream (``attn.w_out``, ``mlp.w_out``, experts' ``w_out``)
+N(0, (0.02/sqrt(2·n_layer))²); LayerNorm γ = 1, β = 0; biases 0.  Each from
+``(seed, name)`` (``init.py``).
+
+The pieces — ``embed_*``, ``block_*``, ``head_*`` — are public so that
+pipeline, tensor, sequence and expert parallel code runs the very same
+computation on its share; ``GPT.loss_and_grads`` is nothing but these
+pieces in order.  Its gradients are checked against central finite
+differences in float64 (tests/test_nn_gpt.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from minipar.backend import xp
+from minipar.nn import init as _init
+from minipar.nn._dtype import up
+from minipar.nn.attention import attention_backward, attention_forward
+from minipar.nn.gpt_config import GPTConfig
+from minipar.nn.layers import (
+    embedding_backward,
+    embedding_forward,
+    layernorm_backward,
+    layernorm_forward,
+    linear_backward,
+    linear_forward,
+)
+from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
+from minipar.nn.mlp import mlp_backward, mlp_forward
+from minipar.nn.moe import moe_backward, moe_forward
+
+__all__ = ["GPT", "GPTConfig", "param_shapes", "sub", "embed_forward", "embed_backward",
+           "block_forward", "block_backward", "head_forward", "head_backward"]
+
+
+def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in the model's order."""
+    d, f, e = cfg.d_model, cfg.d_ff, cfg.n_experts
+    s: dict[str, tuple[int, ...]] = {"tok_emb": (cfg.vocab_size, d), "pos_emb": (cfg.block_size, d)}
+    for i in range(cfg.n_layer):
+        b = f"blocks.{i}."
+        s.update({b + "ln1.gamma": (d,), b + "ln1.beta": (d,),
+                  b + "attn.w_qkv": (d, 3 * d), b + "attn.b_qkv": (3 * d,),
+                  b + "attn.w_out": (d, d), b + "attn.b_out": (d,),
+                  b + "ln2.gamma": (d,), b + "ln2.beta": (d,)})
+        experts = [f"moe.experts.{j}." for j in range(e)] if cfg.is_moe_block(i) else ["mlp."]
+        if cfg.is_moe_block(i):
+            s[b + "moe.router"] = (d, e)
+        for x in experts:
+            s.update({b + x + "w_in": (d, f), b + x + "b_in": (f,),
+                      b + x + "w_out": (f, d), b + x + "b_out": (d,)})
+    s.update({"ln_f.gamma": (d,), "ln_f.beta": (d,), "lm_head": (d, cfg.vocab_size)})
+    return s
+
+
+def sub(params: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The entries of ``params`` under ``prefix``, with the prefix removed."""
+    return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+
+
+# ------------------------------------------------------------------ embedding
+def embed_forward(
+    p: dict[str, Any], tokens: Any, cfg: GPTConfig, pos_offset: int = 0
+) -> tuple[Any, tuple]:
+    """x = tok_emb[tokens] + pos_emb[pos_offset : pos_offset + T]; tokens (B, T)."""
+    cfg.check_tokens(tokens, pos_offset=pos_offset)
+    t = tokens.shape[1]
+    x, s_tok = embedding_forward(p["tok_emb"], tokens)
+    x += p["pos_emb"][pos_offset:pos_offset + t]
+    return x, (s_tok, pos_offset, t, p["pos_emb"].shape)
+
+
+def embed_backward(saved: tuple, dx: Any) -> dict[str, Any]:
+    """Gradients {tok_emb, pos_emb} for dx (B, T, d)."""
+    s_tok, off, t, shape = saved
+    dpos = xp.zeros(shape, dtype=dx.dtype)
+    dpos[off:off + t] = up(dx).sum(axis=0)
+    return {"tok_emb": embedding_backward(s_tok, dx), "pos_emb": dpos}
+
+
+# ---------------------------------------------------------------------- block
+def block_forward(p: dict[str, Any], x: Any, cfg: GPTConfig) -> tuple[Any, dict[str, Any]]:
+    """One pre-LN block on x (B, T, d); ``p`` has the block's local names
+    (``ln1.gamma`` … ``mlp.w_out`` or ``moe.router`` …), i.e. ``sub(params, "blocks.i.")``.
+    An MoE block's ``saved["ffn"]`` holds its routing statistics and ``aux_loss``."""
+    a, s_ln1 = layernorm_forward(x, p["ln1.gamma"], p["ln1.beta"])
+    a, s_attn = attention_forward(sub(p, "attn."), a, cfg.n_head)
+    x1 = x + a
+    h, s_ln2 = layernorm_forward(x1, p["ln2.gamma"], p["ln2.beta"])
+    if "moe.router" in p:
+        h, s_ffn = moe_forward(sub(p, "moe."), h, cfg.n_experts, cfg.top_k,
+                               cfg.capacity_factor, cfg.aux_loss_coef)
+    else:
+        h, s_ffn = mlp_forward(sub(p, "mlp."), h)
+    return x1 + h, {"ln1": s_ln1, "attn": s_attn, "ln2": s_ln2, "ffn": s_ffn}
+
+
+def block_aux_loss(saved: dict[str, Any]) -> float:
+    """The block's auxiliary load-balancing loss (0.0 for a dense MLP block)."""
+    return float(saved["ffn"]["aux_loss"]) if isinstance(saved["ffn"], dict) else 0.0
+
+
+def block_backward(
+    p: dict[str, Any], saved: dict[str, Any], dy: Any, daux: float = 1.0
+) -> tuple[Any, dict[str, Any]]:
+    """Return ``(dx, grads)``, grads keyed like ``p``.  ``daux`` = d(loss)/d(aux_loss)."""
+    g: dict[str, Any] = {}
+    if isinstance(saved["ffn"], dict):
+        dh, gf = moe_backward(sub(p, "moe."), saved["ffn"], dy, daux)
+        gf = {"moe." + k: v for k, v in gf.items()}
+    else:
+        dh, gf = mlp_backward(sub(p, "mlp."), saved["ffn"], dy)
+        gf = {"mlp." + k: v for k, v in gf.items()}
+    dx1, g["ln2.gamma"], g["ln2.beta"] = layernorm_backward(saved["ln2"], dh)
+    dx1 += dy
+    da, ga = attention_backward(sub(p, "attn."), saved["attn"], dx1)
+    dx, g1, b1 = layernorm_backward(saved["ln1"], da)
+    dx += dx1
+    grads = {"ln1.gamma": g1, "ln1.beta": b1, **{"attn." + k: v for k, v in ga.items()}}
+    grads.update({"ln2.gamma": g["ln2.gamma"], "ln2.beta": g["ln2.beta"], **gf})
+    return dx, grads
+
+
+# ----------------------------------------------------------------------- head
+def head_forward(p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
+    """logits = LayerNorm_f(x) @ lm_head; ``p`` = {ln_f.gamma, ln_f.beta, lm_head}."""
+    h, s_ln = layernorm_forward(x, p["ln_f.gamma"], p["ln_f.beta"])
+    logits, s_lin = linear_forward(h, p["lm_head"])
+    return logits, (s_ln, s_lin)
+
+
+def head_backward(saved: tuple, dlogits: Any) -> tuple[Any, dict[str, Any]]:
+    """Return ``(dx, {ln_f.gamma, ln_f.beta, lm_head})``."""
+    s_ln, s_lin = saved
+    dh, dw, _ = linear_backward(s_lin, dlogits)
+    dx, dg, db = layernorm_backward(s_ln, dh)
+    return dx, {"ln_f.gamma": dg, "ln_f.beta": db, "lm_head": dw}
+
+
+# ---------------------------------------------------------------------- model
+@dataclass
+class GPT:
+    """The serial GPT: ``init(seed)`` and ``loss_and_grads(params, tokens, targets)``."""
+
+    cfg: GPTConfig = field(default_factory=GPTConfig)
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return param_shapes(self.cfg)
+
+    def n_params(self) -> int:
+        """Ψ, the number of parameters (elements)."""
+        return sum(math.prod(s) for s in self.param_shapes().values())
+
+    def init(self, seed: int = 0) -> dict[str, Any]:
+        """All parameters, ordered, each drawn from ``(seed, name)`` in ``cfg.dtype``."""
+        cfg, out = self.cfg, {}
+        resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+        for name, shape in self.param_shapes().items():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf == "gamma":
+                out[name] = _init.constant(shape, 1.0, cfg.dtype)
+            elif leaf.startswith("b"):  # beta, b_qkv, b_out, b_in
+                out[name] = _init.constant(shape, 0.0, cfg.dtype)
+            else:
+                std = resid_std if leaf == "w_out" else cfg.init_std
+                out[name] = _init.normal(seed, name, shape, std, cfg.dtype)
+        return out
+
+    def forward(self, params: dict[str, Any], tokens: Any) -> tuple[Any, dict[str, Any]]:
+        """logits (B, T, V) and the cache the backward needs (per-piece ``saved``)."""
+        x, s_emb = embed_forward(params, tokens, self.cfg)
+        blocks = []
+        for i in range(self.cfg.n_layer):
+            x, s = block_forward(sub(params, f"blocks.{i}."), x, self.cfg)
+            blocks.append(s)
+        logits, s_head = head_forward(params, x)
+        return logits, {"embed": s_emb, "blocks": blocks, "head": s_head}
+
+    def loss(self, params: dict[str, Any], tokens: Any, targets: Any) -> float:
+        """Mean cross-entropy plus the MoE auxiliary losses (a Python float)."""
+        logits, cache = self.forward(params, tokens)
+        return self._total(logits, cache, targets)[0]
+
+    def _total(self, logits: Any, cache: dict[str, Any], targets: Any) -> tuple[float, tuple]:
+        self.cfg.check_tokens(targets, what="targets")
+        ce, s_ce = cross_entropy_forward(logits, targets)
+        return ce + sum(block_aux_loss(s) for s in cache["blocks"]), s_ce
+
+    def loss_and_grads(
+        self, params: dict[str, Any], tokens: Any, targets: Any
+    ) -> tuple[float, dict[str, Any]]:
+        """(loss, grads): grads keyed and ordered like ``params``, in their dtype."""
+        if tokens.shape != targets.shape:
+            raise ValueError(f"tokens {tokens.shape} and targets {targets.shape} must match")
+        logits, cache = self.forward(params, tokens)
+        loss, s_ce = self._total(logits, cache, targets)
+        dx, grads = head_backward(cache["head"], cross_entropy_backward(s_ce))
+        for i in reversed(range(self.cfg.n_layer)):
+            prefix = f"blocks.{i}."
+            dx, g = block_backward(sub(params, prefix), cache["blocks"][i], dx)
+            grads.update({prefix + k: v for k, v in g.items()})
+        grads.update(embed_backward(cache["embed"], dx))
+        return loss, {k: grads[k] for k in params}
+
+    @staticmethod
+    def moe_stats(cache: dict[str, Any]) -> list[dict[str, Any]]:
+        """Per MoE block: index, capacity, routed / kept tokens per expert, dropped, aux loss."""
+        out = []
+        for i, s in enumerate(cache["blocks"]):
+            f = s["ffn"]
+            if isinstance(f, dict):
+                out.append({"block": i, "capacity": f["capacity"], "routed": f["routed"],
+                            "tokens_per_expert": f["tokens_per_expert"],
+                            "dropped": f["dropped"], "aux_loss": f["aux_loss"]})
+        return out

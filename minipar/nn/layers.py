@@ -1,0 +1,135 @@
+"""Layers with explicit forward and backward — слои с явным прямым и обратным проходом — 显式前向与反向传播的层.
+
+Every layer is a pair of pure functions::
+
+    y, saved = layer_forward(x, *params)        # saved: what backward needs
+    dx, *dparams = layer_backward(saved, dy)
+
+No state lives in a layer: the caller keeps ``saved`` (one per micro-batch
+in a pipeline, dropped and recomputed under activation checkpointing, moved
+to the host under offloading).  Shapes: ``x`` is ``(..., d_in)``; weights
+are stored ``(d_in, d_out)`` and applied as ``x @ W + b``.
+
+Formulas the finite-difference tests check (tests/test_nn_layers.py):
+
+* Linear:     y = x W + b;   dx = dy Wᵀ,  dW = xᵀ dy,  db = Σ dy.
+* Embedding:  y = E[ids];    dE[v] = Σ_{ids = v} dy.
+* LayerNorm (Ba, Kiros & Hinton 2016, arXiv 1607.06450), eps = 1e-5:
+  x̂ = (x − μ) / sqrt(σ² + eps),  y = γ x̂ + β;
+  dx = (1/σ̂) (dx̂ − mean(dx̂) − x̂ · mean(dx̂ x̂)),  dx̂ = γ dy.
+* GELU, tanh approximation (Hendrycks & Gimpel 2016, arXiv 1606.08415):
+  y = ½ x (1 + tanh u),  u = sqrt(2/π) (x + 0.044715 x³).
+
+16-bit inputs are computed in float32 and rounded back (see ``_dtype``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minipar.backend import xp
+from minipar.nn._dtype import compute_dtype, down, matmul, up
+
+LN_EPS = 1e-5
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+# --------------------------------------------------------------------- linear
+def linear_forward(x: Any, w: Any, b: Any | None = None) -> tuple[Any, tuple]:
+    """y = x @ w + b for ``x`` of shape (..., d_in), ``w`` (d_in, d_out), ``b`` (d_out,)."""
+    y = matmul(x, w)
+    if b is not None:
+        y += b
+    return y, (x, w, b is not None)
+
+
+def linear_backward(saved: tuple, dy: Any) -> tuple[Any, Any, Any | None]:
+    """Return ``(dx, dw, db)``; ``db`` is None when the forward had no bias."""
+    x, w, has_bias = saved
+    d_in, d_out = w.shape
+    dx = matmul(dy, w.T)
+    dw = matmul(x.reshape(-1, d_in).T, dy.reshape(-1, d_out))
+    db = down(up(dy).reshape(-1, d_out).sum(axis=0), dy.dtype) if has_bias else None
+    return dx, dw, db
+
+
+# ------------------------------------------------------------------ embedding
+def embedding_forward(table: Any, ids: Any) -> tuple[Any, tuple]:
+    """Rows of ``table`` (V, d) picked by integer ``ids`` of any shape -> (*ids.shape, d)."""
+    return table[ids], (ids, table.shape, table.dtype)
+
+
+def embedding_backward(saved: tuple, dy: Any) -> Any:
+    """Gradient of the table: dy scattered (summed) into the rows that were read."""
+    ids, shape, dtype = saved
+    dtable = xp.zeros(shape, dtype=compute_dtype(dy.dtype))
+    xp.add.at(dtable, ids.reshape(-1), up(dy).reshape(-1, shape[1]))
+    return down(dtable, dtype)
+
+
+# ------------------------------------------------------------------ layernorm
+def layernorm_forward(x: Any, gamma: Any, beta: Any) -> tuple[Any, tuple]:
+    """LayerNorm over the last axis (eps = 1e-5)."""
+    dt = x.dtype
+    xc = up(x)
+    mu = xc.mean(axis=-1, keepdims=True)
+    xm = xc - mu
+    var = (xm * xm).mean(axis=-1, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + LN_EPS)
+    xhat = xm * rstd
+    y = xhat * up(gamma) + up(beta)
+    return down(y, dt), (down(xhat, dt), rstd, gamma)
+
+
+def layernorm_backward(saved: tuple, dy: Any) -> tuple[Any, Any, Any]:
+    """Return ``(dx, dgamma, dbeta)``."""
+    xhat16, rstd, gamma = saved
+    dt = dy.dtype
+    xhat, dyc = up(xhat16), up(dy)
+    d = xhat.shape[-1]
+    dgamma = (dyc * xhat).reshape(-1, d).sum(axis=0)
+    dbeta = dyc.reshape(-1, d).sum(axis=0)
+    dxhat = dyc * up(gamma)
+    dx = rstd * (
+        dxhat
+        - dxhat.mean(axis=-1, keepdims=True)
+        - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    )
+    return down(dx, dt), down(dgamma, gamma.dtype), down(dbeta, gamma.dtype)
+
+
+# ----------------------------------------------------------------------- gelu
+def gelu_forward(x: Any) -> tuple[Any, tuple]:
+    """GELU, tanh approximation; saves ``x`` and ``tanh(u)`` for the backward."""
+    dt = x.dtype
+    xc = up(x)
+    t = xc * xc
+    t *= _GELU_A
+    t += 1.0
+    t *= xc
+    t *= _GELU_C
+    xp.tanh(t, out=t)  # t = tanh(u)
+    y = t + 1.0
+    y *= xc
+    y *= 0.5
+    return down(y, dt), (x, down(t, dt))
+
+
+def gelu_backward(saved: tuple, dy: Any) -> Any:
+    """dy · [½(1 + t) + ½ x (1 − t²) sqrt(2/π) (1 + 3·0.044715 x²)]."""
+    x16, t16 = saved
+    x, t = up(x16), up(t16)
+    du = x * x
+    du *= 3.0 * _GELU_A
+    du += 1.0
+    du *= _GELU_C  # du/dx
+    sech2 = 1.0 - t * t
+    g = x * sech2
+    g *= du
+    g += 1.0
+    g += t
+    g *= 0.5
+    g *= up(dy)
+    return down(g, dy.dtype)

@@ -1,0 +1,132 @@
+"""A plain multilayer perceptron — многослойный перцептрон — 多层感知机 (MLP).
+
+The smallest model worth parallelising: data parallelism and pipeline
+parallelism are first shown on it before the GPT.
+
+    h_0 = x,   h_{i+1} = GELU(h_i W_i + b_i)  for i < L − 1,
+    logits = h_{L−1} W_{L−1} + b_{L−1},   loss = mean cross-entropy.
+
+Parameters ``layers.{i}.w`` (sizes[i], sizes[i+1]) and ``layers.{i}.b``,
+in layer order, drawn from ``(seed, name)``: W ~ N(0, 1/fan_in) (LeCun),
+b = 0.  ``layer_forward`` / ``layer_backward`` run one layer, so a pipeline
+stage runs a contiguous range of layers with the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np  # dtype names only
+
+from minipar.nn import init as _init
+from minipar.nn._dtype import HALF_DTYPES
+from minipar.nn.layers import gelu_backward, gelu_forward, linear_backward, linear_forward
+from minipar.nn.loss import check_targets, cross_entropy_backward, cross_entropy_forward
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """Layer widths ``sizes`` = (inputs, hidden…, classes) and the storage dtype."""
+
+    sizes: tuple[int, ...] = (2, 32, 32, 3)
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        sizes = tuple(self.sizes)
+        if len(sizes) < 2 or any(not isinstance(s, (int, np.integer)) or s < 1 for s in sizes):
+            raise ValueError(f"sizes must be >= 2 positive integers, got {self.sizes!r}")
+        object.__setattr__(self, "sizes", tuple(int(s) for s in sizes))
+        try:
+            dt = np.dtype(self.dtype)
+        except TypeError as e:
+            raise ValueError(f"unknown dtype {self.dtype!r}") from e
+        if dt not in (np.dtype(np.float64), np.dtype(np.float32), *HALF_DTYPES):
+            raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {dt}")
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.sizes) - 1
+
+
+def layer_forward(p: dict[str, Any], x: Any, last: bool) -> tuple[Any, tuple]:
+    """One layer, ``p`` = {w, b}: linear, then GELU unless it is the ``last``."""
+    y, s_lin = linear_forward(x, p["w"], p["b"])
+    if last:
+        return y, (s_lin, None)
+    y, s_act = gelu_forward(y)
+    return y, (s_lin, s_act)
+
+
+def layer_backward(saved: tuple, dy: Any) -> tuple[Any, dict[str, Any]]:
+    """Return ``(dx, {w, b})``."""
+    s_lin, s_act = saved
+    if s_act is not None:
+        dy = gelu_backward(s_act, dy)
+    dx, dw, db = linear_backward(s_lin, dy)
+    return dx, {"w": dw, "b": db}
+
+
+@dataclass
+class MLP:
+    """The serial MLP classifier: same API as ``GPT``."""
+
+    cfg: MLPConfig
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        s = self.cfg.sizes
+        out: dict[str, tuple[int, ...]] = {}
+        for i in range(self.cfg.n_layers):
+            out[f"layers.{i}.w"] = (s[i], s[i + 1])
+            out[f"layers.{i}.b"] = (s[i + 1],)
+        return out
+
+    def n_params(self) -> int:
+        return sum(math.prod(s) for s in self.param_shapes().values())
+
+    def init(self, seed: int = 0) -> dict[str, Any]:
+        out = {}
+        for name, shape in self.param_shapes().items():
+            if name.endswith(".b"):
+                out[name] = _init.constant(shape, 0.0, self.cfg.dtype)
+            else:
+                out[name] = _init.normal(seed, name, shape, 1.0 / math.sqrt(shape[0]), self.cfg.dtype)
+        return out
+
+    def _check(self, x: Any, targets: Any | None) -> None:
+        if getattr(x, "ndim", None) != 2 or x.shape[1] != self.cfg.sizes[0]:
+            raise ValueError(f"x must have shape (batch, {self.cfg.sizes[0]}), got {getattr(x, 'shape', None)}")
+        if targets is not None:
+            if targets.shape != (x.shape[0],):
+                raise ValueError(f"targets must have shape ({x.shape[0]},), got {targets.shape}")
+            check_targets(targets, self.cfg.sizes[-1])
+
+    def forward(self, params: dict[str, Any], x: Any) -> tuple[Any, list[tuple]]:
+        """Logits (B, classes) and one ``saved`` per layer."""
+        self._check(x, None)
+        x = x.astype(self.cfg.dtype, copy=False)
+        saved = []
+        for i in range(self.cfg.n_layers):
+            p = {"w": params[f"layers.{i}.w"], "b": params[f"layers.{i}.b"]}
+            x, s = layer_forward(p, x, last=i == self.cfg.n_layers - 1)
+            saved.append(s)
+        return x, saved
+
+    def loss(self, params: dict[str, Any], x: Any, targets: Any) -> float:
+        self._check(x, targets)
+        return cross_entropy_forward(self.forward(params, x)[0], targets)[0]
+
+    def loss_and_grads(
+        self, params: dict[str, Any], x: Any, targets: Any
+    ) -> tuple[float, dict[str, Any]]:
+        """(mean cross-entropy, grads keyed and ordered like ``params``)."""
+        self._check(x, targets)
+        logits, saved = self.forward(params, x)
+        loss, s_ce = cross_entropy_forward(logits, targets)
+        dy = cross_entropy_backward(s_ce)
+        grads: dict[str, Any] = {}
+        for i in reversed(range(self.cfg.n_layers)):
+            dy, g = layer_backward(saved[i], dy)
+            grads[f"layers.{i}.w"], grads[f"layers.{i}.b"] = g["w"], g["b"]
+        return loss, {k: grads[k] for k in params}
