@@ -1,0 +1,85 @@
+"""mpirun exercises: write a collective yourself, get it graded on real MPI ranks.
+
+EN exercises · RU упражнения · ZH 练习
+
+Each exercise is one sub-package with three files:
+
+* ``skeleton.py`` -- what ``minipar exercise start NAME`` copies into your
+  folder: the signature, a docstring that teaches the algorithm and the
+  numbers the grader checks, and ``raise NotImplementedError`` where your
+  code goes;
+* ``solution.py`` -- the reference solution (self-contained: it uses only
+  point-to-point calls, never :mod:`minipar.collectives`);
+* ``grader.py`` -- the cases it runs on every rank (``make_input`` and the
+  ``oracle``: MPI's own collective) and ``judge``, which turns the measured
+  results and counters of all ranks into ✓/✗ checks.
+
+``minipar exercise check NAME FILE -n N`` runs FILE on N ranks through
+:func:`minipar.launch.run` (see :mod:`minipar.exercises.grading`) and grades
+both the result and the algorithm, measured by the traced communicator:
+bytes and peers per rank, and any call to MPI's own collectives.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: its name, the function the learner writes, a summary."""
+
+    name: str
+    function: str
+    description: str
+    difficulty: str
+
+    @property
+    def package(self) -> str:
+        return f"minipar.exercises.{self.name}"
+
+    @property
+    def skeleton_path(self) -> Path:
+        return Path(__file__).resolve().parent / self.name / "skeleton.py"
+
+    @property
+    def solution_path(self) -> Path:
+        return Path(__file__).resolve().parent / self.name / "solution.py"
+
+    def grader(self) -> ModuleType:
+        return importlib.import_module(f"{self.package}.grader")
+
+
+#: name -> exercise, in the order a learner should do them
+EXERCISES: dict[str, Exercise] = {
+    e.name: e
+    for e in (
+        Exercise(
+            "ring_allreduce",
+            "ring_allreduce",
+            "sum arrays across ranks with a ring: reduce-scatter, then all-gather",
+            "★★☆",
+        ),
+        Exercise(
+            "tree_broadcast",
+            "tree_broadcast",
+            "send root's array to every rank along a binomial tree (log2 N rounds)",
+            "★★☆",
+        ),
+    )
+}
+
+
+def get(name: str) -> Exercise:
+    """The exercise called ``name``; ValueError listing the known ones otherwise."""
+    try:
+        return EXERCISES[name]
+    except KeyError:
+        known = ", ".join(EXERCISES)
+        raise ValueError(f"unknown exercise {name!r}; known: {known}") from None
+
+
+__all__ = ["EXERCISES", "Exercise", "get"]

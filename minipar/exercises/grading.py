@@ -1,0 +1,246 @@
+"""Grading an exercise: run the learner's file on N ranks, judge result and algorithm.
+
+EN automatic grading · RU автоматическая проверка · ZH 自动评分
+
+``check(name, file, n)`` launches ``python -m mpi4py -m minipar.exercises.worker``
+on ``n`` ranks (through :func:`minipar.launch.run`, the one launcher) and
+turns what comes back into a :class:`Report` of ✓/✗ :class:`Check` lines:
+
+* **result** -- compared, case by case, with MPI's own collective (the
+  oracle): integer-valued inputs exactly, random floats within the rounding
+  bound of a sum of N terms in any order, ``|got - expected| <= N·eps·Σ|x_r|``
+  (Higham 2002, "Accuracy and Stability of Numerical Algorithms", §4.2:
+  each of the two sums is within (N-1)·u·Σ|x_r| of the exact one, u = eps/2);
+* **contract** -- a new array of the input's shape and dtype, input untouched;
+* **algorithm** -- measured by :class:`GradingComm`, a
+  :class:`~minipar.comm.traced.TracedComm` that also records every call to
+  MPI's own collectives (and to the uncounted pickle-based ``send``/``recv``),
+  which the plain wrapper would pass through unseen.  Each exercise's
+  ``grader.judge`` compares bytes and peers per rank with the algorithm's
+  formula.
+
+Failures of the run itself are reported in words a learner can act on: an
+exception names the rank and the line of the learner's file; a deadlock is
+caught by the traced communicator's watchdog (``MINIPAR_WATCHDOG_S``, a few
+seconds here) or, for waits it cannot see, by the launch timeout;
+``NotImplementedError`` says where to start.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minipar import launch
+from minipar.comm.traced import WATCHDOG_ENV, TracedComm
+from minipar.exercises import get
+
+WORKER = "minipar.exercises.worker"
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_WATCHDOG_S = 5.0
+
+#: MPI's own collectives, buffer and pickle forms, blocking and not: the oracle, not the answer
+COLLECTIVES = frozenset(
+    """Allreduce allreduce Iallreduce Reduce reduce Ireduce Reduce_local Bcast bcast Ibcast
+    Gather gather Igather Gatherv Igatherv Allgather allgather Iallgather Allgatherv Iallgatherv
+    Scatter scatter Iscatter Scatterv Iscatterv Alltoall alltoall Ialltoall Alltoallv Ialltoallv
+    Alltoallw Ialltoallw Reduce_scatter Ireduce_scatter Reduce_scatter_block
+    Ireduce_scatter_block Scan scan Iscan Exscan exscan Iexscan Neighbor_allgather
+    Neighbor_alltoall neighbor_allgather neighbor_alltoall""".split()
+)
+#: point-to-point calls that move data the traced communicator does not count
+UNCOUNTED = frozenset(
+    """send recv sendrecv isend irecv ssend issend bsend ibsend Ssend Issend Bsend Ibsend
+    Rsend Irsend Send_init Recv_init Ssend_init Bsend_init Rsend_init Sendrecv_replace
+    Mrecv mrecv Put Get Accumulate""".split()
+)
+
+
+class GradingComm(TracedComm):
+    """A TracedComm that also counts calls to MPI's collectives and uncounted sends.
+
+    ``calls`` maps a method name (``"Allreduce"``, ``"bcast"``, ``"send"``)
+    to how many times this rank called it.  The call still goes through to
+    MPI, so the learner's result can be right while the algorithm is not.
+    """
+
+    def __init__(self, comm: Any = None, *, calls: Counter[str] | None = None, **kw: Any):
+        super().__init__(comm, **kw)
+        self.calls: Counter[str] = Counter() if calls is None else calls
+
+    def __getattr__(self, name: str) -> Any:
+        if name in COLLECTIVES or name in UNCOUNTED:
+            calls = self.__dict__.get("calls")
+            if calls is not None:
+                calls[name] += 1
+        return super().__getattr__(name)
+
+    def Split(self, color: int = 0, key: int = 0) -> "GradingComm":
+        return GradingComm(
+            self.comm.Split(color, key), timeout=self.timeout, stats=self.stats, calls=self.calls
+        )
+
+    def Dup(self) -> "GradingComm":
+        return GradingComm(self.comm.Dup(), timeout=self.timeout, stats=self.stats, calls=self.calls)
+
+
+# -- comparing arrays (rank side) ------------------------------------------------
+def first_mismatch(got: np.ndarray, expected: np.ndarray, atol: np.ndarray | None) -> dict | None:
+    """The first index where ``got`` differs from ``expected`` (exactly, or by > atol)."""
+    g, e = got.reshape(-1), expected.reshape(-1)
+    if atol is None:
+        bad = np.flatnonzero(g != e)
+    else:
+        diff = np.abs(g.astype(np.float64) - e.astype(np.float64))
+        bad = np.flatnonzero(~(diff <= atol.reshape(-1)))  # NaN counts as wrong
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+    return {"index": i, "expected": e[i].item(), "got": g[i].item(), "wrong": int(bad.size)}
+
+
+# -- the report ------------------------------------------------------------------
+@dataclass
+class Check:
+    """One line of the report: ✓ (ok True), ✗ (False) or – (None: not graded here)."""
+
+    name: str
+    ok: bool | None
+    detail: str = ""
+
+    @property
+    def mark(self) -> str:
+        return {True: "✓", False: "✗", None: "–"}[self.ok]
+
+
+@dataclass
+class Report:
+    exercise: str
+    file: str
+    n: int
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.ok is not False for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        failed = sum(c.ok is False for c in self.checks)
+        if self.passed:
+            return f"PASS: {self.exercise} is correct and uses the right algorithm on {self.n} ranks."
+        return (
+            f"FAIL: {failed} of {len(self.checks)} checks failed on {self.n} ranks; "
+            "fix the first ✗ first."
+        )
+
+    def text(self) -> str:
+        lines = [f"minipar exercise check {self.exercise} {self.file}  ({self.n} ranks)", ""]
+        for c in self.checks:
+            lines.append(f"  {c.mark} {c.name}")
+            lines += [f"      {d}" for d in c.detail.splitlines() if c.detail and c.ok is not True]
+            if c.ok is True and c.detail:
+                lines.append(f"      {c.detail.splitlines()[0]}")
+        return "\n".join(lines + ["", self.verdict])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "exercise": self.exercise,
+            "file": self.file,
+            "n": self.n,
+            "passed": self.passed,
+            "verdict": self.verdict,
+            "checks": [asdict(c) | {"mark": c.mark} for c in self.checks],
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, ensure_ascii=False)
+
+
+# -- the launcher side -------------------------------------------------------------
+def check(
+    name: str,
+    file: str | Path,
+    n: int = 4,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    watchdog: float = DEFAULT_WATCHDOG_S,
+) -> Report:
+    """Grade ``file`` for exercise ``name`` on ``n`` ranks (never hangs: ``timeout`` s)."""
+    ex = get(name)
+    path = Path(file).resolve()
+    if not path.is_file():
+        raise ValueError(f"{file}: no such file")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
+    if watchdog <= 0 or timeout <= watchdog:
+        raise ValueError(f"need 0 < watchdog ({watchdog}) < timeout ({timeout})")
+    report = Report(ex.name, str(file), n)
+    with tempfile.TemporaryDirectory(prefix="minipar-exercise-") as out:
+        try:
+            proc = launch.run(
+                n, WORKER, ex.name, str(path), out,
+                timeout=timeout, env={WATCHDOG_ENV: f"{watchdog:g}"},
+            )
+        except launch.LaunchTimeout as err:
+            report.checks.append(Check("runs to the end without hanging", False, (
+                f"the ranks did not finish within {timeout:g} s and were killed. Something "
+                "waited where the watchdog cannot see: a blocking call on a raw MPI "
+                "communicator (MPI.COMM_WORLD, comm.comm) or an endless loop.\n"
+                + _tail(err.stdout + err.stderr)
+            )))
+            return report
+        errors = [json.loads(p.read_text()) for p in sorted(Path(out).glob("error-*.json"))]
+        result = Path(out, "result.json")
+        if errors:
+            report.checks.append(_error_check(ex.name, path, errors))
+            return report
+        if proc.returncode != 0 or not result.exists():
+            report.checks.append(Check("runs to the end", False, (
+                f"the job ended with exit code {proc.returncode} and no result.\n"
+                + _tail(proc.stdout + proc.stderr)
+            )))
+            return report
+        data = json.loads(result.read_text())
+    cases, records = data["cases"], data["records"]
+    report.checks.append(Check(
+        f"runs on {n} ranks: {len(cases)} cases, no error, no deadlock", True
+    ))
+    report.checks += ex.grader().judge(n, cases, records)
+    return report
+
+
+def _error_check(name: str, path: Path, errors: list[dict]) -> Check:
+    """The one error to show: a learner's exception before a deadlock it caused."""
+    errors.sort(key=lambda e: (e["type"] == "DeadlockError", e["rank"]))
+    e = errors[0]
+    where = ""
+    if e.get("line"):
+        where = f"\nat {path.name}:{e['line']}: {e.get('code') or ''}".rstrip()
+    case = f" (case: {e['case']})" if e.get("case") else ""
+    if e["type"] == "NotImplementedError":
+        hint = get(name).grader().FIRST_STEP
+        return Check("implemented", False, f"not implemented yet: start with {hint}{where}")
+    if e["type"] == "DeadlockError":
+        ranks = sorted({x["rank"] for x in errors if x["type"] == "DeadlockError"})
+        return Check("no deadlock", False, (
+            f"deadlock{case}: ranks {ranks} were stuck waiting. {e['message']}{where}\n"
+            "Each waiting rank expected a message its peer never sent: if every rank "
+            "calls Recv before Send, all of them wait for ever. Send and receive in one "
+            "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left)."
+        ))
+    stage = "while importing your file" if e["stage"] == "import" else f"in your code{case}"
+    return Check("runs without error", False, (
+        f"rank {e['rank']} raised {e['type']} {stage}: {e['message']}{where}"
+    ))
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    kept = [ln for ln in text.strip().splitlines() if ln.strip()][-lines:]
+    return "last output:\n" + "\n".join("  " + ln for ln in kept) if kept else "(no output)"

@@ -1,0 +1,1 @@
+"""Exercise: ring all-reduce (skeleton, reference solution, grader)."""

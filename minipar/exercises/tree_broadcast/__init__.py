@@ -1,0 +1,1 @@
+"""Exercise: binomial-tree broadcast (skeleton, reference solution, grader)."""

@@ -1,0 +1,137 @@
+"""Rank side of ``minipar exercise check``: run the learner's function, measure it.
+
+EN grading worker · RU исполнитель проверки · ZH 评分工作进程
+
+Started on every rank by :func:`minipar.exercises.grading.check` as
+``python -m mpi4py -m minipar.exercises.worker NAME FILE OUTDIR``.  For each
+case of the exercise's grader (same list on every rank) it
+
+1. builds this rank's input (``grader.make_input``) and keeps a copy;
+2. calls the learner's function with a fresh :class:`GradingComm` over a
+   ``Dup`` of COMM_WORLD (a private channel per case: a stray message of one
+   case cannot be received by the next), inside ``comm.operation(NAME)``;
+3. computes the expected result with MPI's own collective (``grader.oracle``)
+   on the pristine copy of the input, and records on this rank: the first
+   mismatch, whether the input was modified, the array contract, bytes and
+   peers sent and received, and calls to MPI's collectives.
+
+The records reach rank 0 with MPI's own ``gather`` only at the end, after
+every case completed.  If the learner's code raises on any rank (a
+``DeadlockError`` from the watchdog included) that rank writes
+``OUTDIR/error-RANK.json`` (rank, exception, the learner's line) and
+re-raises: ``python -m mpi4py`` then aborts the whole job, so no rank waits
+for ever.  Rank 0 writes ``OUTDIR/result.json`` on success.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from minipar.exercises import get
+from minipar.exercises.grading import GradingComm, first_mismatch
+
+
+def load_function(file: Path, name: str) -> Callable[..., Any]:
+    """Import the learner's file and return its function ``name``."""
+    spec = importlib.util.spec_from_file_location(f"_learner_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"{file.name} defines no function {name}(comm, x, ...)")
+    return fn
+
+
+def run_case(grader: ModuleType, name: str, fn: Callable[..., Any], raw: MPI.Comm,
+             case: dict) -> dict:
+    """Call the learner's function on one case; return what this rank measured."""
+    x, kwargs = grader.make_input(case, raw.Get_rank(), raw.Get_size())
+    pristine = x.copy()
+    sub = raw.Dup()
+    comm = GradingComm(sub)
+    with comm.operation(name):
+        out = fn(comm, x, **kwargs)
+    expected, atol = grader.oracle(raw, case, pristine)
+    st = comm.stats
+    rec: dict[str, Any] = {
+        "bytes_sent": st.bytes_sent(), "bytes_recv": st.bytes_recv(),
+        "msgs_sent": st.msgs_sent(), "msgs_recv": st.msgs_recv(),
+        "peers_sent": sorted(st.peers_sent().items()),
+        "peers_recv": sorted(st.peers_recv().items()),
+        "calls": dict(comm.calls),
+        "touched": x.tobytes() != pristine.tobytes(),
+        "contract": None, "mismatch": None,
+    }
+    sub.Free()
+    if not isinstance(out, np.ndarray):
+        rec["contract"] = f"returned {type(out).__name__}, not a numpy array"
+    elif out.shape != expected.shape or out.dtype != expected.dtype:
+        rec["contract"] = (f"returned shape {out.shape} {out.dtype}, "
+                           f"expected shape {expected.shape} {expected.dtype}")
+    elif out.size and np.shares_memory(out, x):
+        rec["contract"] = "returned the input array itself (or a view of it), not a new array"
+    else:
+        rec["mismatch"] = first_mismatch(out, expected, atol)
+    return rec
+
+
+def learner_line(exc: BaseException, file: Path) -> tuple[int | None, str | None]:
+    """The deepest line of the learner's file in the exception's traceback."""
+    if isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename).resolve() == file:
+        return exc.lineno, (exc.text or "").strip()
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if Path(frame.filename).resolve() == file:
+            return frame.lineno, (frame.line or "").strip()
+    return None, None
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically: an abort from another rank never leaves half a file."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    name, file_arg, outdir = argv
+    file, out = Path(file_arg).resolve(), Path(outdir)
+    ex = get(name)
+    grader = ex.grader()
+    raw = MPI.COMM_WORLD
+    rank, size = raw.Get_rank(), raw.Get_size()
+    cases = grader.cases(size)
+    stage, label = "import", None
+    records = []
+    try:
+        fn = load_function(file, ex.function)
+        stage = "call"
+        for case in cases:
+            label = grader.label(case)
+            records.append(run_case(grader, ex.function, fn, raw, case))
+    except BaseException as exc:
+        line, code = learner_line(exc, file)
+        write_json(out / f"error-{rank}.json", {
+            "rank": rank, "stage": stage, "case": label, "type": type(exc).__name__,
+            "message": str(exc), "line": line, "code": code,
+        })
+        raise  # python -m mpi4py turns this into MPI_Abort: the whole job ends
+    gathered = raw.gather(records, root=0)
+    if rank == 0:
+        write_json(out / "result.json", {"cases": cases, "records": gathered})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
