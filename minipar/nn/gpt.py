@@ -208,17 +208,20 @@ class GPT:
         return ce + sum(block_aux_loss(s) for s in cache["blocks"]), s_ce
 
     def loss_and_grads(
-        self, params: dict[str, Any], tokens: Any, targets: Any
+        self, params: dict[str, Any], tokens: Any, targets: Any, loss_scale: float = 1.0
     ) -> tuple[float, dict[str, Any]]:
-        """(loss, grads): grads keyed and ordered like ``params``, in their dtype."""
+        """(loss, grads): grads keyed and ordered like ``params``, in their dtype.
+
+        ``loss_scale`` S (mixed-fp16 loss scaling): the grads are those of
+        S·loss; the returned loss is not scaled."""
         if tokens.shape != targets.shape:
             raise ValueError(f"tokens {tokens.shape} and targets {targets.shape} must match")
         logits, cache = self.forward(params, tokens)
         loss, s_ce = self._total(logits, cache, targets)
-        dx, grads = head_backward(cache["head"], cross_entropy_backward(s_ce))
+        dx, grads = head_backward(cache["head"], cross_entropy_backward(s_ce, loss_scale))
         for i in reversed(range(self.cfg.n_layer)):
             prefix = f"blocks.{i}."
-            dx, g = block_backward(sub(params, prefix), cache["blocks"][i], dx)
+            dx, g = block_backward(sub(params, prefix), cache["blocks"][i], dx, loss_scale)
             grads.update({prefix + k: v for k, v in g.items()})
         grads.update(embed_backward(cache["embed"], dx))
         return loss, {k: grads[k] for k in params}

@@ -118,13 +118,13 @@ class MLP:
         return cross_entropy_forward(self.forward(params, x)[0], targets)[0]
 
     def loss_and_grads(
-        self, params: dict[str, Any], x: Any, targets: Any
+        self, params: dict[str, Any], x: Any, targets: Any, loss_scale: float = 1.0
     ) -> tuple[float, dict[str, Any]]:
-        """(mean cross-entropy, grads keyed and ordered like ``params``)."""
+        """(mean cross-entropy, grads of ``loss_scale``·loss keyed and ordered like ``params``)."""
         self._check(x, targets)
         logits, saved = self.forward(params, x)
         loss, s_ce = cross_entropy_forward(logits, targets)
-        dy = cross_entropy_backward(s_ce)
+        dy = cross_entropy_backward(s_ce, loss_scale)
         grads: dict[str, Any] = {}
         for i in reversed(range(self.cfg.n_layers)):
             dy, g = layer_backward(saved[i], dy)

@@ -1,0 +1,178 @@
+"""Mixed-precision training — обучение со смешанной точностью — 混合精度训练.
+
+Micikevicius et al. 2017, "Mixed Precision Training", arXiv 1710.03740;
+the memory accounting of ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054):
+with Adam, a replica holds per parameter
+
+    2 (16-bit params) + 2 (16-bit grads) + 4 + 4 + 4 (fp32 master, m, v) = 16 bytes,
+
+which tests/test_precision.py measures on real arrays (``ModelStates``).
+
+A precision is a *policy*, not a separate code path: the model runs in
+whatever dtype its parameters have (``GPTConfig.dtype``), and a policy says
+which dtype that is and what the optimizer keeps:
+
+=============  ===========  ===========  ==============  ============
+policy         params/acts  grads        master weights  Adam m, v
+=============  ===========  ===========  ==============  ============
+``float64``    float64      float64      (the params)    float64
+``float32``    float32      float32      (the params)    float32
+``mixed``      bfloat16     bfloat16     float32         float32
+``mixed-fp16`` float16      float16      float32         float32, + dynamic loss scaling
+=============  ===========  ===========  ==============  ============
+
+Why bfloat16 for ``mixed``: it keeps float32's 8-bit exponent (range
+~1e-38 … 3e38) and gives up mantissa (8 bits), so gradients neither
+underflow nor overflow and no loss scaling is needed; float16 (5-bit
+exponent, smallest normal 6e-5) flushes small gradients to zero unless the
+loss is multiplied by a large scale first — ``mixed-fp16`` shows that
+machinery (``DynamicLossScaler``: halve the scale and skip the step on
+inf/nan, double it after ``growth_interval`` clean steps).  Both are 2
+bytes, so the 16-bytes-per-parameter count is the same.  NumPy has no
+16-bit BLAS: layers store 16-bit and compute matmuls in float32
+(``minipar.nn._dtype``).  bfloat16 comes from ``ml_dtypes`` (NumPy only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np  # dtype names only
+
+from minipar.backend import xp
+from minipar.optim import FlatParams, make
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Dtypes of one precision setting (see the module table)."""
+
+    name: str
+    param_dtype: np.dtype
+    master_dtype: np.dtype | None  # None: the optimizer updates the params themselves
+    state_dtype: np.dtype
+    loss_scaling: bool = False
+
+    @property
+    def model_dtype(self) -> str:
+        """The ``dtype`` to put in ``GPTConfig`` / ``MLPConfig``."""
+        return str(self.param_dtype)
+
+
+POLICIES: dict[str, Policy] = {
+    "float64": Policy("float64", np.dtype(np.float64), None, np.dtype(np.float64)),
+    "float32": Policy("float32", np.dtype(np.float32), None, np.dtype(np.float32)),
+    "mixed": Policy("mixed", np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32),
+                    np.dtype(np.float32)),
+    "mixed-fp16": Policy("mixed-fp16", np.dtype(np.float16), np.dtype(np.float32),
+                         np.dtype(np.float32), loss_scaling=True),
+}
+
+
+def get(name: str) -> Policy:
+    """The policy called ``name`` (float64, float32, mixed, mixed-fp16)."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown precision {name!r}; one of {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+class DynamicLossScaler:
+    """Loss scale S: backward of S·loss, grads divided by S before the update.
+
+    On a non-finite gradient the step is skipped and S ← S·backoff; after
+    ``growth_interval`` finite steps in a row S ← S·growth.
+    """
+
+    def __init__(self, scale: float = 2.0**15, growth: float = 2.0, backoff: float = 0.5,
+                 growth_interval: int = 200) -> None:
+        if scale <= 0 or growth <= 1 or not 0 < backoff < 1 or growth_interval < 1:
+            raise ValueError("loss scaler: need scale > 0, growth > 1, 0 < backoff < 1, interval >= 1")
+        self.scale, self.growth, self.backoff = float(scale), float(growth), float(backoff)
+        self.growth_interval, self.good_steps, self.skipped = int(growth_interval), 0, 0
+
+    def update(self, found_inf: bool) -> None:
+        if found_inf:
+            self.scale *= self.backoff
+            self.good_steps = 0
+            self.skipped += 1
+        else:
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
+                self.scale *= self.growth
+
+
+class ModelStates:
+    """The model states one rank holds: params, grads and optimizer states.
+
+    ``params`` and ``grads`` are full flat buffers in the policy's param
+    dtype (the model reads ``param_views()``); the master weights (mixed
+    only) and the optimizer's moments cover the slice ``[lo, hi)`` only —
+    the whole buffer serially, a 1/N shard under ZeRO.  ``step()`` updates
+    that slice of ``params``; the rest is some other rank's job.
+    """
+
+    def __init__(self, policy: Policy | str, params: dict[str, Any], optimizer: str = "adamw",
+                 lo: int = 0, hi: int | None = None, **opt_kwargs: Any) -> None:
+        self.policy = get(policy) if isinstance(policy, str) else policy
+        self.layout = FlatParams.like(params)
+        hi = self.layout.size if hi is None else hi
+        if not 0 <= lo <= hi <= self.layout.size:
+            raise ValueError(f"slice [{lo}, {hi}) outside the buffer of {self.layout.size} elements")
+        self.lo, self.hi = lo, hi
+        pd = self.policy.param_dtype
+        self.params = self.layout.flatten({k: v.astype(pd, copy=False) for k, v in params.items()}, pd)
+        self.grads = xp.zeros(self.layout.size, dtype=pd)
+        self.master = None
+        if self.policy.master_dtype is not None:
+            self.master = self.params[lo:hi].astype(self.policy.master_dtype)
+        self.optimizer = make(optimizer, hi - lo, dtype=self.policy.state_dtype, **opt_kwargs)
+        self.scaler = DynamicLossScaler() if self.policy.loss_scaling else None
+
+    @property
+    def loss_scale(self) -> float:
+        """Multiply the loss's gradient by this before the backward (1.0 without scaling)."""
+        return self.scaler.scale if self.scaler else 1.0
+
+    def param_views(self) -> dict[str, Any]:
+        """Named views of the flat parameter buffer, for ``model.loss_and_grads``."""
+        return self.layout.unflatten(self.params)
+
+    def set_grads(self, grads: dict[str, Any]) -> None:
+        """Copy a dict of gradients into the flat gradient buffer (rounded to its dtype)."""
+        for name, view in self.layout.unflatten(self.grads).items():
+            view[...] = grads[name]
+
+    def local_found_inf(self) -> bool:
+        """Whether this rank's slice of the gradients has an inf or nan."""
+        return not bool(xp.isfinite(self.grads[self.lo:self.hi]).all())
+
+    def step(self, found_inf: bool | None = None) -> bool:
+        """One optimizer step on ``[lo, hi)``; False if skipped for a non-finite gradient.
+
+        Under loss scaling pass ``found_inf`` agreed by all ranks (or leave
+        None to use this rank's own slice)."""
+        lo, hi = self.lo, self.hi
+        if self.master is None:
+            self.optimizer.step(self.params[lo:hi], self.grads[lo:hi])
+            return True
+        g = self.grads[lo:hi].astype(self.policy.master_dtype)
+        if self.scaler is not None:
+            inf = self.local_found_inf() if found_inf is None else bool(found_inf)
+            used = self.scaler.scale  # the scale these gradients were computed with
+            self.scaler.update(inf)
+            if inf:
+                return False
+            g *= 1.0 / used
+        self.optimizer.step(self.master, g)
+        self.params[lo:hi] = self.master.astype(self.policy.param_dtype)
+        return True
+
+    def bytes_by_category(self) -> dict[str, int]:
+        """Bytes this rank holds: params, grads, optimizer states (master + moments)."""
+        opt = sum(a.nbytes for a in self.optimizer.state_arrays())
+        if self.master is not None:
+            opt += self.master.nbytes
+        return {"params": int(self.params.nbytes), "grads": int(self.grads.nbytes),
+                "optimizer states": int(opt)}
