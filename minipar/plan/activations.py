@@ -1,0 +1,110 @@
+"""Activation memory per transformer layer, and what sequence parallelism moves.
+
+EN activation memory · RU память активаций · ZH 激活内存
+
+Korthikanti, Casper, Lym, McAfee, Andersch, Shoeybi & Catanzaro 2022,
+"Reducing Activation Recomputation in Large Transformer Models",
+arXiv 2205.05198.  Bytes of activations one transformer layer keeps for
+backward, 16-bit activations and 1-byte dropout masks, s sequence length,
+b micro-batch, h hidden size, a attention heads, t tensor-parallel size:
+
+    none                 sbh (34 + 5as/h)
+    tp                   sbh (10 + 24/t + 5as/(ht))
+    tp+sp                sbh (34/t + 5as/(ht))
+    tp+selective         sbh (10 + 24/t)
+    tp+sp+selective      34 sbh / t
+    full                 2 sbh          (full recomputation: the layer input only)
+
+The 5as/h term is the attention scores, softmax and its dropout mask
+(s² per head); selective recomputation drops exactly that term.  The 10 of
+plain TP is the LayerNorm and dropout activations TP leaves replicated;
+sequence parallelism splits them along the sequence.
+
+DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509) splits the
+sequence over P ranks and all-to-alls to heads for attention: per layer,
+per link, 4Nh/P elements (N the sequence length), constant when N and P
+grow together; Megatron-SP's all-gather / reduce-scatter moves 4Nh per link
+whatever P is.  Ring attention (Liu, Zaharia & Abbeel 2023, arXiv
+2310.01889) circulates K/V blocks around a ring of P ranks.
+"""
+
+from __future__ import annotations
+
+from minipar.plan._check import count, positive
+
+ACTIVATION_MODES: tuple[str, ...] = (
+    "none", "tp", "tp+sp", "tp+selective", "tp+sp+selective", "full")
+
+
+def activation_bytes_per_layer(
+    s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none"
+) -> float:
+    """Bytes of activations one transformer layer stores (Korthikanti et al. 2022, Table 2).
+
+    ``mode`` is one of :data:`ACTIVATION_MODES`; ``t`` is ignored by ``none``
+    and ``full``.  Each tensor-parallel rank holds this many bytes for each
+    of its layers.
+    """
+    s, b, h, a, t = (count(n, v) for n, v in (("s", s), ("b", b), ("h", h), ("a", a), ("t", t)))
+    sbh, att = float(s * b * h), 5.0 * a * s / h
+    if mode == "none":
+        return sbh * (34 + att)
+    if mode == "tp":
+        return sbh * (10 + 24 / t + att / t)
+    if mode == "tp+sp":
+        return sbh * (34 / t + att / t)
+    if mode == "tp+selective":
+        return sbh * (10 + 24 / t)
+    if mode == "tp+sp+selective":
+        return sbh * 34 / t
+    if mode == "full":
+        return 2 * sbh
+    raise ValueError(f"unknown activation mode {mode!r}; one of {', '.join(ACTIVATION_MODES)}")
+
+
+def activation_bytes(
+    n_layer: int, s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none"
+) -> float:
+    """Bytes for ``n_layer`` transformer layers: n_layer × :func:`activation_bytes_per_layer`.
+
+    Embedding, final LayerNorm and output-layer activations are not counted
+    (the paper's per-layer figures).
+    """
+    return count("n_layer", n_layer) * activation_bytes_per_layer(s, b, h, a, t, mode)
+
+
+def activation_table(s: int, b: int, h: int, a: int, t: int = 1, n_layer: int = 1
+                     ) -> list[dict[str, object]]:
+    """One row per mode: ``mode``, ``per_layer`` bytes and ``total`` bytes for n_layer layers."""
+    return [{"mode": m, "per_layer": activation_bytes_per_layer(s, b, h, a, t, m),
+             "total": activation_bytes(n_layer, s, b, h, a, t, m)} for m in ACTIVATION_MODES]
+
+
+def ulysses_alltoall_elements_per_link(N: int, h: int, P: int) -> float:
+    """DeepSpeed-Ulysses per layer, per link: 4Nh/P elements (arXiv 2309.14509, §3.2).
+
+    Four all-to-alls (Q, K, V in, output back) of N·h/P elements each; N is
+    the sequence length (times the batch), P the sequence-parallel size.
+    """
+    return 4.0 * count("N", N) * count("h", h) / count("P", P)
+
+
+def megatron_sp_elements_per_link(N: int, h: int, P: int) -> float:
+    """Megatron-SP per layer, per link: 4Nh elements, independent of P (arXiv 2309.14509, §3.2).
+
+    ``P`` is validated but does not change the result: that is the point.
+    """
+    count("P", P)
+    return 4.0 * count("N", N) * count("h", h)
+
+
+def ring_attention_bytes_per_rank(
+    s: int, b: int, h: int, P: int, bytes_per_elem: float = 2
+) -> float:
+    """K/V bytes one rank sends per layer forward in ring attention (arXiv 2310.01889).
+
+    Each rank owns a block of s/P tokens; its K and V blocks (2·b·(s/P)·h
+    elements) pass P−1 times around the ring: (P−1) × 2·b·s·h/P × bytes.
+    """
+    s, b, h, P = count("s", s), count("b", b), count("h", h), count("P", P)
+    return (P - 1) * 2.0 * b * s * h / P * positive("bytes_per_elem", bytes_per_elem)

@@ -1,0 +1,105 @@
+"""Pipeline parallelism: bubble, micro-batches in flight, activation memory, bytes.
+
+EN pipeline parallelism · RU конвейерный параллелизм · ZH 流水线并行
+
+GPipe (Huang et al. 2018, arXiv 1811.06965): K stages, M micro-batches.
+All forwards, then all backwards; the idle share of the time is the bubble
+
+    bubble fraction = (K − 1) / (M + K − 1)          (negligible when M ≥ 4K)
+
+and re-materialisation (keep only each stage's input per micro-batch,
+recompute the rest in backward) brings peak activation memory from O(N×L)
+to O(N + (L/K)×(N/M)), N the mini-batch size, L the layers.
+
+1F1B / PipeDream-Flush (Narayanan et al. 2021, arXiv 2104.04473), p
+stages, m micro-batches: the same bubble, stated relative to the ideal
+(bubble-free) time, bubble / ideal = (p − 1)/m — and at most p micro-batches
+in flight per stage instead of m.  Interleaved 1F1B with v model chunks per
+device: (1/v)(p − 1)/m, at v × the point-to-point communication.
+"""
+
+from __future__ import annotations
+
+from minipar.plan._check import count, non_negative, positive
+
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+
+
+def gpipe_bubble_fraction(K: int, M: int) -> float:
+    """Idle share of a GPipe step: (K − 1)/(M + K − 1) (Huang et al. 2018, arXiv 1811.06965).
+
+    Bubble time over *total* time, for K stages and M micro-batches.
+    """
+    K, M = count("K", K), count("M", M)
+    return (K - 1) / (M + K - 1)
+
+
+def bubble_time_ratio(p: int, m: int, v: int = 1) -> float:
+    """Bubble time over ideal time: (1/v)(p − 1)/m (Narayanan et al. 2021, arXiv 2104.04473).
+
+    1F1B (v = 1) and interleaved 1F1B (v model chunks per device).  For
+    v = 1 it is the GPipe bubble measured against the ideal time instead of
+    the total: r/(1 + r) = (p − 1)/(m + p − 1).
+    """
+    p, m, v = count("p", p), count("m", m), count("v", v)
+    return (p - 1) / (v * m)
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Idle share of the total step time for any of the schedules: r / (1 + r), r = bubble_time_ratio."""
+    r = bubble_time_ratio(p, m, v)
+    return r / (1 + r)
+
+
+def peak_microbatches_in_flight(p: int, m: int, schedule: str = "1f1b") -> int:
+    """Micro-batches whose activations the first stage holds at its peak.
+
+    ``gpipe``: all m (every forward before any backward); ``1f1b``:
+    min(p, m) (a stage starts backward after p − stage forwards).
+    """
+    p, m = count("p", p), count("m", m)
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p, m)
+    raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {schedule!r}")
+
+
+def pipeline_p2p_bytes_per_rank(
+    b: int, s: int, h: int, m: int, v: int = 1, bytes_per_elem: float = 2
+) -> float:
+    """Bytes a (not last) pipeline rank sends per step: 2 × m × v × b·s·h × bytes.
+
+    Per micro-batch each of the rank's v chunks sends its output activation
+    (b·s·h elements) forward and the gradient of its input backward; with
+    interleaving (v > 1) that is v × the communication (arXiv 2104.04473).
+    """
+    b, s, h, m, v = (count(n, x) for n, x in (("b", b), ("s", s), ("h", h), ("m", m), ("v", v)))
+    return 2.0 * m * v * b * s * h * positive("bytes_per_elem", bytes_per_elem)
+
+
+def gpipe_activation_bytes(
+    N: int, L: int, K: int, M: int, layer_bytes_per_sample: float,
+    boundary_bytes_per_sample: float, rematerialize: bool = True,
+) -> float:
+    """Peak activation bytes on one of K GPipe partitions (Huang et al. 2018, §2.3).
+
+    N mini-batch samples in M micro-batches, L layers split evenly (L/K per
+    partition); a layer keeps ``layer_bytes_per_sample`` per sample for its
+    backward, a partition's input is ``boundary_bytes_per_sample`` per sample
+    (s·h·2 for a 16-bit transformer; Korthikanti's per-layer bytes with b = 1
+    for the layer).
+
+    - without re-materialisation: (L/K) × N × layer bytes — O(N × L/K);
+    - with it: N × boundary bytes (every micro-batch's partition input is
+      kept) + (L/K) × (N/M) × layer bytes (one micro-batch's activations,
+      recomputed during its backward) — the paper's O(N + (L/K)(N/M)).
+    """
+    N, L, K, M = count("N", N), count("L", L), count("K", K), count("M", M)
+    if M > N:
+        raise ValueError(f"M={M} micro-batches cannot split a mini-batch of N={N} samples")
+    layer = non_negative("layer_bytes_per_sample", layer_bytes_per_sample)
+    boundary = non_negative("boundary_bytes_per_sample", boundary_bytes_per_sample)
+    if not rematerialize:
+        return L / K * N * layer
+    return N * boundary + L / K * (N / M) * layer
