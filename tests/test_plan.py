@@ -306,3 +306,12 @@ def test_cli_process_and_light_import():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.stdout.strip() == "False"
     assert math.isclose(P.gradient_sync(1e12, 2)["ring_per_rank"], 2e12)
+
+
+def test_docs_page_lists_every_function():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "plan.md").read_text(encoding="utf-8")
+    functions = [n for n in P.__all__ if callable(getattr(P, n)) and n != "main"]
+    assert [n for n in functions if f"`{n}" not in page and f" {n}`" not in page
+            and f"{n}(" not in page] == []

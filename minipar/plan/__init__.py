@@ -76,7 +76,6 @@ from minipar.plan.model import (
 )
 from minipar.plan.moe import expert_capacity, load_balancing_loss, moe_alltoall_bytes_per_rank
 from minipar.plan.pipeline import (
-    SCHEDULES,
     bubble_fraction,
     bubble_time_ratio,
     gpipe_activation_bytes,
@@ -107,7 +106,7 @@ from minipar.plan.zero import (
 )
 
 __all__ = [
-    "ACTIVATION_MODES", "BUSBW_OPS", "K_ADAM", "SCHEDULES", "STAGE_FORMULAS", "STAGE_NAMES",
+    "ACTIVATION_MODES", "BUSBW_OPS", "K_ADAM", "STAGE_FORMULAS", "STAGE_NAMES",
     "TP_ALLREDUCES_BACKWARD", "TP_ALLREDUCES_FORWARD", "activation_bytes",
     "activation_bytes_per_layer", "activation_table", "algbw", "all_gather_bytes",
     "all_to_all_bytes", "bubble_fraction", "bubble_time_ratio", "busbw", "busbw_factor",

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from minipar.plan._check import count, non_negative, positive
 
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
-
 
 def gpipe_bubble_fraction(K: int, M: int) -> float:
     """Idle share of a GPipe step: (K − 1)/(M + K − 1) (Huang et al. 2018, arXiv 1811.06965).
