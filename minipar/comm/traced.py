@@ -55,6 +55,7 @@ POLL_MAX_ENV = "MINIPAR_POLL_MAX_S"
 DEFAULT_WATCHDOG_S = 60.0
 DEFAULT_POLL_MAX_S = 1e-3
 SPIN_S = 50e-6  # spin this long before the first sleep: keeps latency low
+NAP_MIN_S = 20e-6  # first sleep; each further sleep doubles, up to poll_max
 
 ANY_SOURCE = MPI.ANY_SOURCE
 ANY_TAG = MPI.ANY_TAG
@@ -179,6 +180,18 @@ class TracedRequest:
     def Wait(self) -> MPI.Status:
         self.comm.waitall([self])
         return self.status
+
+
+class _Probe:
+    """A pending ``Probe`` that the poll loop can Test like a request."""
+
+    kind = "Probe"
+
+    def __init__(self, comm: Any, peer: int, tag: int, status: MPI.Status):
+        self.comm, self.peer, self.tag, self.status = comm, peer, tag, status
+
+    def Test(self) -> bool:
+        return bool(self.comm.Iprobe(self.peer, self.tag, self.status))
 
 
 class TracedComm:
@@ -310,22 +323,40 @@ class TracedComm:
         req = TracedRequest(self, self.comm.Ibarrier(), "Barrier", -1, -1)
         self.waitall([req])
 
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> MPI.Status:
+        """Wait (politely, watched) until a message from ``source`` can be received.
+
+        Returns its status: ``Get_count(MPI.BYTE)`` is its size, so a receiver
+        can allocate a buffer for a message whose length it does not know.
+        """
+        self._check_peer(source, "Probe")
+        status = MPI.Status()
+        if not self.comm.Iprobe(source, tag, status):
+            probe = _Probe(self.comm, source, tag, status)
+            self._poll([probe])  # type: ignore[list-item]
+        return status
+
     # -- waiting -------------------------------------------------------------
+    def _poll(self, requests: list[TracedRequest]) -> None:
+        """Test until all complete: spin SPIN_S, then sleep with a doubling back-off."""
+        pending = [r for r in requests if not r.Test()]
+        if not pending:
+            return
+        t0 = time.perf_counter()
+        deadline = t0 + self.timeout
+        nap = 0.0
+        while pending:
+            now = time.perf_counter()
+            if now > deadline:
+                raise self._deadlock(pending)
+            if now - t0 > SPIN_S:  # spin briefly, then back off to poll_max
+                nap = min(self.poll_max, max(2 * nap, NAP_MIN_S))
+                time.sleep(nap)
+            pending = [r for r in pending if not r.Test()]
+
     def waitall(self, requests: list[TracedRequest]) -> None:
         """Poll until every request completes; past ``timeout`` raise DeadlockError."""
-        pending = [r for r in requests if not r.Test()]
-        if pending:
-            t0 = time.perf_counter()
-            deadline = t0 + self.timeout
-            nap = 0.0
-            while pending:
-                now = time.perf_counter()
-                if now > deadline:
-                    raise self._deadlock(pending)
-                if now - t0 > SPIN_S:  # spin briefly, then back off to poll_max
-                    nap = min(self.poll_max, max(2 * nap, 20e-6))
-                    time.sleep(nap)
-                pending = [r for r in pending if not r.Test()]
+        self._poll(requests)
         for r in requests:
             if r.kind == "Recv":
                 n = r.status.Get_count(MPI.BYTE)
@@ -345,7 +376,7 @@ class TracedComm:
                 continue
             peer = "any rank" if r.peer == ANY_SOURCE else f"rank {r.peer}"
             tag = "any tag" if r.tag == ANY_TAG else f"tag {r.tag}"
-            where = "from" if r.kind == "Recv" else "to"
+            where = "to" if r.kind == "Send" else "from"
             parts.append(f"{r.kind} {where} {peer} ({tag})")
         return DeadlockError(
             f"rank {self.rank} (world rank {self.world_rank}): operation "
