@@ -133,12 +133,12 @@ class Report:
     @property
     def verdict(self) -> str:
         failed = sum(c.ok is False for c in self.checks)
+        skipped = sum(c.ok is None for c in self.checks)
+        ranks = f"{self.n} rank" + ("s" if self.n != 1 else "")
         if self.passed:
-            return f"PASS: {self.exercise} is correct and uses the right algorithm on {self.n} ranks."
-        return (
-            f"FAIL: {failed} of {len(self.checks)} checks failed on {self.n} ranks; "
-            "fix the first ✗ first."
-        )
+            note = f" ({skipped} check not graded on {ranks}: see –)" if skipped else ""
+            return f"PASS: {self.exercise} is correct and uses the right algorithm on {ranks}.{note}"
+        return f"FAIL: {failed} of {len(self.checks)} checks failed on {ranks}; fix the first ✗ first."
 
     def text(self) -> str:
         lines = [f"minipar exercise check {self.exercise} {self.file}  ({self.n} ranks)", ""]
@@ -210,7 +210,7 @@ def check(
         data = json.loads(result.read_text())
     cases, records = data["cases"], data["records"]
     report.checks.append(Check(
-        f"runs on {n} ranks: {len(cases)} cases, no error, no deadlock", True
+        f"runs on {n} rank{'s' if n != 1 else ''}: {len(cases)} cases, no error, no deadlock", True
     ))
     report.checks += ex.grader().judge(n, cases, records)
     return report
@@ -230,7 +230,7 @@ def _error_check(name: str, path: Path, errors: list[dict]) -> Check:
     if e["type"] == "DeadlockError":
         ranks = sorted({x["rank"] for x in errors if x["type"] == "DeadlockError"})
         return Check("no deadlock", False, (
-            f"deadlock{case}: ranks {ranks} were stuck waiting. {e['message']}{where}\n"
+            f"deadlock{case}: ranks {', '.join(map(str, ranks))} were stuck waiting. {e['message']}{where}\n"
             "Each waiting rank expected a message its peer never sent: if every rank "
             "calls Recv before Send, all of them wait for ever. Send and receive in one "
             "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left)."

@@ -76,7 +76,7 @@ def judge(n: int, cases: list[dict], records: Records) -> list[Check]:
 
 def neighbour_check(n: int, cases: list[dict], records: Records) -> Check:
     name = "talks only to its ring neighbours: sends to (r+1)%N, receives from (r-1)%N"
-    for i, case in enumerate(cases):
+    for i, case in _clearest_first(n, cases):
         for r in range(n):
             rec = records[r][i]
             right, left = {(r + 1) % n} - {r}, {(r - 1) % n} - {r}
@@ -116,7 +116,7 @@ def bytes_check(n: int, cases: list[dict], records: Records) -> Check:
     big = max(cases, key=lambda c: (c["length"] % n == 0, c["length"], c["dtype"] == "float64"))
     S_big = big["length"] * np.dtype(big["dtype"]).itemsize
     passed = f"e.g. {2 * (n - 1) * S_big // n} bytes for S = {S_big} ({label(big)})"
-    for i, case in enumerate(cases):
+    for i, case in _clearest_first(n, cases):
         L, item = case["length"], np.dtype(case["dtype"]).itemsize
         S = L * item
         lo, hi = 2 * (n - 1) * (L // n) * item, 2 * (n - 1) * math.ceil(L / n) * item
@@ -127,10 +127,11 @@ def bytes_check(n: int, cases: list[dict], records: Records) -> Check:
                 if lo <= b <= hi:
                     continue
                 verb = "sent" if way == "sent" else "received"
-                want = (f"exactly {lo}" if lo == hi else f"between {lo} and {hi}")
+                want = f"exactly {lo}" if lo == hi else f"between {lo} and {hi}"
                 return Check(name, False, (
                     f"{label(case)}: rank {r} {verb} {b} bytes = {b / S if S else 0:.2f} x S "
-                    f"(S = {S}); a ring {verb} {want} bytes = 2(N-1)/N x S."
+                    f"(S = {S}); in a ring each rank {verb.replace('ent', 'ends').replace('ived', 'ives')} "
+                    f"{want} bytes = 2(N-1)/N x S."
                     + _zero_hint(n, records, b)
                 ))
         total = sum(rec["bytes_sent"] for rec in recs)
@@ -138,8 +139,15 @@ def bytes_check(n: int, cases: list[dict], records: Records) -> Check:
             return Check(name, False, (
                 f"{label(case)}: all ranks together sent {total} bytes; a ring sends "
                 f"2(N-1) x S = {2 * (n - 1) * S} (every chunk travels N-1 hops twice)."
+                + _zero_hint(n, records, total)
             ))
     return Check(name, True, passed)
+
+
+def _clearest_first(n: int, cases: list[dict]) -> list[tuple[int, dict]]:
+    """(index, case), cases whose length N divides first, empty ones last: clearer messages."""
+    return sorted(enumerate(cases), key=lambda ic: (ic[1]["length"] == 0,
+                                                     ic[1]["length"] % n != 0, ic[0]))
 
 
 def _zero_hint(n: int, records: Records, b: int) -> str:
