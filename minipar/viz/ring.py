@@ -1,0 +1,139 @@
+"""Figures for the ring all-reduce: the chunk schedule, bytes per rank, bandwidth.
+
+EN ring all-reduce · RU кольцевой all-reduce · ZH 环形全归约
+
+``ring_steps(n)`` is the textbook schedule (Patarasuk & Yuan 2009) as data:
+the buffer is cut into ``n`` chunks (``numpy.array_split`` order); in the
+reduce-scatter phase, at step ``k`` rank ``r`` sends chunk ``(r - 1 - k) % n``
+to rank ``(r + 1) % n``, which adds it to its own; after ``n - 1`` steps rank
+``r`` holds the full sum of chunk ``r`` (its own chunk, as ``reduce_scatter``
+returns it).  In the all-gather phase, at step ``k`` rank ``r`` sends chunk
+``(r - k) % n`` onward and the receiver overwrites its copy.  This is the
+schedule :mod:`minipar.collectives.ring` runs; ``tests/test_viz.py`` checks the
+two agree.  ``ring_state(n)`` replays that schedule and
+counts, for every rank and chunk, how many ranks' contributions it holds:
+the figure shows the counts climbing to ``n`` everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """One message of the ring schedule: ``sender`` sends ``chunk`` to ``receiver``."""
+
+    phase: str  # "reduce-scatter" or "all-gather"
+    step: int  # 0 .. n-2 within the phase
+    sender: int
+    receiver: int
+    chunk: int
+
+
+def ring_steps(n: int) -> list[list[RingStep]]:
+    """The ring all-reduce schedule for ``n`` ranks: ``2(n-1)`` steps of ``n`` messages."""
+    if n < 1:
+        raise ValueError(f"a ring needs at least one rank, got n={n}")
+    steps: list[list[RingStep]] = []
+    for k in range(n - 1):
+        steps.append([RingStep("reduce-scatter", k, r, (r + 1) % n, (r - 1 - k) % n) for r in range(n)])
+    for k in range(n - 1):
+        steps.append([RingStep("all-gather", k, r, (r + 1) % n, (r - k) % n) for r in range(n)])
+    return steps
+
+
+def ring_state(n: int) -> list[np.ndarray]:
+    """Contribution counts ``[rank, chunk]`` before the first step and after each step."""
+    have = [[{r} for _ in range(n)] for r in range(n)]  # have[rank][chunk] = contributors
+    states = [_counts(have)]
+    for step in ring_steps(n):
+        incoming = [(m.receiver, m.chunk, set(have[m.sender][m.chunk]), m.phase) for m in step]
+        for receiver, chunk, contrib, phase in incoming:  # all sends of a step happen at once
+            if phase == "reduce-scatter":
+                have[receiver][chunk] |= contrib
+            else:
+                have[receiver][chunk] = contrib
+        states.append(_counts(have))
+    return states
+
+
+def _counts(have: list[list[set[int]]]) -> np.ndarray:
+    return np.array([[len(s) for s in row] for row in have])
+
+
+def plot_ring_steps(n: int = 4) -> Figure:
+    """One panel per step: rows are ranks, columns chunks, colour = contributions summed.
+
+    Cells that just received a message are outlined; the arrow label under
+    each panel names the phase.  The last panel is all ``n``: every rank
+    holds the full sum of every chunk.
+    """
+    states, steps = ring_state(n), ring_steps(n)
+    panels = len(states)
+    fig, axes = plt.subplots(1, panels, figsize=(1.6 * panels + 0.6, 2.2 + 0.15 * n), squeeze=False)
+    for i, ax in enumerate(axes[0]):
+        ax.imshow(states[i], vmin=1, vmax=n, cmap="Blues")
+        for r in range(n):
+            for c in range(n):
+                dark = states[i][r, c] > (n + 1) / 2
+                ax.text(c, r, str(states[i][r, c]), ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
+        if i > 0:
+            for m in steps[i - 1]:
+                ax.add_patch(plt.Rectangle((m.chunk - 0.5, m.receiver - 0.5), 1, 1, fill=False,
+                                           edgecolor="crimson", linewidth=2))
+            title = f"{'RS' if steps[i - 1][0].phase == 'reduce-scatter' else 'AG'} step {steps[i - 1][0].step + 1}"
+        else:
+            title = "start"
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(n), [f"c{c}" for c in range(n)], fontsize=7)
+        ax.set_yticks(range(n), [f"r{r}" for r in range(n)], fontsize=7)
+    fig.suptitle(f"Ring all-reduce on {n} ranks: contributions summed per (rank, chunk); "
+                 "red = just received (RS = reduce-scatter, AG = all-gather)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bytes_per_rank(measured: Mapping[str, Sequence[float]], formula: Mapping[str, float] | None = None,
+                        *, ylabel: str = "bytes sent per rank") -> Figure:
+    """Grouped bars of measured bytes per rank for each algorithm, formulas as dashed lines."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    names = list(measured)
+    n = max(len(v) for v in measured.values())
+    width = 0.8 / max(1, len(names))
+    for j, name in enumerate(names):
+        vals = list(measured[name])
+        ax.bar(np.arange(len(vals)) + j * width, vals, width, label=f"{name} (measured)")
+    for j, (name, value) in enumerate((formula or {}).items()):
+        ax.axhline(value, linestyle="--", color=f"C{j + len(names)}", label=f"{name} (formula)")
+    ax.set_xticks(np.arange(n) + width * (len(names) - 1) / 2, [f"rank {r}" for r in range(n)])
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_busbw(rows: Sequence[Mapping[str, float | str]], *, x: str = "size", y: str = "busbw",
+               by: str = "algorithm") -> Figure:
+    """Bus bandwidth against message size, one line per algorithm (log-log)."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name in dict.fromkeys(str(r[by]) for r in rows):
+        pts = sorted((float(r[x]), float(r[y])) for r in rows if str(r[by]) == name)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig

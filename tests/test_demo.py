@@ -1,0 +1,42 @@
+"""`minipar demo`: the README's first command; its numbers are the ring's formula."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minipar import collectives, launch
+
+
+@pytest.mark.parametrize("n,elems", [(1, 5), (3, 10), (4, 1000)])
+def test_demo_measures_the_ring_formula(n: int, elems: int) -> None:
+    proc = launch.run(n, "minipar.demo", "--worker", str(elems), "--json", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ranks"] == n and data["bytes"] == 8 * elems
+    for row in data["rows"]:
+        r = row["rank"]
+        assert row["equal_to_mpi"]
+        assert row["ring_sent"] == collectives.ring_allreduce_bytes_sent(elems, 8, n, r)
+        assert row["ring_peers"] == ([] if n == 1 else [(r + 1) % n])
+    root = data["rows"][0]
+    assert root["naive_recv"] == (n - 1) * 8 * elems  # the parameter server's in-link
+
+
+def test_demo_cli_prints_a_table() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "minipar.cli", "demo", "-n", "2", "--elems", "64"],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "2(N-1)/N x S = 512 bytes per rank" in proc.stdout
+    assert "equal MPI's own Allreduce on every rank" in proc.stdout
+
+
+def test_demo_rejects_bad_arguments() -> None:
+    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "demo", "-n", "0"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "--ranks must be >= 1" in proc.stderr

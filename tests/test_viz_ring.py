@@ -1,0 +1,43 @@
+"""The ring schedule drawn in notebooks is the one minipar.collectives runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minipar import collectives
+from minipar.viz import ring
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_every_rank_ends_with_every_contribution(n: int) -> None:
+    states = ring.ring_state(n)
+    assert len(states) == 2 * (n - 1) + 1
+    assert (states[-1] == n).all()
+    # after the reduce-scatter phase rank r holds the full sum of its own chunk r,
+    # which is what collectives.reduce_scatter returns
+    assert all(states[n - 1][r, r] == n for r in range(n))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+@pytest.mark.parametrize("elems", [0, 1, 5, 1001])
+def test_schedule_bytes_equal_the_collectives_formula(n: int, elems: int) -> None:
+    counts = [len(c) for c in np.array_split(np.arange(elems), n)]
+    sent = [0] * n
+    for step in ring.ring_steps(n):
+        for m in step:
+            assert m.receiver == (m.sender + 1) % n  # only the right neighbour
+            sent[m.sender] += 8 * counts[m.chunk]
+    assert sent == [collectives.ring_allreduce_bytes_sent(elems, 8, n, r) for r in range(n)]
+
+
+def test_figures_draw() -> None:
+    fig = ring.plot_ring_steps(3)
+    assert len(fig.axes) == 5
+    fig = ring.plot_bytes_per_rank({"ring": [1.0, 1.0]}, {"2(N-1)/N S": 1.0})
+    assert fig.axes
+    fig = ring.plot_busbw([{"algorithm": "ring", "size": 8, "busbw": 0.1},
+                           {"algorithm": "mpi", "size": 8, "busbw": 0.2}])
+    assert len(fig.axes[0].lines) == 2
+    with pytest.raises(ValueError):
+        ring.ring_steps(0)
