@@ -226,6 +226,8 @@ class TracedComm:
             MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)), world)
         )
         self.world_rank: int = self.world_ranks[self.rank]
+        if MPI.COMM_WORLD.Get_size() > 1:
+            install_excepthook()
 
     # -- mpi4py look-alikes ------------------------------------------------
     def Get_rank(self) -> int:
@@ -386,6 +388,34 @@ class TracedComm:
             "(both ranks receiving first, a mismatched tag, or a rank that "
             f"skipped the operation). Watchdog: {WATCHDOG_ENV}."
         )
+
+
+def install_excepthook() -> None:
+    """Make an unhandled exception on a rank say which rank failed, then abort.
+
+    Under ``python -m mpi4py`` an unhandled exception aborts the whole job
+    (MPICH then prints ``rank R in comm 0``); this hook first prints
+    ``[minipar] rank R of N failed: Type: message`` on stderr, above the
+    traceback, so a learner sees at once which rank broke and why the others
+    stopped.  Idempotent; TracedComm installs it when the world has > 1 rank.
+    """
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_minipar", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        world = MPI.COMM_WORLD
+        sys.stderr.write(
+            f"[minipar] rank {world.Get_rank()} of {world.Get_size()} failed: "
+            f"{kind.__name__}: {value}\n[minipar] the whole job is aborted "
+            "(python -m mpi4py calls MPI_Abort); the traceback of that rank follows.\n"
+        )
+        previous(kind, value, tb)
+
+    hook._minipar = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def traced(comm: Any = None, **kwargs: Any) -> TracedComm:
