@@ -1,0 +1,435 @@
+"""Glossary · Глоссарий · 术语表: trilingual lookup and scan over ``glossary/``.
+
+Every term of the field is one TOML file in ``glossary/`` (schema:
+``glossary/README.md``), shipped in the wheel as ``minipar/_glossary``.
+This module loads them and answers two questions:
+
+* :func:`lookup` -- "what is X?" for a query in English, Russian or Chinese:
+  exact names, aliases and abbreviations first, then inflected Russian forms
+  (a light suffix stemmer), spun Chinese (the seed article's synonym-spinner
+  vocabulary, normalised by the table in ``glossary/_normalise.toml``), and
+  typos (Levenshtein distance, prefiltered by character-bigram Dice).
+* :func:`scan` -- "which terms does this text use?": every term found in a
+  text, with ``start``/``end`` character offsets into the *original* text, so
+  ``text[start:end]`` is exactly what was matched.
+
+Both work on one normal form: NFKC, case-folded, ``ё`` -> ``е``, spun Chinese
+replaced, split into tokens (a run of letters/digits, or one Han character),
+each word stemmed, separators dropped.  "All-Reduce", "allreduce" and
+"all reduce" all become ``allreduce``; "параллелизма данных" becomes
+``параллелизмдан``.
+
+Nothing heavy is imported here: ``minipar glossary`` must start without
+NumPy or mpi4py (checked by ``tests/test_glossary_cli.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+LANGS = ("en", "ru", "zh")
+PKG_DIR = Path(__file__).resolve().parent
+
+#: Link targets the architecture plans but that may not have landed yet.  A link
+#: in the data must either exist now or be named here (tests/test_glossary_data.py).
+PLANNED: dict[str, frozenset[str]] = {
+    "modules": frozenset(
+        ["minipar.collectives", "minipar.comm.traced", "minipar.comm.topology", "minipar.comm.pairs",
+         "minipar.launch", "minipar.nn", "minipar.nn.moe", "minipar.optim", "minipar.precision",
+         "minipar.memory", "minipar.plan"]
+        + [f"minipar.parallel.{m}" for m in (
+            "data_parallel", "parameter_server", "zero", "tensor_parallel", "sequence_parallel",
+            "expert_parallel", "pipeline", "checkpointing", "offload", "hybrid")]
+    ),
+    "notebooks": frozenset([
+        "00_overview.ipynb", "01_collectives.ipynb", "02_serial_model.ipynb",
+        "03_data_parallel.ipynb", "04_zero.ipynb", "05_tensor_parallel.ipynb",
+        "06_pipeline.ipynb", "07_sequence_parallel.ipynb", "08_expert_parallel.ipynb",
+        "09_checkpointing_offload.ipynb", "10_hybrid.ipynb"]),
+    "exercises": frozenset(["ring_allreduce", "tree_broadcast", "dp_grad_sync", "zero1_step"]),
+    # `minipar VERB ...`: the verbs the architecture plans (run lands with the strategies)
+    "verbs": frozenset(["run", "bench", "plan", "demo", "train", "exercise", "glossary"]),
+}
+
+
+@dataclass(frozen=True)
+class Term:
+    """One glossary entry, as read from ``glossary/<id>.toml``."""
+
+    id: str
+    names: dict[str, str]  # lang -> main name
+    aliases: dict[str, list[str]]  # lang -> other names
+    abbrev: list[str]
+    definition: dict[str, str]
+    seeds: list[dict[str, str]] = field(default_factory=list)  # file, quote, correction?
+    papers: list[str] = field(default_factory=list)
+    related: list[str] = field(default_factory=list)
+    links: dict[str, list[str]] = field(default_factory=dict)  # modules, notebooks, commands, exercises
+
+    def all_names(self) -> list[str]:
+        """Every name this term is known by: id, names, abbreviations, aliases."""
+        out = [self.id, *self.names.values(), *self.abbrev]
+        for lang in LANGS:
+            out += self.aliases.get(lang, [])
+        return out
+
+    def as_dict(self) -> dict[str, object]:
+        return {"id": self.id, **{lang: self.names[lang] for lang in LANGS}, "abbrev": self.abbrev,
+                "aliases": self.aliases, "definition": self.definition, "seeds": self.seeds,
+                "papers": self.papers, "related": self.related, "links": self.links}
+
+
+# --------------------------------------------------------------------------- loading
+
+def data_dir() -> Path:
+    """The glossary data: the wheel's ``minipar/_glossary``, else the checkout's ``glossary/``."""
+    for cand in (PKG_DIR / "_glossary", PKG_DIR.parent / "glossary"):
+        if cand.is_dir() and any(cand.glob("*.toml")):
+            return cand
+    raise FileNotFoundError(f"no glossary data next to {PKG_DIR} (looked for _glossary/ and ../glossary/)")
+
+
+def parse_term(data: dict, source: str = "?") -> Term:
+    """A :class:`Term` from one file's parsed TOML; ValueError names what is missing."""
+    try:
+        return Term(
+            id=data["id"],
+            names={lang: data[lang]["name"] for lang in LANGS},
+            aliases={lang: list(data[lang].get("aliases", [])) for lang in LANGS},
+            abbrev=list(data.get("abbrev", [])),
+            definition={lang: data[lang]["definition"].strip() for lang in LANGS},
+            seeds=[dict(s) for s in data.get("seeds", [])],
+            papers=list(data.get("papers", [])),
+            related=list(data.get("related", [])),
+            links={k: list(v) for k, v in data.get("links", {}).items()},
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{source}: malformed glossary entry ({exc!r}); see glossary/README.md") from None
+
+
+@lru_cache(maxsize=None)
+def terms() -> tuple[Term, ...]:
+    """All terms, sorted by id."""
+    out = []
+    for path in sorted(data_dir().glob("*.toml")):
+        if path.name.startswith("_"):
+            continue
+        out.append(parse_term(tomllib.loads(path.read_text(encoding="utf-8")), path.name))
+    return tuple(out)
+
+
+def by_id() -> dict[str, Term]:
+    return {t.id: t for t in terms()}
+
+
+@lru_cache(maxsize=None)
+def spun_table() -> dict[str, str]:
+    """Spun Chinese -> standard Chinese (``glossary/_normalise.toml``)."""
+    data = tomllib.loads((data_dir() / "_normalise.toml").read_text(encoding="utf-8"))
+    return dict(data["zh"])
+
+
+# --------------------------------------------------------------------------- normal form
+
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TOKEN = re.compile(rf"[{_HAN}]|[^\W_{_HAN}]+")
+_GAP_OK = re.compile(r"[\s\-‐‑‒–—_/·+]*")
+_RU_ENDINGS = sorted(
+    "ами ями ого его ому ему ыми ими ией иям иях ий ый ой ей ая яя ое ее ие ые ую юю ом ем ах ях "
+    "ов ев ам ям ым им ия ию ии ью ья ье ьи ы и а я о е у ю ь".split(), key=len, reverse=True)
+_CYR = re.compile(r"[а-я]")
+_char_cache: dict[str, str] = {}
+
+
+def _norm_char(c: str) -> str:
+    n = _char_cache.get(c)
+    if n is None:
+        n = unicodedata.normalize("NFKC", c).casefold().replace("ё", "е")
+        _char_cache[c] = n
+    return n
+
+
+def stem(word: str) -> str:
+    """Light stemmer: Russian case/number endings, English plurals; other words unchanged."""
+    if _CYR.search(word):
+        for end in _RU_ENDINGS:
+            if word.endswith(end) and len(word) - len(end) >= 3:
+                return word[: -len(end)]
+        return word
+    if len(word) > 4 and word.isalpha():
+        if word.endswith(("ches", "shes", "xes")):
+            return word[:-2]
+        if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+            return word[:-1]
+    return word
+
+
+def _normalise(text: str) -> tuple[str, list[int], list[int]]:
+    """Normal form of ``text`` and, per normal-form char, its [start, end) in ``text``."""
+    chars: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for i, c in enumerate(text):
+        n = _norm_char(c)
+        for ch in n:
+            chars.append(ch)
+            starts.append(i)
+            ends.append(i + 1)
+    norm = "".join(chars)
+    rx = _spun_regex()
+    if rx is None or not rx.search(norm):
+        return norm, starts, ends
+    table = spun_table()
+    out: list[str] = []
+    s2: list[int] = []
+    e2: list[int] = []
+    pos = 0
+    for m in rx.finditer(norm):
+        a, b = m.span()
+        out.append(norm[pos:a])
+        s2 += starts[pos:a]
+        e2 += ends[pos:a]
+        rep = table[m.group()]
+        out.append(rep)
+        s2 += [starts[a]] * len(rep)
+        e2 += [ends[b - 1]] * len(rep)
+        pos = b
+    out.append(norm[pos:])
+    s2 += starts[pos:]
+    e2 += ends[pos:]
+    return "".join(out), s2, e2
+
+
+@lru_cache(maxsize=None)
+def _spun_regex() -> re.Pattern[str] | None:
+    table = spun_table()
+    parts = []
+    for k in sorted(table, key=len, reverse=True):
+        v = table[k]
+        pat = re.escape(k)
+        if k in v and v != k:  # 由选择 -> 路由选择: leave an already standard 路由选择 alone
+            pre, post = v.split(k, 1)
+            pat = (f"(?<!{re.escape(pre)})" if pre else "") + pat + (f"(?!{re.escape(post)})" if post else "")
+        parts.append(pat)
+    return re.compile("|".join(parts)) if parts else None
+
+
+@dataclass(frozen=True)
+class _Tok:
+    key: str
+    nstart: int  # span in the normal form
+    nend: int
+
+
+def _tokens(norm: str) -> list[_Tok]:
+    return [_Tok(stem(m.group()), m.start(), m.end()) for m in _TOKEN.finditer(norm)]
+
+
+def key(text: str) -> str:
+    """The matching key of a name or query: normal form, stemmed tokens, no separators."""
+    return "".join(t.key for t in _tokens(_normalise(text)[0]))
+
+
+# --------------------------------------------------------------------------- index
+
+@dataclass(frozen=True)
+class _Index:
+    exact: dict[str, list[tuple[str, float]]]  # key -> [(term id, weight)]
+    max_tokens: int
+    bigrams: dict[str, frozenset[str]]
+
+
+def _bigrams(k: str) -> frozenset[str]:
+    return frozenset(k[i: i + 2] for i in range(len(k) - 1)) if len(k) > 1 else frozenset([k])
+
+
+@lru_cache(maxsize=None)
+def _index() -> _Index:
+    exact: dict[str, list[tuple[str, float]]] = {}
+    max_tokens = 1
+    for t in terms():
+        weighted = [(t.id, 1.0)] + [(n, 1.0) for n in t.names.values()] + [(a, 0.98) for a in t.abbrev]
+        weighted += [(a, 0.97) for lang in LANGS for a in t.aliases.get(lang, [])]
+        for name, w in weighted:
+            toks = _tokens(_normalise(name)[0])
+            k = "".join(x.key for x in toks)
+            if not k:
+                continue
+            max_tokens = max(max_tokens, len(toks))
+            entries = exact.setdefault(k, [])
+            if all(tid != t.id for tid, _ in entries):
+                entries.append((t.id, w))
+    return _Index(exact, max_tokens, {k: _bigrams(k) for k in exact})
+
+
+# --------------------------------------------------------------------------- scan
+
+@dataclass(frozen=True)
+class Match:
+    """A term found in a text: ``text[start:end]`` (character offsets) names term ``id``."""
+
+    id: str
+    start: int
+    end: int
+    text: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"id": self.id, "start": self.start, "end": self.end, "text": self.text}
+
+
+def scan(text: str) -> list[Match]:
+    """Every glossary term named in ``text`` (any language), left to right, longest match first.
+
+    Tokens must be adjacent, separated only by spaces, hyphens, slashes or
+    ``+``; offsets refer to the original ``text``.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"scan() needs a str, got {type(text).__name__}")
+    idx = _index()
+    norm, starts, ends = _normalise(text)
+    toks = _tokens(norm)
+    found: list[Match] = []
+    i = 0
+    while i < len(toks):
+        concat = ""
+        best: tuple[int, str] | None = None
+        for j in range(i, min(len(toks), i + idx.max_tokens)):
+            if j > i and not _GAP_OK.fullmatch(norm, toks[j - 1].nend, toks[j].nstart):
+                break
+            concat += toks[j].key
+            hit = idx.exact.get(concat)
+            if hit:
+                best = (j, hit[0][0])
+        if best is None:
+            i += 1
+            continue
+        j, tid = best
+        a = min(starts[k] for k in range(toks[i].nstart, toks[j].nend))
+        b = max(ends[k] for k in range(toks[i].nstart, toks[j].nend))
+        found.append(Match(tid, a, b, text[a:b]))
+        i = j + 1
+    return found
+
+
+# --------------------------------------------------------------------------- lookup
+
+def levenshtein(a: str, b: str) -> int:
+    """Edit distance (insertions, deletions, substitutions each cost 1)."""
+    if len(a) < len(b):
+        a, b = b, a
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A lookup result: the term and a score in (0, 1], 1 = exact name."""
+
+    term: Term
+    score: float
+    why: str
+
+    def as_dict(self) -> dict[str, object]:
+        t = self.term
+        return {"id": t.id, **{lang: t.names[lang] for lang in LANGS}, "score": round(self.score, 4),
+                "why": self.why}
+
+
+MAX_FUZZY_KEY = 48  # longer queries are treated as texts: their terms are found by scan()
+
+
+def _min_contain(k: str) -> int:
+    return 2 if re.search(f"[{_HAN}]", k) else 3
+
+
+def score_all(query: str) -> list[Hit]:
+    """Every term with a score > 0 for ``query``, best first (see :func:`lookup`)."""
+    if not isinstance(query, str):
+        raise TypeError(f"lookup() needs a str, got {type(query).__name__}")
+    qk = key(query)
+    if not qk:
+        return []
+    idx = _index()
+    best: dict[str, tuple[float, str]] = {}
+
+    def offer(tid: str, s: float, why: str) -> None:
+        if s > best.get(tid, (0.0, ""))[0]:
+            best[tid] = (s, why)
+
+    for tid, w in idx.exact.get(qk, []):
+        offer(tid, w, "exact")
+    if len(qk) > MAX_FUZZY_KEY:
+        matches = scan(query)
+        for m in matches:
+            offer(m.id, 0.6 + 0.3 * min(1.0, len(m.text) / max(1, len(query))), "in text")
+        return _ranked(best)
+    qb = _bigrams(qk)
+    for k, entries in idx.exact.items():
+        if k == qk:
+            continue
+        short, long_ = (qk, k) if len(qk) <= len(k) else (k, qk)
+        s = 0.0
+        why = ""
+        if len(short) >= _min_contain(short) and short in long_:
+            s, why = 0.6 + 0.3 * len(short) / len(long_), "contains"
+        kb = idx.bigrams[k]
+        dice = 2 * len(qb & kb) / (len(qb) + len(kb))
+        if dice >= 0.3 or (len(qk) <= 4 and len(k) <= 6):
+            d = levenshtein(qk, k)
+            sim = 1.0 - d / max(len(qk), len(k))
+            if d <= min(3, max(1, len(qk) // 4)) and len(qk) > 2 and sim * 0.9 > s:
+                s, why = sim * 0.9, f"edit distance {d}"
+        if s > 0:
+            for tid, w in entries:
+                offer(tid, s * w, why)
+    for m in scan(query):  # terms named inside a longer query ("张量切分体例")
+        offer(m.id, 0.55 + 0.3 * len(key(m.text)) / len(qk), "in query")
+    return _ranked(best)
+
+
+def _ranked(best: dict[str, tuple[float, str]]) -> list[Hit]:
+    table = by_id()
+    hits = [Hit(table[tid], s, why) for tid, (s, why) in best.items()]
+    return sorted(hits, key=lambda h: (-h.score, h.term.id))
+
+
+def lookup(query: str, limit: int = 10) -> list[Term]:
+    """Terms matching ``query`` in any language, best first (empty list: no match).
+
+    Score: 1 for an exact name (0.98 abbreviation, 0.97 alias), 0.6-0.9 when
+    one key contains the other, 0.9 x (1 - distance/length) for a typo within
+    a quarter of the key's length (at most 3 edits; none for 1-2 character
+    queries), 0.55-0.85 for a term named inside a longer query.
+    """
+    return [h.term for h in score_all(query)[:limit]]
+
+
+def closest(query: str, n: int = 3) -> list[Term]:
+    """The ``n`` terms nearest to ``query`` (bigram Dice or edit similarity), for "did you mean"."""
+    qk = key(query)[:MAX_FUZZY_KEY] or query[:MAX_FUZZY_KEY].casefold()
+    qb = _bigrams(qk)
+    idx = _index()
+    best: dict[str, float] = {}
+    for k, entries in idx.exact.items():
+        kb = idx.bigrams[k]
+        d = max(2 * len(qb & kb) / (len(qb) + len(kb)),
+                1.0 - levenshtein(qk, k) / max(len(qk), len(k), 1))
+        for tid, _ in entries:
+            best[tid] = max(best.get(tid, 0.0), d)
+    table = by_id()
+    return [table[t] for t, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]

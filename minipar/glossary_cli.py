@@ -1,0 +1,323 @@
+"""``minipar glossary``: look up, scan, list and export the trilingual glossary.
+
+    minipar glossary all-reduce            a card: names, definitions (EN/RU/ZH), seeds, papers, links
+    minipar glossary "параллелизма данных" --lang ru
+    minipar glossary 张量切分体例 --json     matches, best first: id, en, ru, zh, score
+    minipar glossary --scan FILE|-         every term named in a text, with character offsets
+    minipar glossary --list                all terms in three languages
+    minipar glossary --export-md docs/glossary.md
+
+Cards show whether each linked module, notebook, exercise and command exists
+*now* (computed from the files, never stored): a link that has not landed yet
+reads "planned".  The exported Markdown has no such status, so it does not go
+stale when a module lands.  Imports nothing heavy (no NumPy, no mpi4py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import unicodedata
+from pathlib import Path
+
+from minipar import glossary as g
+
+LABEL = {"en": "EN", "ru": "RU", "zh": "ZH"}
+MAX_QUERY = 1000  # characters; a longer "query" is a text: use --scan
+
+
+# --------------------------------------------------------------------------- link status
+
+def _module_file(name: str) -> Path | None:
+    rel = Path(*name.split(".")[1:]) if name.startswith("minipar.") else None
+    if rel is None:
+        return None
+    for cand in (g.PKG_DIR / rel.with_suffix(".py"), g.PKG_DIR / rel / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def link_status(kind: str, target: str) -> str | None:
+    """"present" or "planned" for a link, computed from the files now; None if unknowable.
+
+    A module is present if its file exists under the package directory (it is
+    not imported); a notebook if ``notebooks/NAME`` exists in the checkout
+    (None in an installed wheel, which ships no notebooks); an exercise if
+    ``minipar/exercises/NAME`` exists; a command if its verb's module (and, for
+    ``minipar bench X``, the benchmark's module) exists.
+    """
+    if kind == "modules":
+        return "present" if _module_file(target) else "planned"
+    if kind == "notebooks":
+        nb_dir = g.PKG_DIR.parent / "notebooks"
+        if not nb_dir.is_dir():
+            return None
+        return "present" if (nb_dir / target).is_file() else "planned"
+    if kind == "exercises":
+        ex = g.PKG_DIR / "exercises"
+        return "present" if (ex / target).exists() or (ex / f"{target}.py").exists() else "planned"
+    if kind == "commands":
+        from minipar.bench import BENCHES
+        from minipar.cli import VERBS
+
+        words = target.split()
+        if len(words) < 2 or words[0] != "minipar" or words[1] not in VERBS:
+            return "planned"
+        if not _module_file(VERBS[words[1]][0]):
+            return "planned"
+        if words[1] == "bench" and len(words) > 2:
+            entry = BENCHES.get(words[2])
+            return "present" if entry and _module_file(entry[0]) else "planned"
+        return "present"
+    raise ValueError(f"unknown link kind {kind!r}; one of modules, notebooks, exercises, commands")
+
+
+# --------------------------------------------------------------------------- text layout
+
+def _cw(c: str) -> int:
+    return 2 if unicodedata.east_asian_width(c) in "WF" else 1
+
+
+def display_width(s: str) -> int:
+    """Terminal columns of ``s`` (CJK characters take two)."""
+    return sum(_cw(c) for c in s)
+
+
+def wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """Wrap to ``width`` terminal columns at spaces and between CJK characters; later lines indented."""
+    width = max(width, len(indent) + 10)
+    units: list[str] = []
+    word = ""
+    for c in text.replace("\n", " "):
+        if c == " " or _cw(c) == 2:
+            if word:
+                units.append(word)
+                word = ""
+            units.append(c)
+        else:
+            word += c
+    if word:
+        units.append(word)
+    lines: list[str] = []
+    cur = ""
+    for u in units:
+        if u == " " and not cur.strip():
+            continue
+        if display_width(cur) + display_width(u) > width and cur.strip():
+            lines.append(cur.rstrip())
+            cur = indent + ("" if u == " " else u)
+        else:
+            cur += u
+    if cur.strip():
+        lines.append(cur.rstrip())
+    return lines
+
+
+def terminal_width() -> int:
+    return max(40, min(100, shutil.get_terminal_size((100, 24)).columns))
+
+
+# --------------------------------------------------------------------------- rendering
+
+def card(term: g.Term, lang: str | None = None, width: int | None = None, status: bool = True) -> str:
+    """A readable card for one term; ``lang`` limits the definitions to one language."""
+    w = width or terminal_width()
+    langs = [lang] if lang else list(g.LANGS)
+    head = f"── {term.id} "
+    out = [head + "─" * max(0, w - display_width(head))]
+    for la in g.LANGS:
+        names = term.names[la]
+        if term.aliases.get(la):
+            names += "  (" + ", ".join(term.aliases[la]) + ")"
+        out += wrap(f"{LABEL[la]}  {names}", w, "    ")
+    if term.abbrev:
+        out.append("    abbreviations: " + ", ".join(term.abbrev))
+    out.append("")
+    for la in langs:
+        out += wrap(f"{LABEL[la]}  {term.definition[la]}", w, "    ")
+    for s in term.seeds:
+        out.append("")
+        out += wrap(f"Seed {s['file']}: «{s['quote']}»", w, "    ")
+        if s.get("correction"):
+            out += wrap(f"  Correction: {s['correction']}", w, "    ")
+    if term.papers:
+        out.append("")
+        out.append("Papers:")
+        for p in term.papers:
+            out += wrap(f"  - {p}", w, "    ")
+        out.append("")
+    if term.related:
+        out += wrap("Related: " + ", ".join(term.related), w, "    ")
+    titles = {"modules": "Code", "notebooks": "Notebooks", "commands": "Run", "exercises": "Exercises"}
+    for kind, title in titles.items():
+        targets = term.links.get(kind, [])
+        if targets:
+            items = []
+            for t in targets:
+                st = link_status(kind, t) if status else None
+                items.append(f"{t} (planned)" if st == "planned" else t)
+            out += wrap(f"{title}: " + "; ".join(items), w, "    ")
+    return "\n".join(out)
+
+
+def table(lang: str | None = None, width: int | None = None) -> str:
+    """All terms, one line each: id and the names in each language (fitted to the width)."""
+    w = width or terminal_width()
+    langs = [lang] if lang else list(g.LANGS)
+    rows = [("id", *[LABEL[la] for la in langs])]
+    rows += [(t.id, *[t.names[la] for la in langs]) for t in g.terms()]
+    idw = max(len(r[0]) for r in rows)
+    col = max(12, (w - idw - 2 * len(langs)) // len(langs))
+
+    def fit(s: str) -> str:
+        while display_width(s) > col:
+            s = s[:-2] + "…"
+        return s + " " * (col - display_width(s))
+
+    lines = ["  ".join([r[0].ljust(idw), *[fit(c) for c in r[1:]]]).rstrip() for r in rows]
+    lines.insert(1, "-" * min(w, idw + (col + 2) * len(langs)))
+    lines.append(f"\n{len(rows) - 1} terms.  minipar glossary TERM for a card.")
+    return "\n".join(lines)
+
+
+def markdown() -> str:
+    """``docs/glossary.md``: every term from the data, with no computed status (never stale)."""
+    ts = g.terms()
+    out = ["# Glossary · Глоссарий · 术语表", "",
+           "<!-- Generated from glossary/*.toml by `minipar glossary --export-md docs/glossary.md`;"
+           " do not edit by hand (tests/test_glossary_data.py fails when it is stale). -->", "",
+           f"{len(ts)} terms in English, Russian and Chinese. Look one up with "
+           "`minipar glossary QUERY` (any language, typos and inflected forms welcome), or find "
+           "the terms in a text with `minipar glossary --scan FILE`.", "",
+           "| id | English | Русский | 中文 |", "|---|---|---|---|"]
+    out += [f"| [{t.id}](#{t.id}) | {t.names['en']} | {t.names['ru']} | {t.names['zh']} |" for t in ts]
+    for t in ts:
+        out += ["", f"## {t.id}", ""]
+        for la in g.LANGS:
+            al = f" ({', '.join(t.aliases[la])})" if t.aliases.get(la) else ""
+            out.append(f"- **{LABEL[la]}** {t.names[la]}{al}")
+        if t.abbrev:
+            out.append(f"- **Abbreviations** {', '.join(t.abbrev)}")
+        out.append("")
+        for la in g.LANGS:
+            out += [f"**{LABEL[la]}** {t.definition[la]}", ""]
+        for s in t.seeds:
+            quote = s["quote"].replace("\n", " / ")
+            out.append(f"> Seed `{s['file']}`: «{quote}»")
+            if s.get("correction"):
+                out.append(f">\n> **Correction:** {s['correction']}")
+            out.append("")
+        if t.papers:
+            out += ["Papers:", ""] + [f"- {p}" for p in t.papers] + [""]
+        if t.related:
+            out += ["Related: " + ", ".join(f"[{r}](#{r})" for r in t.related), ""]
+        for kind, title in (("modules", "Code"), ("notebooks", "Notebooks"),
+                            ("commands", "Run"), ("exercises", "Exercises")):
+            if t.links.get(kind):
+                out += [f"{title}: " + ", ".join(f"`{x}`" for x in t.links[kind]), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------- command
+
+def _read_text(src: str) -> str:
+    data = sys.stdin.buffer.read() if src == "-" else Path(src).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        print(f"minipar glossary: {'standard input' if src == '-' else src} is not valid UTF-8 "
+              f"(byte {exc.start}); undecodable bytes were replaced by U+FFFD and offsets refer "
+              "to the decoded text", file=sys.stderr)
+        return data.decode("utf-8", errors="replace")
+
+
+def _clean(s: str) -> str:
+    """Command-line text with undecodable bytes (surrogate escapes) made printable."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minipar glossary", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.split("\n\n")[1].splitlines()))
+    p.add_argument("query", nargs="*", help="a term in English, Russian or Chinese")
+    p.add_argument("--lang", choices=g.LANGS, help="definitions (and --list columns) in one language")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--all", action="store_true", help="cards for every match, not only the best")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--scan", metavar="FILE", help="find every term in FILE ('-' for stdin)")
+    mode.add_argument("--list", action="store_true", help="table of all terms")
+    mode.add_argument("--export-md", metavar="PATH", help="write the Markdown glossary ('-': stdout)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `minipar glossary --list | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
+
+
+def _main(argv: list[str]) -> int:
+    if sys.stdout.encoding and sys.stdout.encoding.lower().replace("-", "") != "utf8":
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    args = _parser().parse_args(argv)
+    if args.scan is not None:
+        try:
+            text = _read_text(args.scan)
+        except OSError as exc:
+            print(f"minipar glossary: cannot read {args.scan}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        found = g.scan(text)
+        if args.json:
+            print(json.dumps([m.as_dict() for m in found], ensure_ascii=False))
+            return 0
+        names = g.by_id()
+        for m in found:
+            print(f"{m.start:>7}-{m.end:<7} {m.id:<26} {_clean(m.text)!s}  [{names[m.id].names['en']}]")
+        ids = sorted({m.id for m in found})
+        print(f"\n{len(found)} mentions of {len(ids)} terms: {', '.join(ids) or '-'}")
+        return 0
+    if args.list:
+        print(json.dumps([t.as_dict() for t in g.terms()], ensure_ascii=False)
+              if args.json else table(args.lang))
+        return 0
+    if args.export_md is not None:
+        md = markdown()
+        if args.export_md == "-":
+            sys.stdout.write(md)
+        else:
+            Path(args.export_md).write_text(md, encoding="utf-8")
+            print(f"wrote {args.export_md} ({len(g.terms())} terms)")
+        return 0
+    query = _clean(" ".join(args.query)).strip()
+    if not query:
+        print("minipar glossary: empty query; try `minipar glossary all-reduce` or "
+              "`minipar glossary --list`", file=sys.stderr)
+        return 2
+    if len(query) > MAX_QUERY:
+        print(f"minipar glossary: the query is {len(query)} characters long; to find the terms in "
+              "a text use `minipar glossary --scan FILE` (or `--scan -` for stdin)", file=sys.stderr)
+        return 2
+    hits = g.score_all(query)
+    if not hits:
+        near = g.closest(query)
+        if args.json:
+            print("[]")
+        print(f"minipar glossary: no match for {query!r}. Closest terms: "
+              + ", ".join(f"{t.id} ({t.names['en']})" for t in near), file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([h.as_dict() for h in hits], ensure_ascii=False))
+        return 0
+    shown = hits if args.all else hits[:1]
+    print("\n\n".join(card(h.term, args.lang) for h in shown))
+    rest = hits[len(shown):]
+    if rest:
+        print("\nSee also: " + ", ".join(f"{h.term.id} ({h.score:.2f})" for h in rest[:8]))
+    return 0
