@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "exercise": ("minipar.exercises.cli", "mpirun exercises: list | start NAME | check NAME FILE"),
     "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
     "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
+    "run": ("minipar.run", "train in parallel (dp | ps | zero) and compare with the serial run"),
     "plan": ("minipar.plan", "the papers' formulas: memory and bytes per rank at any scale"),
 }
 
