@@ -96,6 +96,8 @@ WRONG = [
      ["wrote into its input x"]),
     ("ex_wrong_linear_broadcast.py", "tree_broadcast", 4, "binomial tree",
      ["the root 0 sent 3 messages, expected <= ceil(log2 N) = 2", "linear broadcast"]),
+    ("ex_wrong_borrowed.py", "ring_allreduce", 2, "written by you",
+     ["uses minipar.collectives"]),
     ("ex_wrong_raises.py", "ring_allreduce", 4, "runs without error",
      ["rank 2 raised IndexError", "ex_wrong_raises.py:10: chunks[n] += 1"]),
 ]

@@ -212,6 +212,11 @@ def check(
     report.checks.append(Check(
         f"runs on {n} rank{'s' if n != 1 else ''}: {len(cases)} cases, no error, no deadlock", True
     ))
+    if data["borrowed"]:
+        report.checks.append(Check("written by you", False, (
+            "your file uses minipar.collectives, the package's own implementation: "
+            "the exercise is to write the algorithm yourself from Send/Recv/Sendrecv."
+        )))
     report.checks += ex.grader().judge(n, cases, records)
     return report
 

@@ -127,9 +127,12 @@ def main(argv: list[str]) -> int:
             "message": str(exc), "line": line, "code": code,
         })
         raise  # python -m mpi4py turns this into MPI_Abort: the whole job ends
+    # the answer key: minipar's own collectives (nothing on the grader's side imports it)
+    borrowed = raw.gather("minipar.collectives" in sys.modules, root=0)
     gathered = raw.gather(records, root=0)
     if rank == 0:
-        write_json(out / "result.json", {"cases": cases, "records": gathered})
+        write_json(out / "result.json",
+                   {"cases": cases, "records": gathered, "borrowed": any(borrowed)})
     return 0
 
 
