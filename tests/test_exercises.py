@@ -57,7 +57,8 @@ def test_bad_arguments_are_refused(tmp_path):
 # -- reference solutions ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name, n",
-    [("ring_allreduce", n) for n in (1, 2, 3, 4, 8)] + [("tree_broadcast", n) for n in (1, 2, 3, 4, 5)],
+    [("ring_allreduce", n) for n in (1, 2, 3, 4, 8)]
+    + [("tree_broadcast", n) for n in (1, 2, 3, 4, 5)],
 )
 def test_reference_solution_passes(name, n):
     report = check(name, get(name).solution_path, n, timeout=90)
@@ -84,22 +85,56 @@ def test_untouched_skeleton_says_not_implemented(name):
 # -- wrong solutions are caught, with the right message --------------------------------------
 WRONG = [
     # file, exercise, ranks, failing check (substring), message (substrings)
-    ("ex_wrong_allreduce.py", "ring_allreduce", 4, "no MPI collectives",
-     ["comm.Allreduce was called", "MPI's own collective"]),
-    ("ex_wrong_pickle_bcast.py", "tree_broadcast", 4, "no MPI collectives",
-     ["comm.bcast was called", "MPI's own collective"]),
-    ("ex_wrong_parameter_server.py", "ring_allreduce", 4, "ring neighbours",
-     ["rank 0 received from all 3 other ranks", "parameter-server pattern"]),
-    ("ex_wrong_chunking.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
-     ["cases wrong. First: length 1", "expected"]),
-    ("ex_wrong_inplace.py", "ring_allreduce", 3, "leaves the input untouched",
-     ["wrote into its input x"]),
-    ("ex_wrong_linear_broadcast.py", "tree_broadcast", 4, "binomial tree",
-     ["the root 0 sent 3 messages, expected <= ceil(log2 N) = 2", "linear broadcast"]),
-    ("ex_wrong_borrowed.py", "ring_allreduce", 2, "written by you",
-     ["uses minipar.collectives"]),
-    ("ex_wrong_raises.py", "ring_allreduce", 4, "runs without error",
-     ["rank 2 raised IndexError", "ex_wrong_raises.py:10: chunks[n] += 1"]),
+    (
+        "ex_wrong_allreduce.py",
+        "ring_allreduce",
+        4,
+        "no MPI collectives",
+        ["comm.Allreduce was called", "MPI's own collective"],
+    ),
+    (
+        "ex_wrong_pickle_bcast.py",
+        "tree_broadcast",
+        4,
+        "no MPI collectives",
+        ["comm.bcast was called", "MPI's own collective"],
+    ),
+    (
+        "ex_wrong_parameter_server.py",
+        "ring_allreduce",
+        4,
+        "ring neighbours",
+        ["rank 0 received from all 3 other ranks", "parameter-server pattern"],
+    ),
+    (
+        "ex_wrong_chunking.py",
+        "ring_allreduce",
+        4,
+        "result equals MPI's Allreduce",
+        ["cases wrong. First: length 1", "expected"],
+    ),
+    (
+        "ex_wrong_inplace.py",
+        "ring_allreduce",
+        3,
+        "leaves the input untouched",
+        ["wrote into its input x"],
+    ),
+    (
+        "ex_wrong_linear_broadcast.py",
+        "tree_broadcast",
+        4,
+        "binomial tree",
+        ["the root 0 sent 3 messages, expected <= ceil(log2 N) = 2", "linear broadcast"],
+    ),
+    ("ex_wrong_borrowed.py", "ring_allreduce", 2, "written by you", ["uses minipar.collectives"]),
+    (
+        "ex_wrong_raises.py",
+        "ring_allreduce",
+        4,
+        "runs without error",
+        ["rank 2 raised IndexError", "ex_wrong_raises.py:10: chunks[n] += 1"],
+    ),
 ]
 
 

@@ -38,8 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="machine-readable report")
     c.add_argument("--solution", action="store_true", help="grade the reference solution")
     c.add_argument("--timeout", type=float, default=60.0, help="seconds before the run is killed")
-    c.add_argument("--watchdog", type=float, default=5.0,
-                   help="seconds a rank may wait for one message before it is a deadlock")
+    c.add_argument(
+        "--watchdog",
+        type=float,
+        default=5.0,
+        help="seconds a rank may wait for one message before it is a deadlock",
+    )
     return p
 
 
@@ -55,12 +59,16 @@ def main(argv: list[str]) -> int:
     if args.action == "start":
         target = Path(args.dir) / f"{ex.name}.py"
         if target.exists() and not args.force:
-            print(f"minipar exercise: {target} exists; not overwriting it (use --force)",
-                  file=sys.stderr)
+            print(
+                f"minipar exercise: {target} exists; not overwriting it (use --force)",
+                file=sys.stderr,
+            )
             return 1
         shutil.copyfile(ex.skeleton_path, target)
-        print(f"wrote {target}: fill in {ex.function}(), then run\n"
-              f"  minipar exercise check {ex.name} {target}")
+        print(
+            f"wrote {target}: fill in {ex.function}(), then run\n"
+            f"  minipar exercise check {ex.name} {target}"
+        )
         return 0
     from minipar.exercises.grading import check  # imports numpy and mpi4py
 

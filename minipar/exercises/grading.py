@@ -52,13 +52,13 @@ COLLECTIVES = frozenset(
     Scatter scatter Iscatter Scatterv Iscatterv Alltoall alltoall Ialltoall Alltoallv Ialltoallv
     Alltoallw Ialltoallw Reduce_scatter Ireduce_scatter Reduce_scatter_block
     Ireduce_scatter_block Scan scan Iscan Exscan exscan Iexscan Neighbor_allgather
-    Neighbor_alltoall neighbor_allgather neighbor_alltoall""".split()
+    Neighbor_alltoall neighbor_allgather neighbor_alltoall""".split()  # noqa: SIM905
 )
 #: point-to-point calls that move data the traced communicator does not count
 UNCOUNTED = frozenset(
     """send recv sendrecv isend irecv ssend issend bsend ibsend Ssend Issend Bsend Ibsend
     Rsend Irsend Send_init Recv_init Ssend_init Bsend_init Rsend_init Sendrecv_replace
-    Mrecv mrecv Put Get Accumulate""".split()
+    Mrecv mrecv Put Get Accumulate""".split()  # noqa: SIM905
 )
 
 
@@ -81,13 +81,15 @@ class GradingComm(TracedComm):
                 calls[name] += 1
         return super().__getattr__(name)
 
-    def Split(self, color: int = 0, key: int = 0) -> "GradingComm":
+    def Split(self, color: int = 0, key: int = 0) -> GradingComm:
         return GradingComm(
             self.comm.Split(color, key), timeout=self.timeout, stats=self.stats, calls=self.calls
         )
 
-    def Dup(self) -> "GradingComm":
-        return GradingComm(self.comm.Dup(), timeout=self.timeout, stats=self.stats, calls=self.calls)
+    def Dup(self) -> GradingComm:
+        return GradingComm(
+            self.comm.Dup(), timeout=self.timeout, stats=self.stats, calls=self.calls
+        )
 
 
 # -- comparing arrays (rank side) ------------------------------------------------
@@ -137,8 +139,12 @@ class Report:
         ranks = f"{self.n} rank" + ("s" if self.n != 1 else "")
         if self.passed:
             note = f" ({skipped} check not graded on {ranks}: see –)" if skipped else ""
-            return f"PASS: {self.exercise} is correct and uses the right algorithm on {ranks}.{note}"
-        return f"FAIL: {failed} of {len(self.checks)} checks failed on {ranks}; fix the first ✗ first."
+            return (
+                f"PASS: {self.exercise} is correct and uses the right algorithm on {ranks}.{note}"
+            )
+        return (
+            f"FAIL: {failed} of {len(self.checks)} checks failed on {ranks}; fix the first ✗ first."
+        )
 
     def text(self) -> str:
         lines = [f"minipar exercise check {self.exercise} {self.file}  ({self.n} ranks)", ""]
@@ -185,16 +191,27 @@ def check(
     with tempfile.TemporaryDirectory(prefix="minipar-exercise-") as out:
         try:
             proc = launch.run(
-                n, WORKER, ex.name, str(path), out,
-                timeout=timeout, env={WATCHDOG_ENV: f"{watchdog:g}"},
+                n,
+                WORKER,
+                ex.name,
+                str(path),
+                out,
+                timeout=timeout,
+                env={WATCHDOG_ENV: f"{watchdog:g}"},
             )
         except launch.LaunchTimeout as err:
-            report.checks.append(Check("runs to the end without hanging", False, (
-                f"the ranks did not finish within {timeout:g} s and were killed. Something "
-                "waited where the watchdog cannot see: a blocking call on a raw MPI "
-                "communicator (MPI.COMM_WORLD, comm.comm) or an endless loop.\n"
-                + _tail(err.stdout + err.stderr)
-            )))
+            report.checks.append(
+                Check(
+                    "runs to the end without hanging",
+                    False,
+                    (
+                        f"the ranks did not finish within {timeout:g} s and were killed. Something "
+                        "waited where the watchdog cannot see: a blocking call on a raw MPI "
+                        "communicator (MPI.COMM_WORLD, comm.comm) or an endless loop.\n"
+                        + _tail(err.stdout + err.stderr)
+                    ),
+                )
+            )
             return report
         errors = [json.loads(p.read_text()) for p in sorted(Path(out).glob("error-*.json"))]
         result = Path(out, "result.json")
@@ -202,21 +219,36 @@ def check(
             report.checks.append(_error_check(ex.name, path, errors))
             return report
         if proc.returncode != 0 or not result.exists():
-            report.checks.append(Check("runs to the end", False, (
-                f"the job ended with exit code {proc.returncode} and no result.\n"
-                + _tail(proc.stdout + proc.stderr)
-            )))
+            report.checks.append(
+                Check(
+                    "runs to the end",
+                    False,
+                    (
+                        f"the job ended with exit code {proc.returncode} and no result.\n"
+                        + _tail(proc.stdout + proc.stderr)
+                    ),
+                )
+            )
             return report
         data = json.loads(result.read_text())
     cases, records = data["cases"], data["records"]
-    report.checks.append(Check(
-        f"runs on {n} rank{'s' if n != 1 else ''}: {len(cases)} cases, no error, no deadlock", True
-    ))
+    report.checks.append(
+        Check(
+            f"runs on {n} rank{'s' if n != 1 else ''}: {len(cases)} cases, no error, no deadlock",
+            True,
+        )
+    )
     if data["borrowed"]:
-        report.checks.append(Check("written by you", False, (
-            "your file uses minipar.collectives, the package's own implementation: "
-            "the exercise is to write the algorithm yourself from Send/Recv/Sendrecv."
-        )))
+        report.checks.append(
+            Check(
+                "written by you",
+                False,
+                (
+                    "your file uses minipar.collectives, the package's own implementation: "
+                    "the exercise is to write the algorithm yourself from Send/Recv/Sendrecv."
+                ),
+            )
+        )
     report.checks += ex.grader().judge(n, cases, records)
     return report
 
@@ -234,16 +266,22 @@ def _error_check(name: str, path: Path, errors: list[dict]) -> Check:
         return Check("implemented", False, f"not implemented yet: start with {hint}{where}")
     if e["type"] == "DeadlockError":
         ranks = sorted({x["rank"] for x in errors if x["type"] == "DeadlockError"})
-        return Check("no deadlock", False, (
-            f"deadlock{case}: ranks {', '.join(map(str, ranks))} were stuck waiting. {e['message']}{where}\n"
-            "Each waiting rank expected a message its peer never sent: if every rank "
-            "calls Recv before Send, all of them wait for ever. Send and receive in one "
-            "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left)."
-        ))
+        return Check(
+            "no deadlock",
+            False,
+            (
+                f"deadlock{case}: ranks {', '.join(map(str, ranks))} were stuck waiting. {e['message']}{where}\n"
+                "Each waiting rank expected a message its peer never sent: if every rank "
+                "calls Recv before Send, all of them wait for ever. Send and receive in one "
+                "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left)."
+            ),
+        )
     stage = "while importing your file" if e["stage"] == "import" else f"in your code{case}"
-    return Check("runs without error", False, (
-        f"rank {e['rank']} raised {e['type']} {stage}: {e['message']}{where}"
-    ))
+    return Check(
+        "runs without error",
+        False,
+        (f"rank {e['rank']} raised {e['type']} {stage}: {e['message']}{where}"),
+    )
 
 
 def _tail(text: str, lines: int = 12) -> str:

@@ -10,7 +10,7 @@ then ranks, and reports the first offence in a sentence a learner can act on.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from minipar.exercises.grading import COLLECTIVES, Check
 
@@ -37,7 +37,8 @@ def contract_checks(
     detail = (
         f"{label(bad[0][0])}, rank {bad[0][1]}: your function wrote into its input x. "
         "Work on a copy (x.copy(), np.array_split(x.copy(), N)): the caller still needs x."
-        if bad else ""
+        if bad
+        else ""
     )
     checks.append(Check("leaves the input untouched", not bad, detail))
 
@@ -45,8 +46,10 @@ def contract_checks(
     n_cases = sum(any(rec["mismatch"] for rec in recs) for recs in zip(*records))
     lengths = sorted({c["length"] for c in cases})
     dtypes = sorted({c["dtype"] for c in cases})
-    name = (f"result equals MPI's {oracle} ({len(cases)} cases: lengths "
-            f"{', '.join(map(str, lengths))}; {', '.join(dtypes)})")
+    name = (
+        f"result equals MPI's {oracle} ({len(cases)} cases: lengths "
+        f"{', '.join(map(str, lengths))}; {', '.join(dtypes)})"
+    )
     detail = ""
     if wrong:
         c, r, m = wrong[0]
@@ -75,11 +78,15 @@ def collective_check(cases: list[dict], records: Records) -> Check:
     for fn, k in calls.most_common():
         who = ", ".join(map(str, sorted(ranks[fn])))
         if fn in COLLECTIVES:
-            why = ("is MPI's own collective: the exercise is to build it from "
-                   "Send/Recv/Sendrecv; MPI's collectives are the grader's oracle, not the answer")
+            why = (
+                "is MPI's own collective: the exercise is to build it from "
+                "Send/Recv/Sendrecv; MPI's collectives are the grader's oracle, not the answer"
+            )
         else:
-            why = ("moves data the grader cannot count: use the upper-case buffer API "
-                   "comm.Send / comm.Recv / comm.Sendrecv on numpy arrays")
+            why = (
+                "moves data the grader cannot count: use the upper-case buffer API "
+                "comm.Send / comm.Recv / comm.Sendrecv on numpy arrays"
+            )
         lines.append(f"comm.{fn} was called {k} times (ranks {who}): it {why}.")
     return Check(name, False, "\n".join(lines))
 

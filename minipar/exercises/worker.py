@@ -30,9 +30,10 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -49,13 +50,14 @@ def load_function(file: Path, name: str) -> Callable[..., Any]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     fn = getattr(module, name, None)
-    if not callable(fn):
-        raise AttributeError(f"{file.name} defines no function {name}(comm, x, ...)")
+    if fn is None:
+        raise ImportError(f"{file.name} defines no function {name}(comm, x, ...)")
     return fn
 
 
-def run_case(grader: ModuleType, name: str, fn: Callable[..., Any], raw: MPI.Comm,
-             case: dict) -> dict:
+def run_case(
+    grader: ModuleType, name: str, fn: Callable[..., Any], raw: MPI.Comm, case: dict
+) -> dict:
     """Call the learner's function on one case; return what this rank measured."""
     x, kwargs = grader.make_input(case, raw.Get_rank(), raw.Get_size())
     pristine = x.copy()
@@ -66,20 +68,25 @@ def run_case(grader: ModuleType, name: str, fn: Callable[..., Any], raw: MPI.Com
     expected, atol = grader.oracle(raw, case, pristine)
     st = comm.stats
     rec: dict[str, Any] = {
-        "bytes_sent": st.bytes_sent(), "bytes_recv": st.bytes_recv(),
-        "msgs_sent": st.msgs_sent(), "msgs_recv": st.msgs_recv(),
+        "bytes_sent": st.bytes_sent(),
+        "bytes_recv": st.bytes_recv(),
+        "msgs_sent": st.msgs_sent(),
+        "msgs_recv": st.msgs_recv(),
         "peers_sent": sorted(st.peers_sent().items()),
         "peers_recv": sorted(st.peers_recv().items()),
         "calls": dict(comm.calls),
         "touched": x.tobytes() != pristine.tobytes(),
-        "contract": None, "mismatch": None,
+        "contract": None,
+        "mismatch": None,
     }
     sub.Free()
     if not isinstance(out, np.ndarray):
         rec["contract"] = f"returned {type(out).__name__}, not a numpy array"
     elif out.shape != expected.shape or out.dtype != expected.dtype:
-        rec["contract"] = (f"returned shape {out.shape} {out.dtype}, "
-                           f"expected shape {expected.shape} {expected.dtype}")
+        rec["contract"] = (
+            f"returned shape {out.shape} {out.dtype}, "
+            f"expected shape {expected.shape} {expected.dtype}"
+        )
     elif out.size and np.shares_memory(out, x):
         rec["contract"] = "returned the input array itself (or a view of it), not a new array"
     else:
@@ -122,17 +129,26 @@ def main(argv: list[str]) -> int:
             records.append(run_case(grader, ex.function, fn, raw, case))
     except BaseException as exc:
         line, code = learner_line(exc, file)
-        write_json(out / f"error-{rank}.json", {
-            "rank": rank, "stage": stage, "case": label, "type": type(exc).__name__,
-            "message": str(exc), "line": line, "code": code,
-        })
+        write_json(
+            out / f"error-{rank}.json",
+            {
+                "rank": rank,
+                "stage": stage,
+                "case": label,
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "line": line,
+                "code": code,
+            },
+        )
         raise  # python -m mpi4py turns this into MPI_Abort: the whole job ends
     # the answer key: minipar's own collectives (nothing on the grader's side imports it)
     borrowed = raw.gather("minipar.collectives" in sys.modules, root=0)
     gathered = raw.gather(records, root=0)
     if rank == 0:
-        write_json(out / "result.json",
-                   {"cases": cases, "records": gathered, "borrowed": any(borrowed)})
+        write_json(
+            out / "result.json", {"cases": cases, "records": gathered, "borrowed": any(borrowed)}
+        )
     return 0
 
 

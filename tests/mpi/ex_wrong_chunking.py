@@ -15,6 +15,5 @@ def ring_allreduce(comm, x):
         target = chunks[(r - s - 2) % n]  # off by one: should be (r - s - 1) % n
         target[: min(buf.size, target.size)] += buf[: target.size]
     for s in range(n - 1):
-        comm.Sendrecv(chunks[(r + 1 - s) % n], dest=right,
-                      recvbuf=chunks[(r - s) % n], source=left)
+        comm.Sendrecv(chunks[(r + 1 - s) % n], dest=right, recvbuf=chunks[(r - s) % n], source=left)
     return y

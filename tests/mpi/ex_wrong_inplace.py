@@ -12,6 +12,5 @@ def ring_allreduce(comm, x):
         comm.Sendrecv(chunks[(r - s) % n], dest=right, recvbuf=buf, source=left)
         chunks[(r - s - 1) % n] += buf
     for s in range(n - 1):
-        comm.Sendrecv(chunks[(r + 1 - s) % n], dest=right,
-                      recvbuf=chunks[(r - s) % n], source=left)
+        comm.Sendrecv(chunks[(r + 1 - s) % n], dest=right, recvbuf=chunks[(r - s) % n], source=left)
     return x

@@ -23,8 +23,13 @@ from minipar.exercises.judging import Records, any_calls, contract_checks
 
 SEED = 20_09  # Patarasuk & Yuan's year: any fixed seed works
 #: (values, dtype): random floats test rounding; rank-valued integers make sums exact
-KINDS = (("random", "float64"), ("ranks", "float64"), ("random", "float32"),
-         ("ranks", "int64"), ("ranks", "int32"))
+KINDS = (
+    ("random", "float64"),
+    ("ranks", "float64"),
+    ("random", "float32"),
+    ("ranks", "int64"),
+    ("ranks", "int32"),
+)
 FIRST_STEP = (
     "the reduce-scatter: y = x.copy(); chunks = np.array_split(y, N); for s in "
     "range(N - 1), comm.Sendrecv(chunks[(r - s) % N], dest=(r + 1) % N, recvbuf=buf, "
@@ -87,18 +92,26 @@ def neighbour_check(n: int, cases: list[dict], records: Records) -> Check:
             hub = _hub(n, [records[q][i] for q in range(n)])
             if hub is not None:
                 p, rec_p = hub
-                return Check(name, False, (
-                    f"{label(case)}: rank {p} received from all {n - 1} other ranks "
-                    f"({rec_p['msgs_recv']} messages) and sent to all of them: this is the "
-                    "parameter-server pattern (gather to a root, send back), not a ring. "
-                    f"Rank {p}'s link carries (N-1) x S each way; in a ring every rank "
-                    "talks only to its two neighbours and sends 2(N-1)/N x S."
-                ))
+                return Check(
+                    name,
+                    False,
+                    (
+                        f"{label(case)}: rank {p} received from all {n - 1} other ranks "
+                        f"({rec_p['msgs_recv']} messages) and sent to all of them: this is the "
+                        "parameter-server pattern (gather to a root, send back), not a ring. "
+                        f"Rank {p}'s link carries (N-1) x S each way; in a ring every rank "
+                        "talks only to its two neighbours and sends 2(N-1)/N x S."
+                    ),
+                )
             what = f"sent to rank {to[0]}" if to else f"received from rank {frm[0]}"
-            return Check(name, False, (
-                f"{label(case)}: rank {r} {what}; in a ring of {n} ranks rank {r} sends "
-                f"only to rank {(r + 1) % n} and receives only from rank {(r - 1) % n}."
-            ))
+            return Check(
+                name,
+                False,
+                (
+                    f"{label(case)}: rank {r} {what}; in a ring of {n} ranks rank {r} sends "
+                    f"only to rank {(r + 1) % n} and receives only from rank {(r - 1) % n}."
+                ),
+            )
     return Check(name, True)
 
 
@@ -128,26 +141,34 @@ def bytes_check(n: int, cases: list[dict], records: Records) -> Check:
                     continue
                 verb = "sent" if way == "sent" else "received"
                 want = f"exactly {lo}" if lo == hi else f"between {lo} and {hi}"
-                return Check(name, False, (
-                    f"{label(case)}: rank {r} {verb} {b} bytes = {b / S if S else 0:.2f} x S "
-                    f"(S = {S}); in a ring each rank {verb.replace('ent', 'ends').replace('ived', 'ives')} "
-                    f"{want} bytes = 2(N-1)/N x S."
-                    + _zero_hint(n, records, b)
-                ))
+                return Check(
+                    name,
+                    False,
+                    (
+                        f"{label(case)}: rank {r} {verb} {b} bytes = {b / S if S else 0:.2f} x S "
+                        f"(S = {S}); in a ring each rank {verb.replace('ent', 'ends').replace('ived', 'ives')} "
+                        f"{want} bytes = 2(N-1)/N x S." + _zero_hint(n, records, b)
+                    ),
+                )
         total = sum(rec["bytes_sent"] for rec in recs)
         if total != 2 * (n - 1) * S:
-            return Check(name, False, (
-                f"{label(case)}: all ranks together sent {total} bytes; a ring sends "
-                f"2(N-1) x S = {2 * (n - 1) * S} (every chunk travels N-1 hops twice)."
-                + _zero_hint(n, records, total)
-            ))
+            return Check(
+                name,
+                False,
+                (
+                    f"{label(case)}: all ranks together sent {total} bytes; a ring sends "
+                    f"2(N-1) x S = {2 * (n - 1) * S} (every chunk travels N-1 hops twice)."
+                    + _zero_hint(n, records, total)
+                ),
+            )
     return Check(name, True, passed)
 
 
 def _clearest_first(n: int, cases: list[dict]) -> list[tuple[int, dict]]:
     """(index, case), cases whose length N divides first, empty ones last: clearer messages."""
-    return sorted(enumerate(cases), key=lambda ic: (ic[1]["length"] == 0,
-                                                     ic[1]["length"] % n != 0, ic[0]))
+    return sorted(
+        enumerate(cases), key=lambda ic: (ic[1]["length"] == 0, ic[1]["length"] % n != 0, ic[0])
+    )
 
 
 def _zero_hint(n: int, records: Records, b: int) -> str:
@@ -155,5 +176,7 @@ def _zero_hint(n: int, records: Records, b: int) -> str:
         return ""
     if any_calls(records):
         return " The data went through MPI's own collective, which a ring's count does not see."
-    return (" Nothing went through the communicator you were given: use the comm "
-            "argument (not MPI.COMM_WORLD or comm.comm), so its traffic is measured.")
+    return (
+        " Nothing went through the communicator you were given: use the comm "
+        "argument (not MPI.COMM_WORLD or comm.comm), so its traffic is measured."
+    )

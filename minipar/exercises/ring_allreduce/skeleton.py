@@ -62,6 +62,7 @@ WHICH MPI CALLS TO USE (mpi4py's upper-case buffer API, numpy arrays)
     np.empty_like(chunk) makes a receive buffer of the right size and dtype.
 """
 
+# ruff: noqa: F841  (the names set up below are yours to use)
 from __future__ import annotations
 
 import numpy as np

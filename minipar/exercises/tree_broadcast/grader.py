@@ -37,8 +37,12 @@ def levels(n: int) -> int:
 def cases(n: int) -> list[dict]:
     lengths = sorted({0, 1, n - 1, n, n + 1, 1000, 1001})
     roots = sorted({0, n // 2, n - 1})
-    return [{"length": L, "values": v, "dtype": d, "root": root}
-            for root in roots for L in lengths for v, d in KINDS]
+    return [
+        {"length": L, "values": v, "dtype": d, "root": root}
+        for root in roots
+        for L in lengths
+        for v, d in KINDS
+    ]
 
 
 def label(case: dict) -> str:
@@ -84,14 +88,24 @@ def receive_check(n: int, cases: list[dict], records: Records) -> Check:
             rec = records[r][i]
             b, m = rec["bytes_recv"], rec["msgs_recv"]
             if r == root and (b or m):
-                return Check(name, False, (
-                    f"{label(case)}: the root received {m} messages ({b} bytes); "
-                    "it already has the data and should only send."))
+                return Check(
+                    name,
+                    False,
+                    (
+                        f"{label(case)}: the root received {m} messages ({b} bytes); "
+                        "it already has the data and should only send."
+                    ),
+                )
             if r != root and (b != S or (S and m != 1)):
-                return Check(name, False, (
-                    f"{label(case)}: rank {r} received {m} messages, {b} bytes; expected "
-                    f"one message of S = {S} bytes. Each rank receives once, from its "
-                    "parent, then only forwards."))
+                return Check(
+                    name,
+                    False,
+                    (
+                        f"{label(case)}: rank {r} received {m} messages, {b} bytes; expected "
+                        f"one message of S = {S} bytes. Each rank receives once, from its "
+                        "parent, then only forwards."
+                    ),
+                )
     return Check(name, True)
 
 
@@ -102,10 +116,15 @@ def total_check(n: int, cases: list[dict], records: Records) -> Check:
         msgs = sum(records[r][i]["msgs_sent"] for r in range(n))
         sent = sum(records[r][i]["bytes_sent"] for r in range(n))
         if sent != (n - 1) * S or (S and msgs != n - 1):
-            return Check(name, False, (
-                f"{label(case)}: all ranks together sent {msgs} messages, {sent} bytes; "
-                f"a broadcast to {n - 1} ranks needs exactly {n - 1} messages, "
-                f"{(n - 1) * S} bytes."))
+            return Check(
+                name,
+                False,
+                (
+                    f"{label(case)}: all ranks together sent {msgs} messages, {sent} bytes; "
+                    f"a broadcast to {n - 1} ranks needs exactly {n - 1} messages, "
+                    f"{(n - 1) * S} bytes."
+                ),
+            )
     return Check(name, True)
 
 
@@ -113,9 +132,14 @@ def shape_check(n: int, cases: list[dict], records: Records) -> Check:
     k = levels(n)
     name = f"a binomial tree: each rank sends at most ceil(log2 N) = {k} messages, depth <= {k}"
     if n < 4:
-        return Check(name, None, (
-            f"not graded on {n} ranks: with N <= 3, N-1 <= ceil(log2 N), so a linear "
-            "broadcast and a tree look the same. Check again with -n 4 or more."))
+        return Check(
+            name,
+            None,
+            (
+                f"not graded on {n} ranks: with N <= 3, N-1 <= ceil(log2 N), so a linear "
+                "broadcast and a tree look the same. Check again with -n 4 or more."
+            ),
+        )
     for i, case in enumerate(cases):
         if not _nbytes(case):
             continue
@@ -124,20 +148,34 @@ def shape_check(n: int, cases: list[dict], records: Records) -> Check:
             m = recs[r]["msgs_sent"]
             if m > k:
                 who = "the root" if r == root else "rank"
-                linear = (" This is a linear broadcast: the root sends to everyone, one "
-                          "after the other, N-1 messages on one link. In a binomial tree "
-                          "every rank that has the data forwards it, so the number of "
-                          "holders doubles each round." if r == root and m == n - 1 else "")
-                return Check(name, False, (
-                    f"{label(case)}: {who} {r} sent {m} messages, expected <= ceil(log2 N) = "
-                    f"{k}.{linear}"))
+                linear = (
+                    " This is a linear broadcast: the root sends to everyone, one "
+                    "after the other, N-1 messages on one link. In a binomial tree "
+                    "every rank that has the data forwards it, so the number of "
+                    "holders doubles each round."
+                    if r == root and m == n - 1
+                    else ""
+                )
+                return Check(
+                    name,
+                    False,
+                    (
+                        f"{label(case)}: {who} {r} sent {m} messages, expected <= ceil(log2 N) = "
+                        f"{k}.{linear}"
+                    ),
+                )
         depth = _depth(n, root, recs)
         if depth > k:
-            return Check(name, False, (
-                f"{label(case)}: the tree is {depth} levels deep (the data passes through "
-                f"{depth} hops to reach the last rank): a binomial tree on {n} ranks has "
-                f"ceil(log2 N) = {k}. A chain r -> r+1 is a pipeline, not a tree: let "
-                "every holder send in every round."))
+            return Check(
+                name,
+                False,
+                (
+                    f"{label(case)}: the tree is {depth} levels deep (the data passes through "
+                    f"{depth} hops to reach the last rank): a binomial tree on {n} ranks has "
+                    f"ceil(log2 N) = {k}. A chain r -> r+1 is a pipeline, not a tree: let "
+                    "every holder send in every round."
+                ),
+            )
     return Check(name, True)
 
 

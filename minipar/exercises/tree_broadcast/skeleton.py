@@ -54,6 +54,7 @@ WHICH MPI CALLS TO USE (mpi4py's upper-case buffer API, numpy arrays)
     comm.Send(y, dest=child)          comm.Recv(y, source=parent)
 """
 
+# ruff: noqa: F841  (the names set up below are yours to use)
 from __future__ import annotations
 
 import numpy as np
