@@ -1,0 +1,187 @@
+"""What every data-parallel strategy shares — общие части параллельных стратегий — 并行策略的公共部分.
+
+Data parallelism (DDP), the parameter server and ZeRO all do the same three
+things around their own communication, and do them here, once:
+
+1. **Split the global batch by rows.**  Rank r of N takes rows
+   ``[lo_r, hi_r)`` of the global batch of B rows by the ``numpy.array_split``
+   rule (the first B mod N ranks get one row more): :func:`local_rows`.
+2. **Weight the local loss so that the sum over ranks is the serial mean.**
+   The loss is the mean cross-entropy over all B·T tokens.  Rank r computes
+   the mean over its own b_r·T tokens, ℓ_r; then
+
+       ℓ = Σ_r (b_r / B) · ℓ_r        and   ∇ℓ = Σ_r (b_r / B) · ∇ℓ_r
+
+   exactly (in real arithmetic), also for uneven slices (B = 10 on 3 ranks:
+   4, 3, 3 rows).  So each rank multiplies its loss and its gradients by
+   w_r = b_r / B (:func:`loss_weight`) and the strategy *sums* over ranks.
+   With even slices w_r = 1/N: "average the gradients".  Only the order of
+   the additions differs from the serial run, so float64 results agree to
+   ~1e-15 relative, not bit for bit.
+3. **Compare with the serial oracle.**  :func:`serial_reference` trains the
+   same model on the same global batches with :func:`minipar.train.train`;
+   :func:`parity` is the one tolerance every strategy's test uses.
+
+:class:`RunSpec` holds the model, task and optimizer settings of a run
+(``minipar run`` options go through :meth:`RunSpec.from_options`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from minipar import data
+from minipar.nn import GPT, GPTConfig
+from minipar.precision import get as get_policy
+
+#: float64 parity: parallel vs serial after several AdamW steps (relative, absolute)
+PARITY_RTOL = 1e-10
+PARITY_ATOL = 1e-12
+
+
+def local_rows(batch_size: int, rank: int, world: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of a global batch of ``batch_size`` rows that rank ``rank`` of
+    ``world`` takes: ``numpy.array_split`` order, the first ``batch_size % world`` ranks
+    get one row more."""
+    check_world(batch_size, world)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside 0..{world - 1}")
+    q, r = divmod(batch_size, world)
+    lo = rank * q + min(rank, r)
+    return lo, lo + q + (1 if rank < r else 0)
+
+
+def loss_weight(batch_size: int, rank: int, world: int) -> float:
+    """w_r = b_r / B: multiply rank r's mean loss and gradients by this, then sum over
+    ranks, and the result is the mean over the whole global batch (a Python float)."""
+    lo, hi = local_rows(batch_size, rank, world)
+    return (hi - lo) / batch_size
+
+
+def check_world(batch_size: int, world: int) -> None:
+    """ValueError unless every one of ``world`` ranks gets at least one row."""
+    if not isinstance(world, (int, np.integer)) or world < 1:
+        raise ValueError(f"the number of data-parallel ranks must be >= 1, got {world!r}")
+    if batch_size < world:
+        raise ValueError(
+            f"{world} data-parallel ranks but the global batch has only {batch_size} rows: "
+            f"every rank needs at least one row; use --batch >= {world} or fewer ranks")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Model, task and optimizer of a parallel run (and of its serial oracle).
+
+    Task: the modular-sum sequences of :mod:`minipar.data` (``batch`` rows of
+    ``seq`` tokens, vocabulary ``vocab``, data seed ``data_seed``); model: a
+    dense GPT; optimizer: AdamW (or SGD) over the flat buffer.
+    """
+
+    vocab: int = 10
+    seq: int = 8
+    d_model: int = 16
+    layers: int = 2
+    heads: int = 2
+    batch: int = 10
+    steps: int = 3
+    seed: int = 0
+    data_seed: int = 0
+    lr: float = 1e-2
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    precision: str = "float64"
+
+    def __post_init__(self) -> None:
+        get_policy(self.precision)  # ValueError on an unknown precision
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; one of adamw, sgd")
+        if self.steps < 1 or self.batch < 1:
+            raise ValueError(f"need steps >= 1 and batch >= 1, got {self.steps}, {self.batch}")
+        self.config()  # ValueError on inconsistent model sizes
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> RunSpec:
+        """The spec from ``minipar run`` options (keys named like the fields, ``-`` as ``_``)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in options.items() if k in names and v is not None})
+
+    def config(self, dtype: str | None = None) -> GPTConfig:
+        return GPTConfig(vocab_size=self.vocab, block_size=self.seq, n_layer=self.layers,
+                         n_head=self.heads, d_model=self.d_model,
+                         dtype=dtype or get_policy(self.precision).model_dtype)
+
+    def model(self) -> GPT:
+        """The GPT in the precision's parameter dtype."""
+        return GPT(self.config())
+
+    def initial_params(self) -> dict[str, Any]:
+        """The float64 initial parameters, as ``minipar.train.train`` draws them."""
+        return GPT(self.config("float64")).init(self.seed)
+
+    def opt_kwargs(self) -> dict[str, float]:
+        kw = {"lr": self.lr}
+        if self.optimizer == "adamw" or self.weight_decay:
+            kw["weight_decay"] = self.weight_decay
+        return kw
+
+    def global_batch(self, step: int) -> tuple[Any, Any]:
+        """(tokens, targets) of the whole global batch of ``step``."""
+        return data.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab)
+
+    def local_batch(self, step: int, rank: int, world: int) -> tuple[Any, Any]:
+        """(tokens, targets): rank ``rank``'s rows of the global batch of ``step``."""
+        lo, hi = local_rows(self.batch, rank, world)
+        return data.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab, lo, hi)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_(self, **changes: Any) -> RunSpec:
+        return replace(self, **changes)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The :class:`RunSpec` options for a ``minipar run`` strategy (``--steps``,
+    ``--seed`` and ``--precision`` belong to ``minipar run`` itself)."""
+    d = RunSpec()
+    g = parser.add_argument_group("model and task")
+    g.add_argument("--batch", type=int, default=d.batch, help=f"global batch rows (default {d.batch})")
+    g.add_argument("--seq", type=int, default=d.seq, help=f"sequence length T (default {d.seq})")
+    g.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary = modulus V (default {d.vocab})")
+    g.add_argument("--d-model", type=int, default=d.d_model)
+    g.add_argument("--layers", type=int, default=d.layers)
+    g.add_argument("--heads", type=int, default=d.heads)
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument("--optimizer", choices=("adamw", "sgd"), default=d.optimizer)
+
+
+def serial_reference(spec: RunSpec) -> dict[str, Any]:
+    """The serial oracle: ``minipar.train.train`` on the same global batches.
+
+    Returns ``{"losses": [float], "params": flat array (param dtype), "states": ModelStates}``.
+    """
+    from minipar.train import train
+
+    out = train(spec.model(), spec.global_batch, spec.steps, spec.precision, spec.optimizer,
+                spec.seed, **spec.opt_kwargs())
+    return {"losses": out["losses"], "params": out["states"].params, "states": out["states"]}
+
+
+def max_abs_diff(a: Any, b: Any) -> float:
+    """max |a - b| in float64 (0.0 for empty arrays)."""
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a64 - b64).max()) if a64.size else 0.0
+
+
+def parity(losses: Any, serial_losses: Any, params: Any, serial_params: Any) -> bool:
+    """Losses and final parameters equal to the serial run's within the float64 parity
+    tolerance (``rtol`` :data:`PARITY_RTOL`, ``atol`` :data:`PARITY_ATOL`)."""
+    return bool(np.allclose(losses, serial_losses, rtol=PARITY_RTOL, atol=PARITY_ATOL)
+                and np.allclose(np.asarray(params, dtype=np.float64),
+                                np.asarray(serial_params, dtype=np.float64),
+                                rtol=PARITY_RTOL, atol=PARITY_ATOL))
