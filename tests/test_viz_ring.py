@@ -41,3 +41,8 @@ def test_figures_draw() -> None:
     assert len(fig.axes[0].lines) == 2
     with pytest.raises(ValueError):
         ring.ring_steps(0)
+
+
+def test_traffic_figure_draws_measurements_and_formulas() -> None:
+    fig = ring.plot_traffic_vs_ranks([2, 3, 4], [1.0, 4 / 3, 1.5], [1.0, 2.0, 3.0])
+    assert len(fig.axes[0].lines) == 4

@@ -20,12 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -135,5 +132,27 @@ def plot_busbw(rows: Sequence[Mapping[str, float | str]], *, x: str = "size", y:
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_traffic_vs_ranks(ns: Sequence[int], ring_per_rank: Sequence[float],
+                          ps_root: Sequence[float]) -> Figure:
+    """Bytes on the busiest link, in units of S, as N grows: ring vs parameter server.
+
+    ``ring_per_rank`` and ``ps_root`` are measured bytes divided by S; the
+    formulas 2(N-1)/N (ring, tends to 2) and N-1 (the server's in-link under
+    the naive gather-to-root all-reduce) are drawn as dashed lines.
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    grid = np.linspace(min(ns), max(ns), 100)
+    ax.plot(ns, ring_per_rank, "o", color="C0", label="ring: sent per rank (measured)")
+    ax.plot(grid, 2 * (grid - 1) / grid, "--", color="C0", label="2(N-1)/N")
+    ax.plot(ns, ps_root, "s", color="C3", label="naive / parameter server: root received (measured)")
+    ax.plot(grid, grid - 1, "--", color="C3", label="N-1")
+    ax.set_xlabel("ranks N")
+    ax.set_ylabel("bytes / S")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
