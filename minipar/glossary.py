@@ -31,6 +31,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,7 +122,7 @@ def parse_term(data: dict, source: str = "?") -> Term:
 def terms() -> tuple[Term, ...]:
     """All terms, sorted by id."""
     out = []
-    for path in sorted(data_dir().glob("*.toml")):
+    for path in sorted(data_dir().glob("*.toml"), key=lambda p: p.stem):
         if path.name.startswith("_"):
             continue
         out.append(parse_term(tomllib.loads(path.read_text(encoding="utf-8")), path.name))
@@ -145,20 +146,32 @@ _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _TOKEN = re.compile(rf"[{_HAN}]|[^\W_{_HAN}]+")
 _GAP_OK = re.compile(r"[\s\-‐‑‒–—_/·+]*")
 _RU_ENDINGS = sorted(
-    "ами ями ого его ому ему ыми ими ией иям иях ий ый ой ей ая яя ое ее ие ые ую юю ом ем ах ях "
+    "ами ями ого его ому ему ыми ими ией иям иях ых их ий ый ой ей ая яя ое ее ие ые ую юю ом ем ах ях "
     "ов ев ам ям ым им ия ию ии ью ья ье ьи ы и а я о е у ю ь".split(), key=len, reverse=True)
 _CYR = re.compile(r"[а-я]")
-_char_cache: dict[str, str] = {}
+_PAREN = re.compile(r"\s*(.+?)\s*[(（](.+)[)）]\s*")
+class _CharTable(dict):
+    """str.translate table filled on demand: char -> NFKC, case-folded, ё -> е."""
+
+    odd: set[str] = set()  # chars whose normal form is not exactly one char
+
+    def __missing__(self, code: int) -> str:
+        c = chr(code)
+        n = unicodedata.normalize("NFKC", c).casefold().replace("ё", "е")
+        if len(n) != 1:
+            self.odd.add(c)
+        self[code] = n
+        return n
+
+
+_CHARS = _CharTable()
 
 
 def _norm_char(c: str) -> str:
-    n = _char_cache.get(c)
-    if n is None:
-        n = unicodedata.normalize("NFKC", c).casefold().replace("ё", "е")
-        _char_cache[c] = n
-    return n
+    return _CHARS[ord(c)]
 
 
+@lru_cache(maxsize=65536)
 def stem(word: str) -> str:
     """Light stemmer: Russian case/number endings, English plurals; other words unchanged."""
     if _CYR.search(word):
@@ -174,18 +187,21 @@ def stem(word: str) -> str:
     return word
 
 
-def _normalise(text: str) -> tuple[str, list[int], list[int]]:
+def _normalise(text: str) -> tuple[str, Sequence[int], Sequence[int]]:
     """Normal form of ``text`` and, per normal-form char, its [start, end) in ``text``."""
-    chars: list[str] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    for i, c in enumerate(text):
-        n = _norm_char(c)
-        for ch in n:
-            chars.append(ch)
-            starts.append(i)
-            ends.append(i + 1)
-    norm = "".join(chars)
+    norm = text.translate(_CHARS)
+    if len(norm) == len(text) and not (_CHARS.odd and _CHARS.odd.intersection(text)):
+        starts: Sequence[int] = range(len(text))  # one char for one char: offsets unchanged
+        ends: Sequence[int] = range(1, len(text) + 1)
+    else:
+        chars: list[str] = []
+        starts, ends = [], []
+        for i, c in enumerate(text):
+            for ch in _norm_char(c):
+                chars.append(ch)
+                starts.append(i)  # type: ignore[union-attr]
+                ends.append(i + 1)  # type: ignore[union-attr]
+        norm = "".join(chars)
     rx = _spun_regex()
     if rx is None or not rx.search(norm):
         return norm, starts, ends
@@ -193,6 +209,7 @@ def _normalise(text: str) -> tuple[str, list[int], list[int]]:
     out: list[str] = []
     s2: list[int] = []
     e2: list[int] = []
+    starts, ends = list(starts), list(ends)
     pos = 0
     for m in rx.finditer(norm):
         a, b = m.span()
@@ -224,20 +241,14 @@ def _spun_regex() -> re.Pattern[str] | None:
     return re.compile("|".join(parts)) if parts else None
 
 
-@dataclass(frozen=True)
-class _Tok:
-    key: str
-    nstart: int  # span in the normal form
-    nend: int
-
-
-def _tokens(norm: str) -> list[_Tok]:
-    return [_Tok(stem(m.group()), m.start(), m.end()) for m in _TOKEN.finditer(norm)]
+def _tokens(norm: str) -> list[tuple[str, int, int]]:
+    """(stemmed token, start, end) for each token of a normal-form string."""
+    return [(stem(m.group()), m.start(), m.end()) for m in _TOKEN.finditer(norm)]
 
 
 def key(text: str) -> str:
     """The matching key of a name or query: normal form, stemmed tokens, no separators."""
-    return "".join(t.key for t in _tokens(_normalise(text)[0]))
+    return "".join(t[0] for t in _tokens(_normalise(text)[0]))
 
 
 # --------------------------------------------------------------------------- index
@@ -245,6 +256,7 @@ def key(text: str) -> str:
 @dataclass(frozen=True)
 class _Index:
     exact: dict[str, list[tuple[str, float]]]  # key -> [(term id, weight)]
+    prefixes: frozenset[str]  # every prefix of a key: scan stops extending when it leaves this set
     max_tokens: int
     bigrams: dict[str, frozenset[str]]
 
@@ -260,16 +272,21 @@ def _index() -> _Index:
     for t in terms():
         weighted = [(t.id, 1.0)] + [(n, 1.0) for n in t.names.values()] + [(a, 0.98) for a in t.abbrev]
         weighted += [(a, 0.97) for lang in LANGS for a in t.aliases.get(lang, [])]
+        for name in t.names.values():  # "Всеобщая редукция (All-Reduce)": both parts are names too
+            m = _PAREN.fullmatch(name)
+            if m:
+                weighted += [(m.group(1), 1.0), (m.group(2), 0.97)]
         for name, w in weighted:
             toks = _tokens(_normalise(name)[0])
-            k = "".join(x.key for x in toks)
+            k = "".join(x[0] for x in toks)
             if not k:
                 continue
             max_tokens = max(max_tokens, len(toks))
             entries = exact.setdefault(k, [])
             if all(tid != t.id for tid, _ in entries):
                 entries.append((t.id, w))
-    return _Index(exact, max_tokens, {k: _bigrams(k) for k in exact})
+    prefixes = frozenset(k[:i] for k in exact for i in range(1, len(k) + 1))
+    return _Index(exact, prefixes, max_tokens, {k: _bigrams(k) for k in exact})
 
 
 # --------------------------------------------------------------------------- scan
@@ -304,9 +321,11 @@ def scan(text: str) -> list[Match]:
         concat = ""
         best: tuple[int, str] | None = None
         for j in range(i, min(len(toks), i + idx.max_tokens)):
-            if j > i and not _GAP_OK.fullmatch(norm, toks[j - 1].nend, toks[j].nstart):
+            if j > i and not _GAP_OK.fullmatch(norm, toks[j - 1][2], toks[j][1]):
                 break
-            concat += toks[j].key
+            concat += toks[j][0]
+            if concat not in idx.prefixes:
+                break
             hit = idx.exact.get(concat)
             if hit:
                 best = (j, hit[0][0])
@@ -314,8 +333,8 @@ def scan(text: str) -> list[Match]:
             i += 1
             continue
         j, tid = best
-        a = min(starts[k] for k in range(toks[i].nstart, toks[j].nend))
-        b = max(ends[k] for k in range(toks[i].nstart, toks[j].nend))
+        a = min(starts[k] for k in range(toks[i][1], toks[j][2]))
+        b = max(ends[k] for k in range(toks[i][1], toks[j][2]))
         found.append(Match(tid, a, b, text[a:b]))
         i = j + 1
     return found
@@ -427,8 +446,9 @@ def closest(query: str, n: int = 3) -> list[Term]:
     best: dict[str, float] = {}
     for k, entries in idx.exact.items():
         kb = idx.bigrams[k]
-        d = max(2 * len(qb & kb) / (len(qb) + len(kb)),
-                1.0 - levenshtein(qk, k) / max(len(qk), len(k), 1))
+        d = 2 * len(qb & kb) / (len(qb) + len(kb))
+        if len(qk) <= 20 and abs(len(qk) - len(k)) <= 6:  # edit similarity only where it can win
+            d = max(d, 1.0 - levenshtein(qk, k) / max(len(qk), len(k), 1))
         for tid, _ in entries:
             best[tid] = max(best.get(tid, 0.0), d)
     table = by_id()

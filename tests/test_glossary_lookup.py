@@ -1,0 +1,152 @@
+"""Lookup and scan: across languages, scripts, inflections, spun Chinese and typos; never raising."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipar import glossary as g
+
+SEEDS = Path(__file__).resolve().parent.parent / "glossary" / "_seeds"
+
+
+@pytest.mark.parametrize("query, expected", [
+    # case, hyphens, spaces
+    ("all-reduce", "all-reduce"), ("allreduce", "all-reduce"), ("All Reduce", "all-reduce"),
+    ("ALL_REDUCE", "all-reduce"), ("Ring-AllReduce", "ring-all-reduce"), ("reduce scatter", "reduce-scatter"),
+    ("ZeRO-3", "zero-3"), ("zero 2", "zero-2"), ("micro-batches", "micro-batch"),
+    # Russian, inflected
+    ("параллелизм данных", "data-parallelism"), ("параллелизма данных", "data-parallelism"),
+    ("контрольных точек активации", "activation-checkpointing"),
+    ("Контрольные точки активации", "activation-checkpointing"),
+    ("тензорного параллелизма", "tensor-parallelism"), ("конвейерному параллелизму", "pipeline-parallelism"),
+    ("смесью экспертов", "mixture-of-experts"), ("шардирования параметров", "zero-3"),
+    ("Всеобщей редукции", "all-reduce"), ("ёмкость эксперта", "expert-capacity"),
+    # Chinese, standard and spun
+    ("数据并行", "data-parallelism"), ("张量切分体例", "tensor-slicing"), ("夹杂专家模子", "mixture-of-experts"),
+    ("办事器", "parameter-server"), ("参数办事器", "parameter-server"), ("优化器形态", "optimizer-state"),
+    ("由选择", "router"), ("夹杂并行", "hybrid-parallelism"), ("模子并行", "model-parallelism"),
+    ("流水并行", "pipeline-parallelism"), ("全归约", "all-reduce"), ("激活检查点", "activation-checkpointing"),
+    # typos
+    ("all-reduse", "all-reduce"), ("alreduce", "all-reduce"), ("pipline paralelism", "pipeline-parallelism"),
+    ("tensor paralelism", "tensor-parallelism"), ("megatorn-lm", "megatron-lm"), ("deepsped", "deepspeed"),
+    ("параллелизм даных", "data-parallelism"),
+    # mixed scripts and full-width forms
+    ("MoE 模型", "mixture-of-experts"), ("ＤＰ", "data-parallelism"), ("3D 并行", "3d-parallelism"),
+])
+def test_lookup_best_match(query: str, expected: str) -> None:
+    assert g.lookup(query)[0].id == expected
+
+
+def test_lookup_ranks_exact_over_partial() -> None:
+    hits = g.score_all("all-reduce")
+    assert [h.term.id for h in hits[:2]] == ["all-reduce", "ring-all-reduce"]
+    assert hits[0].score == 1.0 > hits[1].score
+    assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+
+
+@pytest.mark.parametrize("query", ["", "   ", "-", "xyzzyq", "草泥马", "щщщщщ", "?!"])
+def test_no_match_is_an_empty_list_and_closest_still_answers(query: str) -> None:
+    assert g.lookup(query) == []
+    assert len(g.closest(query)) == 3
+
+
+def test_closest_suggests_the_near_term() -> None:
+    assert g.closest("alreduse")[0].id == "all-reduce"
+
+
+# ------------------------------------------------------------------ scan
+
+EXPECTED_IN_SEED = {
+    # read from the seed by hand: every concept the Russian glossary names
+    "000_1e5fa01697d9c096.txt": {
+        "sequence-parallelism", "expert-parallelism", "mixture-of-experts", "load-balancing",
+        "sharded-data-parallelism", "data-parallelism", "zero", "activation-checkpointing",
+        "hybrid-parallelism", "all-reduce", "collective-communication", "tensor-slicing",
+        "tensor-parallelism", "gpipe", "pipeline-parallelism", "micro-batch", "megatron-lm",
+        "deepspeed", "offloading",
+    },
+    # the spun Chinese article: DP/PP/TP/EP, PS, ZeRO, MoE, 3D, tools, rows/columns, bubble, ring
+    "004_9ffc8ddddd5da86d.txt": {
+        "mini-batch", "micro-batch", "tensor-slicing", "gradient-synchronization", "data-parallelism",
+        "3d-parallelism", "zero", "megatron-lm", "mixture-of-experts", "fsdp", "pipeline-parallelism",
+        "expert-parallelism", "hybrid-parallelism", "deepspeed", "model-parallelism",
+        "tensor-parallelism", "parameter-server", "broadcast", "mixed-precision", "optimizer-state",
+        "load-balancing", "router", "distributed-data-parallel", "row-parallelism",
+        "column-parallelism", "pipeline-bubble", "ring-all-reduce",
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_IN_SEED))
+def test_scan_finds_every_concept_of_each_seed(name: str) -> None:
+    text = (SEEDS / name).read_text(encoding="utf-8")
+    found = g.scan(text)
+    assert {m.id for m in found} == EXPECTED_IN_SEED[name]
+    for m in found:
+        assert text[m.start:m.end] == m.text
+    assert [m.start for m in found] == sorted(m.start for m in found)
+    assert all(a.end <= b.start for a, b in zip(found, found[1:]))
+
+
+def test_scan_offsets_point_into_the_original_spun_text() -> None:
+    text = "输入数据需要通过一个动态的由选择机制分发；是 MoE（夹杂专家模子）。"
+    found = {m.text: m.id for m in g.scan(text)}
+    assert found == {"由选择": "router", "MoE": "mixture-of-experts", "夹杂专家模子": "mixture-of-experts"}
+
+
+def test_scan_respects_word_boundaries() -> None:
+    assert g.scan("GPipe adds PPs? no: DPDK, apps, tplink") == [
+        g.Match("gpipe", 0, 5, "GPipe")]
+    assert [m.id for m in g.scan("DDP and DP, ring all-reduce")] == [
+        "distributed-data-parallel", "data-parallelism", "ring-all-reduce"]
+
+
+def test_scan_of_a_megabyte() -> None:
+    unit = "Параллелизм данных uses ring all-reduce; 流水线并行 splits layers. "
+    text = unit * (1_000_000 // len(unit) + 1)
+    found = g.scan(text)
+    assert len(found) == 3 * (1_000_000 // len(unit) + 1)
+    last = found[-1]
+    assert (last.id, text[last.start:last.end]) == ("pipeline-parallelism", "流水线并行")
+
+
+def test_lookup_of_a_megabyte_query_finds_its_terms() -> None:
+    assert {t.id for t in g.lookup("ZeRO-3 " + "x" * 1_000_000)} >= {"zero-3"}
+
+
+def test_stemmer() -> None:
+    assert g.stem("параллелизма") == g.stem("параллелизм") == "параллелизм"
+    assert g.stem("данных") == g.stem("данные") == "данн"
+    assert g.stem("experts") == "expert" and g.stem("batches") == "batch" and g.stem("dp") == "dp"
+    assert g.levenshtein("allreduce", "alreduse") == 2 and g.levenshtein("", "abc") == 3
+
+
+# ------------------------------------------------------------------ never raise
+
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300) | st.sampled_from([
+    "ZeRO-1/2/3", "параллелизма данных с сегментацией", "张量切分体例由选择", "ﬁ ß ǅ İ ẞ ＤＤＰ", "\x00\ufeff",
+    "夹杂专家模子MoE 3D并行+ZeRO", "ring‐all‑reduce", "a\u0301ll-reduce",
+])
+
+
+@settings(max_examples=200, deadline=None)
+@given(TEXT, TEXT)
+def test_lookup_and_scan_never_raise(a: str, b: str) -> None:
+    text = a + " 数据并行 " + b
+    hits = g.score_all(text)
+    assert all(0 < h.score <= 1 for h in hits)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    found = g.scan(text)
+    assert any(m.id == "data-parallelism" for m in found)
+    prev_end = 0
+    for m in found:
+        assert 0 <= m.start < m.end <= len(text)
+        assert text[m.start:m.end] == m.text
+        assert m.start >= prev_end
+        prev_end = m.end
+    g.lookup(a)
+    g.closest(b)
