@@ -93,3 +93,25 @@ def test_tree_and_naive_formulas() -> None:
     assert C.naive_allreduce_bytes(10, 8, 5) == (10, 10)
     assert C.all_gather_bytes([2, 1, 1], 4, 0) == ((4 - 1) * 4, (4 - 2) * 4)
     assert C.reduce_scatter_bytes(12, 4, 4, 1) == (36, 36)
+
+
+def test_bench_collectives_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from minipar.bench import collectives as bench
+
+    assert bench.main(["-n", "3", "--sizes", "8", "1024", "--iters", "2", "--json",
+                       "--timeout", "120"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(rows) == 2 * len(bench.CASES)
+    assert {(r["collective"], r["algorithm"]) for r in rows} == set(bench.CASES)
+    for r in rows:
+        assert r["ranks"] == 3 and r["dtype"] == "float32" and r["size"] == 4 * r["count"]
+        assert r["time_us"] > 0 and r["algbw_GBs"] > 0
+        factor = 4 / 3 if r["collective"] == "allreduce" else 2 / 3
+        assert r["busbw_GBs"] == pytest.approx(r["algbw_GBs"] * factor, rel=1e-12)
+        if r["algorithm"] == "mpi":
+            assert r["x_mpi"] == 1.0
+    table = bench.format_table(rows)
+    assert "busbw(GB/s)" in table and "# reduce_scatter" in table
+    assert len([ln for ln in table.splitlines() if ln.strip().startswith(("8 ", "1024 "))]) == 18

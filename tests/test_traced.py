@@ -45,3 +45,17 @@ def test_exception_on_one_rank_ends_the_job_naming_the_rank() -> None:
     assert proc.returncode != 0, out
     assert "[minipar] rank 2 of 4 failed: RuntimeError: deliberate failure" in out, out[-3000:]
     assert "rank 2 in comm 0" in out  # MPICH's own abort line
+
+
+def test_bench_wait_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from minipar.bench import wait
+
+    assert wait.main(["-n", "3", "--work", "2", "--repeat", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["ranks"] == 3 and res["work"] == 2
+    for mode in ("mpi", "traced"):
+        assert res[mode]["compute_wall_s"] > 0 and res[mode]["waiters_cpu_s"] >= 0
+    assert res["alone_wall_s"] > 0
+    assert "TracedComm polling (after)" in wait.format_table(res)

@@ -54,7 +54,9 @@ WATCHDOG_ENV = "MINIPAR_WATCHDOG_S"
 POLL_MAX_ENV = "MINIPAR_POLL_MAX_S"
 DEFAULT_WATCHDOG_S = 60.0
 DEFAULT_POLL_MAX_S = 1e-3
-SPIN_S = 50e-6  # spin this long before the first sleep: keeps latency low
+SPIN_ENV = "MINIPAR_SPIN_S"
+YIELD_ENV = "MINIPAR_SPIN_YIELD"
+SPIN_S = 500e-6  # poll (yielding the core) this long before the first sleep
 NAP_MIN_S = 20e-6  # first sleep; each further sleep doubles, up to poll_max
 
 ANY_SOURCE = MPI.ANY_SOURCE
@@ -218,6 +220,8 @@ class TracedComm:
         if self.timeout <= 0:
             raise ValueError(f"watchdog timeout must be positive, got {self.timeout}")
         self.poll_max = _env_float(POLL_MAX_ENV, DEFAULT_POLL_MAX_S)
+        self.spin_s = _env_float(SPIN_ENV, SPIN_S)
+        self.spin_yield = os.environ.get(YIELD_ENV, "1") != "0"
         self.stats = Stats() if stats is None else stats
         self._op_stack: list[str] = []
         # translate ranks of this communicator to COMM_WORLD ranks, for per-peer counts
@@ -351,9 +355,11 @@ class TracedComm:
             now = time.perf_counter()
             if now > deadline:
                 raise self._deadlock(pending)
-            if now - t0 > SPIN_S:  # spin briefly, then back off to poll_max
+            if now - t0 > self.spin_s:  # spin briefly, then back off to poll_max
                 nap = min(self.poll_max, max(2 * nap, NAP_MIN_S))
                 time.sleep(nap)
+            elif self.spin_yield:
+                os.sched_yield()
             pending = [r for r in pending if not r.Test()]
 
     def waitall(self, requests: list[TracedRequest]) -> None:
