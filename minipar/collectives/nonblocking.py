@@ -1,0 +1,184 @@
+"""Non-blocking ring all-reduce — неблокирующий кольцевой all-reduce — 非阻塞环形全归约.
+
+The ring all-reduce of :mod:`minipar.collectives.ring` (Patarasuk & Yuan
+2009; Horovod, Sergeev & Del Balso 2018, arXiv 1802.05799) as a *state
+machine*, so that a single-threaded program can keep computing while a
+reduction is under way — what PyTorch DDP (Li et al. 2020, arXiv
+2006.15704) needs to overlap gradient buckets with the backward pass:
+
+    req = RingAllreduceRequest(comm, bucket, tag)   # posts step 0 (Isend/Irecv)
+    ... compute ...
+    req.progress()      # finishes every step whose messages arrived, posts the next
+    ... compute ...
+    req.wait()          # polls (politely, watched) until all 2(N-1) steps are done
+
+Step s < N-1 (reduce-scatter): send chunk (r-s-1) mod N to the right, receive
+chunk (r-s-2) mod N from the left into a scratch buffer, then add it into the
+buffer.  Step N-1+k (all-gather): send chunk (r-k) mod N, receive chunk
+(r-k-1) mod N straight into the buffer.  Chunks follow the ``numpy.array_split``
+rule.  The buffer (1-D, C-contiguous) is reduced **in place** — DDP reduces its
+gradient buckets where they lie — and every rank ends bit-identical.
+
+Several requests may be in flight between the same ranks at once (one per
+bucket): each uses its own tag, and MPI matches receives by tag.
+
+Formula the tests check: rank r sends 2S - bytes(chunk r) - bytes(chunk r+1)
+(= 2(N-1)/N x S when N divides the length), as
+:func:`minipar.collectives.cost.ring_allreduce_bytes` says, counted under the
+operation name given (default ``"ring_iallreduce"``).
+:class:`MPIIallreduceRequest` is the same interface over MPI's own
+``Iallreduce``, for comparison (bytes not counted: MPI does not tell).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from minipar.collectives import _base as B
+from minipar.comm.traced import TracedComm, TracedRequest
+
+#: tags of non-blocking rings start here (above the blocking collectives' tags)
+TAG_BASE = 1 << 20
+
+
+def _check_buffer(buf: Any) -> np.ndarray:
+    if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError("a non-blocking all-reduce reduces a 1-D C-contiguous NumPy array "
+                         "in place; pass a contiguous slice of a flat buffer")
+    if not buf.flags.writeable:
+        raise ValueError("the buffer of a non-blocking all-reduce must be writeable")
+    B.dtype_code(buf.dtype)
+    return buf
+
+
+class RingAllreduceRequest:
+    """A ring all-reduce (sum) of ``buf`` in flight; ``progress()`` / ``wait()`` finish it.
+
+    ``tag`` must differ between requests in flight at once (and be the same on
+    every rank for the same buffer).  ``t_start`` / ``t_end`` (``time.perf_counter``
+    seconds) record when it was posted and when its last step was seen complete.
+    """
+
+    def __init__(self, comm: Any, buf: np.ndarray, tag: int = TAG_BASE, op: str = "sum",
+                 name: str = "ring_iallreduce") -> None:
+        self.ufunc = B.check_op(op)
+        self.buf = _check_buffer(buf)
+        self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
+        self.name, self.tag = name, int(tag)
+        n, world = self.buf.size, self.comm.size
+        self.counts = B.chunk_counts(n, world)
+        self.offs = B.offsets_of(self.counts)
+        self.total_steps = 2 * (world - 1)
+        self.step = 0
+        self.scratch = np.empty(max(self.counts), self.buf.dtype)
+        self.reqs: list[TracedRequest] = []
+        self.t_start = time.perf_counter()
+        self.t_end: float | None = None
+        if self.total_steps == 0:
+            self.t_end = self.t_start
+        else:
+            self._post()
+
+    @property
+    def done(self) -> bool:
+        return self.t_end is not None
+
+    def _chunk(self, i: int) -> np.ndarray:
+        return self.buf[self.offs[i]: self.offs[i] + self.counts[i]]
+
+    def _post(self) -> None:
+        c, s, world, r = self.comm, self.step, self.comm.size, self.comm.rank
+        right, left = (r + 1) % world, (r - 1) % world
+        if s < world - 1:  # reduce-scatter: receive into scratch, add afterwards
+            send = self._chunk((r - s - 1) % world)
+            self._recv_index = (r - s - 2) % world
+            recv = self.scratch[: self.counts[self._recv_index]]
+        else:  # all-gather: receive the finished chunk where it belongs
+            k = s - (world - 1)
+            send = self._chunk((r - k) % world)
+            self._recv_index = (r - k - 1) % world
+            recv = self._chunk(self._recv_index)
+        with c.operation(self.name):
+            self.reqs = [c.Irecv(recv, left, self.tag), c.Isend(send, right, self.tag)]
+
+    def _finish_step(self) -> None:
+        """The step's messages are complete (and counted): reduce, then post the next step."""
+        world = self.comm.size
+        i = self._recv_index
+        got = self.reqs[0].status.Get_count(MPI.BYTE)
+        if got != self.counts[i] * self.buf.itemsize:
+            raise B.CollectiveMismatchError(
+                f"rank {self.comm.rank}: {self.name} (tag {self.tag}): expected "
+                f"{self.counts[i] * self.buf.itemsize} bytes from rank {(self.comm.rank - 1) % world}, "
+                f"received {got}. Every rank must reduce buffers of the same length.")
+        if self.step < world - 1:
+            mine = self._chunk(i)
+            self.ufunc(mine, self.scratch[: self.counts[i]], out=mine)
+        self.step += 1
+        if self.step == self.total_steps:
+            self.reqs = []
+            self.t_end = time.perf_counter()
+        else:
+            self._post()
+
+    def progress(self) -> bool:
+        """Advance every step whose messages have arrived, without blocking; True when done."""
+        while not self.done:
+            # Get_status tests without completing, so that waitall below counts the bytes once
+            if not all(r.req.Get_status() for r in self.reqs):
+                return False
+            self.comm.waitall(self.reqs)
+            self._finish_step()
+        return True
+
+    def wait(self) -> np.ndarray:
+        """Finish all steps (polling politely, under the deadlock watchdog); the reduced buffer."""
+        while not self.done:
+            self.comm.waitall(self.reqs)
+            self._finish_step()
+        return self.buf
+
+
+class MPIIallreduceRequest:
+    """The same interface over MPI's own ``Iallreduce`` (in place), for comparison."""
+
+    def __init__(self, comm: Any, buf: np.ndarray, tag: int = TAG_BASE, op: str = "sum",
+                 name: str = "mpi_iallreduce") -> None:
+        B.check_op(op)
+        self.buf = _check_buffer(buf)
+        self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
+        self.name, self.tag = name, int(tag)
+        a, dt, mop = B.mpi_spec(self.buf, op)
+        self.t_start = time.perf_counter()
+        self.t_end: float | None = None
+        with self.comm.operation(name):
+            req = self.comm.comm.Iallreduce(MPI.IN_PLACE, B.mpi_buf(a, dt), mop)
+        self.req = TracedRequest(self.comm, req, "Iallreduce", -1, self.tag)
+
+    @property
+    def done(self) -> bool:
+        return self.t_end is not None
+
+    def progress(self) -> bool:
+        if not self.done and self.req.Test():
+            self.t_end = time.perf_counter()
+        return self.done
+
+    def wait(self) -> np.ndarray:
+        if not self.done:
+            self.comm.waitall([self.req])
+            self.t_end = time.perf_counter()
+        return self.buf
+
+
+def iallreduce(comm: Any, buf: np.ndarray, tag: int = TAG_BASE, algorithm: str = "ring",
+               name: str | None = None) -> RingAllreduceRequest | MPIIallreduceRequest:
+    """Start a non-blocking in-place sum of ``buf`` over all ranks: ``"ring"`` or ``"mpi"``."""
+    B.check_algorithm(algorithm, ("ring", "mpi"), "non-blocking allreduce")
+    if algorithm == "ring":
+        return RingAllreduceRequest(comm, buf, tag, name=name or "ring_iallreduce")
+    return MPIIallreduceRequest(comm, buf, tag, name=name or "mpi_iallreduce")

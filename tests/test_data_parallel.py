@@ -1,0 +1,162 @@
+"""Data parallelism (DDP) reproduces the serial run: ``minipar.train.train`` on the global batch.
+
+One launch of tests/mpi/dp_checks.py per world size 1-4 (global batch of 10
+rows: 3 ranks get 4, 3, 3 rows) checks, on every rank: losses and final
+parameters after 4 AdamW steps equal the serial run's (float64, rtol 1e-12,
+atol 1e-13), for one parameter per bucket, medium buckets, one bucket, no
+overlap and MPI's Iallreduce; replicas bit-identical; bytes sent per step
+equal to the ring formula summed over buckets and ≈ 2(N-1)/N x S; only the
+right neighbour is sent to; the timeline shows buckets reduced during
+backward; bad input raises ValueError on every rank before any message.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minipar import launch, run
+from minipar.optim import FlatParams
+from minipar.parallel import common
+from minipar.parallel.data_parallel import (
+    bucket_bytes_option,
+    make_buckets,
+    replica_model_state_bytes,
+)
+from minipar.precision import ModelStates
+
+MPI_DIR = Path(__file__).parent / "mpi"
+
+
+@lru_cache(maxsize=None)
+def _results(n: int) -> list[dict]:
+    proc = launch.run(n, str(MPI_DIR / "dp_checks.py"), timeout=120, env={"MINIPAR_WATCHDOG_S": "30"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("DP-RESULT ")]
+    assert line, proc.stdout[-3000:]
+    out = json.loads(line[0][len("DP-RESULT "):])
+    assert [o["N"] for o in out] == [n] * n
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_dp_equals_serial_for_every_bucketing(n: int) -> None:
+    for rank_out in _results(n):
+        assert [d["label"] for d in rank_out["dp"]] == ["tiny", "medium", "all",
+                                                        "medium-no-overlap", "mpi"]
+        for d in rank_out["dp"]:
+            np.testing.assert_allclose(d["losses"], d["serial_losses"], rtol=common.PARITY_RTOL,
+                                       atol=common.PARITY_ATOL, err_msg=d["label"])
+            np.testing.assert_allclose(d["params"], d["serial_params"], rtol=common.PARITY_RTOL,
+                                       atol=common.PARITY_ATOL, err_msg=d["label"])
+            assert common.parity(d["losses"], d["serial_losses"], d["params"], d["serial_params"])
+            assert d["replicas_identical"], d["label"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_dp_bytes_equal_ring_formula_per_bucket(n: int) -> None:
+    for r, rank_out in enumerate(_results(n)):
+        by = {d["label"]: d for d in rank_out["dp"]}
+        assert by["tiny"]["buckets"] == 29 and by["all"]["buckets"] == 1  # 29 tensors in the GPT
+        assert 1 < by["medium"]["buckets"] < 29
+        for label in ("tiny", "medium", "all", "medium-no-overlap"):
+            d = by[label]
+            assert d["sent_per_step"] == d["formula"], (label, r)
+            S = d["S"]
+            assert d["formula"] == pytest.approx(2 * (n - 1) / n * S, rel=0.01 if n > 1 else 0, abs=0)
+            assert d["peers"] == ([] if n == 1 else [(r + 1) % n]), "ring: right neighbour only"
+            assert d["msgs"] == 4 * 2 * (n - 1) * d["buckets"]  # 4 steps x 2(N-1) messages x buckets
+        assert by["mpi"]["sent_per_step"] == 0  # MPI's own bytes are not counted by minipar
+        if n in (2, 4):  # N divides every bucket: exactly 2(N-1)/N x S
+            assert by["all"]["sent_per_step"] == 2 * (n - 1) * by["all"]["S"] // n
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_dp_timeline_overlaps_buckets_with_backward(n: int) -> None:
+    for rank_out in _results(n):
+        by = {d["label"]: d for d in rank_out["dp"]}
+        tl = by["tiny"]["timeline"]
+        pieces = {name: (a, b) for name, a, b in tl["compute"]}
+        assert list(pieces) == ["forward", "head", "block 1", "block 0", "embed", "optimizer"]
+        first = tl["comm"][0]  # lm_head's bucket
+        assert by["tiny"]["first_bucket"] == ["lm_head"]
+        assert by["tiny"]["last_bucket"] == ["tok_emb"]
+        assert pieces["head"][1] <= first[1] < pieces["block 1"][1], "starts right after head"
+        assert first[1] < pieces["embed"][0], "reduction posted while earlier layers compute"
+        assert all(b[1] <= b[2] <= pieces["optimizer"][0] for b in tl["comm"])
+        late = by["medium-no-overlap"]["timeline"]
+        end_bwd = {name: b for name, _, b in late["compute"]}["embed"]
+        assert all(b[1] >= end_bwd for b in late["comm"]), "no overlap: all after backward"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_nonblocking_ring_matches_mpi_and_formula(n: int) -> None:
+    for rank_out in _results(n):
+        for x in rank_out["nonblocking"]:
+            assert x["close"] and x["identical"], x
+            assert [x["sent"], x["recv"]] == x["formula"], x
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_bad_input_raises_on_every_rank_before_any_message(n: int) -> None:
+    for rank_out in _results(n):
+        e = rank_out["errors"]
+        assert "bucket size" in e["bucket0"][0] and "bucket size" in e["bucket-neg"][0]
+        assert "tree" in e["algorithm"][0] and "ring" in e["algorithm"][0]
+        if n > 1:
+            assert "at least one row" in e["too-many-ranks"][0]
+        assert e["too-many-ranks"] is not None
+        assert all(v[1] == 0 for v in e.values()), "no message before the error"
+
+
+def test_buckets_cover_the_buffer_in_reverse_order() -> None:
+    layout = FlatParams.from_shapes(common.RunSpec().model().param_shapes())
+    for cap in (1, 100, 4096, 50_000, 1 << 30):
+        bs = make_buckets(layout, cap, 8)
+        assert bs[0].hi == layout.size and bs[-1].lo == 0
+        assert all(a.lo == b.hi for a, b in zip(bs, bs[1:])), "contiguous, last to first"
+        names = [n for b in bs for n in b.names]
+        assert names == list(reversed(layout.names))
+        assert all(b.size * 8 >= cap for b in bs[:-1])
+    with pytest.raises(ValueError, match="positive"):
+        make_buckets(layout, 0, 8)
+    with pytest.raises(ValueError, match="> 0"):
+        bucket_bytes_option({"bucket_mb": 0.0})
+    assert bucket_bytes_option({"bucket_mb": 1.0}) == 2**20
+    assert bucket_bytes_option({"bucket_mb": 1.0, "bucket_bytes": 7}) == 7
+
+
+def test_rows_and_weights_give_the_serial_mean() -> None:
+    for B in (8, 10):
+        for N in range(1, B + 1):
+            rows = [common.local_rows(B, r, N) for r in range(N)]
+            assert [list(range(*x)) for x in rows] == [list(p) for p in
+                                                       np.array_split(np.arange(B), N)]
+            assert sum(common.loss_weight(B, r, N) for r in range(N)) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="at least one row"):
+        common.local_rows(3, 0, 4)
+
+
+@pytest.mark.parametrize("precision,per_param", [("mixed", 16), ("float64", 32), ("float32", 16)])
+def test_replica_model_state_formula_is_measured(precision: str, per_param: int) -> None:
+    spec = common.RunSpec(precision=precision)
+    st = ModelStates(precision, spec.initial_params(), "adamw")
+    psi = st.layout.size
+    assert replica_model_state_bytes(psi, precision) == per_param * psi
+    assert sum(st.bytes_by_category().values()) == per_param * psi
+
+
+def test_minipar_run_dp_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run.main(["dp", "-n", "3", "--steps", "2", "--bucket-bytes", "4096", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    s = json.loads(out[out.index("{"):])
+    assert s["strategy"] == "dp" and s["ranks"] == 3 and s["parity"] is True
+    assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"]
+    assert s["bytes_formula"] == pytest.approx(4 / 3 * 7040 * 8)
+    assert s["model_state_bytes_per_rank"] == [s["model_state_formula"]] * 3
+    assert len(s["timeline"]) == 3
