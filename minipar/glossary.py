@@ -28,10 +28,10 @@ from __future__ import annotations
 import re
 import sys
 import unicodedata
-from dataclasses import dataclass, field
+from collections import namedtuple
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,19 +63,17 @@ PLANNED: dict[str, frozenset[str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Term:
-    """One glossary entry, as read from ``glossary/<id>.toml``."""
+class Term(namedtuple("Term", "id names aliases abbrev definition seeds papers related links")):
+    """One glossary entry, as read from ``glossary/<id>.toml``.
 
-    id: str
-    names: dict[str, str]  # lang -> main name
-    aliases: dict[str, list[str]]  # lang -> other names
-    abbrev: list[str]
-    definition: dict[str, str]
-    seeds: list[dict[str, str]] = field(default_factory=list)  # file, quote, correction?
-    papers: list[str] = field(default_factory=list)
-    related: list[str] = field(default_factory=list)
-    links: dict[str, list[str]] = field(default_factory=dict)  # modules, notebooks, commands, exercises
+    ``names``/``aliases``/``definition`` map a language (en, ru, zh) to the
+    main name / other names / definition; ``seeds`` is a list of dicts (file,
+    quote, correction?); ``links`` maps modules, notebooks, commands and
+    exercises to lists of targets.  (A named tuple, not a dataclass: importing
+    ``dataclasses`` alone costs more start-up time than the whole lookup.)
+    """
+
+    __slots__ = ()
 
     def all_names(self) -> list[str]:
         """Every name this term is known by: id, names, abbreviations, aliases."""
@@ -253,12 +251,9 @@ def key(text: str) -> str:
 
 # --------------------------------------------------------------------------- index
 
-@dataclass(frozen=True)
-class _Index:
-    exact: dict[str, list[tuple[str, float]]]  # key -> [(term id, weight)]
-    prefixes: frozenset[str]  # every prefix of a key: scan stops extending when it leaves this set
-    max_tokens: int
-    bigrams: dict[str, frozenset[str]]
+# exact: key -> [(term id, weight)]; prefixes: every prefix of a key (scan stops extending a
+# match when it leaves this set); max_tokens: the most tokens in a name; bigrams: key -> its bigrams
+_Index = namedtuple("_Index", "exact prefixes max_tokens bigrams")
 
 
 def _bigrams(k: str) -> frozenset[str]:
@@ -291,14 +286,10 @@ def _index() -> _Index:
 
 # --------------------------------------------------------------------------- scan
 
-@dataclass(frozen=True)
-class Match:
+class Match(namedtuple("Match", "id start end text")):
     """A term found in a text: ``text[start:end]`` (character offsets) names term ``id``."""
 
-    id: str
-    start: int
-    end: int
-    text: str
+    __slots__ = ()
 
     def as_dict(self) -> dict[str, object]:
         return {"id": self.id, "start": self.start, "end": self.end, "text": self.text}
@@ -355,13 +346,10 @@ def levenshtein(a: str, b: str) -> int:
     return prev[-1]
 
 
-@dataclass(frozen=True)
-class Hit:
-    """A lookup result: the term and a score in (0, 1], 1 = exact name."""
+class Hit(namedtuple("Hit", "term score why")):
+    """A lookup result: the term, a score in (0, 1] (1 = exact name) and why it matched."""
 
-    term: Term
-    score: float
-    why: str
+    __slots__ = ()
 
     def as_dict(self) -> dict[str, object]:
         t = self.term

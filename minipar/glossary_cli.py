@@ -16,9 +16,7 @@ stale when a module lands.  Imports nothing heavy (no NumPy, no mpi4py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
 import unicodedata
 from pathlib import Path
@@ -118,6 +116,9 @@ def wrap(text: str, width: int, indent: str = "") -> list[str]:
 
 
 def terminal_width() -> int:
+    """Columns to fill: ``shutil.get_terminal_size`` (COLUMNS, else the terminal), 40..100."""
+    import shutil
+
     return max(40, min(100, shutil.get_terminal_size((100, 24)).columns))
 
 
@@ -264,6 +265,7 @@ def main(argv: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    import json
     if sys.stdout.encoding and sys.stdout.encoding.lower().replace("-", "") != "utf8":
         sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     args = _parser().parse_args(argv)

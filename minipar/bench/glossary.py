@@ -1,0 +1,131 @@
+"""``minipar bench glossary``: lookup latency (warm) and ``minipar glossary`` start-up time (cold).
+
+Targets (from the glossary brief): a warm lookup under 50 ms, and the whole
+process ``minipar glossary X`` under 0.5 s, which requires the glossary verb
+not to import NumPy or mpi4py (the bench checks that too).  Measured, never
+asserted in tests: this machine is shared and noisy.
+
+    minipar bench glossary [--repeat 20] [--runs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from minipar import glossary as g
+
+#: exact, spelling variants, Russian inflections, spun Chinese, typos, misses, a long query
+QUERIES = [
+    "all-reduce", "All Reduce", "ZeRO-3", "DP", "1F1B", "Ring-AllReduce", "micro-batches",
+    "параллелизма данных", "контрольных точек активации", "тензорного параллелизма",
+    "张量切分体例", "夹杂专家模子", "办事器", "流水线并行",
+    "all-reduse", "pipline paralelism", "megatorn-lm", "параллелизм даных",
+    "xyzzyq", "草泥马", "how does ZeRO stage 3 shard the parameters across data-parallel ranks?",
+]
+
+
+def _stats(ms: list[float]) -> str:
+    qs = sorted(ms)
+    p95 = qs[min(len(qs) - 1, int(0.95 * len(qs)))]
+    return f"median {statistics.median(ms):7.3f}  p95 {p95:7.3f}  max {max(ms):7.3f}"
+
+
+def warm_lookups(repeat: int) -> dict[str, list[float]]:
+    """Milliseconds per lookup for each query, after one warm-up call (data loaded, index built)."""
+    g.lookup("warm-up")
+    out: dict[str, list[float]] = {}
+    for q in QUERIES:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            g.lookup(q)
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[q] = times
+    return out
+
+
+def cold_runs(runs: int, args: list[str]) -> tuple[list[float], str]:
+    """Seconds per whole process ``python -m minipar.cli glossary ARGS``, and the heavy modules it loaded."""
+    probe = ("import sys, runpy; sys.argv = ['minipar'] + sys.argv[1:]\n"
+             "try:\n    runpy.run_module('minipar.cli', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('HEAVY=' + ','.join(m for m in ('numpy', 'mpi4py', 'matplotlib') if m in sys.modules),"
+             " file=sys.stderr)")
+    cmd = [sys.executable, "-m", "minipar.cli", "glossary", *args]
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, check=True, timeout=60)
+        times.append(time.perf_counter() - t0)
+    proc = subprocess.run([sys.executable, "-c", probe, "glossary", *args], capture_output=True,
+                          text=True, timeout=60)
+    heavy = proc.stderr.strip().rsplit("HEAVY=", 1)[-1] or "none"
+    return times, heavy
+
+
+def baseline(runs: int) -> list[float]:
+    """Seconds for a bare ``python -c pass``: the floor under any process time."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True, timeout=60)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="minipar bench glossary", description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=20, help="timed lookups per query (default 20)")
+    p.add_argument("--runs", type=int, default=10, help="cold process runs (default 10)")
+    args = p.parse_args(argv)
+    if args.repeat < 1 or args.runs < 1:
+        p.error("--repeat and --runs must be positive")
+
+    t0 = time.perf_counter()
+    g.terms.cache_clear()
+    g._index.cache_clear()
+    g.lookup("all-reduce")
+    load_ms = (time.perf_counter() - t0) * 1e3
+    print(f"glossary: {len(g.terms())} terms from {g.data_dir()}; load + index + first lookup "
+          f"{load_ms:.1f} ms")
+
+    per_query = warm_lookups(args.repeat)
+    every = [t for ts in per_query.values() for t in ts]
+    print(f"\nwarm lookup, ms ({len(QUERIES)} queries x {args.repeat}):")
+    width = max(len(q[:40]) for q in QUERIES)
+    for q, ts in per_query.items():
+        print(f"  {q[:40]:<{width}}  {_stats(ts)}")
+    print(f"  {'ALL':<{width}}  {_stats(every)}   (target < 50 ms)")
+
+    seeds = sorted((g.data_dir() / "_seeds").glob("*.txt"))
+    for path in seeds:
+        text = path.read_text(encoding="utf-8")
+        t0 = time.perf_counter()
+        found = g.scan(text)
+        dt = (time.perf_counter() - t0) * 1e3
+        print(f"\nscan {path.name}: {len(text)} chars, {len(found)} mentions of "
+              f"{len({m.id for m in found})} terms in {dt:.1f} ms")
+    big = (seeds[0].read_text(encoding="utf-8") * 300)[:1_000_000] if seeds else "DP " * 333_334
+    t0 = time.perf_counter()
+    n = len(g.scan(big))
+    print(f"scan 1,000,000 chars: {n} mentions in {time.perf_counter() - t0:.2f} s")
+
+    floor = baseline(args.runs)
+    print(f"\ncold process, s ({args.runs} runs each):")
+    print(f"  python -c pass                         median {statistics.median(floor):.3f}  "
+          f"max {max(floor):.3f}")
+    for qargs in (["all-reduce"], ["张量切分体例", "--json"], ["--list"]):
+        times, heavy = cold_runs(args.runs, qargs)
+        label = "minipar glossary " + " ".join(qargs)
+        print(f"  {label:<38} median {statistics.median(times):.3f}  max {max(times):.3f}  "
+              f"(target < 0.5 s; heavy modules imported: {heavy})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
