@@ -1,0 +1,172 @@
+"""ZeRO stages 0-3 reproduce the serial run and hold / send what the paper says.
+
+Serial computation reproduced: ``minipar.train.train`` (AdamW on the global
+batch), via ``minipar.parallel.common.serial_reference``.  Formulas
+(Rajbhandari et al. 2019, arXiv 1910.02054; ``minipar.plan.zero``), mixed
+precision, K = 12, per rank: model states (2+2+K)Ψ, 4Ψ + KΨ/N, 2Ψ + (2+K)Ψ/N,
+(2+2+K)Ψ/N; bytes sent per step 2Ψ(N-1)/N (stages 0-2) and 3Ψ(N-1)/N
+(stage 3) 16-bit elements.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minipar import launch
+from minipar.collectives import chunk_counts
+from minipar.parallel.common import RunSpec
+from minipar.parallel.zero import check_stage, layout_of, shard_range, units
+from minipar.plan.zero import zero_comm_bytes_per_rank, zero_model_state_bytes
+
+SCRIPT = str(Path(__file__).parent / "mpi" / "zero_check.py")
+WORLDS = (1, 2, 3, 4)
+K = 12
+#: tracemalloc sees the engine's Python objects too (the engine, ModelStates, the
+#: optimizer, ~10 array headers): measured 2.1-3.5 KB, independent of Ψ
+OBJECT_BYTES = 4096
+
+
+@functools.cache
+def zero_check(n: int) -> dict:
+    """One launch per world size: every stage's parity, memory and bytes."""
+    proc = launch.run(n, SCRIPT, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ZERO_CHECK "))
+    return json.loads(line[len("ZERO_CHECK "):])
+
+
+# ------------------------------------------------------------------ in-process
+def test_bad_stage_is_a_clear_error() -> None:
+    for bad in (-1, 4, 1.5, "2", True):
+        with pytest.raises(ValueError, match="ZeRO stage must be 0"):
+            check_stage(bad)
+
+
+def test_shards_follow_array_split_and_refuse_more_ranks_than_parameters() -> None:
+    for psi, n in ((10, 3), (7040, 4), (5, 5)):
+        ranges = [shard_range(psi, n, r) for r in range(n)]
+        assert [hi - lo for lo, hi in ranges] == chunk_counts(psi, n)
+        assert ranges[0][0] == 0 and ranges[-1][1] == psi
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    with pytest.raises(ValueError, match="4 ranks but only 3 parameters"):
+        shard_range(3, 4, 0)
+
+
+def test_units_tile_the_flat_buffer() -> None:
+    cfg = RunSpec().config()
+    us, layout = units(cfg), layout_of(cfg)
+    assert len(us) == cfg.n_layer + 2
+    assert us[0][0] == 0 and us[-1][1] == layout.size
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(us))
+    assert sum(u[2].size for u in us) == layout.size
+    assert us[1][3] == "blocks.0." and "ln1.gamma" in us[1][2].names
+
+
+def test_one_rank_every_stage_is_the_serial_run_bit_for_bit() -> None:
+    """On one rank the unit-by-unit forward/backward is GPT.loss_and_grads exactly."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.parallel.common import serial_reference
+    from minipar.parallel.zero import ZeRO
+
+    spec = RunSpec(steps=2)
+    ref = serial_reference(spec)
+    for stage in range(4):
+        eng = ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), stage,
+                   optimizer=spec.optimizer, **spec.opt_kwargs())
+        losses = [eng.train_step(*spec.global_batch(s)) for s in range(spec.steps)]
+        assert losses == ref["losses"], stage
+        np.testing.assert_array_equal(eng.full_params(), ref["params"])
+
+
+# ------------------------------------------------------------------ N ranks
+@pytest.mark.parametrize("n", WORLDS)
+def test_parity_with_the_serial_run(n: int) -> None:
+    res = zero_check(n)["parity"]
+    for stage in "0123":
+        r = res[stage]
+        assert r["ok"], f"ZeRO-{stage} on {n} ranks differs from serial: {r}"
+        assert r["max_param_diff"] < 1e-12 and r["max_loss_diff"] < 1e-12
+
+
+def expected_categories(psi: int, n: int, stage: int, c: int) -> dict[str, int]:
+    """Bytes by category, exactly: c = this rank's shard (C_r elements)."""
+    return {"params": 2 * (c if stage == 3 else psi), "grads": 2 * (c if stage >= 2 else psi),
+            "optimizer states": K * (c if stage >= 1 else psi), "activations": 0}
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_model_state_memory_matches_the_paper(n: int) -> None:
+    """Ledger: exact per category; total and tracemalloc within 2% + constants of the formula.
+
+    Constants: uneven shards (C_r - Ψ/N < 1 element, x 16 bytes) and, for
+    tracemalloc, the engine's Python objects (OBJECT_BYTES).  Stage 2's
+    gradients are only the shard (a full buffer would be 2Ψ(N-1)/N more)."""
+    for stage, rows in zero_check(n)["memory"].items():
+        stage = int(stage)
+        for r, row in enumerate(rows):
+            psi, (lo, hi) = row["psi"], row["shard"]
+            formula = zero_model_state_bytes(psi, n, stage, K)
+            held = sum(row["ledger"].values())
+            where = f"ZeRO-{stage}, rank {r} of {n}, Ψ={psi}"
+            assert row["ledger"] == expected_categories(psi, n, stage, hi - lo), where
+            assert abs(held - formula) <= 0.02 * formula + 16, where
+            assert held <= row["tracemalloc_bytes"] <= held + OBJECT_BYTES, where
+            assert abs(row["tracemalloc_bytes"] - formula) <= 0.02 * formula + 16 + OBJECT_BYTES
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_bytes_sent_per_step_match_the_paper(n: int) -> None:
+    """16-bit elements: exactly (2Ψ - C_r - C_{r+1})·2 for stages 0-2 and
+    (3Ψ - C_r - 2C_{r+1})·2 for stage 3; the paper's 2Ψ(N-1)/N, 3Ψ(N-1)/N x 2
+    bytes within the uneven shards' rounding (< 3 elements)."""
+    for stage, rows in zero_check(n)["memory"].items():
+        stage = int(stage)
+        psi = rows[0]["psi"]
+        c = [hi - lo for lo, hi in (row["shard"] for row in rows)]
+        for r, row in enumerate(rows):
+            nxt = c[(r + 1) % n]
+            exact = 0 if n == 1 else (3 * psi - c[r] - 2 * nxt if stage == 3
+                                      else 2 * psi - c[r] - nxt) * 2
+            assert row["bytes_sent_per_step"] == exact, (stage, r)
+            paper = zero_comm_bytes_per_rank(psi, n, stage, 2)
+            assert abs(row["bytes_sent_per_step"] - paper) < 3 * 2, (stage, r)
+
+
+def test_run_verb_end_to_end() -> None:
+    """`minipar run zero --stage 3 -n 3 --precision mixed`: summary with formulas."""
+    out = subprocess.run([sys.executable, "-m", "minipar.cli", "run", "zero", "--stage", "3",
+                          "-n", "3", "--steps", "2", "--json", "--precision", "mixed",
+                          "--timeout", "60"],
+                         capture_output=True, text=True, timeout=90, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    s = json.loads(out.stdout[out.stdout.index("{"):])
+    assert s["strategy"] == "zero" and s["stage"] == 3 and s["ranks"] == 3
+    assert len(s["losses"]) == len(s["serial_losses"]) == 2
+    np.testing.assert_allclose(s["losses"], s["serial_losses"], rtol=2e-2)
+    f = s["model_state_formula"]
+    assert f == zero_model_state_bytes(s["psi"], 3, 3, K)
+    assert all(abs(b - f) <= 0.02 * f + 16 for b in s["model_state_bytes_per_rank"])
+    assert all(abs(b - s["bytes_formula"]) < 6 for b in s["bytes_sent_per_rank"])
+
+
+def test_run_verb_float64_parity_and_bad_stage() -> None:
+    ok = subprocess.run([sys.executable, "-m", "minipar.cli", "run", "zero", "--stage", "2",
+                         "-n", "2", "--steps", "2", "--timeout", "60"],
+                        capture_output=True, text=True, timeout=90, check=False)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "equal to the serial run" in ok.stdout and "formula" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "minipar.cli", "run", "zero", "--stage", "4",
+                          "-n", "2", "--timeout", "60"],
+                         capture_output=True, text=True, timeout=90, check=False)
+    assert bad.returncode != 0
+    assert "ZeRO stage must be 0" in bad.stderr + bad.stdout
