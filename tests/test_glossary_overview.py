@@ -1,0 +1,52 @@
+"""minipar.viz.overview: the split table matches the papers' structure and the glossary."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from minipar import glossary  # noqa: E402
+from minipar.viz import overview  # noqa: E402
+
+
+def test_every_technique_is_a_glossary_term_and_splits_something() -> None:
+    ids = set(glossary.by_id())
+    names, rows = overview.split_matrix()
+    assert names == list(overview.SPLITS)
+    for name, row in zip(names, rows):
+        assert overview.SPLITS[name][0] in ids
+        assert set(row) <= {0, 1, 2} and 2 in row, name
+
+
+def test_zero_stages_add_one_partitioned_state_each() -> None:
+    """P_os, P_os+g, P_os+g+p (Rajbhandari et al. 2019): each stage splits one more thing."""
+    names, rows = overview.split_matrix(["DP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"])
+    col = {a: i for i, a in enumerate(overview.AXES)}
+    split = [{a for a in ("optimizer state", "gradients", "parameters") if r[col[a]] == 2} for r in rows]
+    assert split == [set(), {"optimizer state"}, {"optimizer state", "gradients"},
+                     {"optimizer state", "gradients", "parameters"}]
+    assert all(r[col["batch"]] == 2 for r in rows)
+
+
+def test_3d_is_dp_plus_tp_plus_pp() -> None:
+    _, rows = overview.split_matrix(["DP", "TP", "PP", "3D"])
+    by_design = [{i for i, v in enumerate(r) if v == 2} for r in rows]
+    assert by_design[3] == by_design[0] | by_design[1] | by_design[2]
+
+
+def test_bad_input_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="unknown techniques"):
+        overview.split_matrix(["DP", "XP"])
+
+
+def test_figure_and_where_table() -> None:
+    fig = overview.what_splits(["DP", "TP"])
+    assert isinstance(fig, Figure) and len(fig.axes[0].get_yticklabels()) == 2
+    table = overview.where_table()
+    assert all(t.id in table for t in glossary.terms())
+    rows = overview.where_terms_live()
+    assert {s for r in rows for links in r["links"].values() for _, s in links} <= {"present", "planned", None}
