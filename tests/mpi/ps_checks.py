@@ -1,0 +1,78 @@
+"""All parameter-server checks for one world size, in one launch (tests/test_parameter_server.py).
+
+Every rank runs every case; rank 0 prints ``PS-RESULT {json}`` with what all
+ranks measured: bad input (ValueError on every rank, no message sent), the
+synchronous run with one server and with two (sharded) servers, asynchronous
+with staleness 0, and, with the argument ``converge``, asynchronous with
+staleness 2 and a straggler over 60 steps next to the synchronous run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from minipar.comm import TracedComm
+from minipar.parallel.common import RunSpec, serial_reference
+from minipar.parallel.parameter_server import ParameterServer
+
+comm = TracedComm(MPI.COMM_WORLD)
+N, R = comm.size, comm.rank
+SPEC = RunSpec(batch=10, steps=4, seq=8, vocab=10, d_model=16, layers=2, heads=2, lr=1e-2)
+out: dict = {"N": N, "rank": R, "errors": {}, "cases": []}
+
+bad = {
+    "servers0": lambda: ParameterServer(comm, SPEC, servers=0),
+    "no-worker": lambda: ParameterServer(comm, SPEC, servers=N),
+    "mode": lambda: ParameterServer(comm, SPEC, mode="bogus"),
+    "staleness": lambda: ParameterServer(comm, SPEC, mode="async", staleness=-1),
+    "too-many-ranks": lambda: ParameterServer(comm, SPEC.with_(batch=N - 2 if N > 2 else 0)),
+    "fp16": lambda: ParameterServer(comm, SPEC.with_(precision="mixed-fp16")),
+}
+for name, make in bad.items():
+    before = comm.stats.msgs_sent()
+    try:
+        make()
+        out["errors"][name] = None
+    except ValueError as e:
+        out["errors"][name] = [str(e), comm.stats.msgs_sent() - before]
+
+
+def case(label: str, spec: RunSpec, **kw: object) -> None:
+    ps = ParameterServer(comm, spec, **kw)
+    comm.stats.reset()
+    losses = ps.train()
+    st = comm.stats
+    out["cases"].append({
+        "label": label, "server": ps.is_server, "losses": losses,
+        "shard": ps.states.params.tolist() if ps.is_server else None,
+        "span": list(ps.spans[R]) if ps.is_server else None,
+        "worker_params": None if ps.is_server else ps.params.tolist(),
+        "push_sent": st.bytes_sent("ps_push"), "push_recv": st.bytes_recv("ps_push"),
+        "pull_sent": st.bytes_sent("ps_pull"), "pull_recv": st.bytes_recv("ps_pull"),
+        "peers_sent": sorted(st.peers_sent()), "S": ps.layout.size * 8,
+        "workers": ps.workers, "servers": ps.servers, "max_delay": ps.max_delay,
+        "memory": ps.model_state_bytes(),
+    })
+
+
+case("sync-1", SPEC)
+if N >= 3:
+    case("sync-2servers", SPEC, servers=2)
+case("async-s0", SPEC, mode="async", staleness=0)
+if "converge" in sys.argv[1:]:
+    slow = SPEC.with_(steps=80, batch=16, vocab=5, d_model=32, lr=3e-3, weight_decay=0.0)
+    case("converge-sync", slow, straggler_s=0.002)
+    case("converge-async-s2", slow, mode="async", staleness=2, straggler_s=0.002)
+    if R == 0:
+        out["converge_serial"] = serial_reference(slow)["losses"]
+if R == 0:
+    s = serial_reference(SPEC)
+    out["serial_losses"], out["serial_params"] = s["losses"], s["params"].tolist()
+
+gathered = MPI.COMM_WORLD.gather(out, root=0)
+if R == 0:
+    print("PS-RESULT " + json.dumps(gathered), flush=True)
