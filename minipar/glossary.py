@@ -75,6 +75,9 @@ class Term(namedtuple("Term", "id names aliases abbrev definition seeds papers r
 
     __slots__ = ()
 
+    def __repr__(self) -> str:
+        return f"Term({self.id!r})"
+
     def all_names(self) -> list[str]:
         """Every name this term is known by: id, names, abbreviations, aliases."""
         out = [self.id, *self.names.values(), *self.abbrev]
@@ -427,7 +430,10 @@ def lookup(query: str, limit: int = 10) -> list[Term]:
 
 
 def closest(query: str, n: int = 3) -> list[Term]:
-    """The ``n`` terms nearest to ``query`` (bigram Dice or edit similarity), for "did you mean"."""
+    """Up to ``n`` terms nearest to ``query`` (bigram Dice or edit similarity), for "did you mean".
+
+    Terms with nothing in common with the query (similarity 0) are not offered.
+    """
     qk = key(query)[:MAX_FUZZY_KEY] or query[:MAX_FUZZY_KEY].casefold()
     qb = _bigrams(qk)
     idx = _index()
@@ -440,4 +446,5 @@ def closest(query: str, n: int = 3) -> list[Term]:
         for tid, _ in entries:
             best[tid] = max(best.get(tid, 0.0), d)
     table = by_id()
-    return [table[t] for t, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+    ranked = sorted(((d, t) for t, d in best.items() if d > 0), key=lambda dt: (-dt[0], dt[1]))
+    return [table[t] for _, t in ranked[:n]]

@@ -311,8 +311,9 @@ def _main(argv: list[str]) -> int:
         near = g.closest(query)
         if args.json:
             print("[]")
-        print(f"minipar glossary: no match for {query!r}. Closest terms: "
-              + ", ".join(f"{t.id} ({t.names['en']})" for t in near), file=sys.stderr)
+        hint = ("Closest terms: " + ", ".join(f"{t.id} ({t.names['en']})" for t in near) if near
+                else "Nothing close; `minipar glossary --list` shows every term.")
+        print(f"minipar glossary: no match for {query!r}. {hint}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps([h.as_dict() for h in hits], ensure_ascii=False))

@@ -116,6 +116,10 @@ def test_stdin_bad_utf8_big_input_and_light_imports() -> None:
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr
     assert b"mentions of 3 terms" in proc.stdout
 
+    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "glossary", b"\xff\xfe"],
+                          capture_output=True, timeout=60, cwd=ROOT)  # undecodable argv
+    assert proc.returncode == 1 and b"no match" in proc.stderr and b"Traceback" not in proc.stderr
+
     proc = run_cli("x" * 5000)
     assert proc.returncode == 2 and b"--scan" in proc.stderr and b"Traceback" not in proc.stderr
 

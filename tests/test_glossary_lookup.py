@@ -48,14 +48,16 @@ def test_lookup_ranks_exact_over_partial() -> None:
     assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
 
 
-@pytest.mark.parametrize("query", ["", "   ", "-", "xyzzyq", "草泥马", "щщщщщ", "?!"])
-def test_no_match_is_an_empty_list_and_closest_still_answers(query: str) -> None:
+@pytest.mark.parametrize("query", ["", "   ", "-", "xyzzyq", "草泥马", "щщщщщ", "?!", "\udcff"])
+def test_no_match_is_an_empty_list(query: str) -> None:
     assert g.lookup(query) == []
-    assert len(g.closest(query)) == 3
+    assert len(g.closest(query)) <= 3
 
 
 def test_closest_suggests_the_near_term() -> None:
     assert g.closest("alreduse")[0].id == "all-reduce"
+    assert g.closest("pipline bubbel")[0].id == "pipeline-bubble"
+    assert g.closest("?!") == []
 
 
 # ------------------------------------------------------------------ scan
@@ -127,7 +129,7 @@ def test_stemmer() -> None:
 
 # ------------------------------------------------------------------ never raise
 
-TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300) | st.sampled_from([
+TEXT = st.text(max_size=300) | st.sampled_from([
     "ZeRO-1/2/3", "параллелизма данных с сегментацией", "张量切分体例由选择", "ﬁ ß ǅ İ ẞ ＤＤＰ", "\x00\ufeff",
     "夹杂专家模子MoE 3D并行+ZeRO", "ring‐all‑reduce", "a\u0301ll-reduce",
 ])
