@@ -30,8 +30,12 @@ import sys
 import unicodedata
 from collections import namedtuple
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -119,7 +123,7 @@ def parse_term(data: dict, source: str = "?") -> Term:
         raise ValueError(f"{source}: malformed glossary entry ({exc!r}); see glossary/README.md") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def terms() -> tuple[Term, ...]:
     """All terms, sorted by id."""
     out = []
@@ -134,7 +138,7 @@ def by_id() -> dict[str, Term]:
     return {t.id: t for t in terms()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def spun_table() -> dict[str, str]:
     """Spun Chinese -> standard Chinese (``glossary/_normalise.toml``)."""
     data = tomllib.loads((data_dir() / "_normalise.toml").read_text(encoding="utf-8"))
@@ -147,14 +151,13 @@ _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _TOKEN = re.compile(rf"[{_HAN}]|[^\W_{_HAN}]+")
 _GAP_OK = re.compile(r"[\s\-‐‑‒–—_/·+]*")
 _RU_ENDINGS = sorted(
-    "ами ями ого его ому ему ыми ими ией иям иях ых их ий ый ой ей ая яя ое ее ие ые ую юю ом ем ах ях "
-    "ов ев ам ям ым им ия ию ии ью ья ье ьи ы и а я о е у ю ь".split(), key=len, reverse=True)
+    ["ами", "ями", "ого", "его", "ому", "ему", "ыми", "ими", "ией", "иям", "иях", "ых", "их", "ий", "ый", "ой", "ей", "ая", "яя", "ое", "ее", "ие", "ые", "ую", "юю", "ом", "ем", "ах", "ях", "ов", "ев", "ам", "ям", "ым", "им", "ия", "ию", "ии", "ью", "ья", "ье", "ьи", "ы", "и", "а", "я", "о", "е", "у", "ю", "ь"], key=len, reverse=True)
 _CYR = re.compile(r"[а-я]")
 _PAREN = re.compile(r"\s*(.+?)\s*[(（](.+)[)）]\s*")
 class _CharTable(dict):
     """str.translate table filled on demand: char -> NFKC, case-folded, ё -> е."""
 
-    odd: set[str] = set()  # chars whose normal form is not exactly one char
+    odd: ClassVar[set[str]] = set()  # chars whose normal form is not exactly one char
 
     def __missing__(self, code: int) -> str:
         c = chr(code)
@@ -228,7 +231,7 @@ def _normalise(text: str) -> tuple[str, Sequence[int], Sequence[int]]:
     return "".join(out), s2, e2
 
 
-@lru_cache(maxsize=None)
+@cache
 def _spun_regex() -> re.Pattern[str] | None:
     table = spun_table()
     parts = []
@@ -263,7 +266,7 @@ def _bigrams(k: str) -> frozenset[str]:
     return frozenset(k[i: i + 2] for i in range(len(k) - 1)) if len(k) > 1 else frozenset([k])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _index() -> _Index:
     exact: dict[str, list[tuple[str, float]]] = {}
     max_tokens = 1

@@ -189,11 +189,11 @@ def markdown() -> str:
     """``docs/glossary.md``: every term from the data, with no computed status (never stale)."""
     ts = g.terms()
     out = ["# Glossary · Глоссарий · 术语表", "",
-           "<!-- Generated from glossary/*.toml by `minipar glossary --export-md docs/glossary.md`;"
-           " do not edit by hand (tests/test_glossary_data.py fails when it is stale). -->", "",
-           f"{len(ts)} terms in English, Russian and Chinese. Look one up with "
-           "`minipar glossary QUERY` (any language, typos and inflected forms welcome), or find "
-           "the terms in a text with `minipar glossary --scan FILE`.", "",
+           ("<!-- Generated from glossary/*.toml by `minipar glossary --export-md docs/glossary.md`;"
+            " do not edit by hand (tests/test_glossary_data.py fails when it is stale). -->"), "",
+           (f"{len(ts)} terms in English, Russian and Chinese. Look one up with "
+            "`minipar glossary QUERY` (any language, typos and inflected forms welcome), or find "
+            "the terms in a text with `minipar glossary --scan FILE`."), "",
            "| id | English | Русский | 中文 |", "|---|---|---|---|"]
     out += [f"| [{t.id}](#{t.id}) | {t.names['en']} | {t.names['ru']} | {t.names['zh']} |" for t in ts]
     for t in ts:

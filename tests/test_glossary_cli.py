@@ -23,7 +23,8 @@ def run_cli(*args: str, stdin: bytes | None = None, cwd: Path | None = None,
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["COLUMNS"] = "80"
     cmd = (exe or [sys.executable, "-m", "minipar.cli"]) + ["glossary", *args]
-    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=60, cwd=cwd or ROOT, env=env)
+    return subprocess.run(cmd, input=stdin, capture_output=True, timeout=60, cwd=cwd or ROOT, env=env,
+                          check=False)
 
 
 def test_card_in_three_languages(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,7 +118,7 @@ def test_stdin_bad_utf8_big_input_and_light_imports() -> None:
     assert b"mentions of 3 terms" in proc.stdout
 
     proc = subprocess.run([sys.executable, "-m", "minipar.cli", "glossary", b"\xff\xfe"],
-                          capture_output=True, timeout=60, cwd=ROOT)  # undecodable argv
+                          capture_output=True, timeout=60, cwd=ROOT, check=False)  # undecodable argv
     assert proc.returncode == 1 and b"no match" in proc.stderr and b"Traceback" not in proc.stderr
 
     proc = run_cli("x" * 5000)
@@ -127,7 +128,7 @@ def test_stdin_bad_utf8_big_input_and_light_imports() -> None:
              "main(['glossary', '--scan', sys.argv[1]]); "
              "print('HEAVY', sorted(m for m in ('numpy', 'mpi4py', 'matplotlib') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe, str(SEEDS / "000_1e5fa01697d9c096.txt")],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().endswith("HEAVY []")
 
@@ -155,5 +156,5 @@ def test_installed_wheel_ships_the_glossary(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["zh"] == "全归约"
     where = subprocess.run([str(py), "-c", "from minipar import glossary as g; print(g.data_dir())"],
-                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path, check=True)
     assert where.stdout.strip() == str(next(venv.glob("lib/python*/site-packages")) / "minipar" / "_glossary")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def test_lookup_ranks_exact_over_partial() -> None:
     hits = g.score_all("all-reduce")
     assert [h.term.id for h in hits[:2]] == ["all-reduce", "ring-all-reduce"]
     assert hits[0].score == 1.0 > hits[1].score
-    assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+    assert all(a.score >= b.score for a, b in pairwise(hits))
 
 
 @pytest.mark.parametrize("query", ["", "   ", "-", "xyzzyq", "草泥马", "щщщщщ", "?!", "\udcff"])
@@ -91,7 +92,7 @@ def test_scan_finds_every_concept_of_each_seed(name: str) -> None:
     for m in found:
         assert text[m.start:m.end] == m.text
     assert [m.start for m in found] == sorted(m.start for m in found)
-    assert all(a.end <= b.start for a, b in zip(found, found[1:]))
+    assert all(a.end <= b.start for a, b in pairwise(found))
 
 
 def test_scan_offsets_point_into_the_original_spun_text() -> None:

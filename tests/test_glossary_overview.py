@@ -6,11 +6,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import pytest
+from matplotlib.figure import Figure
 
-from minipar import glossary  # noqa: E402
-from minipar.viz import overview  # noqa: E402
+from minipar import glossary
+from minipar.viz import overview
 
 
 def test_every_technique_is_a_glossary_term_and_splits_something() -> None:
@@ -24,7 +24,7 @@ def test_every_technique_is_a_glossary_term_and_splits_something() -> None:
 
 def test_zero_stages_add_one_partitioned_state_each() -> None:
     """P_os, P_os+g, P_os+g+p (Rajbhandari et al. 2019): each stage splits one more thing."""
-    names, rows = overview.split_matrix(["DP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"])
+    _, rows = overview.split_matrix(["DP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"])
     col = {a: i for i, a in enumerate(overview.AXES)}
     split = [{a for a in ("optimizer state", "gradients", "parameters") if r[col[a]] == 2} for r in rows]
     assert split == [set(), {"optimizer state"}, {"optimizer state", "gradients"},

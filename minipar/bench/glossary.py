@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from minipar import glossary as g
 
@@ -63,7 +62,7 @@ def cold_runs(runs: int, args: list[str]) -> tuple[list[float], str]:
         subprocess.run(cmd, capture_output=True, check=True, timeout=60)
         times.append(time.perf_counter() - t0)
     proc = subprocess.run([sys.executable, "-c", probe, "glossary", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, check=True)
     heavy = proc.stderr.strip().rsplit("HEAVY=", 1)[-1] or "none"
     return times, heavy
 

@@ -108,13 +108,12 @@ def where_terms_live() -> list[dict[str, object]]:
 def where_table(width: int = 110) -> str:
     """:func:`where_terms_live` as text: id, modules and notebooks; "*" marks links not landed yet."""
     lines = [f"{'term':<26} {'modules':<52} notebooks", "-" * width]
+    def fmt(links: dict, kind: str) -> str:
+        return ", ".join(f"{x.removeprefix('minipar.')}{'*' if s == 'planned' else ''}"
+                         for x, s in links.get(kind, []))
+
     for row in where_terms_live():
         links = row["links"]
-
-        def fmt(kind: str) -> str:
-            return ", ".join(f"{x.removeprefix('minipar.')}{'*' if s == 'planned' else ''}"
-                             for x, s in links.get(kind, []))  # type: ignore[union-attr]
-
-        lines.append(f"{row['id']:<26} {fmt('modules'):<52} {fmt('notebooks')}")
+        lines.append(f"{row['id']:<26} {fmt(links, 'modules'):<52} {fmt(links, 'notebooks')}")
     lines.append("\n* planned: not in this checkout yet (computed now from the files)")
     return "\n".join(lines)
