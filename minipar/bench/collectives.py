@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20,
                    help="timed calls per size up to 1 MiB; fewer above (at least 3)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    p.add_argument("--collectives", nargs="+", choices=sorted({c for c, _ in CASES}),
+                   default=sorted({c for c, _ in CASES}), help="which collectives (default all)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before all ranks are killed")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -79,18 +81,19 @@ def worker(args: argparse.Namespace) -> int:
         x = (np.arange(count, dtype=np.float32) % 7) + rank
         chunk = np.array_split(x, n)[rank].copy()
         iters = _iters_for(size, args.iters)
-        fns = [_call(comm, coll, algo, x, chunk) for coll, algo in CASES]
+        cases = [(c, a) for c, a in CASES if c in args.collectives]
+        fns = [_call(comm, coll, algo, x, chunk) for coll, algo in cases]
         for fn in fns:
             for _ in range(args.warmup):
                 fn()
-        totals = [0.0] * len(CASES)
+        totals = [0.0] * len(cases)
         for _ in range(iters):  # interleaved: a slow moment of the machine hits all alike
             for i, fn in enumerate(fns):
                 world.Barrier()
                 t0 = time.perf_counter()
                 fn()
                 totals[i] += time.perf_counter() - t0
-        for (coll, algo), total in zip(CASES, totals):
+        for (coll, algo), total in zip(cases, totals):
             t = world.allreduce(total / iters, op=MPI.MAX)
             factor = 2 * (n - 1) / n if coll == "allreduce" else (n - 1) / n
             algbw = count * 4 / t / 1e9
@@ -136,7 +139,7 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     rest = ["--worker", "--iters", str(args.iters), "--warmup", str(args.warmup),
-            "--sizes", *map(str, args.sizes)] + (["--json"] if args.json else [])
+            "--sizes", *map(str, args.sizes), "--collectives", *args.collectives] + (["--json"] if args.json else [])
     proc = launch.run(args.ranks, "minipar.bench.collectives", *rest, timeout=args.timeout)
     sys.stdout.write(proc.stdout)
     if proc.returncode:

@@ -106,6 +106,12 @@ def describe_tag(tag: int) -> str:
     return f"{COLLECTIVES[coll]} of {DTYPES[code - 1]} (op {_OP_NAMES[op]}{rows})"
 
 
+def dtype_of_tag(tag: int) -> np.dtype | None:
+    """The dtype a collective's tag encodes (None if it is not such a tag)."""
+    code = tag % 64
+    return DTYPES[code - 1] if 1 <= code <= len(DTYPES) else None
+
+
 def check_op(op: str) -> np.ufunc:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; one of {', '.join(OPS)}")

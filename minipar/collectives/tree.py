@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from minipar.collectives import _base as B
 
@@ -71,19 +72,57 @@ def _reduce_steps(c: Any, acc: np.ndarray, root: int, ufunc: np.ufunc, tag: int)
 
 
 def broadcast(comm: Any, x: Any, root: int = 0, algorithm: str = "binomial") -> np.ndarray:
-    """Every rank gets the root's ``x``.  Non-roots pass an array of the same
-    shape and dtype (its values are ignored; it is not written)."""
+    """Every rank gets the root's ``x``.
+
+    Non-roots pass an array of the same shape and dtype (its values are
+    ignored; it is not written), or ``None``: then the length and dtype are
+    learned from the message itself and the result is 1-D.
+    """
     B.check_algorithm(algorithm, _ALGOS, "broadcast")
-    c, a = B.prepare(comm, x)
+    c = B.traced(comm)
     B.check_root(root, c.size)
+    if x is None:
+        if c.rank == root:
+            raise ValueError(f"broadcast: the root (rank {root}) must pass an array, not None")
+        return _broadcast_unknown(c, root, algorithm)
+    c, a = B.prepare(c, x)
     out = a.copy() if c.rank == root else np.empty_like(a)
     if algorithm == "mpi":
+        head = (a.size, B.dtype_code(a.dtype))
+        n, code = c.comm.bcast(head, root=root)  # header, for None-callers
+        if (n, code) != head:
+            raise B.CollectiveMismatchError(
+                f"rank {c.rank}: broadcast of {a.size} x {a.dtype}, the root has {n} x "
+                f"{B.DTYPES[code - 1]}")
         _, dt, _ = B.mpi_spec(out)
         with c.operation("mpi_broadcast"):
             c.comm.Bcast(B.mpi_buf(out, dt), root=root)
         return out
     with c.operation("broadcast"):
         _bcast_steps(c, out.reshape(-1), root, B.tag_for("broadcast", a.dtype))
+    return out
+
+
+def _broadcast_unknown(c: Any, root: int, algorithm: str) -> np.ndarray:
+    """A non-root's side of a broadcast whose length and dtype it does not know."""
+    if algorithm == "mpi":
+        n, code = c.comm.bcast(None, root=root)  # pickled header: the oracle's extra message
+        out = np.empty(n, B.DTYPES[code - 1])
+        _, dt, _ = B.mpi_spec(out)
+        with c.operation("mpi_broadcast"):
+            c.comm.Bcast(B.mpi_buf(out, dt), root=root)
+        return out
+    n, v = c.size, (c.rank - root) % c.size
+    parent = (v - _lowbit(v) + root) % n
+    st = c.Probe(parent, MPI.ANY_TAG)
+    dtype = B.dtype_of_tag(st.Get_tag())
+    if dtype is None or B.tag_for("broadcast", dtype) != st.Get_tag():
+        raise B.CollectiveMismatchError(
+            f"rank {c.rank}: expected a broadcast from rank {parent}, received "
+            f"{B.describe_tag(st.Get_tag())}")
+    out = np.empty(st.Get_count(MPI.BYTE) // dtype.itemsize, dtype)
+    with c.operation("broadcast"):
+        _bcast_steps(c, out, root, st.Get_tag())
     return out
 
 

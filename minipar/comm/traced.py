@@ -23,16 +23,24 @@ Three things it adds to MPI:
    share their parent's :class:`Stats`: a rank's bytes are a rank's bytes.
 2. **Polite waiting.**  A blocked MPICH rank spins on its core.  With more
    ranks than cores (8 ranks on a 2-core laptop) the waiting ranks starve the
-   computing ones.  Every wait here polls ``Test()``, spinning only briefly
-   and then sleeping with a growing back-off (up to ``MINIPAR_POLL_MAX_S``,
-   default 1 ms), so an idle rank yields its core.  ``minipar bench wait``
-   measures the CPU a waiting rank steals with MPI's blocking wait and with
-   this one.
+   computing ones.  Every wait here polls ``Test()`` (``Iprobe()`` for
+   :meth:`TracedComm.Probe`): for the first ``SPIN_S`` (500 us,
+   ``MINIPAR_SPIN_S``) it calls ``os.sched_yield()`` between polls, so a
+   short wait costs little latency yet hands the core to any rank that can
+   run; after that it sleeps with a doubling back-off from 20 us up to
+   ``MINIPAR_POLL_MAX_S`` (default 1 ms), so a long wait costs almost no CPU.
+   ``minipar bench wait`` measures the CPU a waiting rank steals with MPI's
+   blocking wait and with this one (``MINIPAR_SPIN_YIELD=0`` spins without
+   yielding, for comparison).
 3. **A deadlock watchdog.**  A wait longer than ``timeout`` seconds
    (``MINIPAR_WATCHDOG_S``, default 60) raises :class:`DeadlockError` naming
    the rank, the operation, the call, the peer and the tag.  Under
    ``python -m mpi4py`` (how :mod:`minipar.launch` starts ranks) the error
    aborts the whole job instead of leaving it hanging.
+
+An unhandled exception on any rank prints ``[minipar] rank R of N failed``
+(:func:`install_excepthook`, installed by the first TracedComm of a
+multi-rank job) before ``python -m mpi4py`` aborts the job.
 
 All messages travel as raw bytes (``MPI.BYTE``), so any NumPy dtype works,
 float16 and bfloat16 included; buffers must be C-contiguous.

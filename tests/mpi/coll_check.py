@@ -154,6 +154,12 @@ for root in range(N):
             bytes_ok("broadcast", *C.broadcast_bytes(x.nbytes, N, R, root), what)
             check(same(C.broadcast(comm, x, root, algorithm="mpi"), data(root, n, dt)),
                   what + " (mpi)")
+            for algo in ("binomial", "mpi"):  # non-roots that do not know length or dtype
+                comm.stats.reset()
+                got = C.broadcast(comm, x if R == root else None, root, algorithm=algo)
+                check(same(got, data(root, n, dt)), what + f" to None-callers ({algo})")
+                if algo == "binomial":
+                    bytes_ok("broadcast", *C.broadcast_bytes(x.nbytes, N, R, root), what)
             for op in ("sum", "max"):
                 what = f"reduce root={root} n={n} {np.dtype(dt)} {op}"
                 comm.stats.reset()
@@ -189,6 +195,7 @@ for call, what in [
     (lambda: C.allreduce(comm, xs, algorithm="butterfly"), "unknown algorithm"),
     (lambda: C.broadcast(comm, xs, root=N), "root out of range"),
     (lambda: C.reduce(comm, xs, root=-1), "negative root"),
+    (lambda: C.broadcast(comm, None, root=R), "broadcast of None from the root"),
     (lambda: C.ring_allreduce(comm, np.array(["a", "b"], dtype=object)), "object dtype"),
     (lambda: C.all_to_all(comm, [xs] * (N + 1)), "wrong number of chunks"),
     (lambda: C.reduce_scatter(comm, np.float64(1.0)), "0-d reduce_scatter"),
