@@ -24,7 +24,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: (collective, algorithm) in the order they are measured at each size
 CASES = [
@@ -97,9 +98,9 @@ def worker(args: argparse.Namespace) -> int:
             t = world.allreduce(total / iters, op=MPI.MAX)
             factor = 2 * (n - 1) / n if coll == "allreduce" else (n - 1) / n
             algbw = count * 4 / t / 1e9
-            rows.append(dict(collective=coll, algorithm=algo, size=count * 4, count=count,
-                             dtype="float32", ranks=n, iters=iters, time_us=t * 1e6,
-                             algbw_GBs=algbw, busbw_GBs=algbw * factor))
+            rows.append({"collective": coll, "algorithm": algo, "size": count * 4,
+                         "count": count, "dtype": "float32", "ranks": n, "iters": iters,
+                         "time_us": t * 1e6, "algbw_GBs": algbw, "busbw_GBs": algbw * factor})
         comm.stats.reset()
     if rank == 0:
         for row in rows:

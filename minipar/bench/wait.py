@@ -93,10 +93,11 @@ def worker(args: argparse.Namespace) -> int:
 
 def format_table(res: dict) -> str:
     n, alone = res["ranks"], res["alone_wall_s"]
-    lines = [f"# minipar bench wait: {n} ranks; rank 0 computes {res['work']} matmuls 256x256, "
-             f"ranks 1..{n - 1} wait for it (medians of {res['repeat']} rounds)",
-             f"{'waiting with':<28} {'rank 0 compute (s)':>19} {'waiters CPU (s)':>16} "
-             f"{'CPU / compute':>14}"]
+    title = (f"# minipar bench wait: {n} ranks; rank 0 computes {res['work']} matmuls "
+             f"256x256, ranks 1..{n - 1} wait for it (medians of {res['repeat']} rounds)")
+    head = (f"{'waiting with':<28} {'rank 0 compute (s)':>19} {'waiters CPU (s)':>16} "
+            f"{'CPU / compute':>14}")
+    lines = [title, head]
     label = {"mpi": "MPI blocking Recv (before)", "traced": "TracedComm polling (after)"}
     for m in MODES:
         w, c = res[m]["compute_wall_s"], res[m]["waiters_cpu_s"]

@@ -23,7 +23,8 @@ Nothing here is an algorithm; it is what every algorithm needs:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI

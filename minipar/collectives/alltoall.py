@@ -20,7 +20,8 @@ by probing the message); on one rank they must share dtype and trailing shape.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -51,9 +51,10 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -180,7 +181,7 @@ def as_bytes(buf: Any, *, what: str = "buffer") -> np.ndarray:
 class TracedRequest:
     """A non-blocking request whose ``Wait`` polls and is watched."""
 
-    def __init__(self, comm: "TracedComm", req: MPI.Request, kind: str, peer: int, tag: int):
+    def __init__(self, comm: TracedComm, req: MPI.Request, kind: str, peer: int, tag: int):
         self.comm, self.req, self.kind, self.peer, self.tag = comm, req, kind, peer, tag
         self.status = MPI.Status()
 
@@ -253,11 +254,11 @@ class TracedComm:
             raise AttributeError(name)
         return getattr(self.comm, name)
 
-    def Split(self, color: int = 0, key: int = 0) -> "TracedComm":
+    def Split(self, color: int = 0, key: int = 0) -> TracedComm:
         """Sub-communicator sharing this one's counters and watchdog."""
         return TracedComm(self.comm.Split(color, key), timeout=self.timeout, stats=self.stats)
 
-    def Dup(self) -> "TracedComm":
+    def Dup(self) -> TracedComm:
         return TracedComm(self.comm.Dup(), timeout=self.timeout, stats=self.stats)
 
     # -- operation scopes ----------------------------------------------------
@@ -266,7 +267,7 @@ class TracedComm:
         return self._op_stack[0] if self._op_stack else "p2p"
 
     @contextmanager
-    def operation(self, name: str) -> Iterator["TracedComm"]:
+    def operation(self, name: str) -> Iterator[TracedComm]:
         """Count everything inside under ``name`` (the outermost scope wins)."""
         outermost = not self._op_stack
         self._op_stack.append(name)
