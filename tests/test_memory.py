@@ -9,7 +9,7 @@ from minipar.memory import Ledger, activation_pieces, measure, nbytes, training_
 from minipar.nn import GPT, GPTConfig
 from minipar.precision import ModelStates, get
 
-CFG = dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, d_model=64)
+CFG = {"vocab_size": 64, "block_size": 32, "n_layer": 2, "n_head": 4, "d_model": 64}
 
 
 def test_measure_sees_numpy_arrays() -> None:

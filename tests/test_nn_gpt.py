@@ -8,12 +8,23 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from minipar.nn import MLP, GPT, GPTConfig, MLPConfig, block_backward, block_forward, embed_forward
-from minipar.nn import embed_backward, head_backward, head_forward, sub
+from minipar.nn import (
+    GPT,
+    MLP,
+    GPTConfig,
+    MLPConfig,
+    block_backward,
+    block_forward,
+    embed_backward,
+    embed_forward,
+    head_backward,
+    head_forward,
+    sub,
+)
 from minipar.nn.gradcheck import numerical_grad, rel_error
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 
-TINY = dict(vocab_size=7, block_size=6, n_layer=2, n_head=2, d_model=8, d_ff=12)
+TINY = {"vocab_size": 7, "block_size": 6, "n_layer": 2, "n_head": 2, "d_model": 8, "d_ff": 12}
 
 
 def perturbed(model: GPT | MLP, seed: int = 0, scale: float = 0.1) -> dict[str, np.ndarray]:
@@ -83,7 +94,7 @@ def test_parameter_names_order_and_shapes() -> None:
     cfg = GPTConfig(vocab_size=11, block_size=9, n_layer=2, n_head=2, d_model=4, d_ff=6,
                     n_experts=2, moe_every=2)
     p = GPT(cfg).init(0)
-    blk = lambda i, ffn: [f"blocks.{i}.{n}" for n in (  # noqa: E731
+    blk = lambda i, ffn: [f"blocks.{i}.{n}" for n in (
         "ln1.gamma", "ln1.beta", "attn.w_qkv", "attn.b_qkv", "attn.w_out", "attn.b_out",
         "ln2.gamma", "ln2.beta", *ffn)]
     mlp = ["mlp.w_in", "mlp.b_in", "mlp.w_out", "mlp.b_out"]
@@ -165,15 +176,15 @@ def test_lower_precision_keeps_its_dtype(dtype: str) -> None:
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(d_model=10, n_head=4), "not divisible"),
-    (dict(n_layer=0), "n_layer"),
-    (dict(n_experts=2, top_k=3), "top_k"),
-    (dict(n_experts=1, top_k=2), "exceeds"),
-    (dict(n_experts=2, capacity_factor=0.0), "capacity_factor"),
-    (dict(n_experts=2, moe_every=5), "moe_every"),
-    (dict(n_experts=-1), "n_experts"),
-    (dict(dtype="int32"), "dtype"),
-    (dict(dtype="nonsense"), "dtype"),
+    ({"d_model": 10, "n_head": 4}, "not divisible"),
+    ({"n_layer": 0}, "n_layer"),
+    ({"n_experts": 2, "top_k": 3}, "top_k"),
+    ({"n_experts": 1, "top_k": 2}, "exceeds"),
+    ({"n_experts": 2, "capacity_factor": 0.0}, "capacity_factor"),
+    ({"n_experts": 2, "moe_every": 5}, "moe_every"),
+    ({"n_experts": -1}, "n_experts"),
+    ({"dtype": "int32"}, "dtype"),
+    ({"dtype": "nonsense"}, "dtype"),
 ])
 def test_bad_config_raises(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):

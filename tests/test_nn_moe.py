@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minipar.nn import expert_capacity, moe_backward, moe_forward, mlp_forward, route
+from minipar.nn import expert_capacity, mlp_forward, moe_backward, moe_forward, route
 from minipar.nn.gradcheck import numerical_grad, rel_error
 from minipar.nn.moe import expert_params
 

@@ -6,14 +6,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
 
-from minipar.memory import activation_pieces, nbytes, training_ledger  # noqa: E402
-from minipar.nn import GPT, GPTConfig  # noqa: E402
-from minipar.precision import ModelStates  # noqa: E402
-from minipar.viz import model as vm  # noqa: E402
+from minipar.memory import activation_pieces, nbytes, training_ledger
+from minipar.nn import GPT, GPTConfig
+from minipar.precision import ModelStates
+from minipar.viz import model as vm
 
 
 def test_figures_and_table() -> None:

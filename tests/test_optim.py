@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -62,7 +64,7 @@ def test_slice_steps_equal_full_step_bitwise(name: str) -> None:
     p_sliced = p_full.copy()
     grads = [r.standard_normal(n) for _ in range(3)]
     full = make(name, n, lr=0.05, weight_decay=0.1)
-    parts = [make(name, hi - lo, lr=0.05, weight_decay=0.1) for lo, hi in zip(cuts, cuts[1:])]
+    parts = [make(name, hi - lo, lr=0.05, weight_decay=0.1) for lo, hi in itertools.pairwise(cuts)]
     for g in grads:
         full.step(p_full, g)
         for opt, lo, hi in zip(parts, cuts, cuts[1:]):

@@ -11,7 +11,7 @@ import pytest
 from minipar.nn import GPT, GPTConfig
 from minipar.precision import DynamicLossScaler, ModelStates, get
 
-CFG = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, d_model=16)
+CFG = {"vocab_size": 13, "block_size": 8, "n_layer": 2, "n_head": 2, "d_model": 16}
 
 
 def states(policy: str, **kw) -> tuple[GPT, ModelStates]:
@@ -37,7 +37,7 @@ def test_mixed_step_updates_fp32_master_and_rounds_params() -> None:
     model, st = states("mixed")
     assert st.params.dtype == np.dtype(ml_dtypes.bfloat16) and st.master.dtype == np.float32
     x = np.random.default_rng(0).integers(0, 13, (2, 8))
-    loss, grads = model.loss_and_grads(st.param_views(), x, x)
+    _loss, grads = model.loss_and_grads(st.param_views(), x, x)
     assert all(g.dtype == np.dtype(ml_dtypes.bfloat16) for g in grads.values())
     st.set_grads(grads)
     before = st.master.copy()
@@ -65,7 +65,7 @@ def test_sliced_states_equal_full_states_bitwise() -> None:
 
 
 def test_loss_scaler_skips_nonfinite_steps_and_regrows() -> None:
-    model, st = states("mixed-fp16")
+    _model, st = states("mixed-fp16")
     s0 = st.loss_scale
     assert s0 == 2.0**15 and st.params.dtype == np.float16
     st.grads[3] = np.inf

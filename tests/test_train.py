@@ -11,7 +11,7 @@ import pytest
 from minipar import train as T
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
 
-SMALL = dict(vocab_size=7, block_size=10, n_layer=1, n_head=2, d_model=32)
+SMALL = {"vocab_size": 7, "block_size": 10, "n_layer": 1, "n_head": 2, "d_model": 32}
 
 
 def test_gpt_loss_falls_clearly() -> None:

@@ -106,8 +106,9 @@ def measure(names: list[str], repeat: int, use_torch: bool = True) -> list[dict[
         x, y = r.integers(0, v, (b, t)), r.integers(0, v, (b, t))
         row: dict[str, Any] = {"size": name, "d_model": d, "n_layer": n_layer, "seq": t,
                                "batch": b, "params": model.n_params(),
-                               "numpy_s": _median_time(lambda: model.loss_and_grads(params, x, y),
-                                                       repeat),
+                               "numpy_s": _median_time(
+                                   lambda m=model, p=params, x=x, y=y: m.loss_and_grads(p, x, y),
+                                   repeat),
                                "torch_s": None, "ratio": None, "loss_diff": None}
         if torch is not None:
             step, loss_fn = _torch_step(torch, params, x, y, n_layer, n_head)
@@ -151,7 +152,7 @@ def main(argv: list[str]) -> int:
     env = {**os.environ, **dict.fromkeys(THREAD_VARS, "1")}
     cmd = [sys.executable, "-m", "minipar.bench.model", "--inner", "--repeat", str(a.repeat),
            "--sizes", *a.sizes] + (["--no-torch"] if a.no_torch else [])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=False)
     if proc.returncode:
         print(proc.stderr, file=sys.stderr)
         return proc.returncode

@@ -50,8 +50,18 @@ from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.nn.mlp import mlp_backward, mlp_forward
 from minipar.nn.moe import moe_backward, moe_forward
 
-__all__ = ["GPT", "GPTConfig", "param_shapes", "sub", "embed_forward", "embed_backward",
-           "block_forward", "block_backward", "head_forward", "head_backward"]
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "block_backward",
+    "block_forward",
+    "embed_backward",
+    "embed_forward",
+    "head_backward",
+    "head_forward",
+    "param_shapes",
+    "sub",
+]
 
 
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:

@@ -46,7 +46,7 @@ from minipar.nn.mlp import mlp_backward, mlp_forward
 
 def expert_capacity(n_tokens: int, n_experts: int, capacity_factor: float) -> int:
     """C = ceil(n_tokens / n_experts × capacity_factor), tokens per expert per group."""
-    return int(math.ceil(round(n_tokens * capacity_factor / n_experts, 9)))
+    return math.ceil(round(n_tokens * capacity_factor / n_experts, 9))
 
 
 def route(probs: Any, top_k: int, capacity: int) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def parameter_table(shapes: Mapping[str, tuple[int, ...]], max_rows: int | None 
     shown = items if max_rows is None or len(items) <= max_rows else items[:max_rows]
     for name, s in shown:
         n = math.prod(s)
-        lines.append(f"{name:<{width}}  {str(tuple(s)):>14}  {n:>10,}  {n / total:6.1%}")
+        lines.append(f"{name:<{width}}  {tuple(s)!s:>14}  {n:>10,}  {n / total:6.1%}")
     if len(shown) < len(items):
         lines.append(f"… {len(items) - len(shown)} more")
     lines.append(f"{'total Ψ':<{width}}  {'':>14}  {total:>10,}  {1:6.0%}")
