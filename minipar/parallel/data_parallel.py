@@ -272,12 +272,13 @@ def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
     return {
         "strategy": "dp", "ranks": N, "steps": spec.steps,
         "losses": losses, "serial_losses": serial["losses"],
+        "parity_expected": spec.precision == "float64",
         "parity": parity(losses, serial["losses"], dp.states.params, serial["params"]),
         "max_param_diff": max_abs_diff(dp.states.params, serial["params"]),
         "bytes_sent_per_rank": [e[0] for e in everyone],
         "bytes_exact_per_rank": [e[1] for e in everyone],
         "bytes_formula": 2 * (N - 1) / N * S,
-        "bytes_formula_text": f"2(N-1)/N x S, S = Ψ x {dp.itemsize} B = {S:,} B",
+        "bytes_formula_text": f"2(N-1)/N x S (S = Ψ x {dp.itemsize} B = {S:,} B)",
         "model_state_bytes_per_rank": [e[2] for e in everyone],
         "model_state_formula": replica_model_state_bytes(psi, spec.precision, spec.optimizer),
         "model_state_formula_text": ("(2+2+K)Ψ, K = 12" if spec.precision.startswith("mixed")

@@ -268,6 +268,7 @@ def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
         "strategy": "ps", "ranks": len(everyone), "steps": spec.steps, "mode": mode,
         "staleness": ps.staleness, "servers": ps.servers, "workers": W, "roles": roles,
         "losses": losses, "serial_losses": serial["losses"],
+        "parity_expected": spec.precision == "float64" and (mode == "sync" or ps.staleness == 0),
         "parity": parity(losses, serial["losses"], params, serial["params"]),
         "max_param_diff": max_abs_diff(params, serial["params"]),
         "bytes_sent_per_rank": [e[1][0] for e in everyone],

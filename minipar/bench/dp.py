@@ -1,0 +1,183 @@
+"""``minipar bench dp``: samples per second, serial against data parallel on N ranks.
+
+EN data-parallel throughput · RU пропускная способность параллелизма по данным · ZH 数据并行吞吐量
+
+The same GPT, the same global batch, one BLAS thread per process (the
+launcher sets ``OMP_NUM_THREADS=1`` and friends): once as the serial training
+step (``loss_and_grads`` on the whole batch, then the optimizer), once as
+DDP on N ranks (:class:`minipar.parallel.data_parallel.DataParallel`: each
+rank B/N rows, bucketed ring all-reduce overlapped with backward, the same
+optimizer step on every replica).  Both run in this one benchmark, one after
+the other, and the figure is their ratio:
+
+    speed-up = (B / t_DP) / (B / t_serial) = t_serial / t_DP      (target >= 1.7 on 2 ranks)
+
+at a size where computation dominates communication (default d_model 256,
+4 layers, T = 64, B = 32, float32: Ψ ≈ 3.4 M, S ≈ 13.6 MB per all-reduce).
+Times are the median wall-clock seconds per step after a warm-up step, the
+slowest rank's (the step is over when the last rank is done); serial and DP
+alternate ``--rounds`` times and the best of each is compared.  Ideal is N;
+what is lost is the replicated optimizer step, the all-reduce not hidden
+behind backward, and the second process's start-up of caches.
+
+:func:`measure_step_time` is the timing loop, reusable for other strategies
+(ZeRO's step time against DP's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+PREFIX = "BENCH-DP "
+
+
+def measure_step_time(step_fn: Callable[[int], Any], steps: int = 5, comm: Any = None,
+                      warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``step_fn(step)`` over ``steps`` calls after ``warmup``.
+
+    With ``comm`` (any communicator with ``Barrier`` and mpi4py's ``allreduce``), the
+    ranks start each step together and a step lasts until the slowest rank ends; every
+    rank returns the same figure."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
+    times = []
+    for s in range(warmup + steps):
+        if comm is not None:
+            comm.Barrier()
+        t0 = time.perf_counter()
+        step_fn(s)
+        dt = time.perf_counter() - t0
+        if comm is not None:
+            from mpi4py import MPI
+
+            raw = getattr(comm, "comm", comm)
+            dt = raw.allreduce(dt, op=MPI.MAX)
+        if s >= warmup:
+            times.append(dt)
+    return statistics.median(times)
+
+
+def _spec(o: dict[str, Any]) -> Any:
+    from minipar.parallel.common import RunSpec
+
+    return RunSpec(vocab=o["vocab"], seq=o["seq"], d_model=o["d_model"], layers=o["layers"],
+                   heads=o["heads"], batch=o["batch"], steps=o["steps"] + 1, lr=1e-3,
+                   precision=o["precision"])
+
+
+def _worker(mode: str, o: dict[str, Any]) -> None:
+    from minipar.comm import TracedComm
+    from minipar.parallel.data_parallel import DataParallel
+    from minipar.precision import ModelStates
+
+    spec = _spec(o)
+    if mode == "serial":
+        model = spec.model()
+        states = ModelStates(spec.precision, spec.initial_params(), spec.optimizer, **spec.opt_kwargs())
+
+        def step(s: int) -> None:
+            x, y = spec.global_batch(s)
+            _, grads = model.loss_and_grads(states.param_views(), x, y)
+            states.set_grads(grads)
+            states.step()
+
+        t = measure_step_time(step, o["steps"])
+        print(PREFIX + json.dumps({"mode": mode, "seconds": t, "psi": states.layout.size}), flush=True)
+        return
+    comm = TracedComm()
+    dp = DataParallel(comm, spec, bucket_bytes=int(o["bucket_mb"] * 2**20))
+    t = measure_step_time(dp.train_step, o["steps"], comm)
+    if comm.rank == 0:
+        print(PREFIX + json.dumps({"mode": mode, "seconds": t, "psi": dp.layout.size,
+                                   "buckets": len(dp.buckets),
+                                   "bytes_per_step": dp.bytes_sent_per_step()}), flush=True)
+
+
+def _parse(out: str) -> dict[str, Any]:
+    lines = [ln for ln in out.splitlines() if ln.startswith(PREFIX)]
+    if not lines:
+        raise RuntimeError(f"benchmark worker printed no result:\n{out[-2000:]}")
+    return json.loads(lines[-1][len(PREFIX):])
+
+
+def run_bench(o: dict[str, Any]) -> dict[str, Any]:
+    """Measure serial and DP on ``o["ranks"]`` ranks, alternating, ``o["rounds"]`` times.
+
+    The figure is the best serial time over the best DP time (best-of, as ``timeit``
+    does: on a shared machine noise only ever adds time); the per-round ratios and
+    the load average before and after show how noisy the machine was."""
+    from minipar import launch
+
+    res: dict[str, list[dict[str, Any]]] = {"serial": [], "dp": []}
+    load0 = os.getloadavg()[0]
+    for _ in range(o["rounds"]):
+        for mode, n in (("serial", 1), ("dp", o["ranks"])):
+            proc = launch.run(n, "minipar.bench.dp", "--worker", mode, json.dumps(o),
+                              timeout=o["timeout"])
+            if proc.returncode != 0:
+                raise RuntimeError(f"{mode} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            res[mode].append(_parse(proc.stdout))
+    B = o["batch"]
+    ts = min(r["seconds"] for r in res["serial"])
+    td = min(r["seconds"] for r in res["dp"])
+    return {"ranks": o["ranks"], "batch": B, "psi": res["serial"][0]["psi"],
+            "serial_s": ts, "dp_s": td,
+            "serial_samples_per_s": B / ts, "dp_samples_per_s": B / td, "speedup": ts / td,
+            "round_speedups": [a["seconds"] / b["seconds"] for a, b in zip(res["serial"], res["dp"])],
+            "load_average": [load0, os.getloadavg()[0]],
+            "buckets": res["dp"][0]["buckets"], "bytes_per_step": res["dp"][0]["bytes_per_step"]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minipar bench dp", description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--ranks", type=int, default=2, help="data-parallel ranks (default 2)")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32, help="global batch rows (default 32)")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up")
+    p.add_argument("--bucket-mb", type=float, default=1.0,
+                   help="bucket capacity in MiB (default 1: ~13 buckets, overlapped with backward)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating serial/DP rounds (default 3)")
+    p.add_argument("--precision", default="float32")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeout", type=float, default=600.0)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "--worker":
+        _worker(argv[1], json.loads(argv[2]))
+        return 0
+    a = _parser().parse_args(argv)
+    if a.ranks < 1 or a.steps < 1 or a.rounds < 1 or a.bucket_mb <= 0 or a.batch < a.ranks:
+        print("minipar bench dp: need ranks, steps, rounds >= 1, bucket-mb > 0, batch >= ranks",
+              file=sys.stderr)
+        return 2
+    row = run_bench(vars(a))
+    if a.json:
+        print(json.dumps(row, indent=2))
+        return 0
+    print(f"GPT d_model {a.d_model}, {a.layers} layers, T {a.seq}, global batch {a.batch}, "
+          f"{a.precision}: Ψ = {row['psi']:,}, one BLAS thread per process")
+    print(f"{'':>14} {'s/step':>8} {'samples/s':>10}")
+    print(f"{'serial':>14} {row['serial_s']:>8.3f} {row['serial_samples_per_s']:>10.1f}")
+    print(f"{'DP, ' + str(a.ranks) + ' ranks':>14} {row['dp_s']:>8.3f} {row['dp_samples_per_s']:>10.1f}")
+    print(f"speed-up {row['speedup']:.2f}x (best of {a.rounds}; ideal {a.ranks}; target >= 1.7 on "
+          f"2 ranks); per round: {', '.join(f'{x:.2f}' for x in row['round_speedups'])}")
+    print(f"{row['buckets']} bucket(s), {row['bytes_per_step']:,.0f} bytes sent per rank per step; "
+          f"load average {row['load_average'][0]:.1f} before, {row['load_average'][1]:.1f} after "
+          f"(on {os.cpu_count()} cores: other processes share them)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

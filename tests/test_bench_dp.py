@@ -1,0 +1,56 @@
+"""``minipar bench dp`` runs end to end on a tiny model, and its timing helper measures.
+
+No timing assertions (the machine is shared): the 1.7x target is the
+benchmark's to report, not the test's to enforce.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minipar.bench import dp as bench_dp
+
+
+def test_bench_dp_tiny_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = bench_dp.main(["--d-model", "16", "--layers", "1", "--heads", "2", "--seq", "8",
+                        "--vocab", "16", "--batch", "4", "--steps", "1", "--rounds", "1",
+                        "--bucket-mb", "0.001", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    row = json.loads(out)
+    assert row["ranks"] == 2 and row["batch"] == 4 and len(row["round_speedups"]) == 1
+    assert row["serial_s"] > 0 and row["dp_s"] > 0
+    assert row["speedup"] == pytest.approx(row["serial_s"] / row["dp_s"])
+    assert row["dp_samples_per_s"] == pytest.approx(4 / row["dp_s"])
+    assert row["buckets"] > 1
+    psi_bytes = row["psi"] * 4  # float32
+    assert row["bytes_per_step"] == pytest.approx(psi_bytes, rel=0.001)  # 2(N-1)/N x S, N = 2
+
+
+def test_measure_step_time_is_the_median_after_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scripted clock: step s lasts durations[s] seconds; the warm-up is left out."""
+    durations = [5.0, 1.0, 3.0, 2.0]
+    clock = {"now": 0.0}
+    calls: list[int] = []
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter() -> float:
+            return clock["now"]
+
+    def step(s: int) -> None:
+        calls.append(s)
+        clock["now"] += durations[s]
+
+    monkeypatch.setattr(bench_dp, "time", FakeTime)
+    assert bench_dp.measure_step_time(step, steps=3, warmup=1) == 2.0
+    assert calls == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        bench_dp.measure_step_time(step, steps=0)
+
+
+def test_bad_options_exit_2() -> None:
+    assert bench_dp.main(["--bucket-mb", "0"]) == 2
+    assert bench_dp.main(["-n", "4", "--batch", "2"]) == 2
