@@ -111,6 +111,10 @@ class ModelStates:
     only) and the optimizer's moments cover the slice ``[lo, hi)`` only —
     the whole buffer serially, a 1/N shard under ZeRO.  ``step()`` updates
     that slice of ``params``; the rest is some other rank's job.
+
+    ``params`` are the initial values at full precision (e.g. float64 from
+    ``GPT(GPTConfig()).init(seed)``): the master copy is rounded from them
+    and the 16-bit parameters from the master.
     """
 
     def __init__(self, policy: Policy | str, params: dict[str, Any], optimizer: str = "adamw",
@@ -121,12 +125,13 @@ class ModelStates:
         if not 0 <= lo <= hi <= self.layout.size:
             raise ValueError(f"slice [{lo}, {hi}) outside the buffer of {self.layout.size} elements")
         self.lo, self.hi = lo, hi
-        pd = self.policy.param_dtype
-        self.params = self.layout.flatten({k: v.astype(pd, copy=False) for k, v in params.items()}, pd)
+        pd, md = self.policy.param_dtype, self.policy.master_dtype
+        # the master copy is rounded from the given (e.g. float64) values, and the
+        # 16-bit params from the master, so params == round16(master) always holds
+        full = self.layout.flatten(params, md or pd)
+        self.params = full if md is None else full.astype(pd)
+        self.master = None if md is None else full[lo:hi].copy()
         self.grads = xp.zeros(self.layout.size, dtype=pd)
-        self.master = None
-        if self.policy.master_dtype is not None:
-            self.master = self.params[lo:hi].astype(self.policy.master_dtype)
         self.optimizer = make(optimizer, hi - lo, dtype=self.policy.state_dtype, **opt_kwargs)
         self.scaler = DynamicLossScaler() if self.policy.loss_scaling else None
 

@@ -238,12 +238,15 @@ class GPT:
 
     @staticmethod
     def moe_stats(cache: dict[str, Any]) -> list[dict[str, Any]]:
-        """Per MoE block: index, capacity, routed / kept tokens per expert, dropped, aux loss."""
+        """Per MoE block: index, capacity, first choices per expert (``routed``), assignments
+        kept per expert, number dropped, aux loss, and per token (row-major over (B, T))
+        its chosen experts ``expert_index`` (N, k) and whether each was ``kept`` (N, k)."""
         out = []
         for i, s in enumerate(cache["blocks"]):
             f = s["ffn"]
             if isinstance(f, dict):
                 out.append({"block": i, "capacity": f["capacity"], "routed": f["routed"],
                             "tokens_per_expert": f["tokens_per_expert"],
-                            "dropped": f["dropped"], "aux_loss": f["aux_loss"]})
+                            "dropped": f["dropped"], "aux_loss": f["aux_loss"],
+                            "expert_index": f["expert_index"], "kept": f["kept"]})
         return out
