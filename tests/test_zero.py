@@ -170,3 +170,29 @@ def test_run_verb_float64_parity_and_bad_stage() -> None:
                          capture_output=True, text=True, timeout=90, check=False)
     assert bad.returncode != 0
     assert "ZeRO stage must be 0" in bad.stderr + bad.stdout
+
+
+def test_figures_draw_the_measured_bars_and_the_formulas() -> None:
+    """minipar.viz.zero: each bar is the busiest rank's measurement, each tick the formula."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from minipar.viz import zero as vz
+
+    mem = zero_check(2)["memory"]
+    results = {2: {int(s): {"psi": rows[0]["psi"], "ranks": rows} for s, rows in mem.items()}}
+    table = vz.rows(results)
+    assert [r["stage"] for r in table] == [0, 1, 2, 3]
+    fig = vz.memory_bars(results)
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    heights = [p.get_height() * 1e3 for p in ax.patches]  # stacked: 3 categories per bar
+    for i, r in enumerate(table):
+        assert sum(heights[3 * i: 3 * i + 3]) == pytest.approx(r["ledger"])
+    ticks = [seg[0][1] * 1e3 for coll in ax.collections for seg in coll.get_segments()]
+    assert ticks == pytest.approx([r["formula"] for r in table])
+    fig2 = vz.traffic_bars(results)
+    sent = [p.get_height() * 1e3 for p in fig2.axes[0].patches]
+    assert sent == pytest.approx([r["sent"] for r in table])

@@ -1,0 +1,153 @@
+"""``minipar bench zero``: ZeRO step time against data parallelism, side by side.
+
+EN ZeRO benchmark · RU замер ZeRO · ZH ZeRO 基准测试
+
+One launch on N ranks (default 2) trains the same GPT with DDP
+(:class:`minipar.parallel.data_parallel.DataParallel`: bucketed ring
+all-reduce overlapped with backward) and with ZeRO stages 0-3
+(:class:`minipar.parallel.zero.ZeRO`) in interleaved rounds (one step of each,
+repeated, so drift on a shared machine hits all alike), and reports each median
+step time (slowest rank, after a warm-up round;
+:func:`minipar.bench.dp.measure_step_time`) as a ratio to DDP's.  What the
+ratios show (Rajbhandari et al. 2019, arXiv 1910.02054): stages 1 and 2 move
+the same 2Ψ as DP, so they cost about what DP costs; stage 3 moves 3Ψ (1.5x)
+and cannot start a unit's forward before its all-gather, so it is slower.
+Bytes sent per rank per step are counted in the same run.
+
+The module also measures memory and traffic for the notebook:
+:func:`measure_stages` runs every stage in one launch of N ranks and returns
+each rank's model-state bytes (ledger by category, tracemalloc) and bytes sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+PREFIX = "BENCH-ZERO "
+
+
+def _worker(mode: str, o: dict[str, Any]) -> None:
+    from minipar.comm import TracedComm
+    from minipar.parallel.common import RunSpec, loss_weight
+    from minipar.parallel.zero import STAGES, ZeRO, measure_stage
+
+    comm = TracedComm()
+    spec = RunSpec(**o["spec"])
+    if mode == "measure":  # memory and bytes of every stage (the notebook's figures)
+        out = {}
+        for stage in o.get("stages", STAGES):
+            m = measure_stage(comm, spec, stage)
+            rows = comm.comm.gather({k: m[k] for k in ("ledger", "tracemalloc_bytes", "shard",
+                                                       "bytes_sent_per_step", "step_peak_bytes")})
+            out[stage] = {"psi": m["engine"].layout.size, "ranks": rows}
+            del m
+        if comm.rank == 0:
+            print(PREFIX + json.dumps(out), flush=True)
+        return
+    from minipar.bench.dp import measure_step_time
+    from minipar.parallel.data_parallel import DataParallel
+
+    dp = DataParallel(comm, spec)
+    runners: dict[str, Any] = {"DDP": dp.train_step}
+    w = loss_weight(spec.batch, comm.rank, comm.size)
+    for stage in o["stages"]:
+        eng = ZeRO(comm, spec.model(), spec.initial_params(), stage, spec.precision,
+                   spec.optimizer, **spec.opt_kwargs())
+        runners[f"ZeRO-{stage}"] = lambda s, eng=eng: eng.train_step(
+            *spec.local_batch(s, comm.rank, comm.size), w)
+    res: dict[str, Any] = {k: {"times": [], "bytes": 0.0} for k in runners}
+    for r in range(o["steps"] + 1):  # interleaved rounds: drift hits every strategy alike
+        for name, fn in runners.items():
+            sent = comm.stats.bytes_sent()
+            t = measure_step_time(lambda s, fn=fn, r=r: fn(r), 1, comm, warmup=0)
+            if r:  # round 0 is the warm-up
+                res[name]["times"].append(t)
+                res[name]["bytes"] = comm.stats.bytes_sent() - sent
+    for v in res.values():
+        v["seconds"] = statistics.median(v.pop("times"))
+    psi = dp.layout.size
+    if comm.rank == 0:
+        print(PREFIX + json.dumps({"psi": psi, "results": res}), flush=True)
+
+
+def _launch(n: int, mode: str, o: dict[str, Any], timeout: float) -> Any:
+    from minipar import launch
+
+    proc = launch.run(n, "minipar.bench.zero", "--worker", mode, json.dumps(o), timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PREFIX)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"minipar.bench.zero {mode} on {n} ranks failed:\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1][len(PREFIX):])
+
+
+def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: float = 120.0,
+                   **spec: Any) -> dict[int, dict[str, Any]]:
+    """Every stage on ``n`` ranks in one launch: {stage: {"psi", "ranks": [per-rank dict]}}.
+
+    ``spec``: :class:`~minipar.parallel.common.RunSpec` fields (default: the
+    mixed-precision GPT of Ψ ≈ 52 thousand the tests use, one step)."""
+    base = {"vocab": 16, "seq": 8, "d_model": 32, "layers": 4, "heads": 2, "batch": 8,
+            "steps": 1, "precision": "mixed"}
+    base.update(spec)
+    base["batch"] = max(base["batch"], n)
+    out = _launch(n, "measure", {"spec": base, "stages": list(stages)}, timeout)
+    return {int(k): v for k, v in out.items()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minipar bench zero", description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--ranks", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32, help="global batch rows (default 32)")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up")
+    p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to time (default 0,1,2,3)")
+    p.add_argument("--precision", default="float32")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeout", type=float, default=600.0)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "--worker":
+        _worker(argv[1], json.loads(argv[2]))
+        return 0
+    a = _parser().parse_args(argv)
+    try:
+        from minipar.parallel.common import RunSpec
+        from minipar.parallel.zero import check_stage
+
+        stages = [check_stage(int(s)) for s in a.stages.split(",")]
+        spec = RunSpec(vocab=a.vocab, seq=a.seq, d_model=a.d_model, layers=a.layers,
+                       heads=a.heads, batch=a.batch, steps=a.steps + 1, lr=1e-3,
+                       precision=a.precision)
+        if a.ranks < 1 or a.steps < 1 or a.batch < a.ranks:
+            raise ValueError("need ranks >= 1, steps >= 1 and batch >= ranks")
+    except ValueError as e:
+        print(f"minipar bench zero: {e}", file=sys.stderr)
+        return 2
+    out = _launch(a.ranks, "time", {"spec": spec.as_dict(), "steps": a.steps,
+                                    "stages": stages}, a.timeout)
+    res, base = out["results"], out["results"]["DDP"]["seconds"]
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"GPT d_model {a.d_model}, {a.layers} layers, T {a.seq}, global batch {a.batch}, "
+          f"{a.precision}, {a.ranks} ranks: Ψ = {out['psi']:,}; median of {a.steps} steps, "
+          "slowest rank")
+    print(f"{'':>8} {'s/step':>8} {'vs DDP':>7} {'bytes sent/rank/step':>22}")
+    for name, r in res.items():
+        print(f"{name:>8} {r['seconds']:>8.3f} {r['seconds'] / base:>6.2f}x {r['bytes']:>22,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
