@@ -25,9 +25,12 @@ NumPy or mpi4py (checked by ``tests/test_glossary_cli.py``).
 
 from __future__ import annotations
 
+import marshal
+import os
 import re
 import sys
 import unicodedata
+import zlib
 from collections import namedtuple
 from collections.abc import Sequence
 from functools import cache, lru_cache
@@ -37,10 +40,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import ClassVar
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 LANGS = ("en", "ru", "zh")
 PKG_DIR = Path(__file__).resolve().parent
@@ -123,26 +122,83 @@ def parse_term(data: dict, source: str = "?") -> Term:
         raise ValueError(f"{source}: malformed glossary entry ({exc!r}); see glossary/README.md") from None
 
 
+# Parsing 50-odd TOML files and building the index costs more than the rest of
+# `minipar glossary X` together, so both are kept in a marshal file under
+# $MINIPAR_CACHE_DIR (default $XDG_CACHE_HOME/minipar or ~/.cache/minipar), valid
+# while no data file and not this module changed (names, sizes, mtimes).
+# MINIPAR_NO_CACHE=1 turns it off; an unwritable or corrupt cache is ignored.
+
+def _stamp() -> list[object]:
+    d = data_dir()
+    me = Path(__file__).stat()
+    files = [(p.name, p.stat()) for p in sorted(d.glob("*.toml"))]
+    head: list[object] = [str(d), sys.version_info[:2], me.st_mtime_ns, me.st_size]
+    return head + [(n, st.st_mtime_ns, st.st_size) for n, st in files]
+
+
+def _cache_file(stamp: list[object]) -> Path | None:
+    if os.environ.get("MINIPAR_NO_CACHE"):
+        return None
+    base = os.environ.get("MINIPAR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "minipar")
+    return Path(base) / f"glossary-{zlib.crc32(repr(stamp).encode()):08x}.marshal"
+
+
+@cache
+def _blob() -> dict:
+    """Parsed data files (``raw``, ``spun``), and the index once built: from the cache if valid."""
+    stamp = _stamp()
+    path = _cache_file(stamp)
+    if path is not None:
+        try:
+            blob = marshal.loads(path.read_bytes())
+            if isinstance(blob, dict) and blob.get("stamp") == stamp and "exact" in blob:
+                return blob
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+    if sys.version_info >= (3, 11):  # imported here: a cache hit needs no TOML parser
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    d = data_dir()
+    raw = [(p.name, tomllib.loads(p.read_text(encoding="utf-8")))
+           for p in sorted(d.glob("*.toml"), key=lambda p: p.stem) if not p.name.startswith("_")]
+    spun = dict(tomllib.loads((d / "_normalise.toml").read_text(encoding="utf-8"))["zh"])
+    return {"stamp": stamp, "raw": raw, "spun": spun}
+
+
+def _save(blob: dict) -> None:
+    path = _cache_file(blob["stamp"])
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(marshal.dumps(blob))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass
+
+
 @cache
 def terms() -> tuple[Term, ...]:
     """All terms, sorted by id."""
-    out = []
-    for path in sorted(data_dir().glob("*.toml"), key=lambda p: p.stem):
-        if path.name.startswith("_"):
-            continue
-        out.append(parse_term(tomllib.loads(path.read_text(encoding="utf-8")), path.name))
-    return tuple(out)
+    return tuple(parse_term(data, name) for name, data in _blob()["raw"])
 
 
 def by_id() -> dict[str, Term]:
     return {t.id: t for t in terms()}
 
 
-@cache
 def spun_table() -> dict[str, str]:
     """Spun Chinese -> standard Chinese (``glossary/_normalise.toml``)."""
-    data = tomllib.loads((data_dir() / "_normalise.toml").read_text(encoding="utf-8"))
-    return dict(data["zh"])
+    return _blob()["spun"]
+
+
+def clear_caches() -> None:
+    """Forget everything loaded (for tests and benchmarks); the next call reloads."""
+    for f in (_blob, terms, _spun_regex, _index):
+        f.cache_clear()
 
 
 # --------------------------------------------------------------------------- normal form
@@ -268,6 +324,17 @@ def _bigrams(k: str) -> frozenset[str]:
 
 @cache
 def _index() -> _Index:
+    blob = _blob()
+    if "exact" not in blob:
+        blob["exact"], blob["max_tokens"] = _build_index()
+        blob["prefixes"] = frozenset(k[:i] for k in blob["exact"] for i in range(1, len(k) + 1))
+        _save(blob)
+    exact = blob["exact"]
+    return _Index(exact, blob["prefixes"], blob["max_tokens"], {k: _bigrams(k) for k in exact})
+
+
+def _build_index() -> tuple[dict[str, list[tuple[str, float]]], int]:
+    """Matching key -> [(term id, weight)] over every name, and the most tokens in one name."""
     exact: dict[str, list[tuple[str, float]]] = {}
     max_tokens = 1
     for t in terms():
@@ -286,8 +353,7 @@ def _index() -> _Index:
             entries = exact.setdefault(k, [])
             if all(tid != t.id for tid, _ in entries):
                 entries.append((t.id, w))
-    prefixes = frozenset(k[:i] for k in exact for i in range(1, len(k) + 1))
-    return _Index(exact, prefixes, max_tokens, {k: _bigrams(k) for k in exact})
+    return exact, max_tokens
 
 
 # --------------------------------------------------------------------------- scan
@@ -339,15 +405,23 @@ def scan(text: str) -> list[Match]:
 
 # --------------------------------------------------------------------------- lookup
 
-def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insertions, deletions, substitutions each cost 1)."""
+def levenshtein(a: str, b: str, limit: int | None = None) -> int:
+    """Edit distance (insertions, deletions, substitutions each cost 1).
+
+    With ``limit``, any distance above it is reported as ``limit + 1``, and the
+    computation stops as soon as a whole row of the table exceeds it.
+    """
     if len(a) < len(b):
         a, b = b, a
+    if limit is not None and len(a) - len(b) > limit:
+        return limit + 1
     prev = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
         cur = [i]
         for j, cb in enumerate(b, 1):
             cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        if limit is not None and min(cur) > limit:
+            return limit + 1
         prev = cur
     return prev[-1]
 
@@ -366,8 +440,11 @@ class Hit(namedtuple("Hit", "term score why")):
 MAX_FUZZY_KEY = 48  # longer queries are treated as texts: their terms are found by scan()
 
 
+_HAS_HAN = re.compile(f"[{_HAN}]")
+
+
 def _min_contain(k: str) -> int:
-    return 2 if re.search(f"[{_HAN}]", k) else 3
+    return 2 if _HAS_HAN.search(k) else 3
 
 
 def score_all(query: str) -> list[Hit]:
@@ -392,20 +469,22 @@ def score_all(query: str) -> list[Hit]:
             offer(m.id, 0.6 + 0.3 * min(1.0, len(m.text) / max(1, len(query))), "in text")
         return _ranked(best)
     qb = _bigrams(qk)
+    allowed = min(3, max(1, len(qk) // 4))
     for k, entries in idx.exact.items():
         if k == qk:
             continue
         short, long_ = (qk, k) if len(qk) <= len(k) else (k, qk)
         s = 0.0
         why = ""
-        if len(short) >= _min_contain(short) and short in long_:
+        if short in long_ and len(short) >= _min_contain(short):
             s, why = 0.6 + 0.3 * len(short) / len(long_), "contains"
         kb = idx.bigrams[k]
         dice = 2 * len(qb & kb) / (len(qb) + len(kb))
-        if dice >= 0.3 or (len(qk) <= 4 and len(k) <= 6):
-            d = levenshtein(qk, k)
+        # a typo: within `allowed` edits (so lengths within `allowed` too: cheap to rule out)
+        if len(qk) > 2 and abs(len(qk) - len(k)) <= allowed and (dice >= 0.3 or len(qk) <= 4):
+            d = levenshtein(qk, k, allowed)
             sim = 1.0 - d / max(len(qk), len(k))
-            if d <= min(3, max(1, len(qk) // 4)) and len(qk) > 2 and sim * 0.9 > s:
+            if d <= allowed and sim * 0.9 > s:
                 s, why = sim * 0.9, f"edit distance {d}"
         if s > 0:
             for tid, w in entries:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from minipar import glossary as g
 from minipar import glossary_cli
-from minipar.glossary import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "glossary"

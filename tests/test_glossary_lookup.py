@@ -121,11 +121,44 @@ def test_lookup_of_a_megabyte_query_finds_its_terms() -> None:
     assert {t.id for t in g.lookup("ZeRO-3 " + "x" * 1_000_000)} >= {"zero-3"}
 
 
+def test_cache_gives_the_same_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsed data + index cached in a marshal file: same results, rebuilt when corrupt or stale."""
+    queries = ["allreduce", "параллелизма данных", "张量切分体例", "pipline paralelism", "DP"]
+
+    def answers() -> list[list[tuple[str, float]]]:
+        return [[(h.term.id, h.score) for h in g.score_all(q)] for q in queries] + [
+            [(m.id, m.start) for m in g.scan("夹杂专家模子 и контрольных точек активации")]]
+
+    monkeypatch.setenv("MINIPAR_CACHE_DIR", str(tmp_path))
+    try:
+        monkeypatch.setenv("MINIPAR_NO_CACHE", "1")
+        g.clear_caches()
+        expected = answers()
+        assert not list(tmp_path.iterdir())
+        monkeypatch.delenv("MINIPAR_NO_CACHE")
+        g.clear_caches()
+        assert answers() == expected  # built, then saved
+        (cache_file,) = tmp_path.glob("glossary-*.marshal")
+        g.clear_caches()
+        assert "exact" in g._blob()  # loaded from the file, index included
+        assert answers() == expected
+        cache_file.write_bytes(b"not marshal")
+        g.clear_caches()
+        assert answers() == expected
+        stale = g._blob()["stamp"][:-1] + [("zzz.toml", 0, 0)]
+        assert g._cache_file(stale) != cache_file  # any data change names another file
+    finally:
+        g.clear_caches()
+
+
 def test_stemmer() -> None:
     assert g.stem("параллелизма") == g.stem("параллелизм") == "параллелизм"
     assert g.stem("данных") == g.stem("данные") == "данн"
     assert g.stem("experts") == "expert" and g.stem("batches") == "batch" and g.stem("dp") == "dp"
     assert g.levenshtein("allreduce", "alreduse") == 2 and g.levenshtein("", "abc") == 3
+    assert g.levenshtein("allreduce", "alreduse", limit=2) == 2
+    assert g.levenshtein("allreduce", "alreduse", limit=1) == 2  # over the limit: limit + 1
+    assert g.levenshtein("allreduce", "zerothree", limit=3) == 4
 
 
 # ------------------------------------------------------------------ never raise
