@@ -1,0 +1,1 @@
+"""Exercise: a ZeRO-1 optimizer step (skeleton, reference solution, grader)."""
