@@ -160,3 +160,19 @@ def test_minipar_run_dp_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
     assert s["bytes_formula"] == pytest.approx(4 / 3 * 7040 * 8)
     assert s["model_state_bytes_per_rank"] == [s["model_state_formula"]] * 3
     assert len(s["timeline"]) == 3
+
+
+def test_viz_figures_from_measured_data() -> None:
+    from matplotlib.figure import Figure
+
+    from minipar.viz import dp as viz
+
+    out = _results(2)
+    fig = viz.plot_timeline([o["dp"][0]["timeline"] for o in out])
+    assert isinstance(fig, Figure) and len(fig.axes[0].patches) > 10
+    assert isinstance(viz.plot_link_bytes([2, 3], [2.0, 3.0], [1.0, 1.0], [1.0, 4 / 3], 1.0), Figure)
+    assert isinstance(viz.plot_convergence({"serial": [2.0, 1.5], "sync": [2.0, 1.5]}, 0.1), Figure)
+    with pytest.raises(ValueError):
+        viz.plot_timeline([])
+    with pytest.raises(ValueError):
+        viz.plot_link_bytes([2], [1.0, 2.0], [1.0], [1.0], 1.0)

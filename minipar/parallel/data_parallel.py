@@ -270,7 +270,7 @@ def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
     S = psi * dp.itemsize
     N = dp.world
     return {
-        "strategy": "dp", "ranks": N, "steps": spec.steps,
+        "strategy": "dp", "ranks": N, "steps": spec.steps, "psi": psi,
         "losses": losses, "serial_losses": serial["losses"],
         "parity_expected": spec.precision == "float64",
         "parity": parity(losses, serial["losses"], dp.states.params, serial["params"]),

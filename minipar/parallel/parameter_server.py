@@ -265,7 +265,8 @@ def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
     S0 = (ps.spans[0][1] - ps.spans[0][0]) * itemsize
     roles = ["server" if e[0] else "worker" for e in everyone]
     return {
-        "strategy": "ps", "ranks": len(everyone), "steps": spec.steps, "mode": mode,
+        "strategy": "ps", "ranks": len(everyone), "steps": spec.steps, "psi": ps.layout.size,
+        "mode": mode,
         "staleness": ps.staleness, "servers": ps.servers, "workers": W, "roles": roles,
         "losses": losses, "serial_losses": serial["losses"],
         "parity_expected": spec.precision == "float64" and (mode == "sync" or ps.staleness == 0),
