@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 from typing import Any
 
 import numpy as np
@@ -61,7 +62,7 @@ from minipar.collectives import _base as B
 from minipar.collectives import all_gather, reduce_scatter, ring_allreduce
 from minipar.collectives.ring import _reduce_scatter_steps
 from minipar.comm.traced import TracedComm, traced
-from minipar.memory import Ledger, measure
+from minipar.memory import Ledger, buffers, measure
 from minipar.nn.gpt import (
     GPT,
     GPTConfig,
@@ -256,6 +257,9 @@ class ZeRO:
             else:
                 x, s = head_forward(p, x)
             saved.append(_swap(s, {id(v): _Slot(k) for k, v in p.items()}))
+            if set(buffers(p)) & set(buffers(saved[-1])):  # the freeing is checked, not hoped
+                raise RuntimeError(f"unit {u}: an activation saved for backward holds a view "
+                                   "of the unit's parameters, which stage 3 must free")
             del p, s
         ce, s_ce = cross_entropy_forward(x, targets)
         loss = ce + sum(block_aux_loss(s) for s in saved[1:last])
@@ -307,29 +311,34 @@ def measure_stage(comm: Any, spec: Any, stage: int) -> dict[str, Any]:
 
     Returns local losses (weighted), bytes sent per step (all operations of the
     steps), the ledger by category, tracemalloc bytes held by the model states
-    (net bytes of building the engine) and the tracemalloc peak of a step.
+    (net bytes of building the engine, and net bytes still held after the steps:
+    a full gradient or gathered parameter buffer left behind would show here)
+    and the tracemalloc peak of a step (activations and transients).
     """
     from minipar.parallel.common import loss_weight
 
     c = traced(comm)
     check_stage(stage)
     model, init = spec.model(), spec.initial_params()
-    x, y = spec.local_batch(0, c.rank, c.size)
-    model.loss({k: v.astype(model.cfg.dtype) for k, v in init.items()}, x, y)  # warm caches:
-    units(model.cfg)  # causal masks, layout tables; allocated before the measured regions
-    with measure() as built:
-        eng = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, **spec.opt_kwargs())
+    w = loss_weight(spec.batch, c.rank, c.size)
+    warm = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, **spec.opt_kwargs())
+    warm.train_step(*spec.local_batch(0, c.rank, c.size), w)  # first-use caches (causal
+    del warm  # masks, layout tables, NumPy's dtype caches) fill outside the measured regions
     c.stats.reset()
-    w, losses, peak = loss_weight(spec.batch, c.rank, c.size), [], 0
-    for s in range(spec.steps):
-        x, y = spec.local_batch(s, c.rank, c.size)
-        with measure() as step:
-            losses.append(eng.train_step(x, y, w))
-        peak = max(peak, step.peak_bytes)
-    sent = c.stats.bytes_sent() / spec.steps
-    return {"engine": eng, "losses": losses, "bytes_sent_per_step": sent,
+    gc.collect()
+    losses, peak = [0.0] * spec.steps, 0
+    with measure() as whole:
+        with measure() as built:
+            eng = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, **spec.opt_kwargs())
+        for s in range(spec.steps):
+            with measure() as step:
+                losses[s] = eng.train_step(*spec.local_batch(s, c.rank, c.size), w)
+            peak = max(peak, step.peak_bytes)
+        gc.collect()  # cyclic garbage of the steps is not held memory
+    return {"engine": eng, "losses": losses, "bytes_sent_per_step": c.stats.bytes_sent() / spec.steps,
             "ledger": eng.ledger().bytes_by_category(), "tracemalloc_bytes": built.current_bytes,
-            "step_peak_bytes": peak, "shard": eng.shard}
+            "held_after_steps_bytes": whole.current_bytes, "step_peak_bytes": peak,
+            "shard": eng.shard}
 
 
 def formulas(psi: int, n: int, stage: int, precision: str) -> dict[str, Any]:

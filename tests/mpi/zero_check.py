@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 from minipar.collectives import ring_allreduce
 from minipar.comm import TracedComm
-from minipar.parallel.common import RunSpec, max_abs_diff, parity, serial_reference
-from minipar.parallel.zero import STAGES, measure_stage
+from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity, serial_reference
+from minipar.parallel.zero import STAGES, ZeRO, measure_stage
 
 #: parity: a tiny GPT, 3 AdamW steps, 10 rows (uneven on 3 and 4 ranks)
 PARITY = RunSpec(vocab=10, seq=8, d_model=16, layers=2, heads=2, batch=10, steps=3)
@@ -41,10 +41,31 @@ for stage in STAGES:
 for stage in STAGES:
     m = measure_stage(comm, MEMORY, stage)
     row = {k: m[k] for k in ("ledger", "tracemalloc_bytes", "bytes_sent_per_step", "shard",
-                             "step_peak_bytes")}
+                             "step_peak_bytes", "held_after_steps_bytes")}
     row["psi"] = m["engine"].layout.size
     rows = comm.comm.gather(row)
     if comm.rank == 0:
         out["memory"][stage] = rows
+# mixed-fp16 loss scaling: a scale at which a few gradients overflow; the inf lands in
+# some ranks' shards only, and every rank must still skip the step (found_inf agreed)
+fp16 = PARITY.with_(precision="mixed-fp16", steps=1)
+x, y = fp16.local_batch(0, comm.rank, comm.size)
+w = loss_weight(fp16.batch, comm.rank, comm.size)
+init32 = {k: v.astype(np.float32) for k, v in fp16.initial_params().items()}
+_, g = fp16.with_(precision="float32").model().loss_and_grads(init32, x, y, w)
+gmax = comm.comm.allreduce(max(float(np.abs(v).max()) for v in g.values()), op=MPI.MAX)
+out["fp16_skip"] = {}
+for stage in (1, 2, 3):
+    eng = ZeRO(comm, fp16.model(), fp16.initial_params(), stage, fp16.precision,
+               fp16.optimizer, **fp16.opt_kwargs())
+    before = eng.full_params()
+    eng.states.scaler.scale = 65504.0 / (0.5 * gmax)  # the same on every rank
+    with np.errstate(over="ignore", invalid="ignore"):
+        eng.train_step(x, y, w)
+    row = (eng.states.scaler.skipped, bool(eng.states.local_found_inf()),
+           before.tobytes() == eng.full_params().tobytes())
+    rows = comm.comm.gather(row)
+    if comm.rank == 0:
+        out["fp16_skip"][stage] = rows
 if comm.rank == 0:
     print("ZERO_CHECK " + json.dumps(out), flush=True)
