@@ -12,8 +12,9 @@ backward; bad input raises ValueError on every rank before any message.
 
 from __future__ import annotations
 
+import itertools
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from minipar.precision import ModelStates
 MPI_DIR = Path(__file__).parent / "mpi"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _results(n: int) -> list[dict]:
     proc = launch.run(n, str(MPI_DIR / "dp_checks.py"), timeout=120, env={"MINIPAR_WATCHDOG_S": "30"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -118,7 +119,7 @@ def test_buckets_cover_the_buffer_in_reverse_order() -> None:
     for cap in (1, 100, 4096, 50_000, 1 << 30):
         bs = make_buckets(layout, cap, 8)
         assert bs[0].hi == layout.size and bs[-1].lo == 0
-        assert all(a.lo == b.hi for a, b in zip(bs, bs[1:])), "contiguous, last to first"
+        assert all(a.lo == b.hi for a, b in itertools.pairwise(bs)), "contiguous, last to first"
         names = [n for b in bs for n in b.names]
         assert names == list(reversed(layout.names))
         assert all(b.size * 8 >= cap for b in bs[:-1])

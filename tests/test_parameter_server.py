@@ -15,7 +15,7 @@ raises ValueError on every rank before any message.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +26,10 @@ from minipar.parallel import common
 from minipar.plan.collectives import parameter_server_bytes_at_server
 
 MPI_DIR = Path(__file__).parent / "mpi"
-TOL = dict(rtol=common.PARITY_RTOL, atol=common.PARITY_ATOL)
+TOL = {"rtol": common.PARITY_RTOL, "atol": common.PARITY_ATOL}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _results(n: int) -> list[dict]:
     args = ["converge"] if n == 4 else []
     proc = launch.run(n, str(MPI_DIR / "ps_checks.py"), *args, timeout=120,

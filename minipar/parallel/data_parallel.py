@@ -82,9 +82,8 @@ def make_buckets(layout: FlatParams, bucket_bytes: int, itemsize: int) -> list[B
     hi = layout.size
     lo = hi
     for name in reversed(layout.names):
-        p_lo, p_hi = layout.span(name)
         names.append(name)
-        lo = p_lo
+        lo = layout.span(name)[0]
         if (hi - lo) * itemsize >= bucket_bytes:
             buckets.append(Bucket(len(buckets), tuple(names), lo, hi))
             names, hi = [], lo

@@ -279,8 +279,8 @@ def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
         "ring_rank_bytes": ring_allreduce_bytes(S, W),
         "model_state_bytes_per_rank": [e[2] for e in everyone],
         "max_delay": max(e[4] for e in everyone),
-        "notes": [f"roles: {', '.join(f'{r}:{x}' for r, x in enumerate(roles))}; "
-                  f"{mode}{f' (staleness {ps.staleness})' if mode == 'async' else ''}",
-                  f"a ring all-reduce rank would send 2(W-1)/W x S = {ring_allreduce_bytes(S, W):,.0f} B "
-                  f"per step (S = {S:,} B); each worker sends S = {S:,} B"],
+        "notes": [(f"roles: {', '.join(f'{r}:{x}' for r, x in enumerate(roles))}; "
+                  f"{mode}{f' (staleness {ps.staleness})' if mode == 'async' else ''}"),
+                  (f"a ring all-reduce rank would send 2(W-1)/W x S = {ring_allreduce_bytes(S, W):,.0f} B "
+                  f"per step (S = {S:,} B); each worker sends S = {S:,} B")],
     }

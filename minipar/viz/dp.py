@@ -19,14 +19,15 @@ return a Figure, never shown, so they work headless.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
 
 
 def plot_timeline(timelines: Sequence[Mapping[str, Any]], title: str = "") -> Figure:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
 from mpi4py import MPI
 
 from minipar.comm import TracedComm

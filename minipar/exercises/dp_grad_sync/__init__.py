@@ -1,0 +1,1 @@
+"""Exercise: data-parallel gradient synchronisation (skeleton, reference solution, grader)."""

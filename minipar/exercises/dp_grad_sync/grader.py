@@ -1,0 +1,110 @@
+"""Grader of the gradient-synchronisation exercise: cases, serial oracle, the ring's traffic.
+
+EN gradient synchronisation grader · RU проверка синхронизации градиентов · ZH 梯度同步评分
+
+Each case is one global batch of the modular-sum task (minipar.data) for a
+tiny GPT (float64).  Rank r's input is the gradient of the mean loss over
+its ``numpy.array_split`` rows; the oracle is the serial gradient of the
+whole batch (``GPT.loss_and_grads`` on all rows), which equals
+Σ_r (rows_r / batch) · g_r up to rounding: the result must agree within
+1e-10 x max|g| (a sum instead of a mean is off by a factor of about N; a
+plain average is off by several percent whenever the slices are uneven).
+Traffic: the ring's 2(N-1)/N x S per rank, only between ring neighbours
+(:mod:`minipar.exercises.ring_allreduce.grader`'s checks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+import numpy as np
+from mpi4py import MPI
+
+from minipar import data
+from minipar.exercises.grading import Check
+from minipar.exercises.judging import Records, contract_checks
+from minipar.exercises.ring_allreduce.grader import bytes_check, neighbour_check
+from minipar.optim import FlatParams
+from minipar.parallel.common import RunSpec, local_rows
+
+SPEC = RunSpec(vocab=10, seq=8, d_model=16, layers=1, heads=2)
+RTOL_SCALE = 1e-10  #: tolerance, relative to the largest gradient entry
+FIRST_STEP = (
+    "weighting: y = x * (rows / batch), a new array. Then sum y over the ranks with a ring: "
+    "chunks = np.array_split(y, N); N-1 reduce-scatter steps of comm.Sendrecv(chunks[(r - s) % N], "
+    "dest=(r + 1) % N, recvbuf=buf, source=(r - 1) % N), adding buf into chunks[(r - s - 1) % N]; "
+    "then N-1 all-gather steps."
+)
+
+
+@lru_cache(maxsize=1)
+def _model() -> tuple:
+    model = SPEC.model()
+    params = model.init(SPEC.seed)
+    return model, params, FlatParams.like(params)
+
+
+def _grad(batch: int, step: int, lo: int, hi: int) -> np.ndarray:
+    """Flat gradient of the mean loss over rows [lo, hi) of the global batch of ``step``."""
+    model, params, layout = _model()
+    tokens, targets = data.modular_sum(SPEC.data_seed, step, batch, SPEC.seq, SPEC.vocab, lo, hi)
+    _, grads = model.loss_and_grads(params, tokens, targets)
+    return layout.flatten(grads)
+
+
+def cases(n: int) -> list[dict]:
+    psi = _model()[2].size
+    batches = sorted({n, n + 1, 2 * n + 1, 3 * n})
+    return [{"batch": b, "step": i, "length": psi, "dtype": "float64",
+             "values": "gradient",
+             "split": [hi - lo for lo, hi in (local_rows(b, r, n) for r in range(n))]}
+            for i, b in enumerate(batches)]
+
+
+def label(case: dict) -> str:
+    return f"global batch of {case['batch']} rows, split {case['split']}"
+
+
+def make_input(case: dict, rank: int, size: int) -> tuple[np.ndarray, dict]:
+    """This rank's gradient (mean over its rows) and its ``rows`` and the ``batch``."""
+    lo, hi = local_rows(case["batch"], rank, size)
+    return _grad(case["batch"], case["step"], lo, hi), {"rows": hi - lo, "batch": case["batch"]}
+
+
+def oracle(raw: MPI.Comm, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The serial gradient of the whole global batch, and the tolerance per entry."""
+    g = _grad(case["batch"], case["step"], 0, case["batch"])
+    return g, np.full(g.shape, RTOL_SCALE * float(np.abs(g).max()))
+
+
+def judge(n: int, cases: list[dict], records: Records) -> list[Check]:
+    checks = contract_checks(cases, records, label, "Allreduce")
+    for i, c in enumerate(checks):
+        if c.name.startswith("result equals"):
+            checks[i] = replace(c, name=f"result equals the serial gradient of the global batch "
+                                        f"({len(cases)} batches, even and uneven splits)",
+                                detail=_hint(n, cases, records, c.detail))
+    checks.append(neighbour_check(n, cases, records))
+    checks.append(bytes_check(n, cases, records))
+    return checks
+
+
+def _hint(n: int, cases: list[dict], records: Records, detail: str) -> str:
+    if not detail:
+        return ""
+    for i, case in enumerate(cases):
+        for rec in (records[r][i] for r in range(n)):
+            m = rec["mismatch"]
+            if m and m["expected"]:
+                ratio = m["got"] / m["expected"]
+                if n > 1 and abs(ratio - n) < 0.35 * n:
+                    return (detail + f"\nThat is about {ratio:.2f} x the expected value, near N = {n}: "
+                            "you returned the SUM of the ranks' gradients. The serial gradient is a "
+                            "mean: weight each rank's gradient by rows / batch before summing.")
+                break
+    uneven = next((c["split"] for c in cases if len(set(c["split"])) > 1), None)
+    return (detail + "\nThe serial gradient is Σ_r (rows_r / batch) · g_r: multiply your gradient by "
+            "rows / batch, then sum over the ranks."
+            + (f" Not 1/N: with uneven slices ({uneven} rows) the ranks' means weigh differently."
+               if uneven else ""))
