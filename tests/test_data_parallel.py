@@ -102,6 +102,11 @@ def test_nonblocking_ring_matches_mpi_and_formula(n: int) -> None:
             assert [x["sent"], x["recv"]] == x["formula"], x
 
 
+def test_nonblocking_ring_length_mismatch_is_a_clear_error_on_both_ranks() -> None:
+    for o in _results(2):
+        assert "same length" in o["mismatch"] and "ring_iallreduce" in o["mismatch"]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_bad_input_raises_on_every_rank_before_any_message(n: int) -> None:
     for rank_out in _results(n):

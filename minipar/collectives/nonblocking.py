@@ -105,6 +105,18 @@ class RingAllreduceRequest:
         with c.operation(self.name):
             self.reqs = [c.Irecv(recv, left, self.tag), c.Isend(send, right, self.tag)]
 
+    def _complete(self) -> None:
+        """Complete the current step's requests (counted once), as a clear error on a mismatch."""
+        try:
+            self.comm.waitall(self.reqs)
+        except MPI.Exception as e:  # a longer message than our chunk: MPI's truncation error
+            if e.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            raise B.CollectiveMismatchError(
+                f"rank {self.comm.rank}: {self.name} (tag {self.tag}): rank "
+                f"{(self.comm.rank - 1) % self.comm.size} sent more bytes than expected. "
+                "Every rank must reduce buffers of the same length.") from None
+
     def _finish_step(self) -> None:
         """The step's messages are complete (and counted): reduce, then post the next step."""
         world = self.comm.size
@@ -131,14 +143,14 @@ class RingAllreduceRequest:
             # Get_status tests without completing, so that waitall below counts the bytes once
             if not all(r.req.Get_status() for r in self.reqs):
                 return False
-            self.comm.waitall(self.reqs)
+            self._complete()
             self._finish_step()
         return True
 
     def wait(self) -> np.ndarray:
         """Finish all steps (polling politely, under the deadlock watchdog); the reduced buffer."""
         while not self.done:
-            self.comm.waitall(self.reqs)
+            self._complete()
             self._finish_step()
         return self.buf
 

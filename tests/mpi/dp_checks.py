@@ -88,6 +88,15 @@ for label, bucket, algo, overlap in cases:
         "timeline": dp.timelines[-1].as_dict(),
     })
 
+# -- ranks that reduce buffers of different lengths: a clear error on each, no hang ----
+if N == 2:
+    comm.Barrier()
+    try:
+        iallreduce(comm, np.ones(10 + 2 * R), TAG_BASE + 999).wait()
+        out["mismatch"] = None
+    except ValueError as e:
+        out["mismatch"] = str(e)
+
 gathered = MPI.COMM_WORLD.gather(out, root=0)
 if R == 0:
     print("DP-RESULT " + json.dumps(gathered), flush=True)
