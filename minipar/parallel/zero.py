@@ -355,12 +355,13 @@ def formulas(psi: int, n: int, stage: int, precision: str) -> dict[str, Any]:
 
 def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
     """``minipar run zero --stage K``: the documented summary on rank 0 (None elsewhere)."""
-    from minipar.parallel.common import RunSpec, max_abs_diff, parity, serial_reference
+    from minipar.parallel.common import RunSpec, check_world, max_abs_diff, parity, serial_reference
 
     stage = check_stage(options.get("stage", 1))
     spec = RunSpec.from_options(options)
     comm = TracedComm(MPI.COMM_WORLD)
     spec.model()  # bad sizes: ValueError on every rank before any message
+    check_world(spec.batch, comm.size)
     m = measure_stage(comm, spec, stage)
     with comm.operation("report"):
         losses = ring_allreduce(comm, np.array(m["losses"], dtype=np.float64))
