@@ -11,6 +11,11 @@ The five steps of data parallelism with a server:
 4. the server updates the parameters (it alone holds the optimizer states);
 5. the workers *pull* the new parameters.
 
+(Some texts — the seed text of this module among them — let the server send
+the *aggregated gradient* back and every worker update its own copy; the
+bytes are the same, S each way per worker, but then every worker also holds
+the optimizer states.  Here the server updates, as in Li et al. 2014.)
+
 Ranks: ranks ``0 .. servers-1`` are servers, the other W = world - servers
 ranks are workers (worker w is rank ``servers + w``).  With several servers,
 server k owns shard k of the flat parameter buffer (``numpy.array_split``
