@@ -31,7 +31,8 @@ def rows(results: Results, K: int = 12) -> list[dict[str, Any]]:
     """One row per (N, stage): the busiest rank's measured bytes next to the formulas.
 
     Keys: ``N``, ``stage``, ``psi``, ``by_category`` (ledger), ``ledger``,
-    ``tracemalloc``, ``formula`` (model states, bytes), ``sent`` and
+    ``tracemalloc``, ``formula`` (model states, bytes), ``step_peak`` (tracemalloc
+    peak during a step: activations and transients), ``sent`` and
     ``sent_formula`` (bytes per rank per step)."""
     out = []
     for n in sorted(results):
@@ -43,6 +44,7 @@ def rows(results: Results, K: int = 12) -> list[dict[str, Any]]:
                         "ledger": sum(top["ledger"].values()),
                         "tracemalloc": max(x["tracemalloc_bytes"] for x in ranks),
                         "formula": zero_model_state_bytes(psi, n, stage, K),
+                        "step_peak": max(x["step_peak_bytes"] for x in ranks),
                         "sent": max(x["bytes_sent_per_step"] for x in ranks),
                         "sent_formula": zero_comm_bytes_per_rank(psi, n, stage, 2)})
     return out
