@@ -59,6 +59,21 @@ def test_dp_equals_serial_for_every_bucketing(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_dp_sgd_equals_serial_and_mixed_precision_is_measured(n: int) -> None:
+    for o in _results(n):
+        s = o["sgd"]
+        np.testing.assert_allclose(s["losses"], s["serial_losses"], rtol=common.PARITY_RTOL,
+                                   atol=common.PARITY_ATOL)
+        np.testing.assert_allclose(s["params"], s["serial_params"], rtol=common.PARITY_RTOL,
+                                   atol=common.PARITY_ATOL)
+        m = o["mixed"]  # bf16 gradients: S = 2Ψ bytes; 2 + 2 + 12 = 16 bytes per parameter held
+        assert m["itemsize"] == 2 and m["sent_per_step"] == m["formula"]
+        assert m["formula"] == pytest.approx(2 * (n - 1) / n * 2 * m["psi"], rel=0.01, abs=0)
+        assert m["model_state_bytes"] == 16 * m["psi"] == replica_model_state_bytes(m["psi"], "mixed")
+        assert m["replicas_identical"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_dp_bytes_equal_ring_formula_per_bucket(n: int) -> None:
     for r, rank_out in enumerate(_results(n)):
         by = {d["label"]: d for d in rank_out["dp"]}

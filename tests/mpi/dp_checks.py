@@ -88,6 +88,21 @@ for label, bucket, algo, overlap in cases:
         "timeline": dp.timelines[-1].as_dict(),
     })
 
+# -- SGD with momentum: parity as well; mixed precision: bytes of 16-bit grads, 16 bytes/param --
+sgd = SPEC.with_(optimizer="sgd", weight_decay=0.0, lr=0.05)
+dp = DataParallel(comm, sgd, bucket_bytes=4096)
+out["sgd"] = {"losses": dp.train(), "params": dp.states.params.tolist(),
+              "serial_losses": serial_reference(sgd)["losses"],
+              "serial_params": serial_reference(sgd)["params"].tolist()}
+dp = DataParallel(comm, SPEC.with_(precision="mixed"), bucket_bytes=4096)
+comm.stats.reset()
+dp.train()
+params = MPI.COMM_WORLD.allgather(dp.states.params.view(np.uint16))
+out["mixed"] = {"sent_per_step": dp.bytes_sent_per_step(), "formula": dp.bytes_formula(),
+                "itemsize": dp.itemsize, "psi": dp.layout.size,
+                "model_state_bytes": sum(dp.states.bytes_by_category().values()),
+                "replicas_identical": all(np.array_equal(params[0], p) for p in params)}
+
 # -- ranks that reduce buffers of different lengths: a clear error on each, no hang ----
 if N == 2:
     comm.Barrier()
