@@ -62,6 +62,8 @@ case("sync-1", SPEC)
 if N >= 3:
     case("sync-2servers", SPEC, servers=2)
 case("async-s0", SPEC, mode="async", staleness=0)
+if N >= 3:
+    case("async-s0-2servers", SPEC, servers=2, mode="async", staleness=0)
 if "converge" in sys.argv[1:]:
     slow = SPEC.with_(steps=80, batch=16, vocab=5, d_model=32, lr=3e-3, weight_decay=0.0)
     case("converge-sync", slow, straggler_s=0.002)
