@@ -72,6 +72,7 @@ def worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from minipar.comm import TracedComm
+    from minipar.plan.collectives import busbw_factor
 
     world = MPI.COMM_WORLD
     comm = TracedComm(world)
@@ -96,7 +97,7 @@ def worker(args: argparse.Namespace) -> int:
                 totals[i] += time.perf_counter() - t0
         for (coll, algo), total in zip(cases, totals):
             t = world.allreduce(total / iters, op=MPI.MAX)
-            factor = 2 * (n - 1) / n if coll == "allreduce" else (n - 1) / n
+            factor = busbw_factor(coll, n)  # 2(N-1)/N or (N-1)/N, from minipar.plan
             algbw = count * 4 / t / 1e9
             rows.append({"collective": coll, "algorithm": algo, "size": count * 4,
                          "count": count, "dtype": "float32", "ranks": n, "iters": iters,
