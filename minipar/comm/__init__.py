@@ -1,6 +1,6 @@
 """Communication: the traced communicator and (later) the rank grid.
 
-``from minipar.comm import TracedComm, traced, DeadlockError``
+``from minipar.comm import TracedComm, traced, DeadlockError, install_excepthook``
 """
 
 from minipar.comm.traced import (
@@ -10,6 +10,7 @@ from minipar.comm.traced import (
     Stats,
     TracedComm,
     TracedRequest,
+    install_excepthook,
     traced,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "Stats",
     "TracedComm",
     "TracedRequest",
+    "install_excepthook",
     "traced",
 ]
