@@ -92,7 +92,7 @@ def oracle(raw: MPI.Comm, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.nda
 def judge(n: int, cases: list[dict], records: Records) -> list[Check]:
     checks = contract_checks(cases, records, label, "AdamW step")
     for c in checks:  # the oracle here is the serial optimizer, not an MPI collective
-        c.name = c.name.replace("MPI's AdamW step", "the serial AdamW step (minipar.optim)")
+        c.name = c.name.replace("MPI's AdamW step", "minipar.optim's serial AdamW step")
     checks.append(state_check(cases, records))
     checks.append(bytes_check(n, cases, records))
     return checks
