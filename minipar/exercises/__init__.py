@@ -69,6 +69,18 @@ EXERCISES: dict[str, Exercise] = {
             "send root's array to every rank along a binomial tree (log2 N rounds)",
             "★★☆",
         ),
+        Exercise(
+            "dp_grad_sync",
+            "sync_gradients",
+            "data parallelism: average the ranks' gradients so every replica equals the serial one",
+            "★★☆",
+        ),
+        Exercise(
+            "zero1_step",
+            "zero1_step",
+            "ZeRO-1: reduce-scatter the gradients, step your optimizer-state shard, all-gather",
+            "★★★",
+        ),
     )
 }
 
