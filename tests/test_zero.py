@@ -218,3 +218,51 @@ def test_fp16_overflow_skips_the_step_on_every_rank(n: int) -> None:
             assert skipped == 1 and unchanged, f"ZeRO-{stage}, rank {r} of {n} stepped"
         if n == 4:
             assert not all(local_inf for _, local_inf, _ in rows), stage
+
+
+# ------------------------------------------------------------------ the zero1_step exercise
+EX_WRONG = [
+    # file, ranks, failing check (substring), message (substrings)
+    ("zero_wrong_allreduce.py", 4, "bytes per rank = reduce-scatter + all-gather",
+     ["= 2.25 x S", "3(N-1)/N x S: an all-reduce of the gradients"]),
+    ("zero_wrong_state.py", 3, "keeps its optimizer-state shard between steps",
+     ["step 1 was right, step 2 was not", "in place"]),
+    ("zero_wrong_sum.py", 2, "result equals minipar.optim's serial AdamW step",
+     ["8 of 8 cases wrong", "expected"]),
+]
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_zero1_step_reference_solution_passes(n: int) -> None:
+    from minipar.exercises import get
+    from minipar.exercises.grading import check
+
+    report = check("zero1_step", get("zero1_step").solution_path, n, timeout=90)
+    assert report.passed, report.text()
+    assert all(c.ok for c in report.checks)
+    assert any("bytes per rank" in c.name for c in report.checks)
+    assert any("optimizer-state shard" in c.name for c in report.checks)
+
+
+def test_zero1_step_skeleton_says_where_to_start() -> None:
+    from minipar.exercises import get
+    from minipar.exercises.grading import check
+
+    report = check("zero1_step", get("zero1_step").skeleton_path, 2, timeout=60)
+    (c,) = [c for c in report.checks if c.ok is False]
+    assert c.detail.startswith("not implemented yet: start with the reduce-scatter")
+    assert "skeleton.py:" in c.detail
+
+
+@pytest.mark.parametrize("file, n, check_name, words", EX_WRONG, ids=[w[0] for w in EX_WRONG])
+def test_zero1_step_wrong_solutions_are_caught(file: str, n: int, check_name: str,
+                                               words: list[str]) -> None:
+    from minipar.exercises.grading import check
+
+    report = check("zero1_step", Path(__file__).parent / "mpi" / file, n, timeout=60)
+    assert not report.passed
+    failed = [c for c in report.checks if c.ok is False]
+    hit = [c for c in failed if check_name in c.name]
+    assert hit, report.text()
+    for w in words:
+        assert w in hit[0].detail, report.text()
