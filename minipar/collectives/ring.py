@@ -34,7 +34,7 @@ ends with bit-identical results.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -111,21 +111,31 @@ def _rows(a: np.ndarray, what: str) -> tuple[int, int]:
     return a.shape[0], int(np.prod(a.shape[1:], dtype=np.int64))
 
 
-def reduce_scatter(comm: Any, x: Any, op: str = "sum", algorithm: str = "ring") -> np.ndarray:
+def reduce_scatter(comm: Any, x: Any, op: str = "sum", algorithm: str = "ring",
+                   counts: Sequence[int] | None = None) -> np.ndarray:
     """Reduce ``x`` over all ranks and return this rank's chunk of the result.
 
     ``x`` is split along axis 0 in ``numpy.array_split`` order: rank r gets
     rows ``array_split(range(len(x)), N)[r]`` of the reduced array, shape
     ``(k_r, *x.shape[1:])`` (k_r may be 0).  Every rank passes the same shape.
+    ``counts`` (rows per rank, summing to ``len(x)``) replaces the
+    array_split rule, e.g. to cut a buffer at the boundaries of ZeRO shards;
+    every rank passes the same counts.
     """
     ufunc = B.check_op(op)
     B.check_algorithm(algorithm, _RS_ALGOS, "reduce_scatter")
     c, a = B.prepare(comm, x)
     rows, row = _rows(a, "reduce_scatter")
-    counts = [k * row for k in B.chunk_counts(rows, c.size)]
+    if counts is None:
+        row_counts = B.chunk_counts(rows, c.size)
+    else:
+        row_counts = [int(k) for k in counts]
+        if len(row_counts) != c.size or min(row_counts) < 0 or sum(row_counts) != rows:
+            raise ValueError(f"reduce_scatter counts {list(counts)} must be {c.size} "
+                             f"non-negative row counts summing to the {rows} rows of x")
+    counts = [k * row for k in row_counts]
     offs = B.offsets_of(counts)
-    shape = (counts[c.rank] // row if row else B.chunk_counts(rows, c.size)[c.rank],
-             *a.shape[1:])
+    shape = (row_counts[c.rank], *a.shape[1:])
     flat = a.reshape(-1)
     if algorithm == "mpi":
         buf, dt, mop = B.mpi_spec(flat, op)

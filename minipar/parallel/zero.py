@@ -60,7 +60,6 @@ from mpi4py import MPI
 
 from minipar.collectives import _base as B
 from minipar.collectives import all_gather, reduce_scatter, ring_allreduce
-from minipar.collectives.ring import _reduce_scatter_steps
 from minipar.comm.traced import TracedComm, traced
 from minipar.memory import Ledger, buffers, measure
 from minipar.nn.gpt import (
@@ -126,15 +125,10 @@ def units(cfg: GPTConfig) -> tuple[tuple[int, int, FlatParams, str], ...]:
 def reduce_scatter_counts(comm: Any, x: np.ndarray, counts: list[int]) -> np.ndarray:
     """Ring reduce-scatter (sum) where rank i gets ``counts[i]`` consecutive elements of x.
 
-    The ring of :func:`minipar.collectives.reduce_scatter` with given chunk sizes
-    (a unit's overlap with each rank's shard); rank r sends sum(counts) - counts[r].
+    :func:`minipar.collectives.reduce_scatter` cut at given chunk sizes (a
+    unit's overlap with each rank's shard); rank r sends sum(counts) - counts[r].
     """
-    c = traced(comm)
-    if c.size == 1:
-        return x.copy()
-    tag = B.tag_for("reduce_scatter", x.dtype, "sum")
-    with c.operation("reduce_scatter"):
-        return _reduce_scatter_steps(c, x, None, counts, B.offsets_of(counts), np.add, tag)
+    return reduce_scatter(comm, x, counts=counts)
 
 
 class _Slot:

@@ -136,6 +136,17 @@ got = C.reduce_scatter(comm, x3)
 check(same(got, want), "2-D reduce_scatter rows")
 bytes_ok("reduce_scatter", *C.reduce_scatter_bytes(rows, 3 * 8, N, R), "2-D reduce_scatter")
 check(same(C.all_gather(comm, got), reference((rows, 3), np.int64, "sum")), "2-D all_gather")
+# explicit counts (ZeRO cuts buffers at shard boundaries): rank q gets counts[q] rows
+counts = [(q * 5 + 3) % 4 for q in range(N)]  # uneven, some zero
+full = reference((sum(counts), 3), np.int64, "sum")
+xc = data(R, (sum(counts), 3), np.int64)
+comm.stats.reset()
+got = C.reduce_scatter(comm, xc, counts=counts)
+lo = sum(counts[:R])
+check(same(got, full[lo: lo + counts[R]]), "reduce_scatter with counts")
+check(same(C.reduce_scatter(comm, xc, counts=counts, algorithm="mpi"), got), "counts vs MPI")
+check(comm.stats.bytes_sent("reduce_scatter") == (sum(counts) - counts[R]) * 3 * 8 * (N > 1),
+      "reduce_scatter with counts: bytes")
 mine = np.full((R % 3, 2), R, np.int16)  # uneven, arbitrary lengths
 want = np.concatenate([np.full((q % 3, 2), q, np.int16) for q in range(N)])
 check(same(C.all_gather(comm, mine), want), "all_gather of uneven chunks")
@@ -199,6 +210,8 @@ for call, what in [
     (lambda: C.ring_allreduce(comm, np.array(["a", "b"], dtype=object)), "object dtype"),
     (lambda: C.all_to_all(comm, [xs] * (N + 1)), "wrong number of chunks"),
     (lambda: C.reduce_scatter(comm, np.float64(1.0)), "0-d reduce_scatter"),
+    (lambda: C.reduce_scatter(comm, np.zeros(3), counts=[3] + [0] * N), "counts of wrong length"),
+    (lambda: C.reduce_scatter(comm, np.zeros(3), counts=[4] + [0] * (N - 1)), "counts not summing"),
 ]:
     try:
         call()
