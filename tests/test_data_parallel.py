@@ -8,6 +8,11 @@ overlap and MPI's Iallreduce; replicas bit-identical; bytes sent per step
 equal to the ring formula summed over buckets and ≈ 2(N-1)/N x S; only the
 right neighbour is sent to; the timeline shows buckets reduced during
 backward; bad input raises ValueError on every rank before any message.
+SGD equals the serial run too; under mixed precision the bytes are those of
+16-bit gradients and every replica holds 16 bytes per parameter.  The
+exercise dp_grad_sync: the reference solution passes on 1, 3 and 4 ranks,
+the skeleton says where to start, and wrong solutions (the sum, 1/N on
+uneven slices, a gather to rank 0) fail the right check.
 """
 
 from __future__ import annotations
@@ -197,3 +202,48 @@ def test_viz_figures_from_measured_data() -> None:
         viz.plot_timeline([])
     with pytest.raises(ValueError):
         viz.plot_link_bytes([2], [1.0, 2.0], [1.0], [1.0], 1.0)
+
+
+# -- the exercise dp_grad_sync ------------------------------------------------------------
+def _failed(report) -> list:
+    return [c for c in report.checks if c.ok is False]
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_exercise_reference_solution_passes(n: int) -> None:
+    from minipar.exercises import get
+    from minipar.exercises.grading import check
+
+    report = check("dp_grad_sync", get("dp_grad_sync").solution_path, n)
+    assert report.passed, report.text()
+    names = " ".join(c.name for c in report.checks)
+    assert "serial gradient" in names and "ring neighbours" in names and "2(N-1)/N x S" in names
+
+
+def test_exercise_skeleton_fails_and_says_where_to_start(capsys: pytest.CaptureFixture[str]) -> None:
+    from minipar.exercises import cli, get
+
+    rc = cli.main(["check", "dp_grad_sync", str(get("dp_grad_sync").skeleton_path), "-n", "2"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "not implemented yet" in out and "rows / batch" in out and "Sendrecv" in out
+
+
+@pytest.mark.parametrize(
+    "fixture, n, check_name, words",
+    [
+        ("dp_wrong_sum.py", 3, "result equals the serial gradient", ["SUM", "rows / batch"]),
+        ("dp_wrong_uniform.py", 3, "result equals the serial gradient", ["Not 1/N", "uneven"]),
+        ("dp_wrong_gather.py", 3, "talks only to its ring neighbours", ["parameter-server"]),
+    ],
+)
+def test_exercise_wrong_solutions_are_caught(fixture: str, n: int, check_name: str,
+                                            words: list[str]) -> None:
+    from minipar.exercises.grading import check
+
+    report = check("dp_grad_sync", MPI_DIR / fixture, n)
+    assert not report.passed
+    first = _failed(report)[0]
+    assert first.name.startswith(check_name), report.text()
+    for w in words:
+        assert w in first.detail, report.text()
