@@ -22,9 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
