@@ -60,7 +60,7 @@ def _worker(elems: int, as_json: bool = False) -> int:
         print(f"{'rank':>4}  {'ring: sent':>12}  {'to ranks':>8}  {'naive: sent':>12}  "
               f"{'naive: received':>15}  {'= MPI Allreduce':>15}")
         for r, ring_b, peers, nv_s, nv_r, good in rows:
-            print(f"{r:>4}  {ring_b:>12,}  {str(peers):>8}  {nv_s:>12,}  {nv_r:>15,}  "
+            print(f"{r:>4}  {ring_b:>12,}  {peers!s:>8}  {nv_s:>12,}  {nv_r:>15,}  "
                   f"{'yes' if good else 'NO':>15}")
         formula = 2 * (n - 1) / n * s
         print(f"\nring formula 2(N-1)/N x S = {formula:,.0f} bytes per rank, "

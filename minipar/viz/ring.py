@@ -17,8 +17,8 @@ the figure shows the counts climbing to ``n`` everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
