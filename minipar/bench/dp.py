@@ -135,9 +135,9 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
             "buckets": res["dp"][0]["buckets"], "bytes_per_step": res["dp"][0]["bytes_per_step"]}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minipar bench dp", description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--ranks", type=int, default=2, help="data-parallel ranks (default 2)")
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every training benchmark shares: a compute-bound GPT, steps, output."""
+    p.add_argument("-n", "--ranks", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
@@ -145,12 +145,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=32, help="global batch rows (default 32)")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up")
-    p.add_argument("--bucket-mb", type=float, default=1.0,
-                   help="bucket capacity in MiB (default 1: ~13 buckets, overlapped with backward)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating serial/DP rounds (default 3)")
     p.add_argument("--precision", default="float32")
     p.add_argument("--json", action="store_true")
     p.add_argument("--timeout", type=float, default=600.0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minipar bench dp", description=__doc__.split("\n")[0])
+    add_bench_arguments(p)
+    p.add_argument("--bucket-mb", type=float, default=1.0,
+                   help="bucket capacity in MiB (default 1: ~13 buckets, overlapped with backward)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating serial/DP rounds (default 3)")
     return p
 
 

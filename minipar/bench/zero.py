@@ -27,6 +27,8 @@ import statistics
 import sys
 from typing import Any
 
+from minipar.bench.dp import add_bench_arguments
+
 PREFIX = "BENCH-ZERO "
 
 
@@ -101,18 +103,8 @@ def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: floa
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minipar bench zero", description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--ranks", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32, help="global batch rows (default 32)")
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up")
+    add_bench_arguments(p)
     p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to time (default 0,1,2,3)")
-    p.add_argument("--precision", default="float32")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--timeout", type=float, default=600.0)
     return p
 
 

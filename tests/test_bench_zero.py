@@ -1,0 +1,35 @@
+"""`minipar bench zero`: runs at a tiny size and reports the bytes the paper predicts.
+
+No timing is asserted (the machine is shared); the bytes are exact: stages
+0-2 move 2Ψ (reduce-scatter + all-gather), stage 3 one more all-gather, 3Ψ.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+TINY = ["-n", "2", "--d-model", "16", "--layers", "1", "--heads", "2", "--seq", "8",
+        "--batch", "4", "--vocab", "16", "--steps", "1"]
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "minipar.cli", "bench", "zero", *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_bench_zero_reports_every_stage_and_the_3_to_2_traffic() -> None:
+    proc = _bench(*TINY, "--json")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)["results"]
+    assert set(res) == {"DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3"}
+    assert all(r["seconds"] > 0 for r in res.values())
+    assert res["ZeRO-0"]["bytes"] == res["ZeRO-1"]["bytes"] == res["ZeRO-2"]["bytes"]
+    assert 2 * res["ZeRO-3"]["bytes"] == 3 * res["ZeRO-0"]["bytes"]
+
+
+def test_bench_zero_refuses_a_bad_stage() -> None:
+    proc = _bench(*TINY, "--stages", "0,5")
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "stage" in (proc.stderr + proc.stdout).lower()
