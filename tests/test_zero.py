@@ -162,6 +162,9 @@ def test_run_verb_end_to_end() -> None:
     s = json.loads(out.stdout[out.stdout.index("{"):])
     assert s["strategy"] == "zero" and s["stage"] == 3 and s["ranks"] == 3
     assert len(s["losses"]) == len(s["serial_losses"]) == 2
+    # mixed precision: bfloat16 keeps 8 significant bits (relative step 2^-8 = 0.4%) and
+    # the ranks sum 16-bit gradients in another order than the serial run, so the
+    # losses agree to bf16 accuracy only; float64 parity (tight) is tested above
     np.testing.assert_allclose(s["losses"], s["serial_losses"], rtol=2e-2)
     f = s["model_state_formula"]
     assert f == zero_model_state_bytes(s["psi"], 3, 3, K)
