@@ -23,6 +23,17 @@ from minipar.backend import xp
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
+def check_model_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy dtype a model can store; ValueError unless 64/32/16-bit float."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"unknown dtype {dtype!r}") from e
+    if dt not in (np.dtype(np.float64), np.dtype(np.float32), *HALF_DTYPES):
+        raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {dt}")
+    return dt
+
+
 def is_16bit(dtype: Any) -> bool:
     """True for float16 and bfloat16."""
     return np.dtype(dtype) in HALF_DTYPES

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np  # dtype names only
 
-from minipar.nn._dtype import HALF_DTYPES
+from minipar.nn._dtype import check_model_dtype
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,7 @@ class GPTConfig:
                 )
             if self.aux_loss_coef < 0:
                 raise ValueError(f"aux_loss_coef must be >= 0, got {self.aux_loss_coef}")
-        try:
-            dt = np.dtype(self.dtype)
-        except TypeError as e:
-            raise ValueError(f"unknown dtype {self.dtype!r}") from e
-        if dt not in (np.dtype(np.float64), np.dtype(np.float32), *HALF_DTYPES):
-            raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {dt}")
+        check_model_dtype(self.dtype)
         if not self.init_std > 0:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
 

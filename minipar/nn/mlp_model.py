@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np  # dtype names only
 
 from minipar.nn import init as _init
-from minipar.nn._dtype import HALF_DTYPES
+from minipar.nn._dtype import check_model_dtype
 from minipar.nn.layers import gelu_backward, gelu_forward, linear_backward, linear_forward
 from minipar.nn.loss import check_targets, cross_entropy_backward, cross_entropy_forward
 
@@ -38,12 +38,7 @@ class MLPConfig:
         if len(sizes) < 2 or any(not isinstance(s, (int, np.integer)) or s < 1 for s in sizes):
             raise ValueError(f"sizes must be >= 2 positive integers, got {self.sizes!r}")
         object.__setattr__(self, "sizes", tuple(int(s) for s in sizes))
-        try:
-            dt = np.dtype(self.dtype)
-        except TypeError as e:
-            raise ValueError(f"unknown dtype {self.dtype!r}") from e
-        if dt not in (np.dtype(np.float64), np.dtype(np.float32), *HALF_DTYPES):
-            raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {dt}")
+        check_model_dtype(self.dtype)
 
     @property
     def n_layers(self) -> int:
