@@ -5,7 +5,7 @@ Every verb lives in its own module, imported only when that verb runs, so
 exposes ``main(argv: list[str]) -> int`` and builds its own argparse parser
 with ``prog="minipar VERB"``.
 
-To add a verb: add one row to ``VERBS``; nothing else changes here.
+To add a verb: add one row to ``minipar.registry.VERBS``; nothing else changes here.
 """
 
 from __future__ import annotations
@@ -13,16 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-#: verb -> (module exposing ``main(argv)``, one-line help shown by ``minipar --help``)
-VERBS: dict[str, tuple[str, str]] = {
-    "demo": ("minipar.demo", "a short multi-rank demo: ring all-reduce on N ranks, measured"),
-    "bench": ("minipar.bench", "benchmarks: collectives, wait, model, ..."),
-    "exercise": ("minipar.exercises.cli", "mpirun exercises: list | start NAME | check NAME FILE"),
-    "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
-    "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
-    "run": ("minipar.run", "train in parallel (dp | ps | zero) and compare with the serial run"),
-    "plan": ("minipar.plan", "the papers' formulas: memory and bytes per rank at any scale"),
-}
+from minipar.registry import VERBS
 
 
 def _usage() -> str:

@@ -59,8 +59,7 @@ def link_status(kind: str, target: str) -> str | None:
         ex = g.PKG_DIR / "exercises"
         return "present" if (ex / target).exists() or (ex / f"{target}.py").exists() else "planned"
     if kind == "commands":
-        from minipar.bench import BENCHES
-        from minipar.cli import VERBS
+        from minipar.registry import BENCHES, VERBS
 
         words = target.split()
         if len(words) < 2 or words[0] != "minipar" or words[1] not in VERBS:

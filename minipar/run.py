@@ -44,12 +44,7 @@ import json
 import sys
 from typing import Any
 
-#: strategy -> (module, one-line help)
-STRATEGIES: dict[str, tuple[str, str]] = {
-    "dp": ("minipar.parallel.data_parallel", "data parallelism: ring all-reduce of gradient buckets"),
-    "ps": ("minipar.parallel.parameter_server", "parameter server: workers push grads, pull params"),
-    "zero": ("minipar.parallel.zero", "ZeRO stages 1-3: sharded optimizer states, grads, params"),
-}
+from minipar.registry import STRATEGIES
 SUMMARY_PREFIX = "MINIPAR_SUMMARY "
 WORKER_FLAG = "--worker"
 

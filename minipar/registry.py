@@ -1,0 +1,42 @@
+"""What the ``minipar`` command offers: its verbs, benchmarks and strategies, as data.
+
+EN command registry · RU реестр команд · ZH 命令注册表
+
+One table per kind of thing, read by the command line (:mod:`minipar.cli`,
+:mod:`minipar.bench`, :mod:`minipar.run`) and by code that only needs to know
+what exists (the glossary's link checker, the overview notebook), so that
+nothing outside the command line imports a command-line module.  Importing
+this module imports nothing else.
+
+To add a verb, a benchmark or a strategy: add one row here.
+"""
+
+from __future__ import annotations
+
+#: verb -> (module exposing ``main(argv)``, one-line help shown by ``minipar --help``)
+VERBS: dict[str, tuple[str, str]] = {
+    "demo": ("minipar.demo", "a short multi-rank demo: ring all-reduce on N ranks, measured"),
+    "bench": ("minipar.bench", "benchmarks: collectives, wait, model, ..."),
+    "exercise": ("minipar.exercises.cli", "mpirun exercises: list | start NAME | check NAME FILE"),
+    "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
+    "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
+    "run": ("minipar.run", "train in parallel (dp | ps | zero) and compare with the serial run"),
+    "plan": ("minipar.plan", "the papers' formulas: memory and bytes per rank at any scale"),
+}
+
+#: benchmark -> (module exposing ``main(argv)``, one-line help)
+BENCHES: dict[str, tuple[str, str]] = {
+    "collectives": ("minipar.bench.collectives", "from-scratch collectives vs MPI's own (nccl-tests table)"),
+    "wait": ("minipar.bench.wait", "CPU stolen by waiting ranks: MPI's blocking wait vs minipar's polling"),
+    "model": ("minipar.bench.model", "GPT forward+backward time, NumPy vs PyTorch eager"),
+    "dp": ("minipar.bench.dp", "samples/s: serial vs data parallel on N ranks"),
+    "zero": ("minipar.bench.zero", "ZeRO stages 0-3 step time vs DDP on N ranks, bytes per step"),
+    "glossary": ("minipar.bench.glossary", "glossary lookup latency and process start time"),
+}
+
+#: ``minipar run`` strategy -> (technique module, one-line help)
+STRATEGIES: dict[str, tuple[str, str]] = {
+    "dp": ("minipar.parallel.data_parallel", "data parallelism: ring all-reduce of gradient buckets"),
+    "ps": ("minipar.parallel.parameter_server", "parameter server: workers push grads, pull params"),
+    "zero": ("minipar.parallel.zero", "ZeRO stages 1-3: sharded optimizer states, grads, params"),
+}
