@@ -6,6 +6,12 @@ exposes ``main(argv: list[str]) -> int`` and builds its own argparse parser
 with ``prog="minipar VERB"``.
 
 To add a verb: add one row to ``minipar.registry.VERBS``; nothing else changes here.
+
+Errors are one line (:mod:`minipar.cli_errors`): a bad option exits 2 with
+``minipar VERB: --option …``; Ctrl-C exits 130 with ``minipar: interrupted``
+and no traceback (a multi-rank launch kills its ranks first, see
+:func:`minipar.launch.run`).  ``main`` returns the exit status of the verb,
+including a verb's argparse ``SystemExit``, so it can be called in-process.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from minipar.cli_errors import EXIT_INTERRUPTED, EXIT_USAGE
 from minipar.registry import VERBS
 
 
@@ -29,11 +36,19 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _status(code: object) -> int:
+    """The exit status ``sys.exit(code)`` would give (None: 0; text: printed, 1)."""
+    if code is None or isinstance(code, int):
+        return int(code or 0)
+    print(code, file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
-        return 0 if argv else 2
+        return 0 if argv else EXIT_USAGE
     if argv[0] == "--version":
         from minipar import __version__
 
@@ -41,10 +56,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
-        print(f"minipar: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    module = importlib.import_module(VERBS[verb][0])
-    return int(module.main(rest) or 0)
+        print(f"minipar: unknown verb {verb!r}; one of {', '.join(VERBS)} "
+              "(minipar --help describes them)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        module = importlib.import_module(VERBS[verb][0])
+        return int(module.main(rest) or 0)
+    except SystemExit as e:  # argparse: --help (0) or a one-line usage error (2)
+        return _status(e.code)
+    except KeyboardInterrupt:
+        if sys.stderr.isatty():  # end the line ^C (or a progress bar) left open
+            sys.stderr.write("\n")
+        print("minipar: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `minipar plan ... | head`: the reader has all it wanted
+        _silence_stdout()
+        return 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (captured in tests)
+        pass
 
 
 if __name__ == "__main__":

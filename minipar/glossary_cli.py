@@ -22,55 +22,10 @@ import unicodedata
 from pathlib import Path
 
 from minipar import glossary as g
+from minipar.glossary.links import link_status  # re-exported: the library computes it (registry)
 
 LABEL = {"en": "EN", "ru": "RU", "zh": "ZH"}
 MAX_QUERY = 1000  # characters; a longer "query" is a text: use --scan
-
-
-# --------------------------------------------------------------------------- link status
-
-def _module_file(name: str) -> Path | None:
-    rel = Path(*name.split(".")[1:]) if name.startswith("minipar.") else None
-    if rel is None:
-        return None
-    for cand in (g.PKG_DIR / rel.with_suffix(".py"), g.PKG_DIR / rel / "__init__.py"):
-        if cand.is_file():
-            return cand
-    return None
-
-
-def link_status(kind: str, target: str) -> str | None:
-    """"present" or "planned" for a link, computed from the files now; None if unknowable.
-
-    A module is present if its file exists under the package directory (it is
-    not imported); a notebook if ``notebooks/NAME`` exists in the checkout
-    (None in an installed wheel, which ships no notebooks); an exercise if
-    ``minipar/exercises/NAME`` exists; a command if its verb's module (and, for
-    ``minipar bench X``, the benchmark's module) exists.
-    """
-    if kind == "modules":
-        return "present" if _module_file(target) else "planned"
-    if kind == "notebooks":
-        nb_dir = g.PKG_DIR.parent / "notebooks"
-        if not nb_dir.is_dir():
-            return None
-        return "present" if (nb_dir / target).is_file() else "planned"
-    if kind == "exercises":
-        ex = g.PKG_DIR / "exercises"
-        return "present" if (ex / target).exists() or (ex / f"{target}.py").exists() else "planned"
-    if kind == "commands":
-        from minipar.registry import BENCHES, VERBS
-
-        words = target.split()
-        if len(words) < 2 or words[0] != "minipar" or words[1] not in VERBS:
-            return "planned"
-        if not _module_file(VERBS[words[1]][0]):
-            return "planned"
-        if words[1] == "bench" and len(words) > 2:
-            entry = BENCHES.get(words[2])
-            return "present" if entry and _module_file(entry[0]) else "planned"
-        return "present"
-    raise ValueError(f"unknown link kind {kind!r}; one of modules, notebooks, exercises, commands")
 
 
 # --------------------------------------------------------------------------- text layout
@@ -241,9 +196,11 @@ def _clean(s: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minipar glossary", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n\n")[1].splitlines()))
+    from minipar.cli_errors import ArgumentParser, output_file_or_stdout
+
+    p = ArgumentParser(prog="minipar glossary", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="\n".join(__doc__.split("\n\n")[1].splitlines()))
     p.add_argument("query", nargs="*", help="a term in English, Russian or Chinese")
     p.add_argument("--lang", choices=g.LANGS, help="definitions (and --list columns) in one language")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -251,7 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--scan", metavar="FILE", help="find every term in FILE ('-' for stdin)")
     mode.add_argument("--list", action="store_true", help="table of all terms")
-    mode.add_argument("--export-md", metavar="PATH", help="write the Markdown glossary ('-': stdout)")
+    mode.add_argument("--export-md", metavar="PATH", type=output_file_or_stdout,
+                      help="write the Markdown glossary ('-': stdout) into a folder that exists")
     return p
 
 
@@ -293,7 +251,12 @@ def _main(argv: list[str]) -> int:
         if args.export_md == "-":
             sys.stdout.write(md)
         else:
-            Path(args.export_md).write_text(md, encoding="utf-8")
+            try:
+                Path(args.export_md).write_text(md, encoding="utf-8")
+            except OSError as exc:  # checked when parsed; this is what the check cannot see
+                print(f"minipar glossary: --export-md: cannot write {args.export_md}: "
+                      f"{exc.strerror or exc}", file=sys.stderr)
+                return 2
             print(f"wrote {args.export_md} ({len(g.terms())} terms)")
         return 0
     query = _clean(" ".join(args.query)).strip()

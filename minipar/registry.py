@@ -34,9 +34,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "glossary": ("minipar.bench.glossary", "glossary lookup latency and process start time"),
 }
 
-#: ``minipar run`` strategy -> (technique module, one-line help)
+#: ``minipar run`` strategy -> (its module in :mod:`minipar.run`: options, checks and
+#: measurements; the technique itself is in :mod:`minipar.parallel`), one-line help)
 STRATEGIES: dict[str, tuple[str, str]] = {
-    "dp": ("minipar.parallel.data_parallel", "data parallelism: ring all-reduce of gradient buckets"),
-    "ps": ("minipar.parallel.parameter_server", "parameter server: workers push grads, pull params"),
-    "zero": ("minipar.parallel.zero", "ZeRO stages 1-3: sharded optimizer states, grads, params"),
+    "dp": ("minipar.run.dp", "data parallelism: ring all-reduce of gradient buckets"),
+    "ps": ("minipar.run.ps", "parameter server: workers push grads, pull params"),
+    "zero": ("minipar.run.zero", "ZeRO stages 0-3: sharded optimizer states, grads, params"),
 }

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from minipar import data
+from minipar import data, spans
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
 from minipar.precision import ModelStates, get
 
@@ -67,11 +67,19 @@ def train(
     optimizer: str = "adamw",
     seed: int = 0,
     progress: TextIO | None = None,
+    micro_batches: int = 1,
     **opt_kwargs: Any,
 ) -> dict[str, Any]:
     """Train ``model`` for ``steps`` steps on ``batch(step) -> (inputs, targets)``.
 
     ``model.cfg.dtype`` must match the precision's parameter dtype.
+    ``micro_batches`` M > 1: gradient accumulation — each global batch is cut
+    into M row slices (the ``numpy.array_split`` rule of :mod:`minipar.spans`),
+    each slice's loss and gradients are weighted by its share of the rows and
+    summed.  A dense model gives the full-batch result up to rounding; a
+    mixture of experts routes each forward call's tokens as one group (its
+    capacity and aux loss are per group), so M slices are the serial oracle of
+    a data-parallel run on M ranks.
     Returns ``{"losses": [...], "seconds": float, "states": ModelStates}``.
     """
     pol = get(precision)
@@ -80,6 +88,8 @@ def train(
                          f"{precision!r} (expects {pol.model_dtype})")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be a positive integer, got {micro_batches!r}")
     init = type(model)(type(model.cfg)(**{**asdict(model.cfg), "dtype": "float64"})).init(seed)
     states = ModelStates(pol, init, optimizer, **opt_kwargs)
     views = states.param_views()
@@ -88,12 +98,33 @@ def train(
     t0 = time.perf_counter()
     for s in range(steps):
         x, y = batch(s)
-        loss, grads = model.loss_and_grads(views, x, y, loss_scale=states.loss_scale)
-        states.set_grads(grads)
+        if micro_batches == 1:
+            loss, grads = model.loss_and_grads(views, x, y, loss_scale=states.loss_scale)
+            states.set_grads(grads)
+        else:
+            loss = _accumulate(model, states, views, x, y, micro_batches)
         states.step()
         losses.append(loss)
         bar.update(s, loss)
     return {"losses": losses, "seconds": time.perf_counter() - t0, "states": states}
+
+
+def _accumulate(model: GPT | MLP, states: ModelStates, views: dict[str, Any], x: Any, y: Any,
+                micro_batches: int) -> float:
+    """Σ_m (b_m / B) · loss_m, with the gradients of that sum in ``states.grads``."""
+    rows = len(x)
+    if micro_batches > rows:
+        raise ValueError(f"{micro_batches} micro-batches but the batch has only {rows} rows")
+    states.grads[...] = 0
+    loss = 0.0
+    for m in range(micro_batches):
+        lo, hi = spans.span(rows, micro_batches, m)
+        w = (hi - lo) / rows
+        part, grads = model.loss_and_grads(views, x[lo:hi], y[lo:hi],
+                                           loss_scale=w * states.loss_scale)
+        states.grads += states.layout.flatten(grads, states.grads.dtype)
+        loss += w * part
+    return loss
 
 
 def gpt_task(vocab_size: int = 10, seq_len: int = 16, batch_size: int = 32,
@@ -108,31 +139,107 @@ def mlp_task(batch_size: int = 64, n_classes: int = 3, data_seed: int = 0,
     return lambda s: data.spirals(data_seed, s, batch_size, n_classes, dtype=dtype)
 
 
+#: GPT-only and MLP-only options -> their defaults (None in the parser, so that an
+#: option given to the other model is refused instead of silently ignored)
+GPT_OPTIONS = {"vocab": 10, "seq": 16, "d_model": 64, "layers": 2, "heads": 4, "experts": 0,
+               "top_k": 1}
+MLP_OPTIONS = {"hidden": 64}
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minipar train", description=__doc__.split("\n\n")[0])
+    from minipar.cli_errors import ArgumentParser, integer, number, output_file
+
+    p = ArgumentParser(prog="minipar train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("gpt", "mlp"), default="gpt")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=32, help="global batch size (sequences or points)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--steps", type=integer(1), default=300, help="optimizer steps (default 300)")
+    p.add_argument("--batch", type=integer(1), default=32,
+                   help="global batch size, sequences or points (default 32)")
+    p.add_argument("--lr", type=number(greater_than=0), default=3e-3,
+                   help="learning rate, > 0 (default 3e-3)")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--precision", choices=("float64", "float32", "mixed", "mixed-fp16"),
                    default="float32")
-    p.add_argument("--seed", type=int, default=0, help="initialisation seed (data seed is 0)")
-    p.add_argument("--vocab", type=int, default=10, help="GPT: vocabulary = modulus V")
-    p.add_argument("--seq", type=int, default=16, help="GPT: sequence length T")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--experts", type=int, default=0, help="GPT: experts per MoE block (0: dense)")
-    p.add_argument("--top-k", type=int, default=1)
-    p.add_argument("--hidden", type=int, default=64, help="MLP: hidden width")
-    p.add_argument("--json", metavar="PATH", help="write the loss curve as JSON")
+    p.add_argument("--seed", type=integer(0), default=0,
+                   help="initialisation seed (data seed is 0)")
+    g = GPT_OPTIONS
+    p.add_argument("--vocab", type=integer(2),
+                   help=f"GPT: vocabulary = modulus V (default {g['vocab']})")
+    p.add_argument("--seq", type=integer(2), help=f"GPT: sequence length T (default {g['seq']})")
+    p.add_argument("--d-model", type=integer(1), help=f"GPT: width (default {g['d_model']})")
+    p.add_argument("--layers", type=integer(1), help=f"GPT: blocks (default {g['layers']})")
+    p.add_argument("--heads", type=integer(1),
+                   help=f"GPT: attention heads, must divide --d-model (default {g['heads']})")
+    p.add_argument("--experts", type=integer(0),
+                   help="GPT: experts per MoE block (default 0: dense)")
+    p.add_argument("--top-k", type=int, choices=(1, 2),
+                   help="GPT with --experts: experts per token, 1 (Switch) or 2 (GShard); "
+                   "default 1")
+    p.add_argument("--hidden", type=integer(1),
+                   help=f"MLP: hidden width (default {MLP_OPTIONS['hidden']})")
+    p.add_argument("--json", metavar="PATH", type=output_file,
+                   help="write the loss curve as JSON (into a folder that exists)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
+def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Checks across options, before any model is built: ``p.error`` (one line, exit 2)."""
+    own, other = (GPT_OPTIONS, MLP_OPTIONS) if a.model == "gpt" else (MLP_OPTIONS, GPT_OPTIONS)
+    stray = [f"--{k.replace('_', '-')}" for k in other if getattr(a, k) is not None]
+    if stray:
+        p.error(f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to "
+                f"--model {'mlp' if a.model == 'gpt' else 'gpt'}, not --model {a.model}")
+    if a.model == "gpt" and a.top_k is not None and not a.experts:
+        p.error("--top-k only applies to a mixture of experts: give --experts E (E >= 1) too")
+    for k, v in own.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.model == "gpt":
+        if a.d_model % a.heads:
+            divisors = [h for h in range(1, a.d_model + 1) if a.d_model % h == 0]
+            shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+            p.error(f"--heads {a.heads} does not divide --d-model {a.d_model} (each head takes "
+                    f"d_model / heads columns); --heads must be one of {shown}")
+        if a.experts and a.top_k > a.experts:
+            p.error(f"--top-k {a.top_k} exceeds --experts {a.experts}: "
+                    f"--top-k must be 1{' or 2' if a.experts >= 2 else ''}")
+    _check_memory(p, a)
+
+
+def _check_memory(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuse a model whose parameters, gradients and optimizer states alone exceed the RAM."""
+    import os
+
+    from minipar.plan import gpt_param_count
+
+    if a.model == "gpt":
+        n = gpt_param_count(a.layers, a.d_model, a.vocab, a.seq, n_experts=a.experts)
+        sizes = "--d-model, --layers, --vocab or --experts"
+    else:
+        n = (2 + 1) * a.hidden + (a.hidden + 1) * a.hidden + (a.hidden + 1) * 3  # (w, b) per layer
+        sizes = "--hidden"
+    pol = get(a.precision)
+    per_param = 2 * pol.param_dtype.itemsize + (pol.master_dtype.itemsize if pol.master_dtype
+                                                else 0)
+    per_param += 2 * pol.state_dtype.itemsize if a.optimizer == "adamw" else 0
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return
+    if n * per_param > ram:
+        p.error(f"{n:.3g} parameters need at least {n * per_param / 1e9:,.0f} GB for parameters, "
+                f"gradients and optimizer states ({per_param} bytes each), more than this "
+                f"machine's {ram / 1e9:.1f} GB; use a smaller {sizes}")
+
+
 def main(argv: list[str]) -> int:
-    a = _parser().parse_args(argv)
+    """``minipar train``: 0 after training; 2 (one line on stderr) on bad input."""
+    p = _parser()
+    try:
+        a = p.parse_args(argv)
+        _check_options(p, a)
+    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
+        return int(e.code or 0)
     dtype = get(a.precision).model_dtype
     try:
         if a.model == "gpt":
@@ -150,10 +257,18 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"minipar train: {e}", file=sys.stderr)
         return 2
+    except MemoryError:
+        smaller = "--batch or --hidden" if a.model == "mlp" else "--batch, --seq or model"
+        print(f"minipar train: out of memory; use a smaller {smaller}", file=sys.stderr)
+        return 1
     losses = out["losses"]
     print(f"{a.model}: {model.n_params()} parameters, {a.precision}, {a.steps} steps in "
           f"{out['seconds']:.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}{floor}")
     if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(a), "losses": losses, "seconds": out["seconds"]}, f)
+        try:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump({"args": vars(a), "losses": losses, "seconds": out["seconds"]}, f)
+        except OSError as e:
+            print(f"minipar train: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
+            return 1
     return 0

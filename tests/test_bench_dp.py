@@ -51,6 +51,14 @@ def test_measure_step_time_is_the_median_after_warmup(monkeypatch: pytest.Monkey
         bench_dp.measure_step_time(step, steps=0)
 
 
-def test_bad_options_exit_2() -> None:
-    assert bench_dp.main(["--bucket-mb", "0"]) == 2
-    assert bench_dp.main(["-n", "4", "--batch", "2"]) == 2
+@pytest.mark.parametrize("args,option", [
+    (["--bucket-mb", "0"], "--bucket-mb"), (["-n", "4", "--batch", "2"], "--batch"),
+    (["--heads", "3"], "--heads"), (["--precision", "foo"], "--precision"),
+    (["--timeout", "0"], "--timeout"), (["--rounds", "0"], "--rounds"), (["-n", "x"], "-n"),
+])
+def test_bad_options_are_one_line_and_exit_2(args: list[str], option: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked in this process, before any rank starts."""
+    assert bench_dp.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("minipar bench dp: ") and option in err[0], err

@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 TINY = ["-n", "2", "--d-model", "16", "--layers", "1", "--heads", "2", "--seq", "8",
         "--batch", "4", "--vocab", "16", "--steps", "1"]
 
@@ -29,7 +31,12 @@ def test_bench_zero_reports_every_stage_and_the_3_to_2_traffic() -> None:
     assert 2 * res["ZeRO-3"]["bytes"] == 3 * res["ZeRO-0"]["bytes"]
 
 
-def test_bench_zero_refuses_a_bad_stage() -> None:
-    proc = _bench(*TINY, "--stages", "0,5")
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr and "stage" in (proc.stderr + proc.stdout).lower()
+@pytest.mark.parametrize("args,option", [
+    (["--stages", "0,5"], "--stages"), (["--stages", "x"], "--stages"),
+    (["-n", "0"], "-n/--ranks"), (["--batch", "1"], "--batch"), (["--heads", "3"], "--heads"),
+])
+def test_bench_zero_refuses_bad_options_in_one_line(args: list[str], option: str) -> None:
+    proc = _bench(*TINY, *args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("minipar bench zero: ") and option in lines[0]

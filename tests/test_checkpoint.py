@@ -1,4 +1,5 @@
-"""Sharded ZeRO checkpoints: bit-identical resume, resharding, crash safety, refusals.
+"""Sharded ZeRO checkpoints (minipar.parallel.sharded_checkpoint): bit-identical resume,
+resharding, crash safety, refusals.
 
 Serial computation reproduced: ``minipar.train.train`` (the run the ZeRO
 engines equal); a resumed run must continue exactly as the run that was never
@@ -17,7 +18,7 @@ from mpi4py import MPI
 from minipar import launch
 from minipar.comm import TracedComm
 from minipar.nn import GPT
-from minipar.parallel import checkpoint
+from minipar.parallel import sharded_checkpoint
 from minipar.parallel.common import PARITY_ATOL, PARITY_RTOL, RunSpec, loss_weight
 from minipar.parallel.zero import ZeRO
 from minipar.train import train
@@ -59,7 +60,7 @@ def test_four_ranks_resume_reshard_crash_consolidate(tmp_path: Path) -> None:
     assert "interrupted" in crash["incomplete_refused"]
     assert crash["resumed_bit_identical"]
     # the consolidated step-2 file: the serial model loads it and it is its own step 2
-    full = checkpoint.load_consolidated(res["consolidated"])
+    full = sharded_checkpoint.load_consolidated(res["consolidated"])
     want = serial_params(2)
     assert list(full) == list(GPT(SPEC.config()).param_shapes())
     for name, value in want.items():
@@ -73,11 +74,11 @@ def test_a_killed_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
     proc = launch.run(2, str(MPI_DIR / "ckpt_crash.py"), str(tmp_path), timeout=60)
     assert proc.returncode != 0 and "UNREACHABLE" not in proc.stdout
     assert list((tmp_path / "step_00000004").glob("shard_*"))  # debris of the crash
-    assert checkpoint.latest(tmp_path) == tmp_path / "step_00000002"
-    with pytest.raises(checkpoint.CheckpointError, match="interrupted"):
-        checkpoint.load(engine(2), tmp_path / "step_00000004")
+    assert sharded_checkpoint.latest(tmp_path) == tmp_path / "step_00000002"
+    with pytest.raises(sharded_checkpoint.CheckpointError, match="interrupted"):
+        sharded_checkpoint.load(engine(2), tmp_path / "step_00000004")
     eng = engine(3)  # another stage, another world size
-    m = checkpoint.load(eng, tmp_path)
+    m = sharded_checkpoint.load(eng, tmp_path)
     assert m["step"] == 2 and m["world_size"] == 2 and eng.step_count == 2
     run_to(eng, 4)
     want = GPT(SPEC.config()).param_shapes()
@@ -88,43 +89,43 @@ def test_a_killed_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
 def test_another_model_precision_or_optimizer_is_refused(tmp_path: Path) -> None:
     eng = engine(1)
     run_to(eng, 1)
-    d = checkpoint.save(eng, tmp_path)
+    d = sharded_checkpoint.save(eng, tmp_path)
     for spec, what in ((SPEC.with_(d_model=32), "d_model: checkpoint 16, this run 32"),
                        (SPEC.with_(layers=3), "n_layer: checkpoint 2, this run 3"),
                        (SPEC.with_(precision="mixed"), "precision: checkpoint 'float64'"),
                        (SPEC.with_(optimizer="sgd"), "optimizer: checkpoint 'adamw'")):
-        with pytest.raises(checkpoint.CheckpointError, match="another model or setting") as e:
-            checkpoint.load(engine(1, spec), d)
+        with pytest.raises(sharded_checkpoint.CheckpointError, match="another model or setting") as e:
+            sharded_checkpoint.load(engine(1, spec), d)
         assert what in str(e.value)
-    with pytest.raises(checkpoint.CheckpointError, match="already holds a complete checkpoint"):
-        checkpoint.save(eng, tmp_path)
-    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
-        checkpoint.load(eng, tmp_path / "empty")
+    with pytest.raises(sharded_checkpoint.CheckpointError, match="already holds a complete checkpoint"):
+        sharded_checkpoint.save(eng, tmp_path)
+    with pytest.raises(sharded_checkpoint.CheckpointError, match="no complete checkpoint"):
+        sharded_checkpoint.load(eng, tmp_path / "empty")
 
 
 def test_a_damaged_shard_is_detected(tmp_path: Path) -> None:
     eng = engine(2)
     run_to(eng, 1)
-    d = checkpoint.save(eng, tmp_path)
+    d = sharded_checkpoint.save(eng, tmp_path)
     shard = next(d.glob("shard_*.npz"))
     raw = bytearray(shard.read_bytes())
     raw[-100] ^= 1
     shard.write_bytes(bytes(raw))
-    with pytest.raises(checkpoint.CheckpointError, match="SHA-256"):
-        checkpoint.load(engine(2), d)
+    with pytest.raises(sharded_checkpoint.CheckpointError, match="SHA-256"):
+        sharded_checkpoint.load(engine(2), d)
 
 
 def test_mixed_precision_round_trip_keeps_bfloat16_bits(tmp_path: Path) -> None:
     spec = SPEC.with_(precision="mixed")
     eng = engine(3, spec)
     run_to(eng, 2, spec)
-    d = checkpoint.save(eng, tmp_path)
-    m = json.loads((d / checkpoint.MANIFEST).read_text())
+    d = sharded_checkpoint.save(eng, tmp_path)
+    m = json.loads((d / sharded_checkpoint.MANIFEST).read_text())
     assert m["dtypes"] == {"params": "bfloat16", "master": "float32", "opt.m": "float32",
                            "opt.v": "float32"}
     back = engine(1, spec)
-    checkpoint.load(back, d)
+    sharded_checkpoint.load(back, d)
     assert back.params.tobytes() == eng.full_params().tobytes()
     assert back.states.master.tobytes() == eng.states.master.tobytes()
-    full = checkpoint.load_consolidated(checkpoint.consolidate(d, tmp_path / "full.npz"))
+    full = sharded_checkpoint.load_consolidated(sharded_checkpoint.consolidate(d, tmp_path / "full.npz"))
     assert all(v.dtype == np.float32 for v in full.values())  # the fp32 master weights

@@ -1,7 +1,13 @@
-"""The minipar command: verbs listed, unknown verbs refused."""
+"""The minipar command: verbs listed, unknown verbs refused, Ctrl-C is one line.
 
+Bad options of each verb: tests/test_bad_input.py.
+"""
+
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from minipar import cli
 
@@ -13,9 +19,20 @@ def test_help_lists_every_verb(capsys):
         assert verb in out
 
 
-def test_unknown_verb_is_refused(capsys):
+def test_unknown_verb_is_refused_in_one_line(capsys):
     assert cli.main(["frobnicate"]) == 2
-    assert "unknown verb" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        (f"minipar: unknown verb 'frobnicate'; one of {', '.join(cli.VERBS)} "
+         "(minipar --help describes them)")
+    ]
+
+
+def test_a_verbs_help_and_usage_errors_return_their_status(capsys):
+    assert cli.main(["plan", "--help"]) == 0  # argparse's SystemExit(0) becomes a status
+    assert "--params" in capsys.readouterr().out
+    assert cli.main(["exercise", "nope"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_console_entry_point_runs():
@@ -23,3 +40,44 @@ def test_console_entry_point_runs():
         [sys.executable, "-m", "minipar.cli", "--help"], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0 and "verbs:" in proc.stdout
+
+
+def test_keyboard_interrupt_in_a_verb_is_one_line(monkeypatch, capsys):
+    import minipar.plan
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(minipar.plan, "main", interrupted)
+    assert cli.main(["plan", "--params", "1e9", "-n", "4"]) == 130
+    out, err = capsys.readouterr()
+    assert err == "minipar: interrupted\n" and out == ""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child needs POSIX")
+def test_ctrl_c_during_training_is_one_line_and_exit_130():
+    """SIGINT (what Ctrl-C sends) to a real `minipar train` mid-run: one line, 130, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "minipar.cli", "train", "--steps", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()  # the progress bar after step 1: training has started
+        assert first.startswith("step "), first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert "Traceback" not in err and out == ""
+    assert err.splitlines()[-1:] == ["minipar: interrupted"]
+    assert all(line.startswith("step ") for line in err.splitlines()[:-1])
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    """`minipar plan ... | head -1`: the reader leaves early; minipar exits 0 without a traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "minipar.cli", "plan", "--params", "7.5e9",
+                             "-n", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child writes: its first write gets EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""

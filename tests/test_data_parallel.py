@@ -4,7 +4,8 @@ One launch of tests/mpi/dp_checks.py per world size 1-4 (global batch of 10
 rows: 3 ranks get 4, 3, 3 rows) checks, on every rank: losses and final
 parameters after 4 AdamW steps equal the serial run's (float64, rtol 1e-12,
 atol 1e-13), for one parameter per bucket, medium buckets, one bucket, no
-overlap and MPI's Iallreduce; replicas bit-identical; bytes sent per step
+overlap and MPI's Iallreduce, and on a mixture of experts (4 experts,
+top-2); replicas bit-identical; bytes sent per step
 equal to the ring formula summed over buckets and ≈ 2(N-1)/N x S; only the
 right neighbour is sent to; the timeline shows buckets reduced during
 backward; bad input raises ValueError on every rank before any message.
@@ -28,11 +29,7 @@ import pytest
 from minipar import launch, run
 from minipar.optim import FlatParams
 from minipar.parallel import common
-from minipar.parallel.data_parallel import (
-    bucket_bytes_option,
-    make_buckets,
-    replica_model_state_bytes,
-)
+from minipar.parallel.data_parallel import make_buckets, replica_model_state_bytes
 from minipar.precision import ModelStates
 
 MPI_DIR = Path(__file__).parent / "mpi"
@@ -76,6 +73,23 @@ def test_dp_sgd_equals_serial_and_mixed_precision_is_measured(n: int) -> None:
         assert m["formula"] == pytest.approx(2 * (n - 1) / n * 2 * m["psi"], rel=0.01, abs=0)
         assert m["model_state_bytes"] == 16 * m["psi"] == replica_model_state_bytes(m["psi"], "mixed")
         assert m["replicas_identical"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_dp_on_a_mixture_of_experts_equals_the_serial_run_of_the_same_groups(n: int) -> None:
+    """4 experts, top-2, capacity 1.25: the aux loss and its gradient (daux = b_r/B) go
+    through DDP's walk.  A rank routes its own rows as one group (capacity and aux loss are
+    per group), so the oracle is serial training on the same N row groups, accumulated."""
+    for o in _results(n):
+        m = o["moe"]
+        assert m["dropped"] > 0 and m["aux_loss"] > 0  # capacity binds; the aux loss is live
+        np.testing.assert_allclose(m["losses"], m["serial_losses"], rtol=common.PARITY_RTOL,
+                                   atol=common.PARITY_ATOL)
+        np.testing.assert_allclose(m["params"], m["serial_params"], rtol=common.PARITY_RTOL,
+                                   atol=common.PARITY_ATOL)
+        assert m["replicas_identical"]
+        if n > 1:  # the full batch routes other groups: a different run, not rounding
+            assert m["full_batch_diff"] > 1e-6
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -150,6 +164,11 @@ def test_buckets_cover_the_buffer_in_reverse_order() -> None:
         assert all(b.size * 8 >= cap for b in bs[:-1])
     with pytest.raises(ValueError, match="positive"):
         make_buckets(layout, 0, 8)
+
+
+def test_bucket_option_in_bytes_or_mib() -> None:
+    from minipar.run.dp import bucket_bytes_option  # the `minipar run dp` option
+
     with pytest.raises(ValueError, match="> 0"):
         bucket_bytes_option({"bucket_mb": 0.0})
     assert bucket_bytes_option({"bucket_mb": 1.0}) == 2**20
@@ -167,6 +186,43 @@ def test_rows_and_weights_give_the_serial_mean() -> None:
         common.local_rows(3, 0, 4)
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"lr": 0}, "--lr must be > 0, got 0"),
+    ({"lr": -1e-3}, "--lr must be > 0"),
+    ({"weight_decay": -0.1}, "--weight-decay must be >= 0, got -0.1"),
+    ({"batch": 0}, "--batch must be a positive integer, got 0"),
+    ({"d_model": 0}, "--d-model must be a positive integer"),
+    ({"layers": -2}, "--layers must be a positive integer"),
+    ({"steps": 0}, "--steps must be a positive integer"),
+    ({"seq": 2.5}, "--seq must be a positive integer, got 2.5"),
+    ({"heads": 3}, "--heads 3 does not divide --d-model 16"),
+    ({"experts": -1}, "--experts must be an integer >= 0, got -1"),
+    ({"experts": 4, "top_k": 3}, "--top-k must be 1 (Switch) or 2 (GShard) with --experts 4, got 3"),
+    ({"experts": 1, "top_k": 2}, "--top-k must be 1 (Switch) with --experts 1, got 2"),
+    ({"experts": 2, "top_k": 0}, "--top-k must be a positive integer, got 0"),
+    ({"top_k": 2}, "--top-k 2 needs a mixture of experts"),
+    ({"experts": 2, "capacity_factor": 0.0}, "--capacity-factor must be > 0"),
+    ({"precision": "foo"}, "--precision must be one of float64, float32, mixed, mixed-fp16"),
+    ({"optimizer": "adam"}, "--optimizer must be adamw or sgd, got 'adam'"),
+])
+def test_run_spec_names_the_bad_option(changes: dict, message: str) -> None:
+    """One sentence naming the option as the command line spells it (`minipar run` shows it)."""
+    with pytest.raises(ValueError) as e:
+        common.RunSpec(**changes)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=message.split(",")[0].split(" ")[0]):
+        common.RunSpec.from_options({k: v for k, v in changes.items()})
+
+
+def test_run_spec_moe_options_reach_the_model() -> None:
+    spec = common.RunSpec.from_options({"experts": 4, "top_k": 2, "capacity_factor": 2.0,
+                                        "stage": 3, "bucket_mb": 1.0})  # others' options ignored
+    cfg = spec.config()
+    assert (cfg.n_experts, cfg.top_k, cfg.capacity_factor) == (4, 2, 2.0)
+    assert spec.model().n_params() > common.RunSpec().model().n_params()
+    assert common.RunSpec().config().n_experts == 0
+
+
 @pytest.mark.parametrize("precision,per_param", [("mixed", 16), ("float64", 32), ("float32", 16)])
 def test_replica_model_state_formula_is_measured(precision: str, per_param: int) -> None:
     spec = common.RunSpec(precision=precision)
@@ -182,6 +238,7 @@ def test_minipar_run_dp_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0, out
     s = json.loads(out[out.index("{"):])
     assert s["strategy"] == "dp" and s["ranks"] == 3 and s["parity"] is True
+    assert s["verdict"]["status"] == "equal" and s["parity_expected"] is True
     assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"]
     assert s["bytes_formula"] == pytest.approx(4 / 3 * 7040 * 8)
     assert s["model_state_bytes_per_rank"] == [s["model_state_formula"]] * 3

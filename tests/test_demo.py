@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -13,9 +12,8 @@ from minipar import collectives, launch
 
 @pytest.mark.parametrize("n,elems", [(1, 5), (3, 10), (4, 1000)])
 def test_demo_measures_the_ring_formula(n: int, elems: int) -> None:
-    proc = launch.run(n, "minipar.demo", "--worker", str(elems), "--json", timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+    data, proc = launch.run_json(n, "minipar.demo", {"elems": elems}, timeout=60)
+    assert proc.returncode == 0 and data is not None, proc.stderr
     assert data["ranks"] == n and data["bytes"] == 8 * elems
     for row in data["rows"]:
         r = row["rank"]
@@ -36,7 +34,15 @@ def test_demo_cli_prints_a_table() -> None:
     assert "equal MPI's own Allreduce on every rank" in proc.stdout
 
 
-def test_demo_rejects_bad_arguments() -> None:
-    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "demo", "-n", "0"],
+@pytest.mark.parametrize("args,option", [
+    (["-n", "0"], "-n/--ranks"), (["-n", "two"], "-n/--ranks"), (["--elems", "-1"], "--elems"),
+    (["--timeout", "0"], "--timeout"), (["--hostfile", "/no/such/hosts"], "--hostfile"),
+    (["--frobnicate"], "--frobnicate"),
+])
+def test_demo_rejects_bad_arguments_in_one_line(args: list[str], option: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "demo", *args],
                           capture_output=True, text=True, timeout=30, check=False)
-    assert proc.returncode == 2 and "--ranks must be >= 1" in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minipar demo: ") and option in lines[0], lines
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

@@ -45,6 +45,16 @@ def test_start_writes_the_skeleton_and_refuses_to_overwrite(tmp_path, capsys, na
     assert target.read_text() == text
 
 
+def test_start_creates_a_missing_dir_and_says_so(tmp_path, capsys):
+    folder = tmp_path / "my" / "exercises"
+    assert ex_cli.main(["start", "tree_broadcast", "--dir", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"created folder {folder}\nwrote {folder / 'tree_broadcast.py'}")
+    assert (folder / "tree_broadcast.py").read_text() == get("tree_broadcast").skeleton_path.read_text()
+    assert ex_cli.main(["start", "ring_allreduce", "--dir", str(folder)]) == 0
+    assert "created" not in capsys.readouterr().out  # it exists now
+
+
 def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         check("ring_allreduce", tmp_path / "missing.py", 2)
@@ -184,3 +194,5 @@ def test_check_command_exit_codes_and_json(capsys):
         "fix the first ✗ first."
     )
     assert ex_cli.main(["check", "ring_allreduce"]) == 2  # neither FILE nor --solution
+    assert capsys.readouterr().err == (
+        "minipar exercise check: give FILE or --solution (one of them)\n")  # more: test_bad_input

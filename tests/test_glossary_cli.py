@@ -88,6 +88,16 @@ def test_export_md(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (tmp_path / "g.md").read_text(encoding="utf-8") == glossary_cli.markdown()
 
 
+def test_export_md_refuses_a_missing_folder_in_one_line(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "docs" / "g.md"
+    assert minipar(["glossary", "--export-md", str(target)]) == 2
+    assert capsys.readouterr().err == (
+        f"minipar glossary: --export-md: cannot write {target}: the folder {target.parent} "
+        "does not exist (minipar does not create it)\n")
+    assert not target.parent.exists()
+
+
 def test_scan_a_seed_file(capsys: pytest.CaptureFixture[str]) -> None:
     path = SEEDS / "004_9ffc8ddddd5da86d.txt"
     assert minipar(["glossary", "--scan", str(path), "--json"]) == 0

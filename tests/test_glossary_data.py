@@ -11,6 +11,7 @@ import pytest
 
 from minipar import glossary as g
 from minipar import glossary_cli
+from minipar.glossary import links as glinks
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -159,7 +160,7 @@ def test_links_are_well_formed_and_present_or_planned() -> None:
         for kind, targets in t.links.items():
             for target in targets:
                 assert LINK_FORMS[kind].fullmatch(target), f"{t.id}: malformed {kind} link {target!r}"
-                status = glossary_cli.link_status(kind, target)
+                status = g.link_status(kind, target)
                 assert status == "present" or _planned(kind, target), f"{t.id}: {target!r} is neither"
                 seen[kind].add((target, status))
     for target, status in seen["modules"]:
@@ -184,16 +185,37 @@ def test_link_status_is_computed_from_files(tmp_path: Path, monkeypatch: pytest.
     (pkg / "parallel").mkdir(parents=True)
     (pkg / "exercises" / "zero1_step").mkdir(parents=True)
     (tmp_path / "notebooks").mkdir()
-    monkeypatch.setattr(g, "PKG_DIR", pkg)
-    assert glossary_cli.link_status("modules", "minipar.parallel.zero") == "planned"
+    monkeypatch.setattr(glinks, "PKG_DIR", pkg)
+    assert glossary_cli.link_status is g.link_status  # the CLI re-exports the library's
+    assert g.link_status("modules", "minipar.parallel.zero") == "planned"
     (pkg / "parallel" / "zero.py").write_text("")
-    assert glossary_cli.link_status("modules", "minipar.parallel.zero") == "present"
-    assert glossary_cli.link_status("exercises", "zero1_step") == "present"
-    assert glossary_cli.link_status("exercises", "dp_grad_sync") == "planned"
-    assert glossary_cli.link_status("notebooks", "04_zero.ipynb") == "planned"
+    assert g.link_status("modules", "minipar.parallel.zero") == "present"
+    assert g.link_status("exercises", "zero1_step") == "present"
+    assert g.link_status("exercises", "dp_grad_sync") == "planned"
+    assert g.link_status("notebooks", "04_zero.ipynb") == "planned"
     (tmp_path / "notebooks" / "04_zero.ipynb").write_text("{}")
-    assert glossary_cli.link_status("notebooks", "04_zero.ipynb") == "present"
-    assert glossary_cli.link_status("commands", "minipar run dp -n 4") == "planned"  # no verb modules
+    assert g.link_status("notebooks", "04_zero.ipynb") == "present"
+    assert g.link_status("commands", "minipar run dp -n 4") == "planned"  # no verb modules
+    (pkg / "run.py").write_text("")
+    assert g.link_status("commands", "minipar run dp -n 4") == "present"
+    assert g.link_status("commands", "minipar bench zero") == "planned"
+    (pkg / "bench").mkdir()
+    (pkg / "bench" / "__init__.py").write_text("")
+    assert g.link_status("commands", "minipar bench zero") == "planned"  # the verb, not the bench
+    (pkg / "bench" / "zero.py").write_text("")
+    assert g.link_status("commands", "minipar bench zero") == "present"
+    with pytest.raises(ValueError, match="unknown link kind"):
+        g.link_status("papers", "x")
+
+
+def test_activation_checkpointing_is_not_the_sharded_checkpoint() -> None:
+    """Recomputation (remat) and saving training state are different things with different modules."""
+    remat = {m for tid in ("activation-checkpointing", "selective-recomputation")
+             for m in g.by_id()[tid].links.get("modules", [])}
+    assert "minipar.parallel.checkpointing" in remat
+    assert not any("sharded_checkpoint" in m for m in remat)
+    assert glinks.module_file("minipar.parallel.sharded_checkpoint") is not None
+    assert glinks.module_file("minipar.parallel.checkpoint") is None  # the old, confusable name
 
 
 def test_docs_glossary_md_is_fresh_and_has_no_status() -> None:

@@ -1,6 +1,10 @@
-"""minipar.viz.overview: the split table matches the papers' structure and the glossary."""
+"""minipar.viz.overview: the split table matches the papers' structure and the glossary;
+it and the glossary import no command-line module."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import matplotlib
 
@@ -50,3 +54,20 @@ def test_figure_and_where_table() -> None:
     assert all(t.id in table for t in glossary.terms())
     rows = overview.where_terms_live()
     assert {s for r in rows for links in r["links"].values() for _, s in links} <= {"present", "planned", None}
+
+
+def test_library_side_imports_no_command_line_module() -> None:
+    """viz.overview and the glossary read minipar.registry, never a CLI module (fresh interpreter)."""
+    cli = ("minipar.cli", "minipar.glossary_cli", "minipar.bench", "minipar.run")
+    probe = ("import sys\n"
+             "import minipar.glossary as g\n"
+             "g.lookup('all-reduce'); g.scan('ring all-reduce')\n"
+             "assert not {'numpy', 'mpi4py'} & set(sys.modules), 'the glossary imported NumPy or mpi4py'\n"
+             "from minipar.viz import overview\n"
+             "rows = overview.where_terms_live(); overview.where_table()\n"
+             "assert any(s == 'present' for r in rows for ls in r['links'].values() for _, s in ls)\n"
+             f"print(sorted(m for m in sys.modules if m.startswith({cli!r})))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"command-line modules imported: {proc.stdout.strip()}"

@@ -153,11 +153,11 @@ def test_pieces_compose_to_the_model() -> None:
     logits, s_head = head_forward(params, h)
     ce, s_ce = cross_entropy_forward(logits, y)
     assert ce + aux == loss
-    dh, g = head_backward(s_head, cross_entropy_backward(s_ce))
+    dh, g = head_backward(params, s_head, cross_entropy_backward(s_ce))
     for i in reversed(range(cfg.n_layer)):
         dh, gb = block_backward(sub(params, f"blocks.{i}."), saved[i], dh)
         g.update({f"blocks.{i}.{k}": v for k, v in gb.items()})
-    g.update(embed_backward(s_emb, dh))
+    g.update(embed_backward(params, s_emb, dh))
     assert set(g) == set(grads) and all(np.array_equal(g[k], grads[k]) for k in g)
 
 

@@ -10,6 +10,8 @@ from minipar.nn import (
     attention_core_backward,
     attention_core_forward,
     attention_forward,
+    bias_backward,
+    bias_forward,
     cross_entropy_backward,
     cross_entropy_forward,
     embedding_backward,
@@ -48,22 +50,34 @@ def check(forward, backward, inputs: dict[str, np.ndarray], seed: int = 1) -> di
     return errors
 
 
-def test_linear() -> None:
+def test_linear_and_bias() -> None:
+    """Linear then bias, each with its own backward (the weight is passed, not saved)."""
     x, w, b = rng().standard_normal((2, 3, 4)), rng(2).standard_normal((4, 5)), rng(3).standard_normal(5)
 
+    def fwd():
+        y, s = linear_forward(x, w)
+        return bias_forward(y, b), s
+
     def bwd(s, dy):
-        dx, dw, db = linear_backward(s, dy)
-        return {"x": dx, "w": dw, "b": db}
+        dx, dw = linear_backward(w, s, dy)
+        return {"x": dx, "w": dw, "b": bias_backward(dy)}
 
-    check(lambda: linear_forward(x, w, b), bwd, {"x": x, "w": w, "b": b})
-    y, _ = linear_forward(x, w, b)
-    np.testing.assert_allclose(y, x @ w + b, rtol=0, atol=0)
-
-
-def test_linear_without_bias_returns_none() -> None:
-    x, w = rng().standard_normal((3, 4)), rng(2).standard_normal((4, 2))
+    check(fwd, bwd, {"x": x, "w": w, "b": b})
     y, s = linear_forward(x, w)
-    assert linear_backward(s, np.ones_like(y))[2] is None
+    np.testing.assert_array_equal(y, x @ w)
+    assert len(s) == 1 and s[0] is x  # only the input is saved
+    np.testing.assert_array_equal(bias_forward(y, b), x @ w + b)
+
+
+def test_bias_backward_sums_over_leading_axes_in_fp32() -> None:
+    import ml_dtypes
+
+    dy = np.full((64, 3, 2), 1.0 / 3, dtype=ml_dtypes.bfloat16)
+    db = bias_backward(dy)
+    assert db.dtype == dy.dtype and db.shape == (2,)
+    # summed in float32, rounded once: 192 x bf16(1/3), not a 16-bit running sum
+    want = (dy.astype(np.float32).reshape(-1, 2).sum(0)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(db, want)
 
 
 def test_embedding_with_repeated_ids() -> None:
@@ -80,7 +94,7 @@ def test_layernorm() -> None:
     g, b = rng(2).standard_normal(6), rng(3).standard_normal(6)
 
     def bwd(s, dy):
-        dx, dg, db = layernorm_backward(s, dy)
+        dx, dg, db = layernorm_backward(g, s, dy)
         return {"x": dx, "g": dg, "b": db}
 
     check(lambda: layernorm_forward(x, g, b), bwd, {"x": x, "g": g, "b": b})

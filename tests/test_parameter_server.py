@@ -8,8 +8,10 @@ each owning a shard; asynchronous with staleness 0 equal to it as well (one
 server or two);
 every worker ends with the server's parameters; the server receives and
 sends W x S per step (``minipar.plan.parameter_server_bytes_at_server``), a
-worker S; asynchronous with staleness 2 and a straggler converges (the loss
-falls like the synchronous run's) though it is not the serial run; bad input
+worker S; asynchronous with staleness 2 and a straggler converges (the mean
+loss falls by at least 0.3 over 80 steps) though it is not the serial run (its
+final parameters are more than 1e-6 away; the synchronous run's are within
+1e-9); bad input
 raises ValueError on every rank before any message.
 """
 
@@ -28,6 +30,9 @@ from minipar.plan.collectives import parameter_server_bytes_at_server
 
 MPI_DIR = Path(__file__).parent / "mpi"
 TOL = {"rtol": common.PARITY_RTOL, "atol": common.PARITY_ATOL}
+DROP = 0.3  # the least fall of the mean loss (first 5 steps -> last 5) that counts as converging
+ROUNDING = 1e-9  # a float64 run equal to the serial one stays this close after 80 steps
+NOT_ROUNDING = 1e-6  # a run farther than this from the serial parameters is another computation
 
 
 @cache
@@ -85,14 +90,33 @@ def test_server_link_carries_w_times_s(n: int) -> None:
 
 
 def test_async_with_staleness_converges_but_is_not_serial() -> None:
+    """Staleness 2 and a straggler, 80 steps on 3 workers: the loss falls, the parameters are not serial.
+
+    Converges: the mean loss of the last 5 steps is at least :data:`DROP` below
+    that of the first 5 (it starts at ln 5 = 1.61, a uniform guess over the 5
+    tokens; measured: 1.61 -> 0.99-1.10 asynchronous, -> 0.81 synchronous).
+    Not serial: the final parameters differ from the serial run's by more than
+    :data:`NOT_ROUNDING` (measured: 0.21-0.26).  The control is the synchronous
+    run of the same spec: it converges too, and its parameters equal the serial
+    run's to rounding (measured 4e-12), so the "not serial" assert fails on it.
+    """
     out = _results(4)
-    server = _case(out, "converge-async-s2")[0]
-    sync = np.array(_case(out, "converge-sync")[0]["losses"])
-    a = np.array(server["losses"])
-    assert sync[-5:].mean() < sync[:5].mean() - 0.2, sync
-    assert a[-5:].mean() < a[:5].mean() - 0.2, a  # it learns: ~1.6 at first
-    assert server["max_delay"] <= 2 * 2  # staleness s: a gradient is at most 2s updates old
-    assert _case(out, "async-s0")[0]["max_delay"] == 0
+    serial = np.array(out[0]["converge_serial_params"])
+    sync, stale = _case(out, "converge-sync")[0], _case(out, "converge-async-s2")[0]
+
+    def drop(c: dict) -> float:
+        losses = np.array(c["losses"])
+        return float(losses[:5].mean() - losses[-5:].mean())
+
+    def gap(c: dict) -> float:
+        return float(np.abs(np.array(c["shard"]) - serial).max())
+
+    assert len(stale["losses"]) == 80 and drop(stale) >= DROP, stale["losses"]
+    assert gap(stale) > NOT_ROUNDING, gap(stale)
+    assert 1 <= stale["max_delay"] <= 2 * 2  # some gradient was stale; at most 2s updates old
+    # control: the same two asserts on the synchronous run -- the first holds, the second fails
+    assert drop(sync) >= DROP and gap(sync) < ROUNDING < NOT_ROUNDING, gap(sync)
+    assert sync["max_delay"] == 0 and _case(out, "async-s0")[0]["max_delay"] == 0
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
@@ -114,6 +138,7 @@ def test_minipar_run_ps_async_end_to_end(capsys: pytest.CaptureFixture[str]) -> 
     assert rc == 0, out
     s = json.loads(out[out.index("{"):])
     assert s["strategy"] == "ps" and s["mode"] == "async" and s["parity"] is True
+    assert s["verdict"]["status"] == "equal"  # staleness 0: the same updates as the serial run
     assert s["roles"] == ["server", "worker", "worker"]
     S = 7040 * 8
     assert s["bytes_sent_per_rank"] == [2 * S, S, S] and s["bytes_formula"] == 2 * S

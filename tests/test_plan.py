@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -19,15 +20,26 @@ from minipar import plan as P
 
 # ----------------------------------------------------------------- collectives
 def test_ring_and_ring_halves():
-    assert P.ring_allreduce_bytes(800, 4) == 1200.0          # 2·3/4·800
-    assert P.ring_allreduce_bytes(800, 1) == 0.0
-    assert P.reduce_scatter_bytes(800, 4) == 600.0           # 3/4·800
-    assert P.all_gather_bytes(800, 4) == 600.0
-    assert P.all_to_all_bytes(800, 4) == 600.0
-    assert P.ring_allreduce_bytes(800, 4) == P.reduce_scatter_bytes(800, 4) + P.all_gather_bytes(800, 4)
+    assert P.ring_allreduce_volume(800, 4) == 1200.0          # 2·3/4·800
+    assert P.ring_allreduce_volume(800, 1) == 0.0
+    assert P.reduce_scatter_volume(800, 4) == 600.0           # 3/4·800
+    assert P.all_gather_volume(800, 4) == 600.0
+    assert P.all_to_all_volume(800, 4) == 600.0
+    assert P.ring_allreduce_volume(800, 4) == P.reduce_scatter_volume(800, 4) + P.all_gather_volume(800, 4)
     assert P.ring_allreduce_steps(4) == 6
     assert P.parameter_server_bytes_at_server(800, 4) == 3200.0
     assert P.parameter_server_bytes_per_worker(800) == 800.0
+
+
+def test_one_meaning_per_name():
+    """plan's *_volume(S, N) are the papers' formulas; collectives' *_bytes(n, itemsize, N, rank)
+    the exact counts: no public name means both."""
+    import minipar.collectives as C
+
+    assert set(P.__all__) & set(C.__all__) == set()
+    # the formula and the exact count agree where the formula is exact (N divides n)
+    assert P.ring_allreduce_volume(800, 4) == C.ring_allreduce_bytes_sent(200, 4, 4, 3)
+    assert P.reduce_scatter_volume(800, 4) == C.reduce_scatter_bytes(200, 4, 4, 1)[0]
 
 
 @pytest.mark.parametrize("op, N, factor", [
@@ -226,10 +238,10 @@ def test_3d_layout():
 
 # ----------------------------------------------------------------- bad inputs
 @pytest.mark.parametrize("call", [
-    lambda: P.ring_allreduce_bytes(-1, 4),
-    lambda: P.ring_allreduce_bytes(10, 0),
-    lambda: P.ring_allreduce_bytes(10, 2.5),
-    lambda: P.ring_allreduce_bytes(float("nan"), 2),
+    lambda: P.ring_allreduce_volume(-1, 4),
+    lambda: P.ring_allreduce_volume(10, 0),
+    lambda: P.ring_allreduce_volume(10, 2.5),
+    lambda: P.ring_allreduce_volume(float("nan"), 2),
     lambda: P.busbw_factor("gather", 4),
     lambda: P.algbw(10, 0),
     lambda: P.zero_model_state_bytes(0, 4, 1),
@@ -272,13 +284,14 @@ def test_cli_text_paper_example(capsys):
 
 
 def test_cli_json_and_gpt(capsys):
-    assert P.main(["--gpt", "2,64,100,16", "-n", "4", "--tp", "2", "--batch", "3", "--json"]) == 0
+    argv = ["--gpt", "2,64,100,16", "-n", "4", "--heads", "2", "--tp", "2", "--batch", "3", "--json"]
+    assert P.main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["params"] == P.gpt_param_count(2, 64, 100, 16)
     assert [r["bytes"] for r in d["zero"]] == [P.zero_model_state_bytes(d["params"], 4, s) for s in range(4)]
     acts = d["activations"]
-    assert (acts["s"], acts["b"], acts["a"], acts["t"]) == (16, 3, 1, 2)
-    assert acts["rows"][0]["per_layer"] == 16 * 3 * 64 * (34 + 5 * 1 * 16 / 64)
+    assert (acts["s"], acts["b"], acts["a"], acts["t"]) == (16, 3, 2, 2)
+    assert acts["rows"][0]["per_layer"] == 16 * 3 * 64 * (34 + 5 * 2 * 16 / 64)
     assert d["gradient_sync"]["payload"] == 2 * d["params"]
     assert P.main(["--params", "1T", "-n", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gradient_sync"]["payload"] == 2e12
@@ -286,22 +299,31 @@ def test_cli_json_and_gpt(capsys):
     assert "activation memory" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [
-    ["--params", "-1", "-n", "4"], ["--params", "lots", "-n", "4"], ["--params", "1e9", "-n", "0"],
-    ["--params", "1e9"], ["-n", "4"], ["--params", "1e9", "--gpt", "1,2,3,4", "-n", "4"],
-    ["--params", "1e9", "-n", "4", "--tp", "2"], ["--gpt", "1,2,3", "-n", "4"],
-    ["--gpt", "2,64,100,16", "-n", "4", "--tp", "0"],
-])
-def test_cli_bad_input_exits_nonzero(argv, capsys):
-    assert P.main(argv) == 2
-    err = capsys.readouterr().err
-    assert "error" in err and "Traceback" not in err
+def test_cli_absurd_sizes_print_readably(capsys):
+    """1e30 parameters, 1e12 ranks: e-notation, never inf or a 30-digit number (bad ones: test_bad_input)."""
+    assert P.main(["--params", "1e30", "-n", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "Ψ = 1.00e+30 parameters" in out and "3.00e+30 B" in out
+    assert P.main(["--gpt", "1000000,1000000,1000000,1000000", "-n", "1000000000000",
+                   "--seq", "1000000000000", "--batch", "1000000000000"]) == 0
+    out += capsys.readouterr().out
+    assert "inf" not in out and "nan" not in out
+    assert not re.search(r"\d{14}", out.replace(",", ""))  # 1e12 (13 digits) is the longest
+
+
+def test_cli_default_heads_divide_d_model(capsys):
+    from minipar.plan._cli import default_heads
+
+    assert [default_heads(d) for d in (32, 64, 200, 768, 1600)] == [1, 1, 2, 12, 25]
+    assert P.main(["--gpt", "2,200,100,16", "-n", "4", "--json"]) == 0  # d/64 = 3 heads would not divide
+    assert json.loads(capsys.readouterr().out)["activations"]["a"] == 2
 
 
 def test_cli_process_and_light_import():
     proc = subprocess.run([sys.executable, "-m", "minipar.cli", "plan", "--params", "7.5e9", "-n", "0"],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "-n must be" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr == "minipar plan: -n/--ranks must be an integer from 1 to 1e12, got 0\n"
     code = "import sys, minipar.plan; print('numpy' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.stdout.strip() == "False"

@@ -65,7 +65,36 @@ def test_cli_verb(tmp_path, capsys) -> None:
     assert rc == 0
     out = capsys.readouterr()
     assert "gpt:" in out.out and "loss" in out.out and "step 3/3" in out.err
-    assert len(json.loads(path.read_text())["losses"]) == 3
+    saved = json.loads(path.read_text())
+    assert len(saved["losses"]) == 3
+    assert saved["args"]["d_model"] == 16 and saved["args"]["experts"] == 0  # defaults filled in
     assert T.main(["--model", "mlp", "--steps", "2", "--quiet"]) == 0
+    capsys.readouterr()
     assert T.main(["--d-model", "30", "--heads", "4", "--steps", "1", "--quiet"]) == 2
-    assert "not divisible" in capsys.readouterr().err
+    err = capsys.readouterr().err  # more bad input: tests/test_bad_input.py
+    assert err == ("minipar train: --heads 4 does not divide --d-model 30 (each head takes "
+                   "d_model / heads columns); --heads must be one of 1, 2, 3, 5, 6, 10, 15, 30\n")
+
+
+def test_micro_batches_accumulate_to_the_full_batch_for_a_dense_model() -> None:
+    """Σ_m (b_m/B) ∇loss_m = ∇loss for a dense model (10 rows in 3 slices: 4, 3, 3)."""
+    model = GPT(GPTConfig(**SMALL))
+    task = T.gpt_task(7, 10, 10)
+    whole = T.train(model, task, steps=3, lr=1e-2)
+    parts = T.train(model, task, steps=3, lr=1e-2, micro_batches=3)
+    np.testing.assert_allclose(parts["losses"], whole["losses"], rtol=1e-13, atol=0)
+    np.testing.assert_allclose(parts["states"].params, whole["states"].params, rtol=0, atol=1e-13)
+
+
+def test_micro_batches_are_the_routing_groups_of_a_mixture_of_experts() -> None:
+    """Capacity and aux loss are per forward call: 2 micro-batches route other groups than
+    the whole batch, so the runs differ beyond rounding (the oracle of DDP on 2 ranks)."""
+    model = GPT(GPTConfig(**SMALL, n_experts=4, top_k=2))
+    task = T.gpt_task(7, 10, 10)
+    whole = T.train(model, task, steps=2, lr=1e-2)
+    parts = T.train(model, task, steps=2, lr=1e-2, micro_batches=2)
+    assert np.abs(parts["states"].params - whole["states"].params).max() > 1e-6
+    with pytest.raises(ValueError, match="11 micro-batches but the batch has only 10 rows"):
+        T.train(model, task, steps=1, micro_batches=11)
+    with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
+        T.train(model, task, steps=1, micro_batches=0)

@@ -3,7 +3,9 @@
 Speed and memory targets live here, never as timed assertions in tests: the
 machine is shared and noisy, so a benchmark reports *ratios* of things
 measured in the same run (our ring vs MPI's Allreduce, our model vs PyTorch).
-Each benchmark is a module with ``main(argv) -> int``.
+Each benchmark is a module with ``main(argv) -> int``; its options are
+checked before anything is measured, one line and exit 2 on a bad one
+(:mod:`minipar.cli_errors`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from minipar.cli_errors import EXIT_USAGE
 from minipar.registry import BENCHES
 
 
@@ -20,9 +23,10 @@ def main(argv: list[str]) -> int:
         print("usage: minipar bench WHAT [options]\n\nbenchmarks:")
         for name, (_, help_) in BENCHES.items():
             print(f"  {name:<{width}}  {help_}")
-        return 0 if argv else 2
+        return 0 if argv else EXIT_USAGE
     name = argv[0]
     if name not in BENCHES:
-        print(f"minipar bench: unknown benchmark {name!r}; one of {', '.join(BENCHES)}", file=sys.stderr)
-        return 2
+        print(f"minipar bench: unknown benchmark {name!r}; one of {', '.join(BENCHES)}",
+              file=sys.stderr)
+        return EXIT_USAGE
     return int(importlib.import_module(BENCHES[name][0]).main(argv[1:]) or 0)

@@ -11,10 +11,17 @@ the link's bandwidth whatever N: a bandwidth-optimal algorithm approaches it.
 
 Time = max over ranks of the mean time per call, after warm-up, with an MPI
 Barrier before each call; the algorithms take turns call by call, so a busy
-moment of a shared machine slows all of them alike.  float32 data.  ``x_mpi`` is this algorithm's busbw
-over MPI's own collective measured at the same size in the same run.
+moment of a shared machine slows all of them alike.  float32 data.  ``x_mpi``
+is this algorithm's busbw over MPI's own collective measured at the same size
+in the same run.  The ``auto`` rows (:mod:`minipar.collectives.auto`) also
+say which algorithm auto chose; the table ends with auto against MPI's
+Allreduce: the smallest ``x_mpi`` from 64 KiB up and from 1 MiB up (targets
+0.8 and 1.0) and the small-message latency ratio (time of auto / time of MPI
+at the smallest size).  The thresholds of ``auto`` were measured with this
+bench (``--algorithms mpi ring recursive_doubling``, see ``auto.py``).
 
-    minipar bench collectives -n 4                  # 8 B .. 64 MiB
+    minipar bench collectives -n 4                  # 8 B .. 64 MiB, every algorithm
+    minipar bench collectives -n 4 --algorithms mpi auto --collectives allreduce
     minipar bench collectives -n 4 --sizes 8 1024 --iters 2 --json
 """
 
@@ -29,12 +36,14 @@ from typing import Any
 
 #: (collective, algorithm) in the order they are measured at each size
 CASES = [
-    ("allreduce", "mpi"), ("allreduce", "ring"), ("allreduce", "recursive_doubling"),
-    ("allreduce", "tree"), ("allreduce", "naive"),
+    ("allreduce", "mpi"), ("allreduce", "auto"), ("allreduce", "ring"),
+    ("allreduce", "recursive_doubling"), ("allreduce", "tree"), ("allreduce", "naive"),
     ("reduce_scatter", "mpi"), ("reduce_scatter", "ring"),
     ("all_gather", "mpi"), ("all_gather", "ring"),
 ]
 DEFAULT_SIZES = [8] + [16 * 4**k for k in range(12)]  # 8 B, 16 B, 64 B, ..., 64 MiB
+#: auto vs MPI's Allreduce: (from this many bytes up, the busbw ratio aimed at)
+TARGETS = ((64 << 10, 0.8), (1 << 20, 1.0))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument("--collectives", nargs="+", choices=sorted({c for c, _ in CASES}),
                    default=sorted({c for c, _ in CASES}), help="which collectives (default all)")
+    p.add_argument("--algorithms", nargs="+", choices=list(dict.fromkeys(a for _, a in CASES)),
+                   default=None, help="which algorithms (default all; mpi, the reference, "
+                   "is always measured)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before all ranks are killed")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -55,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _iters_for(size: int, iters: int) -> int:
     return max(min(iters, 3), min(iters, iters * (1 << 20) // max(size, 1)))
+
+
+def cases(collectives: list[str], algorithms: list[str] | None) -> list[tuple[str, str]]:
+    """The (collective, algorithm) pairs to measure, MPI's own always among them."""
+    keep = None if algorithms is None else {"mpi", *algorithms}
+    return [(c, a) for c, a in CASES if c in collectives and (keep is None or a in keep)]
 
 
 def _call(comm: Any, coll: str, algo: str, x: Any, chunk: Any) -> Callable[[], Any]:
@@ -71,48 +89,67 @@ def worker(args: argparse.Namespace) -> int:
     import numpy as np
     from mpi4py import MPI
 
+    from minipar.collectives.auto import choose_allreduce
     from minipar.comm import TracedComm
     from minipar.plan.collectives import busbw_factor
 
     world = MPI.COMM_WORLD
     comm = TracedComm(world)
     n, rank = comm.size, comm.rank
+    todo = cases(args.collectives, args.algorithms)
     rows = []
     for size in args.sizes:
         count = max(size // 4, 1)
         x = (np.arange(count, dtype=np.float32) % 7) + rank
         chunk = np.array_split(x, n)[rank].copy()
         iters = _iters_for(size, args.iters)
-        cases = [(c, a) for c, a in CASES if c in args.collectives]
-        fns = [_call(comm, coll, algo, x, chunk) for coll, algo in cases]
+        fns = [_call(comm, coll, algo, x, chunk) for coll, algo in todo]
         for fn in fns:
             for _ in range(args.warmup):
                 fn()
-        totals = [0.0] * len(cases)
+        totals = [0.0] * len(todo)
         for _ in range(iters):  # interleaved: a slow moment of the machine hits all alike
             for i, fn in enumerate(fns):
                 world.Barrier()
                 t0 = time.perf_counter()
                 fn()
                 totals[i] += time.perf_counter() - t0
-        for (coll, algo), total in zip(cases, totals):
+        for (coll, algo), total in zip(todo, totals):
             t = world.allreduce(total / iters, op=MPI.MAX)
             factor = busbw_factor(coll, n)  # 2(N-1)/N or (N-1)/N, from minipar.plan
             algbw = count * 4 / t / 1e9
-            rows.append({"collective": coll, "algorithm": algo, "size": count * 4,
-                         "count": count, "dtype": "float32", "ranks": n, "iters": iters,
-                         "time_us": t * 1e6, "algbw_GBs": algbw, "busbw_GBs": algbw * factor})
+            row = {"collective": coll, "algorithm": algo, "size": count * 4,
+                   "count": count, "dtype": "float32", "ranks": n, "iters": iters,
+                   "time_us": t * 1e6, "algbw_GBs": algbw, "busbw_GBs": algbw * factor}
+            if algo == "auto":
+                row["chosen"] = choose_allreduce(count * 4, n)
+            rows.append(row)
         comm.stats.reset()
     if rank == 0:
         for row in rows:
             ref = next(r for r in rows if r["collective"] == row["collective"]
                        and r["size"] == row["size"] and r["algorithm"] == "mpi")
             row["x_mpi"] = row["busbw_GBs"] / ref["busbw_GBs"] if ref["busbw_GBs"] else 0.0
-        if args.json:
-            print(json.dumps(rows))
-        else:
-            print(format_table(rows))
+            row["x_mpi_time"] = ref["time_us"] / row["time_us"]
+        print(json.dumps(rows) if args.json else format_table(rows))
     return 0
+
+
+def auto_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """auto vs MPI's Allreduce in one run: worst busbw ratio above each target size,
+    and the latency ratio t_auto / t_mpi at the smallest size measured."""
+    auto = sorted((r for r in rows if r["collective"] == "allreduce"
+                   and r["algorithm"] == "auto"), key=lambda r: r["size"])
+    mpi = {r["size"]: r for r in rows if r["collective"] == "allreduce" and r["algorithm"] == "mpi"}
+    if not auto:
+        return {}
+    out: dict[str, Any] = {"latency_size": auto[0]["size"],
+                           "latency_ratio": auto[0]["time_us"] / mpi[auto[0]["size"]]["time_us"]}
+    for lo, target in TARGETS:
+        above = [r["x_mpi"] for r in auto if r["size"] >= lo]
+        out[f"min_x_mpi_from_{lo}"] = min(above) if above else None
+        out[f"target_from_{lo}"] = target
+    return out
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -121,13 +158,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     out = [f"# minipar bench collectives: {n} ranks, float32, time = max over ranks of the mean",
            "# busbw = algbw x 2(N-1)/N (all-reduce), x (N-1)/N (reduce-scatter, all-gather)"]
     head = (f"{'size(B)':>10} {'count':>10} {'type':>7} {'algorithm':>18} {'time(us)':>11} "
-            f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'x_mpi':>6}")
+            f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'x_mpi':>6}  chosen")
     for coll in dict.fromkeys(r["collective"] for r in rows):
         out += ["", f"# {coll}", head]
         for r in (r for r in rows if r["collective"] == coll):
             out.append(f"{r['size']:>10} {r['count']:>10} {r['dtype']:>7} {r['algorithm']:>18} "
                        f"{r['time_us']:>11.1f} {r['algbw_GBs']:>11.3f} {r['busbw_GBs']:>11.3f} "
-                       f"{r['x_mpi']:>6.2f}")
+                       f"{r['x_mpi']:>6.2f}  {r.get('chosen', '')}".rstrip())
+    s = auto_summary(rows)
+    if s:
+        out += ["", "# auto vs MPI's Allreduce (same run)"]
+        for lo, target in TARGETS:
+            got = s[f"min_x_mpi_from_{lo}"]
+            where = f"{lo >> 20} MiB" if lo >= 1 << 20 else f"{lo >> 10} KiB"
+            out.append(f"#   busbw ratio from {where} up: " + (
+                "no size measured" if got is None else
+                f"min {got:.2f} (target {target:.1f}: {'met' if got >= target else 'NOT met'})"))
+        out.append(f"#   latency at {s['latency_size']} B: auto takes {s['latency_ratio']:.2f}x "
+                   "MPI's time (Python per message + the polling wait, see auto.py)")
     return "\n".join(out)
 
 
@@ -136,12 +184,18 @@ def main(argv: list[str]) -> int:
     if any(s < 1 for s in args.sizes) or args.iters < 1 or args.warmup < 0:
         print("minipar bench collectives: sizes and iters must be positive", file=sys.stderr)
         return 2
+    if all(a == "mpi" for _, a in cases(args.collectives, args.algorithms)):
+        print("minipar bench collectives: no algorithm to compare with MPI's own among "
+              f"{args.algorithms} for {args.collectives}", file=sys.stderr)
+        return 2
     if args.worker:
         return worker(args)
     from minipar import launch
 
     rest = ["--worker", "--iters", str(args.iters), "--warmup", str(args.warmup),
-            "--sizes", *map(str, args.sizes), "--collectives", *args.collectives] + (["--json"] if args.json else [])
+            "--sizes", *map(str, args.sizes), "--collectives", *args.collectives]
+    rest += ["--algorithms", *args.algorithms] if args.algorithms else []
+    rest += ["--json"] if args.json else []
     proc = launch.run(args.ranks, "minipar.bench.collectives", *rest, timeout=args.timeout)
     sys.stdout.write(proc.stdout)
     if proc.returncode:

@@ -35,7 +35,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-PREFIX = "BENCH-DP "
+from minipar.cli_errors import ArgumentParser, integer, number
+
+PROG = "minipar bench dp"
 
 
 def measure_step_time(step_fn: Callable[[int], Any], steps: int = 5, comm: Any = None,
@@ -72,13 +74,14 @@ def _spec(o: dict[str, Any]) -> Any:
                    precision=o["precision"])
 
 
-def _worker(mode: str, o: dict[str, Any]) -> None:
+def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank side: time ``o["mode"]`` ("serial" on one rank, "dp" on N); the figures on rank 0."""
     from minipar.comm import TracedComm
     from minipar.parallel.data_parallel import DataParallel
     from minipar.precision import ModelStates
 
     spec = _spec(o)
-    if mode == "serial":
+    if o["mode"] == "serial":
         model = spec.model()
         states = ModelStates(spec.precision, spec.initial_params(), spec.optimizer, **spec.opt_kwargs())
 
@@ -88,23 +91,14 @@ def _worker(mode: str, o: dict[str, Any]) -> None:
             states.set_grads(grads)
             states.step()
 
-        t = measure_step_time(step, o["steps"])
-        print(PREFIX + json.dumps({"mode": mode, "seconds": t, "psi": states.layout.size}), flush=True)
-        return
+        return {"seconds": measure_step_time(step, o["steps"]), "psi": states.layout.size}
     comm = TracedComm()
     dp = DataParallel(comm, spec, bucket_bytes=int(o["bucket_mb"] * 2**20))
     t = measure_step_time(dp.train_step, o["steps"], comm)
-    if comm.rank == 0:
-        print(PREFIX + json.dumps({"mode": mode, "seconds": t, "psi": dp.layout.size,
-                                   "buckets": len(dp.buckets),
-                                   "bytes_per_step": dp.bytes_sent_per_step()}), flush=True)
-
-
-def _parse(out: str) -> dict[str, Any]:
-    lines = [ln for ln in out.splitlines() if ln.startswith(PREFIX)]
-    if not lines:
-        raise RuntimeError(f"benchmark worker printed no result:\n{out[-2000:]}")
-    return json.loads(lines[-1][len(PREFIX):])
+    if comm.rank != 0:
+        return None
+    return {"seconds": t, "psi": dp.layout.size, "buckets": len(dp.buckets),
+            "bytes_per_step": dp.bytes_sent_per_step()}
 
 
 def run_bench(o: dict[str, Any]) -> dict[str, Any]:
@@ -112,18 +106,17 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
 
     The figure is the best serial time over the best DP time (best-of, as ``timeit``
     does: on a shared machine noise only ever adds time); the per-round ratios and
-    the load average before and after show how noisy the machine was."""
+    the load average before and after show how noisy the machine was.  Raises
+    :class:`minipar.launch.RanksFailed` or ``LaunchTimeout`` if a launch fails."""
     from minipar import launch
 
     res: dict[str, list[dict[str, Any]]] = {"serial": [], "dp": []}
     load0 = os.getloadavg()[0]
     for _ in range(o["rounds"]):
         for mode, n in (("serial", 1), ("dp", o["ranks"])):
-            proc = launch.run(n, "minipar.bench.dp", "--worker", mode, json.dumps(o),
-                              timeout=o["timeout"])
-            if proc.returncode != 0:
-                raise RuntimeError(f"{mode} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-            res[mode].append(_parse(proc.stdout))
+            row, _ = launch.run_json(n, "minipar.bench.dp", {**o, "mode": mode}, check=True,
+                                     timeout=o["timeout"])
+            res[mode].append(row)
     B = o["batch"]
     ts = min(r["seconds"] for r in res["serial"])
     td = min(r["seconds"] for r in res["dp"])
@@ -137,38 +130,59 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """The options every training benchmark shares: a compute-bound GPT, steps, output."""
-    p.add_argument("-n", "--ranks", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32, help="global batch rows (default 32)")
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up")
-    p.add_argument("--precision", default="float32")
+    from minipar.precision import POLICIES
+
+    p.add_argument("-n", "--ranks", type=integer(1), default=2, help="ranks (default 2)")
+    p.add_argument("--d-model", type=integer(1), default=256)
+    p.add_argument("--layers", type=integer(1), default=4)
+    p.add_argument("--heads", type=integer(1), default=8)
+    p.add_argument("--seq", type=integer(1), default=64)
+    p.add_argument("--batch", type=integer(1), default=32, help="global batch rows (default 32)")
+    p.add_argument("--vocab", type=integer(1), default=512)
+    p.add_argument("--steps", type=integer(1), default=5, help="timed steps after one warm-up")
+    p.add_argument("--precision", choices=list(POLICIES), default="float32")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=number(greater_than=0), default=600.0,
+                   help="seconds before every rank of a launch is killed (default 600)")
+    p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minipar bench dp", description=__doc__.split("\n")[0])
+def check_bench_options(o: dict[str, Any]) -> Any:
+    """The model (``RunSpec``) and one batch row per rank, before MPI starts; the spec.
+    ValueError naming the option."""
+    from minipar.parallel.common import check_world
+
+    spec = _spec(o)
+    check_world(spec.batch, o["ranks"])
+    return spec
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_bench_arguments(p)
-    p.add_argument("--bucket-mb", type=float, default=1.0,
+    p.add_argument("--bucket-mb", type=number(greater_than=0), default=1.0,
                    help="bucket capacity in MiB (default 1: ~13 buckets, overlapped with backward)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating serial/DP rounds (default 3)")
+    p.add_argument("--rounds", type=integer(1), default=3,
+                   help="alternating serial/DP rounds (default 3)")
     return p
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "--worker":
-        _worker(argv[1], json.loads(argv[2]))
-        return 0
-    a = _parser().parse_args(argv)
-    if a.ranks < 1 or a.steps < 1 or a.rounds < 1 or a.bucket_mb <= 0 or a.batch < a.ranks:
-        print("minipar bench dp: need ranks, steps, rounds >= 1, bucket-mb > 0, batch >= ranks",
-              file=sys.stderr)
-        return 2
-    row = run_bench(vars(a))
+    from minipar import launch
+
+    p = _parser()
+    try:
+        a = p.parse_args(argv)
+        try:
+            check_bench_options(vars(a))
+        except ValueError as e:
+            p.error(str(e))
+    except SystemExit as e:  # --help (0) or one line for a bad option (2)
+        return int(e.code or 0)
+    try:
+        row = run_bench(vars(a))
+    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+        return launch.report(PROG, e, a.debug)
     if a.json:
         print(json.dumps(row, indent=2))
         return 0
@@ -186,4 +200,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from minipar import launch
+
+    if launch.is_worker(sys.argv[1:]):
+        sys.exit(launch.serve(_worker, sys.argv[1:]))
     sys.exit(main(sys.argv[1:]))

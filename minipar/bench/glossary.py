@@ -10,7 +10,6 @@ asserted in tests: this machine is shared and noisy.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -18,6 +17,7 @@ import sys
 import time
 
 from minipar import glossary as g
+from minipar.cli_errors import ArgumentParser, integer
 
 #: exact, spelling variants, Russian inflections, spun Chinese, typos, misses, a long query
 QUERIES = [
@@ -83,12 +83,14 @@ def baseline(runs: int) -> list[float]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="minipar bench glossary", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeat", type=int, default=20, help="timed lookups per query (default 20)")
-    p.add_argument("--runs", type=int, default=10, help="cold process runs (default 10)")
-    args = p.parse_args(argv)
-    if args.repeat < 1 or args.runs < 1:
-        p.error("--repeat and --runs must be positive")
+    p = ArgumentParser(prog="minipar bench glossary", description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=integer(1), default=20,
+                   help="timed lookups per query (default 20)")
+    p.add_argument("--runs", type=integer(1), default=10, help="cold process runs (default 10)")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
+        return int(e.code or 0)
 
     loads = {}
     g.clear_caches()

@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from minipar.cli_errors import ArgumentParser, integer, output_file
+
 #: name -> (d_model, n_layer, n_head, seq_len, batch, vocab)
 SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
     "tiny": (32, 1, 2, 16, 2, 64),
@@ -137,15 +139,17 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="minipar bench model", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="minipar bench model", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", default=["small", "medium", "large"], choices=list(SIZES))
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--repeat", type=integer(1), default=5, help="timed runs per size (median)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--json", metavar="PATH", type=output_file,
+                   help="also write the rows as JSON (into a folder that exists)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    if a.repeat < 1:
-        p.error("--repeat must be >= 1")
+    try:
+        a = p.parse_args(argv)
+    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
+        return int(e.code or 0)
     if a.inner:  # the measuring subprocess: print rows as JSON
         print(json.dumps(measure(a.sizes, a.repeat, not a.no_torch)))
         return 0
@@ -153,15 +157,19 @@ def main(argv: list[str]) -> int:
     cmd = [sys.executable, "-m", "minipar.bench.model", "--inner", "--repeat", str(a.repeat),
            "--sizes", *a.sizes] + (["--no-torch"] if a.no_torch else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=False)
-    if proc.returncode:
+    if proc.returncode:  # a crash while measuring, not bad input: show all of it
         print(proc.stderr, file=sys.stderr)
         return proc.returncode
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     print("GPT forward+backward, float32, one thread, CPU time (median of "
           f"{a.repeat}; ratio = numpy / torch)\n" + table(rows))
     if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
+        try:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
+        except OSError as e:
+            print(f"minipar bench model: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
+            return 1
     return 0
 
 

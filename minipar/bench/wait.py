@@ -20,24 +20,28 @@ alternate ``--repeat`` times; each figure is the median.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 
+from minipar.cli_errors import ArgumentParser, integer, number
+
+PROG = "minipar bench wait"
 MODES = ("mpi", "traced")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minipar bench wait", description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--ranks", type=int, default=4, help="number of ranks (default 4)")
-    p.add_argument("--work", type=int, default=150,
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--ranks", type=integer(2), default=4,
+                   help="number of ranks, >= 2 (default 4)")
+    p.add_argument("--work", type=integer(1), default=150,
                    help="256x256 float64 matrix products rank 0 computes (default 150)")
-    p.add_argument("--repeat", type=int, default=3, help="rounds of each mode (default 3)")
+    p.add_argument("--repeat", type=integer(1), default=3, help="rounds of each mode (default 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=number(greater_than=0), default=600.0,
+                   help="seconds before every rank of a launch is killed (default 600)")
+    p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
     return p
 
 
@@ -54,7 +58,8 @@ def compute(work: int) -> float:
     return time.perf_counter() - t0
 
 
-def worker(args: argparse.Namespace) -> int:
+def worker(o: dict) -> dict | None:
+    """Rank side: ``o["repeat"]`` rounds of each mode; the medians on rank 0."""
     import numpy as np
     from mpi4py import MPI
 
@@ -65,11 +70,11 @@ def worker(args: argparse.Namespace) -> int:
     rank, n = world.Get_rank(), world.Get_size()
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
     msg = np.zeros(1)
-    for _ in range(args.repeat):
+    for _ in range(o["repeat"]):
         for mode in MODES:
             world.Barrier()
             if rank == 0:
-                wall = compute(args.work)
+                wall = compute(o["work"])
                 for r in range(1, n):
                     world.Send(msg, dest=r, tag=1)
                 cpu = 0.0
@@ -84,11 +89,11 @@ def worker(args: argparse.Namespace) -> int:
             cpu = world.reduce(cpu, op=MPI.SUM, root=0)
             if rank == 0:
                 results[mode].append((wall, cpu))
-    if rank == 0:
-        out = {m: {"compute_wall_s": statistics.median(w for w, _ in v),
-                   "waiters_cpu_s": statistics.median(c for _, c in v)} for m, v in results.items()}
-        print(json.dumps({"ranks": n, "work": args.work, **out}))
-    return 0
+    if rank != 0:
+        return None
+    out = {m: {"compute_wall_s": statistics.median(w for w, _ in v),
+               "waiters_cpu_s": statistics.median(c for _, c in v)} for m, v in results.items()}
+    return {"ranks": n, "work": o["work"], **out}
 
 
 def format_table(res: dict) -> str:
@@ -107,22 +112,20 @@ def format_table(res: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    if args.work < 1 or args.repeat < 1 or args.ranks < 2 and not args.worker:
-        print("minipar bench wait: needs --work >= 1, --repeat >= 1 and -n >= 2", file=sys.stderr)
-        return 2
-    if args.worker:
-        return worker(args)
     from minipar import launch
 
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or one line for a bad option (2)
+        return int(e.code or 0)
     runs = {}
-    for n in (1, args.ranks):  # 1 rank: the reference, same environment, nobody waiting
-        proc = launch.run(n, "minipar.bench.wait", "--worker", "--work", str(args.work),
-                          "--repeat", str(args.repeat), timeout=args.timeout)
-        if proc.returncode:
-            sys.stderr.write(proc.stdout + proc.stderr)
-            return proc.returncode
-        runs[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+    o = {"work": args.work, "repeat": args.repeat}
+    try:
+        for n in (1, args.ranks):  # 1 rank: the reference, same environment, nobody waiting
+            runs[n], _ = launch.run_json(n, "minipar.bench.wait", o, timeout=args.timeout,
+                                         check=True)
+    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+        return launch.report(PROG, e, args.debug)
     res = runs[args.ranks]
     res.update(alone_wall_s=runs[1]["mpi"]["compute_wall_s"], repeat=args.repeat)
     print(json.dumps(res) if args.json else format_table(res))
@@ -130,4 +133,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from minipar import launch
+
+    if launch.is_worker(sys.argv[1:]):
+        sys.exit(launch.serve(worker, sys.argv[1:]))
     sys.exit(main(sys.argv[1:]))

@@ -27,19 +27,22 @@ import statistics
 import sys
 from typing import Any
 
-from minipar.bench.dp import add_bench_arguments
+from minipar.bench.dp import add_bench_arguments, check_bench_options
+from minipar.cli_errors import ArgumentParser
 
-PREFIX = "BENCH-ZERO "
+PROG = "minipar bench zero"
 
 
-def _worker(mode: str, o: dict[str, Any]) -> None:
+def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank side: ``o["mode"]`` is "measure" (memory and bytes of every stage, the
+    notebook's figures) or "time" (step times); the result on rank 0."""
     from minipar.comm import TracedComm
     from minipar.parallel.common import RunSpec, loss_weight
     from minipar.parallel.zero import STAGES, ZeRO, measure_stage
 
     comm = TracedComm()
     spec = RunSpec(**o["spec"])
-    if mode == "measure":  # memory and bytes of every stage (the notebook's figures)
+    if o["mode"] == "measure":
         out = {}
         for stage in o.get("stages", STAGES):
             m = measure_stage(comm, spec, stage)
@@ -47,9 +50,7 @@ def _worker(mode: str, o: dict[str, Any]) -> None:
                                                        "bytes_sent_per_step", "step_peak_bytes")})
             out[stage] = {"psi": m["engine"].layout.size, "ranks": rows}
             del m
-        if comm.rank == 0:
-            print(PREFIX + json.dumps(out), flush=True)
-        return
+        return out if comm.rank == 0 else None
     from minipar.bench.dp import measure_step_time
     from minipar.parallel.data_parallel import DataParallel
 
@@ -71,20 +72,7 @@ def _worker(mode: str, o: dict[str, Any]) -> None:
                 res[name]["bytes"] = comm.stats.bytes_sent() - sent
     for v in res.values():
         v["seconds"] = statistics.median(v.pop("times"))
-    psi = dp.layout.size
-    if comm.rank == 0:
-        print(PREFIX + json.dumps({"psi": psi, "results": res}), flush=True)
-
-
-def _launch(n: int, mode: str, o: dict[str, Any], timeout: float) -> Any:
-    from minipar import launch
-
-    proc = launch.run(n, "minipar.bench.zero", "--worker", mode, json.dumps(o), timeout=timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PREFIX)]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"minipar.bench.zero {mode} on {n} ranks failed:\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return json.loads(lines[-1][len(PREFIX):])
+    return {"psi": dp.layout.size, "results": res} if comm.rank == 0 else None
 
 
 def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: float = 120.0,
@@ -92,42 +80,60 @@ def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: floa
     """Every stage on ``n`` ranks in one launch: {stage: {"psi", "ranks": [per-rank dict]}}.
 
     ``spec``: :class:`~minipar.parallel.common.RunSpec` fields (default: the
-    mixed-precision GPT of Ψ ≈ 52 thousand the tests use, one step)."""
+    mixed-precision GPT of Ψ ≈ 52 thousand the tests use, one step).  Raises
+    :class:`minipar.launch.RanksFailed` (one line) if the ranks fail."""
+    from minipar import launch
+
     base = {"vocab": 16, "seq": 8, "d_model": 32, "layers": 4, "heads": 2, "batch": 8,
             "steps": 1, "precision": "mixed"}
     base.update(spec)
     base["batch"] = max(base["batch"], n)
-    out = _launch(n, "measure", {"spec": base, "stages": list(stages)}, timeout)
+    out, _ = launch.run_json(n, "minipar.bench.zero", {"mode": "measure", "spec": base,
+                                                       "stages": list(stages)},
+                             timeout=timeout, check=True)
     return {int(k): v for k, v in out.items()}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minipar bench zero", description=__doc__.split("\n")[0])
+def stages_option(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated ZeRO stages, e.g. ``0,1,2,3``."""
+    from minipar.run.zero import STAGES
+
+    try:
+        stages = [int(t) for t in text.split(",")]
+    except ValueError:
+        stages = []
+    if not stages or any(s not in STAGES for s in stages):
+        raise argparse.ArgumentTypeError(
+            f"must be ZeRO stages from {STAGES[0]} to {STAGES[-1]}, comma-separated, got {text!r}")
+    return stages
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_bench_arguments(p)
-    p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to time (default 0,1,2,3)")
+    p.add_argument("--stages", type=stages_option, default=[0, 1, 2, 3],
+                   help="ZeRO stages to time (default 0,1,2,3)")
     return p
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "--worker":
-        _worker(argv[1], json.loads(argv[2]))
-        return 0
-    a = _parser().parse_args(argv)
-    try:
-        from minipar.parallel.common import RunSpec
-        from minipar.parallel.zero import check_stage
+    from minipar import launch
 
-        stages = [check_stage(int(s)) for s in a.stages.split(",")]
-        spec = RunSpec(vocab=a.vocab, seq=a.seq, d_model=a.d_model, layers=a.layers,
-                       heads=a.heads, batch=a.batch, steps=a.steps + 1, lr=1e-3,
-                       precision=a.precision)
-        if a.ranks < 1 or a.steps < 1 or a.batch < a.ranks:
-            raise ValueError("need ranks >= 1, steps >= 1 and batch >= ranks")
-    except ValueError as e:
-        print(f"minipar bench zero: {e}", file=sys.stderr)
-        return 2
-    out = _launch(a.ranks, "time", {"spec": spec.as_dict(), "steps": a.steps,
-                                    "stages": stages}, a.timeout)
+    p = _parser()
+    try:
+        a = p.parse_args(argv)
+        try:
+            spec = check_bench_options(vars(a))
+        except ValueError as e:
+            p.error(str(e))
+    except SystemExit as e:  # --help (0) or one line for a bad option (2)
+        return int(e.code or 0)
+    try:
+        out, _ = launch.run_json(a.ranks, "minipar.bench.zero",
+                                 {"mode": "time", "spec": spec.as_dict(), "steps": a.steps,
+                                  "stages": a.stages}, timeout=a.timeout, check=True)
+    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+        return launch.report(PROG, e, a.debug)
     res, base = out["results"], out["results"]["DDP"]["seconds"]
     if a.json:
         print(json.dumps(out, indent=2))
@@ -142,4 +148,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from minipar import launch
+
+    if launch.is_worker(sys.argv[1:]):
+        sys.exit(launch.serve(_worker, sys.argv[1:]))
     sys.exit(main(sys.argv[1:]))

@@ -28,7 +28,15 @@ rank send, and receive, 2(N-1)/N x S bytes, exactly when the element count n
 is divisible by N, only to its right neighbour and from its left one.  For any
 n the exact figure is 2S - bytes(chunk r) - bytes(chunk r+1) sent by rank r
 (:func:`ring_allreduce_bytes`); the parameter server's root receives and sends
-(N-1) x S (:func:`naive_allreduce_bytes`).
+(N-1) x S (:func:`naive_allreduce_bytes`).  :func:`allreduce_bytes` gives the
+exact bytes of any all-reduce algorithm, ``"auto"`` included.
+
+**Which all-reduce.**  :func:`allreduce` takes ``algorithm="auto"`` by default:
+recursive doubling for small messages (few sequential messages: latency),
+the ring for large ones (2(N-1)/N x S: bandwidth), as MPICH does; the switch
+(8 MiB on 3 ranks or more, never on 2) was measured on this machine with
+``minipar bench collectives`` (:mod:`minipar.collectives.auto`,
+:func:`choose_allreduce`).
 
 **Contract.**
 
@@ -62,8 +70,11 @@ import numpy as np
 
 from minipar.collectives._base import OPS, CollectiveMismatchError, chunk_counts
 from minipar.collectives.alltoall import all_to_all
+from minipar.collectives.auto import auto_allreduce, choose_allreduce
 from minipar.collectives.cost import (
     all_gather_bytes,
+    allreduce_bytes,
+    allreduce_bytes_sent,
     broadcast_bytes,
     naive_allreduce_bytes,
     recursive_doubling_bytes,
@@ -82,15 +93,22 @@ from minipar.collectives.tree import (
     tree_allreduce,
 )
 
-ALLREDUCE_ALGORITHMS = ("ring", "naive", "recursive_doubling", "tree", "mpi")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "naive", "recursive_doubling", "tree", "mpi")
 
 
-def allreduce(comm: Any, x: Any, op: str = "sum", algorithm: str = "ring") -> np.ndarray:
-    """All-reduce by the named algorithm: ring | naive | recursive_doubling | tree | mpi."""
+def allreduce(comm: Any, x: Any, op: str = "sum", algorithm: str = "auto") -> np.ndarray:
+    """All-reduce by the named algorithm: auto | ring | naive | recursive_doubling | tree | mpi.
+
+    ``"auto"`` (the default) is recursive doubling or the ring, by message
+    size and world size (:func:`choose_allreduce`); counted under the name of
+    the algorithm it ran.
+    """
     from minipar.collectives import _base as B
 
     B.check_op(op)
     B.check_algorithm(algorithm, ALLREDUCE_ALGORITHMS, "allreduce")
+    if algorithm == "auto":
+        return auto_allreduce(comm, x, op)
     if algorithm == "ring":
         return ring_allreduce(comm, x, op)
     if algorithm == "naive":
@@ -109,7 +127,8 @@ def allreduce(comm: Any, x: Any, op: str = "sum", algorithm: str = "ring") -> np
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS", "OPS", "CollectiveMismatchError", "all_gather", "all_gather_bytes",
-    "all_to_all", "allreduce", "broadcast", "broadcast_bytes", "chunk_counts",
+    "all_to_all", "allreduce", "allreduce_bytes", "allreduce_bytes_sent", "auto_allreduce",
+    "broadcast", "broadcast_bytes", "choose_allreduce", "chunk_counts",
     "naive_allreduce", "naive_allreduce_bytes", "recursive_doubling_allreduce",
     "recursive_doubling_bytes", "reduce", "reduce_bytes", "reduce_scatter",
     "reduce_scatter_bytes", "ring_allreduce", "ring_allreduce_bytes",

@@ -7,18 +7,22 @@ Nothing here is an algorithm; it is what every algorithm needs:
 * :func:`prepare` turns the ``comm`` argument (a plain mpi4py communicator or a
   :class:`~minipar.comm.traced.TracedComm`) into a TracedComm, so waits poll
   politely and bytes are counted, and turns the input into a contiguous array.
+  A plain communicator is wrapped once (:func:`~minipar.comm.traced.traced`),
+  so its counters accumulate across calls.
 * **Message tags carry a signature.**  Every message a collective sends has the
-  tag ``(collective * 8 + op) * 64 + dtype_code`` (plus ``8192 x`` the row
-  size for all-gather and all-to-all, whose chunk lengths vary).  Receives take any tag from
-  the expected peer (MPI delivers messages between a pair of ranks on one
-  communicator in order: they are *non-overtaking*), then compare the tag with
-  the signature the receiver expects.  A rank that called a different
-  collective, another ``op`` or holds another dtype is named in a
-  :class:`CollectiveMismatchError` instead of producing garbage.  A different
-  length shows up as a wrong byte count (``status.Get_count``) or as MPI's
-  truncation error, turned into the same error.
-  Consequence: do not leave your own unreceived point-to-point messages from
-  a peer pending on a communicator while calling a collective on it.
+  tag :func:`tag_for` gives, from the collective range of the one tag table
+  (:mod:`minipar.comm.tags`): it encodes (collective, op, dtype), plus the row
+  size for all-gather and all-to-all, whose chunk lengths vary.  Receives
+  wait for exactly that tag, so a pending pipeline send, a non-blocking
+  all-reduce or any other operation's message on the same communicator is
+  never taken by mistake.  A rank that called a different collective,
+  another ``op`` or holds another dtype sends another signature; the
+  waiting loop's mismatch guard (:mod:`minipar.comm.waiting`, the argument is
+  written there) sees it pending in place of the expected one and raises a
+  :class:`CollectiveMismatchError` naming both, within milliseconds.  A
+  different length shows up as a wrong byte count (``status.Get_count``) or
+  as MPI's truncation error, turned into the same error.
+* Chunks follow :mod:`minipar.spans` (the ``numpy.array_split`` rule).
 """
 
 from __future__ import annotations
@@ -28,20 +32,19 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+from mpi4py.util import dtlib
 
-from minipar.comm.traced import ANY_TAG, TracedComm, traced
+from minipar import spans
+from minipar.comm import tags as T
+from minipar.comm.errors import CollectiveMismatchError
+from minipar.comm.traced import TracedComm, traced
 
-try:  # bfloat16 is optional: ml_dtypes is a dependency, but keep import-safe
-    from ml_dtypes import bfloat16 as _bf16
-
-    _EXTRA = [np.dtype(_bf16)]
-except ImportError:  # pragma: no cover
-    _EXTRA = []
-
-
-class CollectiveMismatchError(ValueError):
-    """Ranks called a collective with different lengths, dtypes, ops or collectives."""
-
+__all__ = [
+    "COLLECTIVES", "DTYPES", "OPS", "CollectiveMismatchError", "TracedComm", "check_algorithm",
+    "check_op", "check_root", "chunk_counts", "describe_tag", "dtype_code", "dtype_of_tag",
+    "mpi_buf", "mpi_spec", "offsets_of", "prepare", "recv", "recv_any_size", "sendrecv",
+    "tag_for", "traced",
+]
 
 #: reduction ops: name -> NumPy ufunc (applied as ``ufunc(a, b, out=a)``) and MPI's own
 OPS: dict[str, tuple[np.ufunc, MPI.Op]] = {
@@ -50,67 +53,19 @@ OPS: dict[str, tuple[np.ufunc, MPI.Op]] = {
     "min": (np.minimum, MPI.MIN),
     "prod": (np.multiply, MPI.PROD),
 }
-_OP_NAMES = list(OPS)
+assert list(OPS) == T.OP_NAMES  # the signature order of the tag table
 
-#: collectives, in tag order (index = the "collective" part of a tag)
-COLLECTIVES = [
-    "ring_allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
-    "all_to_all", "naive_allreduce", "recursive_doubling_allreduce", "tree_allreduce",
-]
-
-#: dtypes a collective accepts; code = index + 1 (0 is never used)
-DTYPES: list[np.dtype] = [np.dtype(t) for t in (
-    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-)] + _EXTRA
-
-
-def dtype_code(dtype: np.dtype) -> int:
-    for i, d in enumerate(DTYPES):
-        if d == dtype:
-            return i + 1
-    names = ", ".join(str(d) for d in DTYPES)
-    raise ValueError(f"dtype {dtype} is not supported by minipar collectives; one of {names}")
-
-
-_ROW_BASE = 8192  # tags below this encode (collective, op, dtype)
-_row_mod: list[int] = []
-
-
-def _row_modulus() -> int:
-    """How many row sizes fit above the signature in this MPI's tag range (TAG_UB)."""
-    if not _row_mod:
-        ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767
-        _row_mod.append(max(1, (int(ub) + 1) // _ROW_BASE))
-    return _row_mod[0]
-
-
-def tag_for(collective: str, dtype: np.dtype, op: str = "sum", row: int = 0) -> int:
-    """The tag of every message of ``collective`` over ``dtype`` with ``op``.
-
-    ``row`` (elements per row, for the collectives whose chunks have rows of
-    a trailing shape) is encoded above the signature, modulo what MPI's tag
-    range allows (65536 row sizes with MPICH's TAG_UB = 2^29 - 1).
-    """
-    sig = (COLLECTIVES.index(collective) * 8 + _OP_NAMES.index(op)) * 64 + dtype_code(dtype)
-    return sig + _ROW_BASE * (row % _row_modulus())
-
-
-def describe_tag(tag: int) -> str:
-    """'ring_allreduce of float32 (op sum)' from a tag, for error messages."""
-    row, sig = divmod(tag, _ROW_BASE)
-    coll, rest = divmod(sig, 8 * 64)
-    op, code = divmod(rest, 64)
-    if not (0 <= coll < len(COLLECTIVES) and 1 <= code <= len(DTYPES)):
-        return f"a message with tag {tag} (not from a minipar collective)"
-    rows = f", rows of {row} elements" if row else ""
-    return f"{COLLECTIVES[coll]} of {DTYPES[code - 1]} (op {_OP_NAMES[op]}{rows})"
-
-
-def dtype_of_tag(tag: int) -> np.dtype | None:
-    """The dtype a collective's tag encodes (None if it is not such a tag)."""
-    code = tag % 64
-    return DTYPES[code - 1] if 1 <= code <= len(DTYPES) else None
+#: collectives, in tag order; dtypes a collective accepts (code = index + 1)
+COLLECTIVES = T.COLLECTIVES
+DTYPES = T.DTYPES
+dtype_code = T.dtype_code
+#: the tag of every message of a collective (the tag table's signature)
+tag_for = T.collective_tag
+describe_tag = T.describe_tag
+dtype_of_tag = T.dtype_of_tag
+#: the numpy.array_split rule (minipar.spans), under the names the collectives use
+chunk_counts = spans.counts
+offsets_of = spans.offsets
 
 
 def check_op(op: str) -> np.ufunc:
@@ -139,28 +94,8 @@ def prepare(comm: Any, x: Any) -> tuple[TracedComm, np.ndarray]:
     return c, a
 
 
-def chunk_counts(n: int, world: int) -> list[int]:
-    """Sizes of ``numpy.array_split(range(n), world)``: the first n % world get one more."""
-    q, r = divmod(n, world)
-    return [q + 1 if i < r else q for i in range(world)]
-
-
-def offsets_of(counts: list[int]) -> list[int]:
-    out, acc = [], 0
-    for k in counts:
-        out.append(acc)
-        acc += k
-    return out
-
-
 def _expect(status: MPI.Status, tag: int, nbytes: int, c: TracedComm, source: int) -> None:
-    got = status.Get_tag()
-    if got != tag:
-        raise CollectiveMismatchError(
-            f"rank {c.rank}: expected {describe_tag(tag)} from rank {source} but received "
-            f"{describe_tag(got)}. Every rank must call the same collective with the same "
-            "op and the same dtype."
-        )
+    """The message that arrived (with the expected ``tag``) has exactly ``nbytes``."""
     n = status.Get_count(MPI.BYTE)
     if n != nbytes:
         raise CollectiveMismatchError(
@@ -182,7 +117,7 @@ def sendrecv(c: TracedComm, send: np.ndarray, dest: int, recv: np.ndarray, sourc
              tag: int) -> None:
     """Send ``send`` to ``dest`` while receiving exactly ``recv.nbytes`` from ``source``."""
     try:
-        st = c.Sendrecv(send, dest, tag, recv, source, ANY_TAG)
+        st = c.Sendrecv(send, dest, tag, recv, source, tag)
     except MPI.Exception as e:
         raise _truncated(e, c, tag, source) from None
     _expect(st, tag, recv.nbytes, c, source)
@@ -191,7 +126,7 @@ def sendrecv(c: TracedComm, send: np.ndarray, dest: int, recv: np.ndarray, sourc
 def recv(c: TracedComm, buf: np.ndarray, source: int, tag: int) -> None:
     """Receive exactly ``buf.nbytes`` from ``source`` with the signature ``tag``."""
     try:
-        st = c.Recv(buf, source, ANY_TAG)
+        st = c.Recv(buf, source, tag)
     except MPI.Exception as e:
         raise _truncated(e, c, tag, source) from None
     _expect(st, tag, buf.nbytes, c, source)
@@ -203,11 +138,8 @@ def recv_any_size(c: TracedComm, source: int, tag: int, dtype: np.dtype,
 
     ``unit`` is the number of elements the length must be a multiple of (a row).
     """
-    st = c.Probe(source, ANY_TAG)
-    n = st.Get_count(MPI.BYTE)
+    n = c.Probe(source, tag).Get_count(MPI.BYTE)
     row = dtype.itemsize * unit
-    if st.Get_tag() != tag:
-        _expect(st, tag, n, c, source)  # raises: names both signatures
     if row and n % row:
         raise CollectiveMismatchError(
             f"rank {c.rank}: {describe_tag(tag)}: rank {source} sent {n} bytes, not a whole "
@@ -220,7 +152,31 @@ def recv_any_size(c: TracedComm, source: int, tag: int, dtype: np.dtype,
 
 # -- MPI's own collectives, the oracle -------------------------------------------------
 _BYTE_TYPES: dict[int, MPI.Datatype] = {}
+_NAMED: dict[str, MPI.Datatype | None] = {}
 _USER_OPS: dict[tuple[str, str], MPI.Op] = {}
+
+
+def _named_type(dtype: np.dtype) -> MPI.Datatype | None:
+    """MPI's predefined datatype for ``dtype`` (None if MPI has none, as for bfloat16).
+
+    ``mpi4py.util.dtlib.from_numpy_dtype`` returns a *duplicate* of the
+    predefined type, on which MPICH refuses MPI_SUM ("operation not defined
+    for this datatype"); the duplicate's ``decode()`` names the original.
+    """
+    if dtype.str not in _NAMED:
+        base = None
+        if dtype.kind != "V":  # (ml_dtypes' bfloat16 has kind "V")
+            try:
+                dup = dtlib.from_numpy_dtype(dtype)
+            except ValueError:  # "cannot map code ... to MPI datatype"
+                dup = None
+            if dup is not None:
+                base, _, _ = dup.decode()
+                dup.Free()
+                if not base.is_predefined:
+                    base = None
+        _NAMED[dtype.str] = base
+    return _NAMED[dtype.str]
 
 
 def mpi_spec(a: np.ndarray, op: str = "sum") -> tuple[np.ndarray, MPI.Datatype, MPI.Op]:
@@ -231,9 +187,9 @@ def mpi_spec(a: np.ndarray, op: str = "sum") -> tuple[np.ndarray, MPI.Datatype, 
     that applies the NumPy ufunc.
     """
     ufunc, mpi_op = OPS[op]
-    known = getattr(MPI, "_typedict", {})  # mpi4py's own NumPy-char -> MPI type map
-    if a.dtype.char in known and a.dtype.kind != "V":
-        return a, known[a.dtype.char], mpi_op
+    named = _named_type(a.dtype)
+    if named is not None:
+        return a, named, mpi_op
     size = a.dtype.itemsize
     if size not in _BYTE_TYPES:
         _BYTE_TYPES[size] = MPI.BYTE.Create_contiguous(size).Commit()

@@ -14,6 +14,13 @@ and all-gather of n-D arrays; ``unit_bytes`` is the bytes of one unit
 Headline (Patarasuk & Yuan 2009): a ring all-reduce of S bytes sends and
 receives 2(N-1)/N x S per rank, exactly when N divides n.  The parameter
 server's root receives and sends (N-1) x S.
+
+**One meaning per name.**  Here ``*_bytes`` is the *exact* count one given
+rank moves for a given element count (what the counters of a TracedComm must
+read); the papers' asymptotic per-rank formulas of a buffer of S bytes,
+2(N-1)/N x S and friends, are :mod:`minipar.plan.collectives`'s
+``*_volume(S, N)``.  :func:`allreduce_bytes` covers every all-reduce
+algorithm, ``"auto"`` included (the one :mod:`minipar.collectives.auto` picks).
 """
 
 from __future__ import annotations
@@ -99,3 +106,32 @@ def naive_allreduce_bytes(nbytes: int, world: int, rank: int, root: int = 0) -> 
     if rank == root:
         return (world - 1) * nbytes, (world - 1) * nbytes
     return nbytes, nbytes
+
+
+def allreduce_bytes(n: int, itemsize: int, world: int, rank: int,
+                    algorithm: str = "auto") -> tuple[int, int]:
+    """(sent, received) bytes of rank ``rank`` in an all-reduce of n elements of ``itemsize``.
+
+    ``algorithm``: ``"auto"`` (what :func:`~minipar.collectives.auto.choose_allreduce`
+    picks for n x itemsize bytes on ``world`` ranks), ``"ring"``,
+    ``"recursive_doubling"``, ``"tree"`` or ``"naive"``.  MPI's own
+    (``"mpi"``) does not tell its bytes: ``ValueError``.
+    """
+    if algorithm == "auto":
+        from minipar.collectives.auto import choose_allreduce
+
+        algorithm = choose_allreduce(n * itemsize, world)
+    if algorithm == "ring":
+        return ring_allreduce_bytes(n, itemsize, world, rank)
+    formulas = {"recursive_doubling": recursive_doubling_bytes, "tree": tree_allreduce_bytes,
+                "naive": naive_allreduce_bytes}
+    if algorithm not in formulas:
+        raise ValueError(f"no byte formula for all-reduce algorithm {algorithm!r}; one of "
+                         f"auto, ring, {', '.join(formulas)} (MPI's own does not tell its bytes)")
+    return formulas[algorithm](n * itemsize, world, rank)
+
+
+def allreduce_bytes_sent(n: int, itemsize: int, world: int, rank: int,
+                         algorithm: str = "auto") -> int:
+    """Bytes rank ``rank`` sends in an all-reduce of n elements (see :func:`allreduce_bytes`)."""
+    return allreduce_bytes(n, itemsize, world, rank, algorithm)[0]

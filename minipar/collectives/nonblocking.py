@@ -20,7 +20,10 @@ rule.  The buffer (1-D, C-contiguous) is reduced **in place** — DDP reduces it
 gradient buckets where they lie — and every rank ends bit-identical.
 
 Several requests may be in flight between the same ranks at once (one per
-bucket): each uses its own tag, and MPI matches receives by tag.
+bucket): each uses its own tag, ``nonblocking_tag(i)`` = ``TAG_BASE + i`` from
+the non-blocking range of the tag table (:mod:`minipar.comm.tags`), and MPI
+matches receives by tag, so neither a blocking collective (whose signatures
+lie in another range) nor a pipeline message can take a bucket's message.
 
 Formula the tests check: rank r sends 2S - bytes(chunk r) - bytes(chunk r+1)
 (= 2(N-1)/N x S when N divides the length), as
@@ -39,10 +42,12 @@ import numpy as np
 from mpi4py import MPI
 
 from minipar.collectives import _base as B
+from minipar.comm import tags as T
 from minipar.comm.traced import TracedComm, TracedRequest
 
-#: tags of non-blocking rings start here (above the blocking collectives' tags)
-TAG_BASE = 1 << 20
+#: the tag of bucket i is TAG_BASE + i (the non-blocking range of minipar.comm.tags)
+TAG_BASE = T.NONBLOCKING.first
+nonblocking_tag = T.nonblocking_tag
 
 
 def _check_buffer(buf: Any) -> np.ndarray:
@@ -53,6 +58,14 @@ def _check_buffer(buf: Any) -> np.ndarray:
         raise ValueError("the buffer of a non-blocking all-reduce must be writeable")
     B.dtype_code(buf.dtype)
     return buf
+
+
+def _check_tag(tag: int) -> int:
+    if tag not in T.NONBLOCKING:
+        raise ValueError(f"a non-blocking all-reduce's tag must lie in {T.NONBLOCKING.first}.."
+                         f"{T.NONBLOCKING.last} (minipar.comm.tags: nonblocking_tag(i) = "
+                         f"TAG_BASE + i), got {tag!r}")
+    return int(tag)
 
 
 class RingAllreduceRequest:
@@ -67,8 +80,8 @@ class RingAllreduceRequest:
                  name: str = "ring_iallreduce") -> None:
         self.ufunc = B.check_op(op)
         self.buf = _check_buffer(buf)
+        self.name, self.tag = name, _check_tag(tag)
         self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
-        self.name, self.tag = name, int(tag)
         n, world = self.buf.size, self.comm.size
         self.counts = B.chunk_counts(n, world)
         self.offs = B.offsets_of(self.counts)
@@ -109,13 +122,17 @@ class RingAllreduceRequest:
         """Complete the current step's requests (counted once), as a clear error on a mismatch."""
         try:
             self.comm.waitall(self.reqs)
-        except MPI.Exception as e:  # a longer message than our chunk: MPI's truncation error
-            if e.Get_error_class() != MPI.ERR_TRUNCATE:
-                raise
-            raise B.CollectiveMismatchError(
-                f"rank {self.comm.rank}: {self.name} (tag {self.tag}): rank "
-                f"{(self.comm.rank - 1) % self.comm.size} sent more bytes than expected. "
-                "Every rank must reduce buffers of the same length.") from None
+        except MPI.Exception as e:
+            raise self._truncated(e) from None
+
+    def _truncated(self, e: MPI.Exception) -> Exception:
+        """MPI's truncation error (a longer message than our chunk) in words; others as they are."""
+        if e.Get_error_class() != MPI.ERR_TRUNCATE:
+            return e
+        return B.CollectiveMismatchError(
+            f"rank {self.comm.rank}: {self.name} (tag {self.tag}): rank "
+            f"{(self.comm.rank - 1) % self.comm.size} sent more bytes than expected. "
+            "Every rank must reduce buffers of the same length.")
 
     def _finish_step(self) -> None:
         """The step's messages are complete (and counted): reduce, then post the next step."""
@@ -140,10 +157,12 @@ class RingAllreduceRequest:
     def progress(self) -> bool:
         """Advance every step whose messages have arrived, without blocking; True when done."""
         while not self.done:
-            # Get_status tests without completing, so that waitall below counts the bytes once
-            if not all(r.req.Get_status() for r in self.reqs):
+            try:  # Test completes a request (a receive is counted once, then)
+                ready = all(r.Test() for r in self.reqs)
+            except MPI.Exception as e:
+                raise self._truncated(e) from None
+            if not ready:
                 return False
-            self._complete()
             self._finish_step()
         return True
 
@@ -162,8 +181,8 @@ class MPIIallreduceRequest:
                  name: str = "mpi_iallreduce") -> None:
         B.check_op(op)
         self.buf = _check_buffer(buf)
+        self.name, self.tag = name, _check_tag(tag)
         self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
-        self.name, self.tag = name, int(tag)
         a, dt, mop = B.mpi_spec(self.buf, op)
         self.t_start = time.perf_counter()
         self.t_end: float | None = None

@@ -1,8 +1,16 @@
-"""Communication: the traced communicator and (later) the rank grid.
+"""Communication: the traced communicator, its counters, the tag registry, the rank grid.
 
 ``from minipar.comm import TracedComm, traced, DeadlockError, install_excepthook``
+
+* :mod:`minipar.comm.traced`: the communicator wrapper (counts, waits, names);
+* :mod:`minipar.comm.stats`: the counters it keeps (by operation, communicator, peer);
+* :mod:`minipar.comm.waiting`: polite waiting, the watchdog, the mismatch guard;
+* :mod:`minipar.comm.tags`: which MPI tags each part of minipar uses;
+* :mod:`minipar.comm.errors`: the errors, said in words a learner can act on;
+* :mod:`minipar.comm.topology`: the rank grid (one communicator per axis).
 """
 
+from minipar.comm.errors import CollectiveMismatchError
 from minipar.comm.traced import (
     CommUsageError,
     DeadlockError,
@@ -15,6 +23,7 @@ from minipar.comm.traced import (
 )
 
 __all__ = [
+    "CollectiveMismatchError",
     "CommUsageError",
     "DeadlockError",
     "OpStats",

@@ -8,39 +8,28 @@ the counters of this wrapper.  It wraps an mpi4py communicator and offers the
 point-to-point calls collectives are built from, with mpi4py's upper-case
 buffer signatures::
 
-    comm = TracedComm(MPI.COMM_WORLD)
+    comm = TracedComm(MPI.COMM_WORLD)                  # named "world"
     with comm.operation("ring_allreduce"):
         comm.Sendrecv(chunk, dest=right, recvbuf=tmp, source=left)
-    comm.stats.bytes_sent("ring_allreduce")       # bytes this rank sent
-    comm.stats.peers_sent("ring_allreduce")       # {world rank: bytes}
+    comm.stats.bytes_sent("ring_allreduce")            # bytes this rank sent
+    comm.stats.peers_sent("ring_allreduce")            # {world rank: bytes}
+    tp = comm.Split(color, key, name="tp")             # shares comm.stats
+    comm.stats.bytes_sent_by_comm()                    # {"world": ..., "tp": ...}
 
-Three things it adds to MPI:
+What it adds to MPI, one file each: **counters** (:mod:`minipar.comm.stats`)
+by operation name (the outermost ``operation(...)`` scope, ``"p2p"`` outside
+any), by communicator name and by peer (a rank of COMM_WORLD), shared by
+``Split``/``Dup`` children; **polite, watched, guarded waits**
+(:mod:`minipar.comm.waiting`): idle ranks yield the CPU, a
+:class:`DeadlockError` names rank, operation, peer and tag past a timeout,
+receives take only their own tag (:mod:`minipar.comm.tags`) and a rank that
+called another collective is named in a :class:`CollectiveMismatchError` at
+once; **clear failures** (:mod:`minipar.comm.errors`): ``[minipar] rank R of
+N failed`` before ``python -m mpi4py`` aborts the job.
 
-1. **Counters.**  Bytes and messages sent and received, per operation name
-   (the outermost ``operation(...)`` scope, ``"p2p"`` outside any) and per
-   peer (as a rank of COMM_WORLD, so sub-communicators add up), plus the wall
-   time spent inside each operation.  Sub-communicators made by ``Split``
-   share their parent's :class:`Stats`: a rank's bytes are a rank's bytes.
-2. **Polite waiting.**  A blocked MPICH rank spins on its core.  With more
-   ranks than cores (8 ranks on a 2-core laptop) the waiting ranks starve the
-   computing ones.  Every wait here polls ``Test()`` (``Iprobe()`` for
-   :meth:`TracedComm.Probe`): for the first ``SPIN_S`` (500 us,
-   ``MINIPAR_SPIN_S``) it calls ``os.sched_yield()`` between polls, so a
-   short wait costs little latency yet hands the core to any rank that can
-   run; after that it sleeps with a doubling back-off from 20 us up to
-   ``MINIPAR_POLL_MAX_S`` (default 1 ms), so a long wait costs almost no CPU.
-   ``minipar bench wait`` measures the CPU a waiting rank steals with MPI's
-   blocking wait and with this one (``MINIPAR_SPIN_YIELD=0`` spins without
-   yielding, for comparison).
-3. **A deadlock watchdog.**  A wait longer than ``timeout`` seconds
-   (``MINIPAR_WATCHDOG_S``, default 60) raises :class:`DeadlockError` naming
-   the rank, the operation, the call, the peer and the tag.  Under
-   ``python -m mpi4py`` (how :mod:`minipar.launch` starts ranks) the error
-   aborts the whole job instead of leaving it hanging.
-
-An unhandled exception on any rank prints ``[minipar] rank R of N failed``
-(:func:`install_excepthook`, installed by the first TracedComm of a
-multi-rank job) before ``python -m mpi4py`` aborts the job.
+:func:`traced` wraps a plain mpi4py communicator **once**: the wrapper is
+cached on the communicator (an MPI attribute, MPI 4.1 §7.7), so counters
+accumulate across calls, and the cache goes when the communicator is freed.
 
 All messages travel as raw bytes (``MPI.BYTE``), so any NumPy dtype works,
 float16 and bfloat16 included; buffers must be C-contiguous.
@@ -48,196 +37,91 @@ float16 and bfloat16 included; buffers must be C-contiguous.
 
 from __future__ import annotations
 
-import os
 import time
-from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-WATCHDOG_ENV = "MINIPAR_WATCHDOG_S"
-POLL_MAX_ENV = "MINIPAR_POLL_MAX_S"
-DEFAULT_WATCHDOG_S = 60.0
-DEFAULT_POLL_MAX_S = 1e-3
-SPIN_ENV = "MINIPAR_SPIN_S"
-YIELD_ENV = "MINIPAR_SPIN_YIELD"
-SPIN_S = 500e-6  # poll (yielding the core) this long before the first sleep
-NAP_MIN_S = 20e-6  # first sleep; each further sleep doubles, up to poll_max
+from minipar.comm.errors import (
+    CollectiveMismatchError,
+    CommUsageError,
+    DeadlockError,
+    install_excepthook,
+)
+from minipar.comm.stats import OpStats, Stats
+from minipar.comm.waiting import (
+    ANY_SOURCE,
+    ANY_TAG,
+    DEFAULT_POLL_MAX_S,
+    DEFAULT_WATCHDOG_S,
+    NAP_MIN_S,
+    POLL_MAX_ENV,
+    SPIN_ENV,
+    SPIN_S,
+    WATCHDOG_ENV,
+    YIELD_ENV,
+    PendingProbe,
+    TracedRequest,
+    poll,
+    wait_settings,
+)
 
-ANY_SOURCE = MPI.ANY_SOURCE
-ANY_TAG = MPI.ANY_TAG
-
-
-class DeadlockError(RuntimeError):
-    """A wait exceeded the watchdog timeout: no matching message arrived."""
-
-
-class CommUsageError(ValueError):
-    """A buffer or argument that cannot be communicated (e.g. non-contiguous)."""
-
-
-@dataclass
-class OpStats:
-    """Counters of one operation name on one rank (bytes, messages, seconds)."""
-
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    msgs_sent: int = 0
-    msgs_recv: int = 0
-    calls: int = 0
-    seconds: float = 0.0
-
-
-@dataclass
-class Stats:
-    """Everything one rank has sent and received, by operation and by peer."""
-
-    ops: dict[str, OpStats] = field(default_factory=lambda: defaultdict(OpStats))
-    #: (operation, world rank of peer) -> bytes
-    sent_to: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
-    recv_from: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
-
-    def reset(self) -> None:
-        self.ops.clear()
-        self.sent_to.clear()
-        self.recv_from.clear()
-
-    def _sum(self, attr: str, op: str | None) -> int:
-        if op is not None:
-            return getattr(self.ops[op], attr) if op in self.ops else 0
-        return sum(getattr(s, attr) for s in self.ops.values())
-
-    def bytes_sent(self, op: str | None = None) -> int:
-        """Bytes this rank sent, in operation ``op`` or in all."""
-        return self._sum("bytes_sent", op)
-
-    def bytes_recv(self, op: str | None = None) -> int:
-        """Bytes this rank received, in operation ``op`` or in all."""
-        return self._sum("bytes_recv", op)
-
-    def msgs_sent(self, op: str | None = None) -> int:
-        return self._sum("msgs_sent", op)
-
-    def msgs_recv(self, op: str | None = None) -> int:
-        return self._sum("msgs_recv", op)
-
-    def seconds(self, op: str | None = None) -> float:
-        if op is not None:
-            return self.ops[op].seconds if op in self.ops else 0.0
-        return sum(s.seconds for s in self.ops.values())
-
-    def peers_sent(self, op: str | None = None) -> dict[int, int]:
-        """{world rank: bytes sent to it}, in operation ``op`` or in all."""
-        return _by_peer(self.sent_to, op)
-
-    def peers_recv(self, op: str | None = None) -> dict[int, int]:
-        """{world rank: bytes received from it}, in operation ``op`` or in all."""
-        return _by_peer(self.recv_from, op)
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly snapshot (peers as string keys)."""
-        return {
-            "ops": {k: vars(v).copy() for k, v in self.ops.items()},
-            "sent_to": {f"{o}->{p}": b for (o, p), b in self.sent_to.items()},
-            "recv_from": {f"{o}<-{p}": b for (o, p), b in self.recv_from.items()},
-        }
-
-
-def _by_peer(table: dict[tuple[str, int], int], op: str | None) -> dict[int, int]:
-    out: dict[int, int] = defaultdict(int)
-    for (o, peer), b in table.items():
-        if op is None or o == op:
-            out[peer] += b
-    return dict(out)
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
-    return value
+__all__ = [
+    "ANY_SOURCE", "ANY_TAG", "DEFAULT_POLL_MAX_S", "DEFAULT_WATCHDOG_S", "NAP_MIN_S",
+    "POLL_MAX_ENV", "SPIN_ENV", "SPIN_S", "WATCHDOG_ENV", "YIELD_ENV",
+    "CollectiveMismatchError", "CommUsageError", "DeadlockError", "OpStats", "Stats",
+    "TracedComm", "TracedRequest", "as_bytes", "install_excepthook", "traced",
+]
 
 
 def as_bytes(buf: Any, *, what: str = "buffer") -> np.ndarray:
     """A uint8 view of a C-contiguous NumPy array (no copy); clear error otherwise."""
     a = np.asarray(buf) if not isinstance(buf, np.ndarray) else buf
     if not a.flags.c_contiguous:
-        raise CommUsageError(
-            f"{what} of shape {a.shape} is not C-contiguous; pass np.ascontiguousarray(x)"
-        )
+        raise CommUsageError(f"{what} of shape {a.shape} is not C-contiguous; "
+                             "pass np.ascontiguousarray(x)")
     return a.reshape(-1).view(np.uint8)
 
 
-class TracedRequest:
-    """A non-blocking request whose ``Wait`` polls and is watched."""
-
-    def __init__(self, comm: TracedComm, req: MPI.Request, kind: str, peer: int, tag: int):
-        self.comm, self.req, self.kind, self.peer, self.tag = comm, req, kind, peer, tag
-        self.status = MPI.Status()
-
-    def Test(self) -> bool:
-        return bool(self.req.Test(self.status))
-
-    def Wait(self) -> MPI.Status:
-        self.comm.waitall([self])
-        return self.status
-
-
-class _Probe:
-    """A pending ``Probe`` that the poll loop can Test like a request."""
-
-    kind = "Probe"
-
-    def __init__(self, comm: Any, peer: int, tag: int, status: MPI.Status):
-        self.comm, self.peer, self.tag, self.status = comm, peer, tag, status
-
-    def Test(self) -> bool:
-        return bool(self.comm.Iprobe(self.peer, self.tag, self.status))
+def _world_ranks(comm: Any, world_comm: Any = None) -> list[int]:
+    """COMM_WORLD's rank of each rank of ``comm`` (the groups made for it are freed)."""
+    mine = comm.Get_group()
+    world = (MPI.COMM_WORLD if world_comm is None else world_comm).Get_group()
+    try:
+        return list(MPI.Group.Translate_ranks(mine, list(range(comm.Get_size())), world))
+    finally:
+        mine.Free()
+        world.Free()
 
 
 class TracedComm:
     """An mpi4py communicator wrapper with counters, polite waits and a watchdog.
 
-    Anything not defined here (``Allreduce``, ``Bcast``, ... MPI's own
-    collectives, used as oracles) is passed through to the wrapped
-    communicator uncounted; use ``operation()`` around it to time it.
+    ``name`` labels this communicator's traffic in the shared :class:`Stats`
+    ("world" for COMM_WORLD unless given).  Anything not defined here
+    (``Allreduce``, ``Bcast``, ... MPI's own collectives, used as oracles) is
+    passed through to the wrapped communicator uncounted; use
+    ``operation()`` around it to time it.
     """
 
-    def __init__(
-        self,
-        comm: Any = None,
-        *,
-        timeout: float | None = None,
-        stats: Stats | None = None,
-    ) -> None:
+    def __init__(self, comm: Any = None, *, timeout: float | None = None,
+                 stats: Stats | None = None, name: str | None = None) -> None:
         if isinstance(comm, TracedComm):
             comm = comm.comm
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
-        self.timeout = _env_float(WATCHDOG_ENV, DEFAULT_WATCHDOG_S) if timeout is None else timeout
-        if self.timeout <= 0:
-            raise ValueError(f"watchdog timeout must be positive, got {self.timeout}")
-        self.poll_max = _env_float(POLL_MAX_ENV, DEFAULT_POLL_MAX_S)
-        self.spin_s = _env_float(SPIN_ENV, SPIN_S)
-        self.spin_yield = os.environ.get(YIELD_ENV, "1") != "0"
+        # the watchdog's timeout and the poll loop's timings (minipar.comm.waiting)
+        self.timeout, self.poll_max, self.spin_s, self.spin_yield = wait_settings(timeout)
         self.stats = Stats() if stats is None else stats
+        self.name: str = name if name is not None else _default_name(self.comm)
         self._op_stack: list[str] = []
+        self._children = 0  # Split/Dup made from this one: names "<name>/split<k>"
         # translate ranks of this communicator to COMM_WORLD ranks, for per-peer counts
-        world = MPI.COMM_WORLD.Get_group()
-        self.world_ranks: list[int] = list(
-            MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)), world)
-        )
+        self.world_ranks: list[int] = _world_ranks(self.comm)
         self.world_rank: int = self.world_ranks[self.rank]
         if MPI.COMM_WORLD.Get_size() > 1:
             install_excepthook()
@@ -254,12 +138,34 @@ class TracedComm:
             raise AttributeError(name)
         return getattr(self.comm, name)
 
-    def Split(self, color: int = 0, key: int = 0) -> TracedComm:
-        """Sub-communicator sharing this one's counters and watchdog."""
-        return TracedComm(self.comm.Split(color, key), timeout=self.timeout, stats=self.stats)
+    def _child_name(self, kind: str, name: str | None) -> str:
+        k, self._children = self._children, self._children + 1
+        return name if name is not None else f"{self.name}/{kind}{k}"
 
-    def Dup(self) -> TracedComm:
-        return TracedComm(self.comm.Dup(), timeout=self.timeout, stats=self.stats)
+    def Split(self, color: int = 0, key: int = 0, name: str | None = None) -> TracedComm:
+        """Sub-communicator sharing this one's counters and watchdog (collective).
+
+        Unnamed children are called ``"<parent>/split<k>"``, k counting this
+        parent's children (the same on every rank: Split is collective).
+        """
+        label = self._child_name("split", name)
+        return TracedComm(_named(self.comm.Split(color, key), label), timeout=self.timeout,
+                          stats=self.stats, name=label)
+
+    def Dup(self, name: str | None = None) -> TracedComm:
+        """A copy of this communicator (its own message space) sharing the counters."""
+        label = self._child_name("dup", name)
+        return TracedComm(_named(self.comm.Dup(), label), timeout=self.timeout,
+                          stats=self.stats, name=label)
+
+    def Free(self) -> None:
+        """Free the wrapped communicator (collective); COMM_WORLD and COMM_SELF stay.
+
+        The wrapper is unusable afterwards; a second Free does nothing.
+        """
+        if self.comm in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
+            return
+        self.comm.Free()
 
     # -- operation scopes ----------------------------------------------------
     @property
@@ -277,38 +183,36 @@ class TracedComm:
         finally:
             self._op_stack.pop()
             if outermost:
-                s = self.stats.ops[name]
-                s.calls += 1
-                s.seconds += time.perf_counter() - t0
+                self.stats.record_call(name, self.name, time.perf_counter() - t0)
 
     # -- point-to-point ------------------------------------------------------
     def _check_peer(self, peer: int, call: str) -> None:
         if peer == ANY_SOURCE:
             return
         if not (0 <= peer < self.size):
-            raise CommUsageError(
-                f"rank {self.rank}: {call} with peer {peer} outside 0..{self.size - 1}"
-            )
+            raise CommUsageError(f"rank {self.rank}: {call} with peer {peer} outside "
+                                 f"0..{self.size - 1}")
+
+    def _count_recv(self, r: TracedRequest) -> None:
+        """Count a completed receive (called once per request, by its first completion)."""
+        src = r.status.Get_source()
+        peer = self.world_ranks[src] if 0 <= src < self.size else None
+        self.stats.record_recv(r.op, self.name, peer, r.status.Get_count(MPI.BYTE))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> TracedRequest:
         self._check_peer(dest, "Isend")
         b = as_bytes(buf, what="send buffer")
         req = self.comm.Isend([b, MPI.BYTE], dest=dest, tag=tag)
         op = self.current_op
-        s = self.stats.ops[op]
-        s.bytes_sent += b.nbytes
-        s.msgs_sent += 1
-        self.stats.sent_to[(op, self.world_ranks[dest])] += b.nbytes
-        return TracedRequest(self, req, "Send", dest, tag)
+        self.stats.record_send(op, self.name, self.world_ranks[dest], b.nbytes)
+        return TracedRequest(self, req, "Send", dest, tag, op)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> TracedRequest:
         """Post a receive; bytes are counted when it completes (the real size)."""
         self._check_peer(source, "Irecv")
         b = as_bytes(buf, what="receive buffer")
         req = self.comm.Irecv([b, MPI.BYTE], source=source, tag=tag)
-        r = TracedRequest(self, req, "Recv", source, tag)
-        r.op = self.current_op  # type: ignore[attr-defined]
-        return r
+        return TracedRequest(self, req, "Recv", source, tag, self.current_op)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         self.Isend(buf, dest, tag).Wait()
@@ -316,15 +220,8 @@ class TracedComm:
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> MPI.Status:
         return self.Irecv(buf, source, tag).Wait()
 
-    def Sendrecv(
-        self,
-        sendbuf: Any,
-        dest: int,
-        sendtag: int = 0,
-        recvbuf: Any = None,
-        source: int = ANY_SOURCE,
-        recvtag: int = ANY_TAG,
-    ) -> MPI.Status:
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> MPI.Status:
         """Send to ``dest`` and receive from ``source`` at once (no deadlock in a ring).
 
         Both are posted (``Irecv`` first, then ``Isend``) and waited for
@@ -342,7 +239,7 @@ class TracedComm:
 
     def Barrier(self) -> None:
         """A barrier that waits politely (MPI's Ibarrier, polled)."""
-        req = TracedRequest(self, self.comm.Ibarrier(), "Barrier", -1, -1)
+        req = TracedRequest(self, self.comm.Ibarrier(), "Barrier", -1, -1, self.current_op)
         self.waitall([req])
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> MPI.Status:
@@ -351,97 +248,57 @@ class TracedComm:
         Returns its status: ``Get_count(MPI.BYTE)`` is its size, so a receiver
         can allocate a buffer for a message whose length it does not know.
         """
+        return self.probe_tags(source, (tag,))
+
+    def probe_tags(self, source: int, tags: Sequence[int]) -> MPI.Status:
+        """:meth:`Probe` for a message with any of ``tags`` (e.g. one signature per dtype)."""
         self._check_peer(source, "Probe")
         status = MPI.Status()
-        if not self.comm.Iprobe(source, tag, status):
-            probe = _Probe(self.comm, source, tag, status)
-            self._poll([probe])  # type: ignore[list-item]
+        self.waitall([PendingProbe(self, source, tags, status)])  # type: ignore[list-item]
         return status
 
     # -- waiting -------------------------------------------------------------
-    def _poll(self, requests: list[TracedRequest]) -> None:
-        """Test until all complete: spin SPIN_S, then sleep with a doubling back-off."""
-        pending = [r for r in requests if not r.Test()]
-        if not pending:
-            return
-        t0 = time.perf_counter()
-        deadline = t0 + self.timeout
-        nap = 0.0
-        while pending:
-            now = time.perf_counter()
-            if now > deadline:
-                raise self._deadlock(pending)
-            if now - t0 > self.spin_s:  # spin briefly, then back off to poll_max
-                nap = min(self.poll_max, max(2 * nap, NAP_MIN_S))
-                time.sleep(nap)
-            elif self.spin_yield:
-                os.sched_yield()
-            pending = [r for r in pending if not r.Test()]
+    def waitall(self, requests: Sequence[TracedRequest]) -> None:
+        """Poll until every request completes; past ``timeout`` raise DeadlockError.
 
-    def waitall(self, requests: list[TracedRequest]) -> None:
-        """Poll until every request completes; past ``timeout`` raise DeadlockError."""
-        self._poll(requests)
-        for r in requests:
-            if r.kind == "Recv":
-                n = r.status.Get_count(MPI.BYTE)
-                op = getattr(r, "op", self.current_op)
-                st = self.stats.ops[op]
-                st.bytes_recv += n
-                st.msgs_recv += 1
-                src = r.status.Get_source()
-                if 0 <= src < self.size:
-                    self.stats.recv_from[(op, self.world_ranks[src])] += n
-
-    def _deadlock(self, pending: list[TracedRequest]) -> DeadlockError:
-        parts = []
-        for r in pending:
-            if r.kind == "Barrier":
-                parts.append("Barrier (some rank never reached it)")
-                continue
-            peer = "any rank" if r.peer == ANY_SOURCE else f"rank {r.peer}"
-            tag = "any tag" if r.tag == ANY_TAG else f"tag {r.tag}"
-            where = "to" if r.kind == "Send" else "from"
-            parts.append(f"{r.kind} {where} {peer} ({tag})")
-        return DeadlockError(
-            f"rank {self.rank} (world rank {self.world_rank}): operation "
-            f"{self.current_op!r} waited more than {self.timeout:g} s for "
-            + "; ".join(parts)
-            + ". Likely a deadlock: the peer never posted the matching call "
-            "(both ranks receiving first, a mismatched tag, or a rank that "
-            f"skipped the operation). Watchdog: {WATCHDOG_ENV}."
-        )
+        Receives are counted as they complete, once each (a request waited
+        twice is counted once).
+        """
+        poll(self, requests)
 
 
-def install_excepthook() -> None:
-    """Make an unhandled exception on a rank say which rank failed, then abort.
+def _default_name(comm: Any) -> str:
+    """"world", "self", or the name MPI has for ``comm`` ("comm" if none)."""
+    if comm == MPI.COMM_WORLD or comm == MPI.COMM_SELF:
+        return "world" if comm == MPI.COMM_WORLD else "self"
+    return comm.Get_name() or "comm"
 
-    Under ``python -m mpi4py`` an unhandled exception aborts the whole job
-    (MPICH then prints ``rank R in comm 0``); this hook first prints
-    ``[minipar] rank R of N failed: Type: message`` on stderr, above the
-    traceback, so a learner sees at once which rank broke and why the others
-    stopped.  Idempotent; TracedComm installs it when the world has > 1 rank.
-    """
-    import sys
 
-    previous = sys.excepthook
-    if getattr(previous, "_minipar", False):
-        return
+def _named(comm: Any, name: str) -> Any:
+    comm.Set_name(name)  # MPI's own name too: MPI's error messages then say it
+    return comm
 
-    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        world = MPI.COMM_WORLD
-        sys.stderr.write(
-            f"[minipar] rank {world.Get_rank()} of {world.Get_size()} failed: "
-            f"{kind.__name__}: {value}\n[minipar] the whole job is aborted "
-            "(python -m mpi4py calls MPI_Abort); the traceback of that rank follows.\n"
-        )
-        previous(kind, value, tb)
 
-    hook._minipar = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
+_KEYVAL: list[int] = []
 
 
 def traced(comm: Any = None, **kwargs: Any) -> TracedComm:
-    """``comm`` as a TracedComm (returned unchanged if it already is one)."""
+    """``comm`` as a TracedComm: the same wrapper for the same communicator every time.
+
+    A TracedComm is returned unchanged.  A plain mpi4py communicator (or None:
+    COMM_WORLD) is wrapped on first use and the wrapper cached on it (an MPI
+    attribute), so counters accumulate across calls.  With keyword arguments
+    (``timeout=``, ``stats=``, ``name=``) a new, uncached wrapper is made.
+    """
     if isinstance(comm, TracedComm) and not kwargs:
         return comm
-    return TracedComm(comm, **kwargs)
+    if kwargs:
+        return TracedComm(comm, **kwargs)
+    plain = MPI.COMM_WORLD if comm is None else comm
+    if not _KEYVAL:
+        _KEYVAL.append(MPI.Comm.Create_keyval())  # no copy_fn: Dup does not inherit it
+    cached = plain.Get_attr(_KEYVAL[0])
+    if cached is None:
+        cached = TracedComm(plain)
+        plain.Set_attr(_KEYVAL[0], cached)
+    return cached

@@ -4,10 +4,16 @@ EN exercises command · RU команда упражнений · ZH 练习命�
 
     minipar exercise list
     minipar exercise start ring_allreduce            # writes ./ring_allreduce.py
+    minipar exercise start ring_allreduce --dir ex   # creates ./ex if needed, says so
     minipar exercise check ring_allreduce ring_allreduce.py -n 4 [--json]
     minipar exercise check ring_allreduce --solution # grade the reference solution
 
-``check`` exits 0 only when every check passes.
+``check`` exits 0 only when every check passes.  Bad input (an unknown
+exercise, a FILE that is not there, ``-n 0``, ``--watchdog`` not below
+``--timeout``) is one line on stderr and exit 2 (:mod:`minipar.cli_errors`).
+``--dir`` names a working folder, so ``start`` creates it (and its parents)
+when it does not exist and says so; minipar never creates a folder for a
+file option.
 """
 
 from __future__ import annotations
@@ -17,38 +23,64 @@ import shutil
 import sys
 from pathlib import Path
 
+from minipar.cli_errors import ArgumentParser, error_line, integer, number
 from minipar.exercises import EXERCISES, get
+
+#: most ranks ``check`` starts on one machine (each rank is a Python process)
+MAX_RANKS = 128
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="minipar exercise",
         description="mpirun exercises: write a collective from Send/Recv, graded on real ranks.",
     )
-    sub = p.add_subparsers(dest="action", required=True)
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     sub.add_parser("list", help="the exercises, with a one-line description and difficulty")
+    names = ", ".join(EXERCISES)
     s = sub.add_parser("start", help="write the skeleton NAME.py into a folder")
-    s.add_argument("name", choices=list(EXERCISES))
-    s.add_argument("--dir", default=".", help="folder to write into (default: current)")
+    s.add_argument("name", metavar="NAME", choices=list(EXERCISES), help=f"one of {names}")
+    s.add_argument("--dir", default=".",
+                   help="folder to write into, created if missing (default: current)")
     s.add_argument("--force", action="store_true", help="overwrite an existing NAME.py")
     c = sub.add_parser("check", help="grade FILE: result and algorithm, on N ranks")
-    c.add_argument("name", choices=list(EXERCISES))
+    c.add_argument("name", metavar="NAME", choices=list(EXERCISES), help=f"one of {names}")
     c.add_argument("file", nargs="?", help="your solution (a .py file)")
-    c.add_argument("-n", type=int, default=4, help="number of ranks (default 4)")
+    c.add_argument("-n", type=integer(1, MAX_RANKS), default=4,
+                   help=f"number of ranks, 1 to {MAX_RANKS} (default 4)")
     c.add_argument("--json", action="store_true", help="machine-readable report")
     c.add_argument("--solution", action="store_true", help="grade the reference solution")
-    c.add_argument("--timeout", type=float, default=60.0, help="seconds before the run is killed")
+    c.add_argument("--timeout", type=number(greater_than=0), default=60.0,
+                   help="seconds before the run is killed")
     c.add_argument(
         "--watchdog",
-        type=float,
+        type=number(greater_than=0),
         default=5.0,
-        help="seconds a rank may wait for one message before it is a deadlock",
+        help="seconds a rank may wait for one message before it is a deadlock (< --timeout)",
     )
     return p
 
 
+def _start_folder(folder: Path) -> str | None:
+    """Create ``folder`` (and parents) if it is missing; why it cannot hold a file, or None."""
+    if folder.is_dir():
+        return None
+    if folder.exists():
+        return f"--dir {folder} is a file, not a folder"
+    try:
+        folder.mkdir(parents=True)
+    except OSError as e:
+        return f"--dir {folder}: cannot create the folder: {e.strerror or e}"
+    print(f"created folder {folder}")
+    return None
+
+
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    """``minipar exercise list|start|check``: 0 on success, 1 if a check fails, 2 on bad input."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
+        return int(e.code or 0)
     if args.action == "list":
         width = max(map(len, EXERCISES))
         for ex in EXERCISES.values():
@@ -58,31 +90,44 @@ def main(argv: list[str]) -> int:
     ex = get(args.name)
     if args.action == "start":
         target = Path(args.dir) / f"{ex.name}.py"
+        if target.is_dir():
+            return error_line("minipar exercise start", f"{target} is a folder; remove it or "
+                              "choose another --dir")
         if target.exists() and not args.force:
             print(
                 f"minipar exercise: {target} exists; not overwriting it (use --force)",
                 file=sys.stderr,
             )
             return 1
-        shutil.copyfile(ex.skeleton_path, target)
+        problem = _start_folder(Path(args.dir))
+        if problem:
+            return error_line("minipar exercise start", problem)
+        try:
+            shutil.copyfile(ex.skeleton_path, target)
+        except OSError as e:
+            return error_line("minipar exercise start", f"cannot write {target}: {e.strerror or e}")
         print(
             f"wrote {target}: fill in {ex.function}(), then run\n"
             f"  minipar exercise check {ex.name} {target}"
         )
         return 0
+    prog = "minipar exercise check"
+    if args.solution == bool(args.file):
+        return error_line(prog, "give FILE or --solution (one of them)")
+    file = ex.solution_path if args.solution else Path(args.file)
+    if file.is_dir():
+        return error_line(prog, f"FILE {file} is a folder; give your solution's .py file")
+    if not file.is_file():
+        return error_line(prog, f"FILE {file}: no such file (minipar exercise start "
+                          f"{ex.name} writes one)")
+    if not args.watchdog < args.timeout:
+        return error_line(prog, f"--watchdog {args.watchdog:g} must be below --timeout "
+                          f"{args.timeout:g} (a deadlock is reported before the run is killed)")
     from minipar.exercises.grading import check  # imports numpy and mpi4py
 
-    if args.solution == bool(args.file):
-        print("minipar exercise check: give FILE or --solution (one of them)", file=sys.stderr)
-        return 2
-    file = ex.solution_path if args.solution else Path(args.file)
-    if not file.is_file():
-        print(f"minipar exercise check: {file}: no such file", file=sys.stderr)
-        return 2
     try:
         report = check(ex.name, file, args.n, timeout=args.timeout, watchdog=args.watchdog)
     except ValueError as err:
-        print(f"minipar exercise check: {err}", file=sys.stderr)
-        return 2
+        return error_line(prog, err)
     print(report.json() if args.json else report.text())
     return 0 if report.passed else 1

@@ -2,15 +2,18 @@
 
 Every parallel strategy in minipar reproduces this package's numbers.
 Layers are pairs of stateless functions ``forward -> (y, saved)`` and
-``backward(saved, dy) -> (dx, dparams)``; models are built from them:
+``backward(params, saved, dy) -> (dx, dparams)``: ``saved`` holds
+activations only, never a parameter; models are built from them:
 
-* ``layers``     Linear, Embedding, LayerNorm, GELU
+* ``layers``     Linear, bias, Embedding, LayerNorm, GELU
 * ``attention``  causal multi-head self-attention
 * ``mlp``        the transformer feed-forward block (also one MoE expert)
 * ``moe``        mixture of experts: router, top-k, capacity, aux loss
 * ``loss``       softmax cross-entropy
 * ``gpt``        ``GPTConfig`` / ``GPT`` and its pieces (embed, block, head)
 * ``mlp_model``  ``MLPConfig`` / ``MLP``, a plain classifier for the simplest demos
+* ``units``      the models as units (embed, block i, head; MLP layers)
+* ``executor``   the one walk over the units, with hooks where strategies plug in
 * ``init``       initialisation from ``(seed, name)``
 """
 
@@ -36,7 +39,10 @@ from minipar.nn.gpt import (
     sub,
 )
 from minipar.nn.gpt_config import GPTConfig
+from minipar.nn.executor import Hooks
 from minipar.nn.layers import (
+    bias_backward,
+    bias_forward,
     embedding_backward,
     embedding_forward,
     gelu_backward,
@@ -50,16 +56,21 @@ from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.nn.mlp import mlp_backward, mlp_forward
 from minipar.nn.mlp_model import MLP, MLPConfig
 from minipar.nn.moe import expert_capacity, moe_backward, moe_forward, route
+from minipar.nn.units import Unit, gpt_units, mlp_units
 
 __all__ = [
     "GPT",
     "MLP",
     "GPTConfig",
+    "Hooks",
     "MLPConfig",
+    "Unit",
     "attention_backward",
     "attention_core_backward",
     "attention_core_forward",
     "attention_forward",
+    "bias_backward",
+    "bias_forward",
     "block_aux_loss",
     "block_backward",
     "block_forward",
@@ -73,6 +84,7 @@ __all__ = [
     "expert_capacity",
     "gelu_backward",
     "gelu_forward",
+    "gpt_units",
     "head_backward",
     "head_forward",
     "layernorm_backward",
@@ -82,6 +94,7 @@ __all__ = [
     "merge_heads",
     "mlp_backward",
     "mlp_forward",
+    "mlp_units",
     "moe_backward",
     "moe_forward",
     "param_shapes",

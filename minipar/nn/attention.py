@@ -9,7 +9,7 @@ GPT-2 layout (Radford et al. 2019): one fused QKV projection.
     o = A v -> (B, T, d),   y = o W_out + b_out
 
 Backward of the core (checked by finite differences in
-tests/test_nn_attention.py):
+tests/test_nn_layers.py):
 
     dA = do vᵀ,  dv = Aᵀ do,  dS = A ⊙ (dA − Σ_j dA ⊙ A),
     dq = dS k / sqrt(d_h),  dk = dSᵀ q / sqrt(d_h).
@@ -26,7 +26,7 @@ from typing import Any
 
 from minipar.backend import xp
 from minipar.nn._dtype import down, up
-from minipar.nn.layers import linear_backward, linear_forward
+from minipar.nn.layers import bias_backward, bias_forward, linear_backward, linear_forward
 
 _MASKS: dict[tuple[int, Any], Any] = {}
 
@@ -91,20 +91,24 @@ def attention_forward(p: dict[str, Any], x: Any, n_head: int) -> tuple[Any, tupl
     ``n_head`` is the number of heads in ``p`` (all of them serially, a
     rank's share under tensor parallelism): W_qkv has 3·n_head·d_h columns.
     """
-    qkv, s_qkv = linear_forward(x, p["w_qkv"], p["b_qkv"])
+    qkv, s_qkv = linear_forward(x, p["w_qkv"])
+    qkv = bias_forward(qkv, p["b_qkv"])
     q, k, v = (split_heads(a, n_head) for a in xp.split(qkv, 3, axis=-1))
     o, s_core = attention_core_forward(q, k, v)
-    y, s_out = linear_forward(merge_heads(o), p["w_out"], p["b_out"])
+    y, s_out = linear_forward(merge_heads(o), p["w_out"])
+    y = bias_forward(y, p["b_out"])
     return y, (s_qkv, s_core, s_out, n_head)
 
 
 def attention_backward(
     p: dict[str, Any], saved: tuple, dy: Any
 ) -> tuple[Any, dict[str, Any]]:
-    """Return ``(dx, grads)`` with grads keyed like ``p``."""
+    """Return ``(dx, grads)`` with grads keyed like ``p`` (its weights are read, not saved)."""
     s_qkv, s_core, s_out, n_head = saved
-    do, dw_out, db_out = linear_backward(s_out, dy)
+    db_out = bias_backward(dy)
+    do, dw_out = linear_backward(p["w_out"], s_out, dy)
     dq, dk, dv = attention_core_backward(s_core, split_heads(do, n_head))
     dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
-    dx, dw_qkv, db_qkv = linear_backward(s_qkv, dqkv)
+    db_qkv = bias_backward(dqkv)
+    dx, dw_qkv = linear_backward(p["w_qkv"], s_qkv, dqkv)
     return dx, {"w_qkv": dw_qkv, "b_qkv": db_qkv, "w_out": dw_out, "b_out": db_out}

@@ -22,9 +22,13 @@ N(0, (0.02/sqrt(2·n_layer))²); LayerNorm γ = 1, β = 0; biases 0.  Each from
 
 The pieces — ``embed_*``, ``block_*``, ``head_*`` — are public so that
 pipeline, tensor, sequence and expert parallel code runs the very same
-computation on its share; ``GPT.loss_and_grads`` is nothing but these
-pieces in order.  Its gradients are checked against central finite
-differences in float64 (tests/test_nn_gpt.py).
+computation on its share.  Each backward takes the piece's parameters
+again (``head_backward(p, saved, dlogits)``): ``saved`` holds activations
+only.  ``GPT.units()`` wraps the pieces as units (:mod:`minipar.nn.units`)
+and ``GPT.loss_and_grads`` is one walk of the units executor
+(:mod:`minipar.nn.executor`) with the serial hooks — the same walk that
+``train``, DDP and ZeRO run.  Its gradients are checked against central
+finite differences in float64 (tests/test_nn_gpt.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minipar.backend import xp
+from minipar.nn import executor
 from minipar.nn import init as _init
 from minipar.nn._dtype import up
 from minipar.nn.attention import attention_backward, attention_forward
@@ -46,7 +51,7 @@ from minipar.nn.layers import (
     linear_backward,
     linear_forward,
 )
-from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
+from minipar.nn.loss import cross_entropy_forward
 from minipar.nn.mlp import mlp_backward, mlp_forward
 from minipar.nn.moe import moe_backward, moe_forward
 
@@ -101,8 +106,9 @@ def embed_forward(
     return x, (s_tok, pos_offset, t, p["pos_emb"].shape)
 
 
-def embed_backward(saved: tuple, dx: Any) -> dict[str, Any]:
-    """Gradients {tok_emb, pos_emb} for dx (B, T, d)."""
+def embed_backward(p: dict[str, Any], saved: tuple, dx: Any) -> dict[str, Any]:
+    """Gradients {tok_emb, pos_emb} for dx (B, T, d); ``p`` is not read (the gradient of a
+    table lookup needs only which rows were read), taken for the uniform signature."""
     s_tok, off, t, shape = saved
     dpos = xp.zeros(shape, dtype=dx.dtype)
     dpos[off:off + t] = up(dx).sum(axis=0)
@@ -142,10 +148,10 @@ def block_backward(
     else:
         dh, gf = mlp_backward(sub(p, "mlp."), saved["ffn"], dy)
         gf = {"mlp." + k: v for k, v in gf.items()}
-    dx1, g["ln2.gamma"], g["ln2.beta"] = layernorm_backward(saved["ln2"], dh)
+    dx1, g["ln2.gamma"], g["ln2.beta"] = layernorm_backward(p["ln2.gamma"], saved["ln2"], dh)
     dx1 += dy
     da, ga = attention_backward(sub(p, "attn."), saved["attn"], dx1)
-    dx, g1, b1 = layernorm_backward(saved["ln1"], da)
+    dx, g1, b1 = layernorm_backward(p["ln1.gamma"], saved["ln1"], da)
     dx += dx1
     grads = {"ln1.gamma": g1, "ln1.beta": b1, **{"attn." + k: v for k, v in ga.items()}}
     grads.update({"ln2.gamma": g["ln2.gamma"], "ln2.beta": g["ln2.beta"], **gf})
@@ -160,11 +166,11 @@ def head_forward(p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
     return logits, (s_ln, s_lin)
 
 
-def head_backward(saved: tuple, dlogits: Any) -> tuple[Any, dict[str, Any]]:
+def head_backward(p: dict[str, Any], saved: tuple, dlogits: Any) -> tuple[Any, dict[str, Any]]:
     """Return ``(dx, {ln_f.gamma, ln_f.beta, lm_head})``."""
     s_ln, s_lin = saved
-    dh, dw, _ = linear_backward(s_lin, dlogits)
-    dx, dg, db = layernorm_backward(s_ln, dh)
+    dh, dw = linear_backward(p["lm_head"], s_lin, dlogits)
+    dx, dg, db = layernorm_backward(p["ln_f.gamma"], s_ln, dh)
     return dx, {"ln_f.gamma": dg, "ln_f.beta": db, "lm_head": dw}
 
 
@@ -197,44 +203,43 @@ class GPT:
                 out[name] = _init.normal(seed, name, shape, std, cfg.dtype)
         return out
 
+    def units(self) -> tuple[Any, ...]:
+        """embed, block 0 … block L-1, head: :class:`minipar.nn.units.Unit` s, in buffer order."""
+        from minipar.nn.units import gpt_units  # units.py builds on this module's pieces
+
+        return gpt_units(self.cfg)
+
     def forward(self, params: dict[str, Any], tokens: Any) -> tuple[Any, dict[str, Any]]:
-        """logits (B, T, V) and the cache the backward needs (per-piece ``saved``)."""
-        x, s_emb = embed_forward(params, tokens, self.cfg)
-        blocks = []
-        for i in range(self.cfg.n_layer):
-            x, s = block_forward(sub(params, f"blocks.{i}."), x, self.cfg)
-            blocks.append(s)
-        logits, s_head = head_forward(params, x)
-        return logits, {"embed": s_emb, "blocks": blocks, "head": s_head}
+        """logits (B, T, V) and the cache the backward needs (per-piece ``saved``):
+        ``{"embed": …, "blocks": [one per block], "head": …}``."""
+        logits, kept = executor.forward(self.units(), executor.Hooks(params), tokens)
+        return logits, {"embed": kept[0], "blocks": kept[1:-1], "head": kept[-1]}
+
+    def _check_targets(self, tokens: Any, targets: Any) -> None:
+        if getattr(tokens, "shape", None) != getattr(targets, "shape", None):
+            raise ValueError(f"tokens {getattr(tokens, 'shape', None)} and targets "
+                             f"{getattr(targets, 'shape', None)} must match")
+        self.cfg.check_tokens(targets, what="targets")
 
     def loss(self, params: dict[str, Any], tokens: Any, targets: Any) -> float:
         """Mean cross-entropy plus the MoE auxiliary losses (a Python float)."""
-        logits, cache = self.forward(params, tokens)
-        return self._total(logits, cache, targets)[0]
-
-    def _total(self, logits: Any, cache: dict[str, Any], targets: Any) -> tuple[float, tuple]:
-        self.cfg.check_tokens(targets, what="targets")
-        ce, s_ce = cross_entropy_forward(logits, targets)
-        return ce + sum(block_aux_loss(s) for s in cache["blocks"]), s_ce
+        self._check_targets(tokens, targets)
+        aux: list[float] = []
+        logits, _ = executor.forward(self.units(), executor.Hooks(params), tokens, aux=aux)
+        return cross_entropy_forward(logits, targets)[0] + sum(aux)
 
     def loss_and_grads(
         self, params: dict[str, Any], tokens: Any, targets: Any, loss_scale: float = 1.0
     ) -> tuple[float, dict[str, Any]]:
         """(loss, grads): grads keyed and ordered like ``params``, in their dtype.
 
-        ``loss_scale`` S (mixed-fp16 loss scaling): the grads are those of
-        S·loss; the returned loss is not scaled."""
-        if tokens.shape != targets.shape:
-            raise ValueError(f"tokens {tokens.shape} and targets {targets.shape} must match")
-        logits, cache = self.forward(params, tokens)
-        loss, s_ce = self._total(logits, cache, targets)
-        dx, grads = head_backward(cache["head"], cross_entropy_backward(s_ce, loss_scale))
-        for i in reversed(range(self.cfg.n_layer)):
-            prefix = f"blocks.{i}."
-            dx, g = block_backward(sub(params, prefix), cache["blocks"][i], dx, loss_scale)
-            grads.update({prefix + k: v for k, v in g.items()})
-        grads.update(embed_backward(cache["embed"], dx))
-        return loss, {k: grads[k] for k in params}
+        ``loss_scale`` S (mixed-fp16 loss scaling, a rank's loss weight): the grads
+        are those of S·loss; the returned loss is not scaled.  One walk of
+        :func:`minipar.nn.executor.loss_and_grads` with the serial hooks."""
+        self._check_targets(tokens, targets)
+        hooks = executor.Hooks(params)
+        loss = executor.loss_and_grads(self.units(), hooks, tokens, targets, loss_scale)
+        return loss, {k: hooks.grads[k] for k in params}
 
     @staticmethod
     def moe_stats(cache: dict[str, Any]) -> list[dict[str, Any]]:

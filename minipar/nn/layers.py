@@ -3,16 +3,25 @@
 Every layer is a pair of pure functions::
 
     y, saved = layer_forward(x, *params)        # saved: what backward needs
-    dx, *dparams = layer_backward(saved, dy)
+    dx, *dparams = layer_backward(*params, saved, dy)
 
 No state lives in a layer: the caller keeps ``saved`` (one per micro-batch
 in a pipeline, dropped and recomputed under activation checkpointing, moved
-to the host under offloading).  Shapes: ``x`` is ``(..., d_in)``; weights
-are stored ``(d_in, d_out)`` and applied as ``x @ W + b``.
+to the host under offloading).  ``saved`` holds activations only, never a
+parameter (not the array, not a view of it): every backward is handed the
+parameters it needs again, so ZeRO-3 can free a gathered weight between
+forward and backward, and offloading or recomputing ``saved`` never touches
+a weight (tests/test_saved_activations.py checks every layer).  Shapes:
+``x`` is ``(..., d_in)``; weights are stored ``(d_in, d_out)`` and applied
+as ``x @ W + b``.
+
+The bias is a step of its own (``bias_forward``): a row-parallel shard
+(Megatron) computes a partial ``x W`` and adds ``b`` once, after the sum.
 
 Formulas the finite-difference tests check (tests/test_nn_layers.py):
 
-* Linear:     y = x W + b;   dx = dy Wᵀ,  dW = xᵀ dy,  db = Σ dy.
+* Linear:     y = x W;   dx = dy Wᵀ,  dW = xᵀ dy.
+* Bias:       y = x + b;  db = Σ dy (over every axis but the last).
 * Embedding:  y = E[ids];    dE[v] = Σ_{ids = v} dy.
 * LayerNorm (Ba, Kiros & Hinton 2016, arXiv 1607.06450), eps = 1e-5:
   x̂ = (x − μ) / sqrt(σ² + eps),  y = γ x̂ + β;
@@ -37,22 +46,29 @@ _GELU_A = 0.044715
 
 
 # --------------------------------------------------------------------- linear
-def linear_forward(x: Any, w: Any, b: Any | None = None) -> tuple[Any, tuple]:
-    """y = x @ w + b for ``x`` of shape (..., d_in), ``w`` (d_in, d_out), ``b`` (d_out,)."""
-    y = matmul(x, w)
-    if b is not None:
-        y += b
-    return y, (x, w, b is not None)
+def linear_forward(x: Any, w: Any) -> tuple[Any, tuple]:
+    """y = x @ w for ``x`` of shape (..., d_in), ``w`` (d_in, d_out); saves ``(x,)``."""
+    return matmul(x, w), (x,)
 
 
-def linear_backward(saved: tuple, dy: Any) -> tuple[Any, Any, Any | None]:
-    """Return ``(dx, dw, db)``; ``db`` is None when the forward had no bias."""
-    x, w, has_bias = saved
+def linear_backward(w: Any, saved: tuple, dy: Any) -> tuple[Any, Any]:
+    """Return ``(dx, dw)``: dx = dy wᵀ, dw = xᵀ dy (``w`` is the forward's weight)."""
+    (x,) = saved
     d_in, d_out = w.shape
     dx = matmul(dy, w.T)
     dw = matmul(x.reshape(-1, d_in).T, dy.reshape(-1, d_out))
-    db = down(up(dy).reshape(-1, d_out).sum(axis=0), dy.dtype) if has_bias else None
-    return dx, dw, db
+    return dx, dw
+
+
+def bias_forward(y: Any, b: Any) -> Any:
+    """y + b, added in place into ``y`` (a fresh matmul output) and returned; nothing saved."""
+    y += b
+    return y
+
+
+def bias_backward(dy: Any) -> Any:
+    """db = Σ dy over all axes but the last, summed in the compute dtype, in ``dy``'s dtype."""
+    return down(up(dy).reshape(-1, dy.shape[-1]).sum(axis=0), dy.dtype)
 
 
 # ------------------------------------------------------------------ embedding
@@ -80,12 +96,12 @@ def layernorm_forward(x: Any, gamma: Any, beta: Any) -> tuple[Any, tuple]:
     rstd = 1.0 / xp.sqrt(var + LN_EPS)
     xhat = xm * rstd
     y = xhat * up(gamma) + up(beta)
-    return down(y, dt), (down(xhat, dt), rstd, gamma)
+    return down(y, dt), (down(xhat, dt), rstd)
 
 
-def layernorm_backward(saved: tuple, dy: Any) -> tuple[Any, Any, Any]:
-    """Return ``(dx, dgamma, dbeta)``."""
-    xhat16, rstd, gamma = saved
+def layernorm_backward(gamma: Any, saved: tuple, dy: Any) -> tuple[Any, Any, Any]:
+    """Return ``(dx, dgamma, dbeta)``; ``gamma`` is the forward's scale."""
+    xhat16, rstd = saved
     dt = dy.dtype
     xhat, dyc = up(xhat16), up(dy)
     d = xhat.shape[-1]

@@ -8,8 +8,11 @@ parallelism are first shown on it before the GPT.
 
 Parameters ``layers.{i}.w`` (sizes[i], sizes[i+1]) and ``layers.{i}.b``,
 in layer order, drawn from ``(seed, name)``: W ~ N(0, 1/fan_in) (LeCun),
-b = 0.  ``layer_forward`` / ``layer_backward`` run one layer, so a pipeline
-stage runs a contiguous range of layers with the same code.
+b = 0.  ``layer_forward`` / ``layer_backward`` run one layer (the backward
+takes the layer's parameters again: ``saved`` holds activations only); each
+layer is one unit (:mod:`minipar.nn.units`), so ``MLP.loss_and_grads`` is the
+units executor's walk and a pipeline stage runs a contiguous range of layers
+with the same code.
 """
 
 from __future__ import annotations
@@ -20,10 +23,18 @@ from typing import Any
 
 import numpy as np  # dtype names only
 
+from minipar.nn import executor
 from minipar.nn import init as _init
 from minipar.nn._dtype import check_model_dtype
-from minipar.nn.layers import gelu_backward, gelu_forward, linear_backward, linear_forward
-from minipar.nn.loss import check_targets, cross_entropy_backward, cross_entropy_forward
+from minipar.nn.layers import (
+    bias_backward,
+    bias_forward,
+    gelu_backward,
+    gelu_forward,
+    linear_backward,
+    linear_forward,
+)
+from minipar.nn.loss import check_targets, cross_entropy_forward
 
 
 @dataclass(frozen=True)
@@ -47,19 +58,21 @@ class MLPConfig:
 
 def layer_forward(p: dict[str, Any], x: Any, last: bool) -> tuple[Any, tuple]:
     """One layer, ``p`` = {w, b}: linear, then GELU unless it is the ``last``."""
-    y, s_lin = linear_forward(x, p["w"], p["b"])
+    y, s_lin = linear_forward(x, p["w"])
+    y = bias_forward(y, p["b"])
     if last:
         return y, (s_lin, None)
     y, s_act = gelu_forward(y)
     return y, (s_lin, s_act)
 
 
-def layer_backward(saved: tuple, dy: Any) -> tuple[Any, dict[str, Any]]:
-    """Return ``(dx, {w, b})``."""
+def layer_backward(p: dict[str, Any], saved: tuple, dy: Any) -> tuple[Any, dict[str, Any]]:
+    """Return ``(dx, {w, b})``; ``p`` = {w, b} as in the forward."""
     s_lin, s_act = saved
     if s_act is not None:
         dy = gelu_backward(s_act, dy)
-    dx, dw, db = linear_backward(s_lin, dy)
+    db = bias_backward(dy)
+    dx, dw = linear_backward(p["w"], s_lin, dy)
     return dx, {"w": dw, "b": db}
 
 
@@ -97,16 +110,16 @@ class MLP:
                 raise ValueError(f"targets must have shape ({x.shape[0]},), got {targets.shape}")
             check_targets(targets, self.cfg.sizes[-1])
 
+    def units(self) -> tuple[Any, ...]:
+        """layer 0 … layer L-1 as :class:`minipar.nn.units.Unit` s."""
+        from minipar.nn.units import mlp_units  # units.py builds on this module's layers
+
+        return mlp_units(self.cfg)
+
     def forward(self, params: dict[str, Any], x: Any) -> tuple[Any, list[tuple]]:
         """Logits (B, classes) and one ``saved`` per layer."""
         self._check(x, None)
-        x = x.astype(self.cfg.dtype, copy=False)
-        saved = []
-        for i in range(self.cfg.n_layers):
-            p = {"w": params[f"layers.{i}.w"], "b": params[f"layers.{i}.b"]}
-            x, s = layer_forward(p, x, last=i == self.cfg.n_layers - 1)
-            saved.append(s)
-        return x, saved
+        return executor.forward(self.units(), executor.Hooks(params), x)
 
     def loss(self, params: dict[str, Any], x: Any, targets: Any) -> float:
         self._check(x, targets)
@@ -115,13 +128,9 @@ class MLP:
     def loss_and_grads(
         self, params: dict[str, Any], x: Any, targets: Any, loss_scale: float = 1.0
     ) -> tuple[float, dict[str, Any]]:
-        """(mean cross-entropy, grads of ``loss_scale``·loss keyed and ordered like ``params``)."""
+        """(mean cross-entropy, grads of ``loss_scale``·loss keyed and ordered like ``params``):
+        one walk of :func:`minipar.nn.executor.loss_and_grads` with the serial hooks."""
         self._check(x, targets)
-        logits, saved = self.forward(params, x)
-        loss, s_ce = cross_entropy_forward(logits, targets)
-        dy = cross_entropy_backward(s_ce, loss_scale)
-        grads: dict[str, Any] = {}
-        for i in reversed(range(self.cfg.n_layers)):
-            dy, g = layer_backward(saved[i], dy)
-            grads[f"layers.{i}.w"], grads[f"layers.{i}.b"] = g["w"], g["b"]
-        return loss, {k: grads[k] for k in params}
+        hooks = executor.Hooks(params)
+        loss = executor.loss_and_grads(self.units(), hooks, x, targets, loss_scale)
+        return loss, {k: hooks.grads[k] for k in params}

@@ -13,12 +13,17 @@ gradient: the replicas stay identical, and equal to the serial run.
 gradients are grouped, in *reverse* parameter order (the order backward
 produces them: ``lm_head`` first, ``tok_emb`` last), into buckets of at least
 ``bucket_bytes`` bytes; a bucket is a contiguous span of the flat gradient
-buffer.  As soon as a bucket's last gradient exists its ring all-reduce
-starts, non-blocking (:mod:`minipar.collectives.nonblocking`), while backward
-goes on with earlier layers; between the per-block backward computations the
-rank calls ``progress()`` on the reductions in flight.  :class:`Timeline`
-records, per rank, the compute intervals per piece and the communication
-interval per bucket — the overlap, measured.
+buffer.  The step is the units executor's walk (:mod:`minipar.nn.executor`)
+with DDP's hooks (:class:`DDPHooks`): ``fetch`` hands out views of the flat
+parameters, ``on_grads`` writes a unit's gradients into the flat gradient
+buffer and, as soon as a bucket's last gradient exists, starts its ring
+all-reduce, non-blocking (:mod:`minipar.collectives.nonblocking`), while
+backward goes on with earlier units; after every unit it calls
+``progress()`` on the reductions in flight.  :class:`Timeline` records, per
+rank, the compute intervals per unit (the executor's records) and the
+communication interval per bucket — the overlap, measured.  MoE blocks need
+nothing extra: the executor adds their auxiliary loss and scales its
+gradient like the loss's.
 
 Formula the tests check (bytes per rank per step, S = Ψ x itemsize): each
 bucket b of n_b elements costs its ring figure, so rank r sends exactly
@@ -34,7 +39,6 @@ per rank: the replica's (2 + 2 + K)Ψ bytes under mixed precision (K = 12).
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +49,7 @@ from minipar.collectives import ring_allreduce
 from minipar.collectives.cost import ring_allreduce_bytes_sent
 from minipar.collectives.nonblocking import TAG_BASE, iallreduce
 from minipar.comm.traced import TracedComm, traced
-from minipar.nn.gpt import block_backward, embed_backward, head_backward, sub
-from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
+from minipar.nn import executor
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, check_world, local_rows, loss_weight
 from minipar.precision import ModelStates
@@ -110,6 +113,37 @@ class Timeline:
         return {"rank": self.rank, "compute": self.compute, "comm": self.comm}
 
 
+class DDPHooks(executor.Hooks):
+    """The executor's hooks for one DDP step: parameters are views of the replica's flat
+    buffer; a unit's gradients go into the flat gradient buffer, and every bucket whose
+    gradients are all there starts its all-reduce (buckets in order, as backward fills them)."""
+
+    def __init__(self, dp: DataParallel, views: dict[str, Any]) -> None:
+        super().__init__(views)
+        self.dp = dp
+        self.grad_views = dp.layout.unflatten(dp.states.grads)
+        self.ready: set[str] = set()
+        self.inflight: list[Any] = []  # one request per started bucket, in bucket order
+
+    def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
+        for k, g in grads.items():
+            self.grad_views[unit.prefix + k][...] = g
+        self.ready.update(unit.full_names)
+        buckets = self.dp.buckets
+        while (self.dp.overlap and len(self.inflight) < len(buckets)
+               and self.ready.issuperset(buckets[len(self.inflight)].names)):
+            self.inflight.append(self.dp._start(buckets[len(self.inflight)]))
+        for req in self.inflight:
+            req.progress()
+
+    def finish(self) -> None:
+        """Start the buckets not started yet (all of them without overlap) and wait for all."""
+        for b in self.dp.buckets[len(self.inflight):]:
+            self.inflight.append(self.dp._start(b))
+        for req in self.inflight:
+            req.wait()
+
+
 class DataParallel:
     """A DDP replica on this rank: ``train_step(step) -> global loss`` (same on every rank).
 
@@ -139,51 +173,23 @@ class DataParallel:
         self.timelines: list[Timeline] = []
 
     # -- one step -------------------------------------------------------------
-    def _backward_pieces(self, params: dict[str, Any], cache: dict[str, Any], dlogits: Any):
-        """Yield (piece name, {param name: grad}) in backward order, as GPT.loss_and_grads runs them."""
-        dx, g = head_backward(cache["head"], dlogits)
-        yield "head", g
-        for i in reversed(range(self.model.cfg.n_layer)):
-            prefix = f"blocks.{i}."
-            dx, g = block_backward(sub(params, prefix), cache["blocks"][i], dx)
-            yield f"block {i}", {prefix + k: v for k, v in g.items()}
-        yield "embed", embed_backward(cache["embed"], dx)
-
     def train_step(self, step: int) -> float:
         """Forward, bucketed and overlapped backward + all-reduce, optimizer step."""
         c, st = self.comm, self.states
         c.Barrier()  # align the ranks' clocks for the timeline (not counted as gradient bytes)
         t0 = time.perf_counter()
-        tl = Timeline(self.rank)
         x, y = self.spec.local_batch(step, self.rank, self.world)
-        params = st.param_views()
-        logits, cache = self.model.forward(params, x)
-        loss, s_ce = cross_entropy_forward(logits, y)
-        dlogits = cross_entropy_backward(s_ce, self.weight * st.loss_scale)
-        tl.compute.append(("forward", 0.0, time.perf_counter() - t0))
-        grad_views = self.layout.unflatten(st.grads)
-        ready: set[str] = set()
-        inflight: list[Any] = []
-        next_bucket = 0
-        t_piece = time.perf_counter()
-        for piece, grads in self._backward_pieces(params, cache, dlogits):
-            for name, g in grads.items():
-                grad_views[name][...] = g
-            ready.update(grads)
-            tl.compute.append((piece, t_piece - t0, time.perf_counter() - t0))
-            while (self.overlap and next_bucket < len(self.buckets)
-                   and ready.issuperset(self.buckets[next_bucket].names)):
-                inflight.append(self._start(self.buckets[next_bucket]))
-                next_bucket += 1
-            for req in inflight:
-                req.progress()
-            t_piece = time.perf_counter()
-        for b in self.buckets[next_bucket:]:  # overlap=False: all buckets now
-            inflight.append(self._start(b))
-        for req in inflight:
-            req.wait()
-        for b, req in zip(self.buckets, inflight):
-            tl.comm.append((b.index, req.t_start - t0, req.t_end - t0))
+        hooks = DDPHooks(self, st.param_views())
+        records: list[tuple[str, str, float, float]] = []
+        loss = executor.loss_and_grads(self.model.units(), hooks, x, y,
+                                       self.weight * st.loss_scale, records)
+        hooks.finish()
+        tl = Timeline(self.rank)
+        fwd = [r for r in records if r[0] == "forward"]
+        tl.compute.append(("forward", fwd[0][2] - t0, fwd[-1][3] - t0))
+        tl.compute += [(name, a - t0, b - t0) for what, name, a, b in records if what == "backward"]
+        tl.comm += [(b.index, req.t_start - t0, req.t_end - t0)
+                    for b, req in zip(self.buckets, hooks.inflight)]
         t_opt = time.perf_counter()
         st.step(found_inf=st.local_found_inf() if st.scaler else None)  # grads equal on all ranks
         tl.compute.append(("optimizer", t_opt - t0, time.perf_counter() - t0))
@@ -222,70 +228,3 @@ def replica_model_state_bytes(psi: int, precision: str, optimizer: str = "adamw"
     moments = (2 if optimizer == "adamw" else 1) * pol.state_dtype.itemsize
     master = pol.master_dtype.itemsize if pol.master_dtype is not None else 0
     return psi * (2 * pol.param_dtype.itemsize + moments + master)
-
-
-# ---------------------------------------------------------------- minipar run dp
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    from minipar.parallel.common import add_model_arguments
-
-    add_model_arguments(parser)
-    g = parser.add_argument_group("data parallelism")
-    g.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB,
-                   help=f"bucket capacity in MiB (default {DEFAULT_BUCKET_MB:g}, as PyTorch DDP)")
-    g.add_argument("--bucket-bytes", type=int, default=None, help="bucket capacity in bytes (overrides --bucket-mb)")
-    g.add_argument("--algorithm", default="ring", help="ring (from scratch) or mpi (MPI's Iallreduce)")
-    g.add_argument("--no-overlap", action="store_true", help="all-reduce every bucket after backward")
-
-
-def bucket_bytes_option(options: dict[str, Any]) -> int:
-    """Bucket capacity in bytes from ``--bucket-bytes`` or ``--bucket-mb``; ValueError if <= 0."""
-    if options.get("bucket_bytes") is not None:
-        b = options["bucket_bytes"]
-    else:
-        mb = float(options.get("bucket_mb", DEFAULT_BUCKET_MB))
-        if not mb > 0:
-            raise ValueError(f"bucket size must be > 0 MiB, got {mb}")
-        b = max(1, int(mb * 2**20))
-    if not isinstance(b, int) or b <= 0:
-        raise ValueError(f"bucket size must be a positive number of bytes, got {b!r}")
-    return b
-
-
-def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
-    """Train ``--steps`` steps with DDP; the summary of :mod:`minipar.run` on rank 0."""
-    from minipar.parallel.common import max_abs_diff, parity, serial_reference
-
-    spec = RunSpec.from_options(options)
-    dp = DataParallel(TracedComm(), spec, bucket_bytes_option(options),
-                      options.get("algorithm", "ring"), not options.get("no_overlap", False))
-    losses = dp.train()
-    held = sum(dp.states.bytes_by_category().values())
-    mine = (dp.bytes_sent_per_step(), dp.bytes_formula(), held, dp.timelines[-1].as_dict())
-    everyone = dp.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
-    if dp.rank != 0:
-        return None
-    serial = serial_reference(spec)
-    psi = dp.layout.size
-    S = psi * dp.itemsize
-    N = dp.world
-    return {
-        "strategy": "dp", "ranks": N, "steps": spec.steps, "psi": psi,
-        "losses": losses, "serial_losses": serial["losses"],
-        "parity_expected": spec.precision == "float64",
-        "parity": parity(losses, serial["losses"], dp.states.params, serial["params"]),
-        "max_param_diff": max_abs_diff(dp.states.params, serial["params"]),
-        "bytes_sent_per_rank": [e[0] for e in everyone],
-        "bytes_exact_per_rank": [e[1] for e in everyone],
-        "bytes_formula": 2 * (N - 1) / N * S,
-        "bytes_formula_text": f"2(N-1)/N x S (S = Ψ x {dp.itemsize} B = {S:,} B)",
-        "model_state_bytes_per_rank": [e[2] for e in everyone],
-        "model_state_formula": replica_model_state_bytes(psi, spec.precision, spec.optimizer),
-        "model_state_formula_text": ("(2+2+K)Ψ, K = 12" if spec.precision.startswith("mixed")
-                                     else f"params + grads + optimizer states of {spec.precision}"),
-        "buckets": [list(b.names) for b in dp.buckets],
-        "timeline": [e[3] for e in everyone],
-        "notes": [f"Ψ = {psi:,} parameters in {len(dp.buckets)} bucket(s), algorithm "
-                  f"{dp.algorithm}, overlap {'on' if dp.overlap else 'off'}; "
-                  f"exact ring bytes per rank (sum over buckets): "
-                  + ", ".join(f"{e[1]:,}" for e in everyone)],
-    }

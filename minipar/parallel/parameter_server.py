@@ -50,12 +50,13 @@ that the ring (and sharded servers) remove.
 
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
+from minipar import spans
+from minipar.comm.tags import PS_GRAD, PS_HEADER, PS_PARAM
 from minipar.comm.traced import ANY_SOURCE, TracedComm, traced
 from minipar.nn import GPT
 from minipar.optim import FlatParams
@@ -64,14 +65,13 @@ from minipar.precision import ModelStates
 
 MODES = ("sync", "async")
 OP_PUSH, OP_PULL, OP_HEADER = "ps_push", "ps_pull", "ps_header"
-TAG_HEADER, TAG_GRAD, TAG_PARAM = 7101, 7102, 7103
+TAG_HEADER, TAG_GRAD, TAG_PARAM = PS_HEADER, PS_GRAD, PS_PARAM  # minipar.comm.tags
 
 
 def shard_span(size: int, servers: int, k: int) -> tuple[int, int]:
-    """[lo, hi) of the flat buffer owned by server k of ``servers`` (array_split order)."""
-    q, r = divmod(size, servers)
-    lo = k * q + min(k, r)
-    return lo, lo + q + (1 if k < r else 0)
+    """[lo, hi) of the flat buffer owned by server k of ``servers`` (array_split order,
+    :func:`minipar.spans.span`)."""
+    return spans.span(size, servers, k)
 
 
 class ParameterServer:
@@ -232,60 +232,3 @@ class ParameterServer:
         st, n = self.comm.stats, self.spec.steps
         return ((st.bytes_sent(OP_PUSH) + st.bytes_sent(OP_PULL)) / n,
                 (st.bytes_recv(OP_PUSH) + st.bytes_recv(OP_PULL)) / n)
-
-
-# ---------------------------------------------------------------- minipar run ps
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    from minipar.parallel.common import add_model_arguments
-
-    add_model_arguments(parser)
-    g = parser.add_argument_group("parameter server")
-    g.add_argument("--servers", type=int, default=1, help="server ranks (each owns a shard; default 1)")
-    g.add_argument("--async", dest="asynchronous", action="store_true",
-                   help="asynchronous: the server applies gradients as they arrive")
-    g.add_argument("--staleness", type=int, default=0,
-                   help="async: how many steps a worker may run ahead of the slowest (default 0)")
-    g.add_argument("--straggler-ms", type=float, default=0.0, help="worker 0 sleeps this long per step")
-
-
-def run_worker(options: dict[str, Any]) -> dict[str, Any] | None:
-    """Train with a parameter server; the summary of :mod:`minipar.run` on rank 0 (a server)."""
-    from minipar.parallel.common import max_abs_diff, parity, serial_reference
-    from minipar.plan.collectives import parameter_server_bytes_at_server, ring_allreduce_bytes
-
-    spec = RunSpec.from_options(options)
-    mode = "async" if options.get("asynchronous") else "sync"
-    ps = ParameterServer(TracedComm(), spec, int(options.get("servers", 1)), mode,
-                         int(options.get("staleness", 0)), float(options.get("straggler_ms", 0.0)) / 1e3)
-    losses = ps.train()
-    shard = ps.states.params if ps.is_server else None
-    mine = (ps.is_server, ps.bytes_per_step(), ps.model_state_bytes(), shard, ps.max_delay)
-    everyone = ps.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
-    if ps.rank != 0:
-        return None
-    params = np.concatenate([e[3] for e in everyone if e[0]])
-    serial = serial_reference(spec)
-    itemsize = params.itemsize
-    S, W = ps.layout.size * itemsize, ps.workers
-    S0 = (ps.spans[0][1] - ps.spans[0][0]) * itemsize
-    roles = ["server" if e[0] else "worker" for e in everyone]
-    return {
-        "strategy": "ps", "ranks": len(everyone), "steps": spec.steps, "psi": ps.layout.size,
-        "mode": mode,
-        "staleness": ps.staleness, "servers": ps.servers, "workers": W, "roles": roles,
-        "losses": losses, "serial_losses": serial["losses"],
-        "parity_expected": spec.precision == "float64" and (mode == "sync" or ps.staleness == 0),
-        "parity": parity(losses, serial["losses"], params, serial["params"]),
-        "max_param_diff": max_abs_diff(params, serial["params"]),
-        "bytes_sent_per_rank": [e[1][0] for e in everyone],
-        "bytes_recv_per_rank": [e[1][1] for e in everyone],
-        "bytes_formula": parameter_server_bytes_at_server(S0, W),
-        "bytes_formula_text": f"server 0: W x S_shard (W = {W} workers, S_shard = {S0:,} B)",
-        "ring_rank_bytes": ring_allreduce_bytes(S, W),
-        "model_state_bytes_per_rank": [e[2] for e in everyone],
-        "max_delay": max(e[4] for e in everyone),
-        "notes": [(f"roles: {', '.join(f'{r}:{x}' for r, x in enumerate(roles))}; "
-                  f"{mode}{f' (staleness {ps.staleness})' if mode == 'async' else ''}"),
-                  (f"a ring all-reduce rank would send 2(W-1)/W x S = {ring_allreduce_bytes(S, W):,.0f} B "
-                  f"per step (S = {S:,} B); each worker sends S = {S:,} B")],
-    }

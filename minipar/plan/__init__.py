@@ -13,7 +13,7 @@ elements; GB = 10⁹ bytes, GiB = 2³⁰.  Bad sizes raise ``ValueError``.
 
 One file per family, every function importable from here:
 
-- :mod:`~minipar.plan.collectives` — ring all-reduce 2(N−1)/N·S,
+- :mod:`~minipar.plan.collectives` — the ``*_volume(S, N)`` formulas: ring all-reduce 2(N−1)/N·S,
   reduce-scatter / all-gather (N−1)/N·S, parameter server N·S,
   nccl-tests bus bandwidth (Patarasuk & Yuan 2009; Horovod, arXiv
   1802.05799); the seed figure: 10¹² parameters × 2 bytes = 2 TB per sync.
@@ -56,16 +56,16 @@ from minipar.plan.checkpointing import (
 from minipar.plan.collectives import (
     BUSBW_OPS,
     algbw,
-    all_gather_bytes,
-    all_to_all_bytes,
+    all_gather_volume,
+    all_to_all_volume,
     busbw,
     busbw_factor,
     gradient_sync,
     parameter_server_bytes_at_server,
     parameter_server_bytes_per_worker,
-    reduce_scatter_bytes,
-    ring_allreduce_bytes,
+    reduce_scatter_volume,
     ring_allreduce_steps,
+    ring_allreduce_volume,
 )
 from minipar.plan.hybrid import check_3d_layout, model_state_bytes_3d
 from minipar.plan.model import (
@@ -108,8 +108,8 @@ from minipar.plan.zero import (
 __all__ = [
     "ACTIVATION_MODES", "BUSBW_OPS", "K_ADAM", "STAGE_FORMULAS", "STAGE_NAMES",
     "TP_ALLREDUCES_BACKWARD", "TP_ALLREDUCES_FORWARD", "activation_bytes",
-    "activation_bytes_per_layer", "activation_table", "algbw", "all_gather_bytes",
-    "all_to_all_bytes", "bubble_fraction", "bubble_time_ratio", "busbw", "busbw_factor",
+    "activation_bytes_per_layer", "activation_table", "algbw", "all_gather_volume",
+    "all_to_all_volume", "bubble_fraction", "bubble_time_ratio", "busbw", "busbw_factor",
     "check_3d_layout", "checkpoint_memory", "expert_capacity", "gpipe_activation_bytes",
     "gpipe_bubble_fraction", "gpt_active_param_count", "gpt_param_breakdown", "gpt_param_count",
     "gradient_sync", "load_balancing_loss", "main", "megatron_sp_elements_per_link",
@@ -117,7 +117,7 @@ __all__ = [
     "moe_block_indices", "offload_pcie_bytes_per_step", "optimal_checkpoint_interval",
     "parameter_server_bytes_at_server", "parameter_server_bytes_per_worker",
     "peak_microbatches_in_flight", "pipeline_p2p_bytes_per_rank", "recompute_forward_layers",
-    "reduce_scatter_bytes", "ring_allreduce_bytes", "ring_allreduce_steps",
+    "reduce_scatter_volume", "ring_allreduce_steps", "ring_allreduce_volume",
     "ring_attention_bytes_per_rank", "tp_allreduce_bytes", "tp_allreduces_per_layer",
     "tp_bytes_per_rank", "tp_bytes_per_rank_per_layer", "ulysses_alltoall_elements_per_link",
     "zero_comm_bytes_per_rank", "zero_comm_elements", "zero_model_state_breakdown",

@@ -7,6 +7,11 @@
 Sizes are decimal (GB = 10⁹ bytes, as the ZeRO paper writes them); GiB
 (2³⁰ bytes) is shown next to them in the ZeRO table.  Every number comes
 from a function of :mod:`minipar.plan`, named in ``docs/plan.md``.
+
+Bad input is one line and exit 2 (:mod:`minipar.cli_errors`): sizes are
+whole numbers from 1 to 10¹² (Ψ up to 10³⁰), the heads must divide d_model
+and t the heads.  Numbers too long to read (Ψ ≥ 10¹⁵, more than 1000 PB)
+are printed in scientific notation: ``1.00e+30 parameters``.
 """
 
 from __future__ import annotations
@@ -16,53 +21,60 @@ import json
 import sys
 from typing import Any
 
+from minipar.cli_errors import ArgumentParser, error_line, integer
+from minipar.plan._render import render
 from minipar.plan.activations import activation_table
 from minipar.plan.collectives import gradient_sync
 from minipar.plan.model import gpt_param_breakdown
 from minipar.plan.tensor import tp_allreduce_bytes, tp_bytes_per_rank_per_layer
-from minipar.plan.zero import K_ADAM, mixed_precision_bytes_per_param, zero_table
+from minipar.plan.zero import mixed_precision_bytes_per_param, zero_table
 
 _SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-_MODE_FORMULA = {
-    "none": "sbh(34 + 5as/h)",
-    "tp": "sbh(10 + 24/t + 5as/(ht))",
-    "tp+sp": "sbh(34/t + 5as/(ht))",
-    "tp+selective": "sbh(10 + 24/t)",
-    "tp+sp+selective": "34sbh/t",
-    "full": "2sbh",
-}
+#: largest accepted size (ranks, layers, widths, sequence, batch, heads, t) and parameter count
+MAX_SIZE = 10**12
+MAX_PARAMS = 1e30
 
 
 def _param_count(text: str) -> float:
-    """'7.5e9', '7.5B', '175e9', '1T' -> a positive number of parameters."""
+    """'7.5e9', '7.5B', '175e9', '1T' -> a whole number of parameters in [1, MAX_PARAMS]."""
     t = text.strip()
     scale = _SUFFIX.get(t[-1:].upper(), 1.0) if t else 1.0
     try:
         v = float(t[:-1] if scale != 1.0 else t) * scale
     except ValueError:
+        v = float("nan")
+    if not (1 <= v <= MAX_PARAMS and v == round(v)):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a parameter count (examples: 7.5e9, 7.5B, 1T)"
-        ) from None
-    if not (v > 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"the parameter count must be > 0, got {text!r}")
+            f"must be a whole number of parameters from 1 to {MAX_PARAMS:.0e} "
+            f"(examples: 7.5e9, 7.5B, 1T), got {text!r}"
+        )
     return v
 
 
 def _gpt_sizes(text: str) -> tuple[int, int, int, int]:
-    parts = text.split(",")
     try:
-        sizes = tuple(int(p) for p in parts)
+        sizes = tuple(int(p) for p in text.split(","))
     except ValueError:
         sizes = ()
-    if len(sizes) != 4 or min(sizes) < 1:
+    if len(sizes) != 4 or not all(1 <= v <= MAX_SIZE for v in sizes):
         raise argparse.ArgumentTypeError(
-            f"--gpt takes four positive integers n_layer,d_model,vocab,n_ctx; got {text!r}"
+            "must be four integers from 1 to 1e12, n_layer,d_model,vocab,n_ctx "
+            f"(e.g. 12,768,50257,1024), got {text!r}"
         )
     return sizes  # type: ignore[return-value]
 
 
+def default_heads(d_model: int) -> int:
+    """GPT-2's heads of 64 columns (d_model/64), else the largest divisor of d_model below that."""
+    a = max(1, d_model // 64)
+    while d_model % a:
+        a -= 1
+    return a
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    size_t = integer(1, MAX_SIZE)
+    ap = ArgumentParser(
         prog="minipar plan",
         description="Memory and bytes per rank predicted by the papers (ZeRO, Megatron, "
         "Korthikanti et al.), for any model size.  GB = 1e9 bytes.",
@@ -81,15 +93,20 @@ def _parser() -> argparse.ArgumentParser:
         help="minipar GPT sizes n_layer,d_model,vocab,n_ctx (count the parameters)",
     )
     ap.add_argument(
-        "-n", "--ranks", type=int, required=True, metavar="N", help="data-parallel ranks (ZeRO's N)"
+        "-n", "--ranks", type=size_t, required=True, metavar="N",
+        help="data-parallel ranks (ZeRO's N)",
     )
-    ap.add_argument("--d-ff", type=int, help="GPT MLP width (default 4·d_model)")
-    ap.add_argument("--experts", type=int, default=0, help="GPT: experts per MoE block (0 = dense)")
-    ap.add_argument("--moe-every", type=int, default=1, help="GPT: every k-th block is MoE")
-    ap.add_argument("--seq", type=int, help="GPT: sequence length s (default n_ctx)")
-    ap.add_argument("--batch", type=int, help="GPT: micro-batch size b (default 1)")
-    ap.add_argument("--heads", type=int, help="GPT: attention heads a (default d_model/64)")
-    ap.add_argument("--tp", type=int, help="GPT: tensor-parallel size t (default 1)")
+    ap.add_argument("--d-ff", type=size_t, help="GPT MLP width (default 4·d_model)")
+    ap.add_argument("--experts", type=integer(0, MAX_SIZE), default=0,
+                    help="GPT: experts per MoE block (0 = dense)")
+    ap.add_argument("--moe-every", type=size_t, default=1,
+                    help="GPT: every k-th block is MoE (1 .. n_layer)")
+    ap.add_argument("--seq", type=size_t, help="GPT: sequence length s (default n_ctx)")
+    ap.add_argument("--batch", type=size_t, help="GPT: micro-batch size b (default 1)")
+    ap.add_argument("--heads", type=size_t,
+                    help="GPT: attention heads a, dividing d_model (default d_model/64, or the "
+                    "largest divisor of d_model below it)")
+    ap.add_argument("--tp", type=size_t, help="GPT: tensor-parallel size t, dividing a (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return ap
 
@@ -106,7 +123,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.experts or args.moe_every != 1:
         gpt_only.append("--experts/--moe-every")
     if args.gpt is None and gpt_only:
-        raise ValueError(f"{', '.join(gpt_only)} only apply to a GPT: give --gpt L,D,V,T too")
+        raise ValueError(f"{', '.join(gpt_only)} only appl{'ies' if len(gpt_only) == 1 else 'y'}"
+                         " to a GPT: give --gpt L,D,V,T too")
     out: dict[str, Any] = {
         "ranks": args.ranks,
         "bytes_per_param": mixed_precision_bytes_per_param(),
@@ -115,15 +133,16 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         out["params"] = args.params
     else:
         L, d, V, T = args.gpt
-        br = gpt_param_breakdown(L, d, V, T, args.d_ff, args.experts, args.moe_every)
-        out["params"] = br["total"]
         s = T if args.seq is None else args.seq
         b = 1 if args.batch is None else args.batch
-        a = max(1, d // 64) if args.heads is None else args.heads
+        a = default_heads(d) if args.heads is None else args.heads
         t = 1 if args.tp is None else args.tp
-        for name, v in (("--seq", s), ("--batch", b), ("--heads", a), ("--tp", t)):
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
+        _check_gpt(L, d, a, t, args)
+        br = gpt_param_breakdown(L, d, V, T, args.d_ff, args.experts, args.moe_every)
+        if br["total"] > MAX_PARAMS:
+            raise ValueError(f"--gpt {L},{d},{V},{T} has {br['total']:.3g} parameters, more "
+                             f"than {MAX_PARAMS:.0e}: give smaller sizes")
+        out["params"] = br["total"]
         out["gpt"] = {
             "n_layer": L,
             "d_model": d,
@@ -155,111 +174,24 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _gb(x: float) -> str:
-    """GB (or GiB) to one decimal as the ZeRO paper prints, 3 digits below 1."""
-    return f"{x:.1f}" if x >= 1 else f"{x:.3g}"
-
-
-def _human(nbytes: float) -> str:
-    """Decimal bytes with a unit: 15.0 GB, 960 GB, 2.00 TB."""
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            v = nbytes / scale
-            return f"{v:#.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{nbytes:.0f} B"
-
-
-def _count(n: float) -> str:
-    """A parameter count in words: 7.50 B, 1.00 T, 124 M."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:#.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{n:.0f}"
-
-
-def render(p: dict[str, Any]) -> str:
-    """The human-readable tables of :func:`plan`'s dict."""
-    psi, N, bp = p["params"], p["ranks"], p["bytes_per_param"]
-    lines = [
-        (f"minipar plan: Ψ = {psi:,.0f} parameters ({_count(psi)}), N = {N} data-parallel ranks")
-    ]
-    if "gpt" in p:
-        g, br = p["gpt"], p["gpt"]["breakdown"]
-        moe = f", {g['n_experts']} experts every {g['moe_every']} blocks" if g["n_experts"] else ""
-        lines.append(
-            f"  GPT n_layer={g['n_layer']} d_model={g['d_model']} vocab={g['vocab_size']} "
-            f"n_ctx={g['n_ctx']} d_ff={g['d_ff']}{moe}: {br['total']:,} parameters"
-        )
-        lines.append(
-            "  (" + ", ".join(f"{k} {v:,}" for k, v in br.items() if k != "total" and v) + ")"
-        )
-    lines += [
-        (
-            f"mixed-precision Adam: {bp['params']:g} (16-bit params) + {bp['grads']:g} (16-bit grads)"
-            f" + {bp['optimizer']:g} (K: fp32 master, momentum, variance) = {bp['total']:g} bytes/param"
-        ),
-        "",
-        (f"ZeRO model states per device (Rajbhandari et al. 2019, arXiv 1910.02054), K = {K_ADAM}"),
-        (
-            f"  {'stage':<6}{'name':<10}{'formula':<16}{'GB':>9}{'GiB':>9}"
-            f"  {'sent/rank/step':>15}  volume"
-        ),
-    ]
-    for r in p["zero"]:
-        lines.append(
-            f"  {r['stage']:<6}{r['name']:<10}{r['formula']:<16}{_gb(r['GB']):>9}"
-            f"{_gb(r['GiB']):>9}  {_human(r['comm_bytes_per_rank']):>15}  "
-            f"{'3Ψ' if r['stage'] == 3 else '2Ψ'}"
-        )
-    lines.append(
-        "  sent/rank/step: ring collectives on 16-bit values, 2(N-1)/N·2Ψ bytes "
-        "(stage 3: 3(N-1)/N·2Ψ)"
-    )
-    gs = p["gradient_sync"]
-    lines += [
-        "",
-        f"gradient sync of 16-bit gradients: payload S = 2 bytes × Ψ = {_human(gs['payload'])}",
-        (
-            f"  ring all-reduce    each rank sends 2(N-1)/N × S = {_human(gs['ring_per_rank'])}"
-            " (and receives as much)"
-        ),
-        (
-            f"  parameter server   the server receives N × S = {_human(gs['ps_server_in'])} and "
-            f"sends {_human(gs['ps_server_out'])}; each worker sends and receives S = "
-            f"{_human(gs['ps_per_worker'])}"
-        ),
-    ]
-    if "activations" in p:
-        a = p["activations"]
-        lines += [
-            "",
-            "activation memory (Korthikanti et al. 2022, arXiv 2205.05198), 16-bit:",
-            (
-                f"  s = {a['s']}, b = {a['b']}, h = {a['h']}, a = {a['a']}, t = {a['t']}, "
-                f"{a['n_layer']} layers"
-            ),
-            f"  {'mode':<17}{'formula':<28}{'per layer':>12}{'all layers':>13}",
-        ]
-        for r in a["rows"]:
-            lines.append(
-                f"  {r['mode']:<17}{_MODE_FORMULA[r['mode']]:<28}"
-                f"{_human(r['per_layer']):>12}{_human(r['total']):>13}"
-            )
-        tp = p["tensor_parallel"]
-        lines += [
-            "",
-            (
-                f"tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053), t = {tp['t']}: "
-                f"4 all-reduces per layer (2 forward, 2 backward) of b·s·h·2 = "
-                f"{_human(tp['allreduce_bytes'])}"
-            ),
-            (
-                f"  each rank sends {_human(tp['bytes_per_rank_per_layer'])} per layer, "
-                f"{_human(tp['bytes_per_rank'])} per step"
-            ),
-        ]
-    return "\n".join(lines)
+def _check_gpt(L: int, d: int, a: int, t: int, args: argparse.Namespace) -> None:
+    """The GPT options fit: a | d, t | a, t | d_ff, moe_every <= L (ValueError naming them)."""
+    if d % a:
+        heads = ", ".join(str(h) for h in range(1, min(d, 64) + 1) if d % h == 0)
+        raise ValueError(f"--heads {a} does not divide d_model {d} (each head takes d_model/heads "
+                         f"columns); --heads must divide {d}: {heads}{', ...' if d > 64 else ''}")
+    if a % t:
+        tps = ", ".join(str(x) for x in range(1, a + 1) if a % x == 0)
+        raise ValueError(f"--tp {t} does not divide the {a} heads (Megatron gives each rank "
+                         f"heads/t whole heads); --tp must be one of {tps}")
+    d_ff = 4 * d if args.d_ff is None else args.d_ff
+    if d_ff % t:
+        raise ValueError(f"--tp {t} does not divide --d-ff {d_ff} (each rank holds d_ff/t MLP "
+                         "columns)")
+    if not args.experts and args.moe_every != 1:
+        raise ValueError("--moe-every only applies to a mixture of experts: give --experts E too")
+    if args.experts and args.moe_every > L:
+        raise ValueError(f"--moe-every must be from 1 to n_layer = {L}, got {args.moe_every}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,12 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+    except SystemExit as e:  # --help (0) or a usage error (2), one line already printed
         return int(e.code or 0)
     try:
         result = plan(args)
     except ValueError as e:
-        print(f"minipar plan: error: {e}", file=sys.stderr)
-        return 2
+        return error_line("minipar plan", e)
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

@@ -18,6 +18,13 @@ For a buffer of S bytes on each of N ranks:
   factor 2(N−1)/N for all-reduce, (N−1)/N for reduce-scatter, all-gather and
   all-to-all, 1 for broadcast, reduce and send/recv (S is the full buffer:
   the output of all-gather, the input of reduce-scatter).
+
+**One meaning per name.**  ``*_volume(S, N)`` is the papers' per-rank
+communication volume of an S-byte buffer (the ZeRO paper's word, §7), a
+float, exact only when N divides the buffer.  The exact bytes one given rank
+sends for a given element count, under minipar's chunking, are
+:mod:`minipar.collectives.cost`'s ``*_bytes(n, itemsize, N, rank)``: the
+numbers a TracedComm's counters must read.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 from minipar.plan._check import count, non_negative, positive
 
 
-def ring_allreduce_bytes(S: float, N: int) -> float:
+def ring_allreduce_volume(S: float, N: int) -> float:
     """Bytes one rank sends (and also receives) in a ring all-reduce: 2(N−1)/N × S.
 
     ``S`` is the buffer size in bytes on every rank, ``N`` the number of ranks
@@ -35,13 +42,13 @@ def ring_allreduce_bytes(S: float, N: int) -> float:
     return 2.0 * (N - 1) / N * S
 
 
-def reduce_scatter_bytes(S: float, N: int) -> float:
+def reduce_scatter_volume(S: float, N: int) -> float:
     """Bytes one rank sends in a ring reduce-scatter of an S-byte buffer: (N−1)/N × S."""
     S, N = non_negative("S", S), count("N", N)
     return (N - 1) / N * S
 
 
-def all_gather_bytes(S: float, N: int) -> float:
+def all_gather_volume(S: float, N: int) -> float:
     """Bytes one rank sends in a ring all-gather with an S-byte *result*: (N−1)/N × S.
 
     Each rank owns S/N bytes and forwards N−1 chunks of that size.
@@ -50,7 +57,7 @@ def all_gather_bytes(S: float, N: int) -> float:
     return (N - 1) / N * S
 
 
-def all_to_all_bytes(S: float, N: int) -> float:
+def all_to_all_volume(S: float, N: int) -> float:
     """Bytes one rank sends in an all-to-all of its S-byte buffer: (N−1)/N × S.
 
     The buffer holds N equal chunks, one per destination; the chunk addressed
@@ -129,7 +136,7 @@ def gradient_sync(psi: float, N: int, bytes_per_grad: float = 2.0) -> dict[str, 
     N = count("N", N)
     return {
         "payload": S,
-        "ring_per_rank": ring_allreduce_bytes(S, N),
+        "ring_per_rank": ring_allreduce_volume(S, N),
         "ps_server_in": parameter_server_bytes_at_server(S, N),
         "ps_server_out": parameter_server_bytes_at_server(S, N),
         "ps_per_worker": parameter_server_bytes_per_worker(S),

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 
 from minipar.plan._check import count, non_negative, positive
-from minipar.plan.collectives import all_to_all_bytes
+from minipar.plan.collectives import all_to_all_volume
 
 
 def expert_capacity(tokens: int, n_experts: int, capacity_factor: float = 1.0) -> int:
@@ -79,4 +79,4 @@ def moe_alltoall_bytes_per_rank(
         if E % ep:
             raise ValueError(f"n_experts={E} does not split evenly over ep={ep} ranks")
         S = E * expert_capacity(t * k, E, capacity_factor) * d * b
-    return (4 if backward else 2) * all_to_all_bytes(S, ep)
+    return (4 if backward else 2) * all_to_all_volume(S, ep)

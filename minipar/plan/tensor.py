@@ -20,7 +20,7 @@ all-reduce into a reduce-scatter + all-gather pair: the same bytes.
 from __future__ import annotations
 
 from minipar.plan._check import count, positive
-from minipar.plan.collectives import ring_allreduce_bytes
+from minipar.plan.collectives import ring_allreduce_volume
 
 TP_ALLREDUCES_FORWARD = 2  #: g after attention, g after the MLP
 TP_ALLREDUCES_BACKWARD = 2  #: f before attention, f before the MLP
@@ -41,7 +41,7 @@ def tp_bytes_per_rank_per_layer(
     b: int, s: int, h: int, t: int, bytes_per_elem: float = 2, backward: bool = True
 ) -> float:
     """Bytes each of t ranks sends per layer: n_allreduce × 2(t−1)/t × b·s·h·bytes (ring)."""
-    return tp_allreduces_per_layer(backward) * ring_allreduce_bytes(
+    return tp_allreduces_per_layer(backward) * ring_allreduce_volume(
         tp_allreduce_bytes(b, s, h, bytes_per_elem), t)
 
 

@@ -29,7 +29,7 @@ CPU; the 16-bit parameters and forward/backward stay on the accelerator.
 from __future__ import annotations
 
 from minipar.plan._check import count, non_negative, positive, zero_stage
-from minipar.plan.collectives import all_gather_bytes, reduce_scatter_bytes
+from minipar.plan.collectives import all_gather_volume, reduce_scatter_volume
 
 K_ADAM = 12  #: fp32 master params + momentum + variance, bytes per parameter
 
@@ -105,7 +105,7 @@ def zero_comm_bytes_per_rank(
     psi, N, s = positive("psi", psi), count("N", N), zero_stage(stage)
     S = psi * positive("bytes_per_elem", bytes_per_elem)
     gathers = 2 if s == 3 else 1
-    return reduce_scatter_bytes(S, N) + gathers * all_gather_bytes(S, N)
+    return reduce_scatter_volume(S, N) + gathers * all_gather_volume(S, N)
 
 
 def zero_table(psi: float, N: int, K: float = K_ADAM) -> list[dict[str, object]]:

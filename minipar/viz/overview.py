@@ -6,7 +6,8 @@ Every technique in minipar splits *something* over N ranks (and keeps the
 rest replicated).  :data:`SPLITS` says what, as data; :func:`what_splits`
 draws it; :func:`where_terms_live` lists, for every glossary term, the
 modules, notebooks and commands that demonstrate it, with whether each exists
-*now* (computed from the files, as ``minipar glossary`` cards do).
+*now* (computed from the files by :func:`minipar.glossary.link_status`, as
+``minipar glossary`` cards are; no command-line module is imported).
 
 Sources: data parallelism (Dean et al. 2012), ZeRO stages 1-3 (Rajbhandari
 et al. 2019, arXiv 1910.02054: P_os, P_os+g, P_os+g+p), tensor parallelism
@@ -96,11 +97,10 @@ def what_splits(techniques: Sequence[str] | None = None):  # -> matplotlib.figur
 def where_terms_live() -> list[dict[str, object]]:
     """For every glossary term: its names and links, each link tagged present/planned now."""
     from minipar import glossary
-    from minipar.glossary_cli import link_status
 
     out = []
     for t in glossary.terms():
-        links = {kind: [(x, link_status(kind, x)) for x in xs] for kind, xs in t.links.items()}
+        links = {kind: [(x, glossary.link_status(kind, x)) for x in xs] for kind, xs in t.links.items()}
         out.append({"id": t.id, **{lang: t.names[lang] for lang in glossary.LANGS}, "links": links})
     return out
 

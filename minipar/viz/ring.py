@@ -9,8 +9,11 @@ to rank ``(r + 1) % n``, which adds it to its own; after ``n - 1`` steps rank
 ``r`` holds the full sum of chunk ``r`` (its own chunk, as ``reduce_scatter``
 returns it).  In the all-gather phase, at step ``k`` rank ``r`` sends chunk
 ``(r - k) % n`` onward and the receiver overwrites its copy.  This is the
-schedule :mod:`minipar.collectives.ring` runs; ``tests/test_viz.py`` checks the
-two agree.  ``ring_state(n)`` replays that schedule and
+schedule :mod:`minipar.collectives.ring` documents and runs;
+``tests/test_viz_ring.py`` checks that it sends only to the right neighbour,
+that every rank ends with all ``n`` contributions, and that the bytes each
+rank sends equal :func:`minipar.collectives.ring_allreduce_bytes_sent`.
+``ring_state(n)`` replays that schedule and
 counts, for every rank and chunk, how many ranks' contributions it holds:
 the figure shows the counts climbing to ``n`` everywhere.
 """

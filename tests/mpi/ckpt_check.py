@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minipar.comm import TracedComm
-from minipar.parallel import checkpoint
+from minipar.parallel import sharded_checkpoint
 from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity
 from minipar.parallel.zero import ZeRO
 
@@ -58,16 +58,17 @@ for stage, spec in ((0, SPEC), (1, SPEC), (2, SPEC), (3, SPEC),
     ref_losses = train(ref, 4, spec)
     first = engine(world, stage, spec)
     train(first, 2, spec)
-    d = checkpoint.save(first, ROOT / tag)
+    d = sharded_checkpoint.save(first, ROOT / tag)
     resumed = engine(world, stage, spec)
-    checkpoint.load(resumed, ROOT / tag)
+    sharded_checkpoint.load(resumed, ROOT / tag)
     losses = train(resumed, 4, spec)
     same = (bits(resumed.full_params()) == bits(ref.full_params())
             and losses == ref_losses[2:]
             and bits(resumed.states.master if resumed.states.master is not None
                      else resumed.states.params) == bits(ref.states.master if ref.states.master
                                                        is not None else ref.states.params)
-            and resumed.states.optimizer.m.tobytes() == ref.states.optimizer.m.tobytes())
+            and resumed.states.optimizer.m.tobytes() == ref.states.optimizer.m.tobytes()
+            and resumed.states.optimizer.v.tobytes() == ref.states.optimizer.v.tobytes())
     ok = world.comm.allreduce(int(same), op=MPI.MIN)  # reporting only (MPI's own)
     if world.rank == 0:
         out["resume"][tag] = {"bit_identical": bool(ok), "dir": d.name}
@@ -79,7 +80,7 @@ for k, stage in ((1, 3), (2, 1), (3, 3), (3, 0)):
     sub = world.Split(0 if world.rank < k else 1, world.rank)
     if world.rank < k:
         eng = engine(sub, stage)
-        checkpoint.load(eng, ROOT / "2-float64")
+        sharded_checkpoint.load(eng, ROOT / "2-float64")
         train(eng, 4)
         full = eng.full_params()
         if sub.rank == 0:
@@ -91,29 +92,29 @@ world.Barrier()
 
 # 3. a crash after the shards, before the manifest: the previous checkpoint stays loadable
 eng = engine(world, 2)
-checkpoint.load(eng, ROOT / "2-float64")
+sharded_checkpoint.load(eng, ROOT / "2-float64")
 train(eng, 4)
 try:
-    checkpoint.save(eng, ROOT / "2-float64", on_shard_written=crash)
+    sharded_checkpoint.save(eng, ROOT / "2-float64", on_shard_written=crash)
 except SimulatedCrash:
     pass
 world.Barrier()
 if world.rank == 0:
-    d4 = checkpoint.step_dir(ROOT / "2-float64", 4)
+    d4 = sharded_checkpoint.step_dir(ROOT / "2-float64", 4)
     out["crash"]["step_4_shards_written"] = len(list(d4.glob("shard_*.npz")))
-    out["crash"]["latest"] = checkpoint.latest(ROOT / "2-float64").name
+    out["crash"]["latest"] = sharded_checkpoint.latest(ROOT / "2-float64").name
     try:
-        checkpoint.read_manifest(d4)
+        sharded_checkpoint.read_manifest(d4)
         out["crash"]["incomplete_refused"] = ""
-    except checkpoint.CheckpointError as e:
+    except sharded_checkpoint.CheckpointError as e:
         out["crash"]["incomplete_refused"] = str(e)
 again = engine(world, 2)
-checkpoint.load(again, ROOT / "2-float64")  # the root: its latest complete checkpoint
+sharded_checkpoint.load(again, ROOT / "2-float64")  # the root: its latest complete checkpoint
 train(again, 4)
 same = world.comm.allreduce(int(bits(again.full_params()) == bits(final_ref)), op=MPI.MIN)
 if world.rank == 0:
     out["crash"]["resumed_bit_identical"] = bool(same)
     # consolidate step 2 into one file the serial model loads
-    path = checkpoint.consolidate(ROOT / "2-float64" / "step_00000002", ROOT / "full.npz")
+    path = sharded_checkpoint.consolidate(ROOT / "2-float64" / "step_00000002", ROOT / "full.npz")
     out["consolidated"] = str(path)
     print("CKPT_CHECK " + json.dumps(out), flush=True)

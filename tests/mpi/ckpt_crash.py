@@ -14,7 +14,7 @@ import sys
 from mpi4py import MPI
 
 from minipar.comm import TracedComm
-from minipar.parallel import checkpoint
+from minipar.parallel import sharded_checkpoint
 from minipar.parallel.common import RunSpec, loss_weight
 from minipar.parallel.zero import ZeRO
 
@@ -26,7 +26,7 @@ w = loss_weight(SPEC.batch, comm.rank, comm.size)
 for step in range(4):
     eng.train_step(*SPEC.local_batch(step, comm.rank, comm.size), w)
     if step == 1:
-        checkpoint.save(eng, sys.argv[1])
+        sharded_checkpoint.save(eng, sys.argv[1])
 
 
 def die(path: object) -> None:
@@ -34,5 +34,5 @@ def die(path: object) -> None:
         os._exit(3)
 
 
-checkpoint.save(eng, sys.argv[1], on_shard_written=die)
+sharded_checkpoint.save(eng, sys.argv[1], on_shard_written=die)
 print("UNREACHABLE: the manifest of step 4 was written", flush=True)

@@ -69,7 +69,8 @@ if "converge" in sys.argv[1:]:
     case("converge-sync", slow, straggler_s=0.002)
     case("converge-async-s2", slow, mode="async", staleness=2, straggler_s=0.002)
     if R == 0:
-        out["converge_serial"] = serial_reference(slow)["losses"]
+        ref = serial_reference(slow)
+        out["converge_serial_losses"], out["converge_serial_params"] = ref["losses"], ref["params"].tolist()
 if R == 0:
     s = serial_reference(SPEC)
     out["serial_losses"], out["serial_params"] = s["losses"], s["params"].tolist()

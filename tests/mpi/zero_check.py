@@ -1,9 +1,11 @@
 """ZeRO on N ranks, all stages in one launch: float64 parity, mixed-precision memory and bytes.
 
 Rank 0 prints one line ``ZERO_CHECK {json}`` that tests/test_zero.py judges:
-per stage, parity with the serial run (float64), and per rank the model-state
-bytes (ledger by category, tracemalloc), bytes sent per step and shard sizes
-(mixed precision, the paper's setting).
+per stage, parity with the serial run (float64; stages 1-3 also on a mixture
+of experts, against the serial run of the same routing groups), and per rank
+the model-state bytes (ledger by category, tracemalloc), the gathered
+parameters stage 3 held at most and after the steps, bytes sent per step and
+shard sizes (mixed precision, the paper's setting).
 """
 
 from __future__ import annotations
@@ -16,33 +18,40 @@ from mpi4py import MPI
 from minipar.collectives import ring_allreduce
 from minipar.comm import TracedComm
 from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity, serial_reference
-from minipar.parallel.zero import STAGES, ZeRO, measure_stage
+from minipar.parallel.zero import STAGES, ZeRO, measure_stage, unit_table
 
 #: parity: a tiny GPT, 3 AdamW steps, 10 rows (uneven on 3 and 4 ranks)
 PARITY = RunSpec(vocab=10, seq=8, d_model=16, layers=2, heads=2, batch=10, steps=3)
+#: a mixture of experts: 4 experts, top-2, tokens dropped at capacity 1.25
+MOE = PARITY.with_(experts=4, top_k=2)
 #: memory: Ψ of ~50 thousand so the model states dominate the engine's bookkeeping
 MEMORY = RunSpec(vocab=16, seq=8, d_model=32, layers=4, heads=2, batch=8, steps=1,
                  precision="mixed")
 
 comm = TracedComm(MPI.COMM_WORLD)
-serial = serial_reference(PARITY) if comm.rank == 0 else None
-out: dict = {"world": comm.size, "parity": {}, "memory": {}}
-for stage in STAGES:
-    m = measure_stage(comm, PARITY, stage)
-    with comm.operation("report"):
-        losses = ring_allreduce(comm, np.array(m["losses"]))
-    final = m["engine"].full_params()
-    if comm.rank == 0:
-        out["parity"][stage] = {
-            "ok": parity(losses, serial["losses"], final, serial["params"]),
-            "max_param_diff": max_abs_diff(final, serial["params"]),
-            "max_loss_diff": max_abs_diff(losses, serial["losses"]),
-        }
+out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "memory": {}}
+for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2, 3))):
+    serial = serial_reference(spec, comm.size) if comm.rank == 0 else None
+    for stage in stages:
+        m = measure_stage(comm, spec, stage)
+        with comm.operation("report"):
+            losses = ring_allreduce(comm, np.array(m["losses"]))
+        final = m["engine"].full_params()
+        if comm.rank == 0:
+            out[key][stage] = {
+                "ok": parity(losses, serial["losses"], final, serial["params"]),
+                "max_param_diff": max_abs_diff(final, serial["params"]),
+                "max_loss_diff": max_abs_diff(losses, serial["losses"]),
+            }
 for stage in STAGES:
     m = measure_stage(comm, MEMORY, stage)
     row = {k: m[k] for k in ("ledger", "tracemalloc_bytes", "bytes_sent_per_step", "shard",
                              "step_peak_bytes", "held_after_steps_bytes")}
     row["psi"] = m["engine"].layout.size
+    hooks = m["engine"].hooks  # what stage 3 held gathered: at most, and after the steps
+    row["peak_gathered_bytes"], row["gathered_after_steps"] = (hooks.peak_gathered_bytes,
+                                                               len(hooks.gathered))
+    row["unit_sizes"] = [hi - lo for _, lo, hi, _ in unit_table(MEMORY.config("bfloat16"))]
     rows = comm.comm.gather(row)
     if comm.rank == 0:
         out["memory"][stage] = rows

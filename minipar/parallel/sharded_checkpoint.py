@@ -2,6 +2,13 @@
 
 EN sharded checkpoint · RU шардированная контрольная точка · ZH 分片检查点
 
+Not to be confused with *activation* checkpointing (Chen et al. 2016,
+arXiv 1604.06174; "remat"), which saves no file at all: it keeps a few layer
+inputs during the forward pass and recomputes the rest in the backward pass
+to save memory (planned as ``minipar.parallel.checkpointing``; glossary term
+``activation-checkpointing``).  This module saves the *training state* to
+disk so that a run can stop and resume; hence the name ``sharded_checkpoint``.
+
 Under ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054) no rank holds the whole
 model state, so no rank can write the whole checkpoint: each rank writes the
 slice it owns, ``[lo_r, hi_r)`` of the flat buffer (``numpy.array_split``

@@ -1,0 +1,204 @@
+"""Bad input on the command line: one line, exit 2, before any work.
+
+EN command-line input errors · RU ошибки ввода командной строки · ZH 命令行输入错误
+
+Every ``minipar`` verb follows the same contract, so that a learner who
+mistypes an option reads one sentence that says what to change:
+
+* a bad value prints ONE line on stderr that names the option and the values
+  it accepts, ``minipar train: --steps must be an integer >= 1, got 0``, and
+  exits with status :data:`EXIT_USAGE` (2, as argparse and the shell's own
+  builtins do), in the launching process, before any model is built or any
+  MPI rank started; never a traceback;
+* ``--help`` still prints the full help (exit 0);
+* Ctrl-C prints ``minipar: interrupted`` and exits :data:`EXIT_INTERRUPTED`
+  (130 = 128 + SIGINT, the shell's convention) — see :mod:`minipar.cli`;
+* files and folders: an output FILE (``--json PATH``, ``--export-md PATH``)
+  must go into a folder that exists — minipar never creates folders for a
+  file, so a typo in a path is an error, not a stray folder; the one option
+  that names a *working folder*, ``minipar exercise start --dir DIR``,
+  creates it (with its parents) and says so.
+
+What this module offers, for every verb's parser (``minipar run``, ``demo``
+and the benches too):
+
+* :class:`ArgumentParser` — argparse whose ``error`` prints one line
+  (``minipar VERB: --option …``) instead of the usage block and exits 2;
+  sub-parsers inherit it.  Cross-option checks call ``parser.error(...)``.
+* option types that check ranges as they parse, so the message names the
+  option without extra code: :func:`integer`, :func:`number`,
+  :func:`output_file`.
+* :func:`error_line` — print one line for a ``ValueError`` caught in a verb
+  and return 2.
+
+Imports only the standard library: ``minipar glossary`` must start without
+NumPy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+#: exit status of a bad command line (argparse's and the shell's convention)
+EXIT_USAGE = 2
+#: exit status after Ctrl-C: 128 + SIGINT (2), as a shell reports a process killed by it
+EXIT_INTERRUPTED = 130
+
+
+def one_line(text: str) -> str:
+    """``text`` with its lines joined by spaces: an error is one line, whatever it quotes."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def error_line(prog: str, message: object) -> int:
+    """Print ``PROG: MESSAGE`` as one line on stderr; return :data:`EXIT_USAGE`."""
+    print(f"{prog}: {one_line(str(message))}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+_ARGUMENT = re.compile(r"argument (\S+?): (.*)", re.DOTALL)
+_HINTED = ("unrecognized arguments", "the following arguments are required",
+           "one of the arguments", "expected ")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, except that a usage error is one line on stderr and exit 2.
+
+    argparse's ``argument --steps: must be ...`` becomes ``--steps must be ...``
+    (the option first, as a sentence); its other messages keep their words
+    (``--model: invalid choice: 'foo' (choose from 'gpt', 'mlp')``).  A
+    message that does not name the values (unknown option, missing argument)
+    ends with a pointer to ``--help``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        m = _ARGUMENT.fullmatch(message)
+        if m:
+            name, rest = m.groups()
+            message = f"{name} {rest}" if rest.startswith("must") else f"{name}: {rest}"
+        if message.startswith(_HINTED) or " expected " in message:
+            message += f" (see {self.prog} --help)"
+        error_line(self.prog, message)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _got(text: str) -> str:
+    """How a rejected value is quoted: numbers bare, anything else in quotes."""
+    try:
+        float(text)
+    except ValueError:
+        return repr(text)
+    return text
+
+
+def _bound(v: int | None) -> str:
+    """A bound as a reader writes it: 1000000000000 -> 1e12."""
+    if v is not None and v >= 10**6 and str(v).rstrip("0") == "1":
+        return f"1e{len(str(v)) - 1}"
+    return str(v)
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number in [minimum, maximum] (either bound optional).
+
+    ``p.add_argument("--steps", type=integer(1))`` rejects ``--steps 0`` with
+    ``--steps must be an integer >= 1, got 0``.
+    """
+    lo, hi = _bound(minimum), _bound(maximum)
+    if minimum is not None and maximum is not None:
+        want = f"an integer from {lo} to {hi}"
+    elif minimum is not None:
+        want = f"an integer >= {lo}"
+    elif maximum is not None:
+        want = f"an integer <= {hi}"
+    else:
+        want = "an integer"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {want}, got {_got(text)}") from None
+        if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
+        return v
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(greater_than: float | None = None, minimum: float | None = None,
+           maximum: float | None = None) -> Callable[[str], float]:
+    """An argparse ``type``: a finite float, > ``greater_than`` / >= ``minimum`` / <= ``maximum``.
+
+    ``type=number(greater_than=0)`` rejects ``--lr 0``, ``--lr -1``, ``--lr nan``
+    and ``--lr inf`` with ``--lr must be a finite number > 0, got 0``.
+    """
+    bounds = [f"> {greater_than:g}"] if greater_than is not None else []
+    bounds += [f">= {minimum:g}"] if minimum is not None else []
+    bounds += [f"<= {maximum:g}"] if maximum is not None else []
+    want = "a finite number" + (" " + " and ".join(bounds) if bounds else "")
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {want}, got {_got(text)}") from None
+        if (not math.isfinite(v)
+                or (greater_than is not None and not v > greater_than)
+                or (minimum is not None and v < minimum)
+                or (maximum is not None and v > maximum)):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
+def check_output_file(path: str) -> str | None:
+    """Why ``path`` cannot be written as a file (None if it can), without creating anything.
+
+    Its folder must exist and be writable, and ``path`` must not be a folder.
+    """
+    if not path:
+        return "needs a file name, got ''"
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{path} is a folder; give a file name inside it"
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        return f"cannot write {path}: the folder {folder} {what} (minipar does not create it)"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"cannot write {path}: permission denied"
+    if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write {path}: the folder {folder} is not writable"
+    return None
+
+
+def output_file(text: str) -> str:
+    """An argparse ``type``: a file path that can be written (see :func:`check_output_file`).
+
+    Checked when the command line is parsed, so ``--json /no/such/dir/x.json``
+    fails at once, not after a long run.
+    """
+    problem = check_output_file(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def output_file_or_stdout(text: str) -> str:
+    """:func:`output_file`, or ``-`` for standard output."""
+    return text if text == "-" else output_file(text)
+
+
+__all__ = [
+    "EXIT_INTERRUPTED", "EXIT_USAGE", "ArgumentParser", "check_output_file", "error_line",
+    "integer", "number", "one_line", "output_file", "output_file_or_stdout",
+]

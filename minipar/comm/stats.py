@@ -1,0 +1,157 @@
+"""Communication counters: bytes and messages by operation, by communicator, by peer.
+
+EN communication statistics · RU статистика обменов · ZH 通信统计
+
+One :class:`Stats` object per process holds everything the rank sent and
+received.  Every :class:`~minipar.comm.traced.TracedComm` of the process made
+from one parent (``Split``, ``Dup``) writes into the same object, so
+"a rank's bytes are a rank's bytes", and each count is kept three ways:
+
+* by **operation**: the outermost ``comm.operation(name)`` scope, ``"p2p"``
+  outside any (``bytes_sent("ring_allreduce")``);
+* by **communicator name**: ``"world"``, or the names a process grid gives
+  its axes (``"dp"``, ``"pp"``, ``"tp"``, ``"cp"``, ``"ep"``), so a run can say
+  "tp sent X bytes, dp sent Y" (``bytes_sent_by_comm()``,
+  ``bytes_sent(comm="tp")``);
+* by **peer**, as a rank of COMM_WORLD, so sub-communicators add up
+  (``peers_sent("ring_allreduce")`` -> ``{world rank: bytes}``).
+
+Bytes are payload bytes (``buffer.nbytes`` sent, ``Get_count(MPI.BYTE)``
+received); a received message is counted once, when its request first
+completes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class OpStats:
+    """Counters of one operation name on one rank (bytes, messages, seconds)."""
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    msgs_sent: int = 0
+    msgs_recv: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+
+
+def _ops() -> dict[str, OpStats]:
+    return defaultdict(OpStats)
+
+
+def _table() -> dict[tuple[str, int], int]:
+    return defaultdict(int)
+
+
+@dataclass
+class Stats:
+    """Everything one rank has sent and received, by operation, communicator and peer."""
+
+    #: operation -> counters, over all communicators
+    ops: dict[str, OpStats] = field(default_factory=_ops)
+    #: (operation, world rank of peer) -> bytes
+    sent_to: dict[tuple[str, int], int] = field(default_factory=_table)
+    recv_from: dict[tuple[str, int], int] = field(default_factory=_table)
+    #: communicator name -> operation -> counters
+    comms: dict[str, dict[str, OpStats]] = field(default_factory=lambda: defaultdict(_ops))
+
+    # -- recording (called by TracedComm) ----------------------------------------
+    def record_send(self, op: str, comm: str, peer: int, nbytes: int) -> None:
+        """One message of ``nbytes`` sent to world rank ``peer``."""
+        a, b = self.ops[op], self.comms[comm][op]
+        a.bytes_sent += nbytes
+        b.bytes_sent += nbytes
+        a.msgs_sent += 1
+        b.msgs_sent += 1
+        self.sent_to[(op, peer)] += nbytes
+
+    def record_recv(self, op: str, comm: str, peer: int | None, nbytes: int) -> None:
+        """One message of ``nbytes`` received (from world rank ``peer``, when known)."""
+        a, b = self.ops[op], self.comms[comm][op]
+        a.bytes_recv += nbytes
+        b.bytes_recv += nbytes
+        a.msgs_recv += 1
+        b.msgs_recv += 1
+        if peer is not None:
+            self.recv_from[(op, peer)] += nbytes
+
+    def record_call(self, op: str, comm: str, seconds: float) -> None:
+        """One call of operation ``op`` that took ``seconds``."""
+        for s in (self.ops[op], self.comms[comm][op]):
+            s.calls += 1
+            s.seconds += seconds
+
+    def reset(self) -> None:
+        self.ops.clear()
+        self.sent_to.clear()
+        self.recv_from.clear()
+        self.comms.clear()
+
+    # -- reading --------------------------------------------------------------------
+    def _sum(self, attr: str, op: str | None, comm: str | None) -> Any:
+        if comm is None:
+            table = self.ops
+        elif comm in self.comms:
+            table = self.comms[comm]
+        else:
+            return 0
+        if op is not None:
+            return getattr(table[op], attr) if op in table else 0
+        return sum(getattr(s, attr) for s in table.values())
+
+    def bytes_sent(self, op: str | None = None, comm: str | None = None) -> int:
+        """Bytes this rank sent, in operation ``op`` (or all), on communicator ``comm`` (or all)."""
+        return self._sum("bytes_sent", op, comm)
+
+    def bytes_recv(self, op: str | None = None, comm: str | None = None) -> int:
+        """Bytes this rank received, in operation ``op`` (or all), on ``comm`` (or all)."""
+        return self._sum("bytes_recv", op, comm)
+
+    def msgs_sent(self, op: str | None = None, comm: str | None = None) -> int:
+        return self._sum("msgs_sent", op, comm)
+
+    def msgs_recv(self, op: str | None = None, comm: str | None = None) -> int:
+        return self._sum("msgs_recv", op, comm)
+
+    def seconds(self, op: str | None = None, comm: str | None = None) -> float:
+        return float(self._sum("seconds", op, comm))
+
+    def bytes_sent_by_comm(self) -> dict[str, int]:
+        """{communicator name: bytes this rank sent on it}."""
+        return {name: sum(s.bytes_sent for s in t.values()) for name, t in self.comms.items()}
+
+    def bytes_recv_by_comm(self) -> dict[str, int]:
+        """{communicator name: bytes this rank received on it}."""
+        return {name: sum(s.bytes_recv for s in t.values()) for name, t in self.comms.items()}
+
+    def peers_sent(self, op: str | None = None) -> dict[int, int]:
+        """{world rank: bytes sent to it}, in operation ``op`` or in all."""
+        return _by_peer(self.sent_to, op)
+
+    def peers_recv(self, op: str | None = None) -> dict[int, int]:
+        """{world rank: bytes received from it}, in operation ``op`` or in all."""
+        return _by_peer(self.recv_from, op)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly snapshot (peers as string keys)."""
+        return {
+            "ops": {k: vars(v).copy() for k, v in self.ops.items()},
+            "sent_to": {f"{o}->{p}": b for (o, p), b in self.sent_to.items()},
+            "recv_from": {f"{o}<-{p}": b for (o, p), b in self.recv_from.items()},
+            "comms": {c: {k: vars(v).copy() for k, v in t.items()} for c, t in self.comms.items()},
+            "bytes_sent_by_comm": self.bytes_sent_by_comm(),
+            "bytes_recv_by_comm": self.bytes_recv_by_comm(),
+        }
+
+
+def _by_peer(table: dict[tuple[str, int], int], op: str | None) -> dict[int, int]:
+    out: dict[int, int] = defaultdict(int)
+    for (o, peer), b in table.items():
+        if op is None or o == op:
+            out[peer] += b
+    return dict(out)

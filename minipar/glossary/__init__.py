@@ -1,0 +1,66 @@
+"""Glossary · Глоссарий · 术语表: trilingual lookup and scan over ``glossary/``.
+
+Every term of the field is one TOML file in ``glossary/`` (schema:
+``glossary/README.md``), shipped in the wheel as ``minipar/_glossary``.
+This package loads them and answers two questions:
+
+* :func:`lookup` -- "what is X?" for a query in English, Russian or Chinese:
+  exact names, aliases and abbreviations first, then inflected Russian forms
+  (a light suffix stemmer), spun Chinese (the seed article's synonym-spinner
+  vocabulary, normalised by the table in ``glossary/_normalise.toml``), and
+  typos (Levenshtein distance, prefiltered by character-bigram Dice).
+* :func:`scan` -- "which terms does this text use?": every term found in a
+  text, with ``start``/``end`` character offsets into the *original* text, so
+  ``text[start:end]`` is exactly what was matched.
+
+Both work on one normal form: NFKC, case-folded, ``ё`` -> ``е``, spun Chinese
+replaced, split into tokens (a run of letters/digits, or one Han character),
+each word stemmed, separators dropped.  "All-Reduce", "allreduce" and
+"all reduce" all become ``allreduce``; "параллелизма данных" becomes
+``параллелизмдан``.
+
+One module per step, each importable alone:
+
+* :mod:`~minipar.glossary.data`         the TOML files -> :class:`Term`; the marshal cache
+* :mod:`~minipar.glossary.normal_form`  normal form, tokens, stemmer, keys
+* :mod:`~minipar.glossary.index`        key -> term ids over every name
+* :mod:`~minipar.glossary.scanning`     :func:`scan`: terms in a text, with offsets
+* :mod:`~minipar.glossary.search`       :func:`lookup`, :func:`score_all`, :func:`closest`
+* :mod:`~minipar.glossary.links`        :func:`link_status`: does a linked module exist now?
+
+Nothing heavy is imported here: ``minipar glossary`` must start without
+NumPy or mpi4py, and nothing here imports a command-line module (both
+checked by ``tests/test_glossary_cli.py`` and ``tests/test_glossary_overview.py``).
+"""
+
+from __future__ import annotations
+
+from minipar.glossary import data as _data
+from minipar.glossary import index as _index
+from minipar.glossary import normal_form as _normal_form
+from minipar.glossary.data import (
+    LANGS,
+    PKG_DIR,
+    Term,
+    by_id,
+    data_dir,
+    parse_term,
+    spun_table,
+    terms,
+)
+from minipar.glossary.links import PLANNED, link_status
+from minipar.glossary.normal_form import key, stem
+from minipar.glossary.scanning import Match, scan
+from minipar.glossary.search import MAX_FUZZY_KEY, Hit, closest, levenshtein, lookup, score_all
+
+__all__ = [
+    "LANGS", "MAX_FUZZY_KEY", "PKG_DIR", "PLANNED", "Hit", "Match", "Term", "by_id", "clear_caches",
+    "closest", "data_dir", "key", "levenshtein", "link_status", "lookup", "parse_term", "scan",
+    "score_all", "spun_table", "stem", "terms",
+]
+
+
+def clear_caches() -> None:
+    """Forget everything loaded (for tests and benchmarks); the next call reloads."""
+    for f in (_data._blob, _data.terms, _normal_form._spun_regex, _index.index):
+        f.cache_clear()

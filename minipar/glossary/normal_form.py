@@ -1,0 +1,141 @@
+"""The normal form every name, query and scanned text is matched in.
+
+EN text normalisation · RU нормализация текста · ZH 文本规范化
+
+Steps, in order:
+
+1. each character through NFKC and case folding, ``ё`` -> ``е``
+   (full-width ``ＤＰ`` -> ``dp``, ``ﬁ`` -> ``fi``);
+2. spun Chinese replaced by the standard term (the seed article's
+   synonym-spinner vocabulary: 办事器 -> 服务器, 夹杂 -> 混合; the table is
+   ``glossary/_normalise.toml``);
+3. split into tokens: a run of letters/digits, or one Han character;
+4. each token stemmed (:func:`stem`: Russian case and number endings,
+   English plurals); separators dropped.
+
+"All-Reduce", "allreduce" and "all reduce" all have the key ``allreduce``;
+"параллелизма данных" has ``параллелизмдан``.  :func:`normalise` also
+returns, for every character of the normal form, the span of the original
+text it came from, so a match found in the normal form is reported at its
+exact place in the original (``text[start:end]``).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from functools import cache, lru_cache
+from typing import TYPE_CHECKING
+
+from minipar.glossary.data import spun_table
+
+if TYPE_CHECKING:
+    from typing import ClassVar
+
+HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs: each one is a token
+_TOKEN = re.compile(rf"[{HAN}]|[^\W_{HAN}]+")
+_RU_ENDINGS = sorted(
+    ["ами", "ями", "ого", "его", "ому", "ему", "ыми", "ими", "ией", "иям", "иях", "ых", "их", "ий",
+     "ый", "ой", "ей", "ая", "яя", "ое", "ее", "ие", "ые", "ую", "юю", "ом", "ем", "ах", "ях", "ов",
+     "ев", "ам", "ям", "ым", "им", "ия", "ию", "ии", "ью", "ья", "ье", "ьи", "ы", "и", "а", "я",
+     "о", "е", "у", "ю", "ь"], key=len, reverse=True)
+_CYR = re.compile(r"[а-я]")
+
+
+class _CharTable(dict):
+    """str.translate table filled on demand: char -> NFKC, case-folded, ё -> е."""
+
+    odd: ClassVar[set[str]] = set()  # chars whose normal form is not exactly one char
+
+    def __missing__(self, code: int) -> str:
+        c = chr(code)
+        n = unicodedata.normalize("NFKC", c).casefold().replace("ё", "е")
+        if len(n) != 1:
+            self.odd.add(c)
+        self[code] = n
+        return n
+
+
+_CHARS = _CharTable()
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """Light stemmer: Russian case/number endings, English plurals; other words unchanged."""
+    if _CYR.search(word):
+        for end in _RU_ENDINGS:
+            if word.endswith(end) and len(word) - len(end) >= 3:
+                return word[: -len(end)]
+        return word
+    if len(word) > 4 and word.isalpha():
+        if word.endswith(("ches", "shes", "xes")):
+            return word[:-2]
+        if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+            return word[:-1]
+    return word
+
+
+def normalise(text: str) -> tuple[str, Sequence[int], Sequence[int]]:
+    """Normal form of ``text`` (steps 1-2) and, per normal-form char, its [start, end) in ``text``."""
+    norm = text.translate(_CHARS)
+    if len(norm) == len(text) and not (_CHARS.odd and _CHARS.odd.intersection(text)):
+        starts: Sequence[int] = range(len(text))  # one char for one char: offsets unchanged
+        ends: Sequence[int] = range(1, len(text) + 1)
+    else:
+        chars: list[str] = []
+        starts, ends = [], []
+        for i, c in enumerate(text):
+            for ch in _CHARS[ord(c)]:
+                chars.append(ch)
+                starts.append(i)  # type: ignore[union-attr]
+                ends.append(i + 1)  # type: ignore[union-attr]
+        norm = "".join(chars)
+    rx = _spun_regex()
+    if rx is None or not rx.search(norm):
+        return norm, starts, ends
+    table = spun_table()
+    out: list[str] = []
+    s2: list[int] = []
+    e2: list[int] = []
+    starts, ends = list(starts), list(ends)
+    pos = 0
+    for m in rx.finditer(norm):
+        a, b = m.span()
+        out.append(norm[pos:a])
+        s2 += starts[pos:a]
+        e2 += ends[pos:a]
+        rep = table[m.group()]
+        out.append(rep)
+        s2 += [starts[a]] * len(rep)  # the replacement spans the whole spun phrase
+        e2 += [ends[b - 1]] * len(rep)
+        pos = b
+    out.append(norm[pos:])
+    s2 += starts[pos:]
+    e2 += ends[pos:]
+    return "".join(out), s2, e2
+
+
+@cache
+def _spun_regex() -> re.Pattern[str] | None:
+    """One alternation of every spun phrase, longest first (None: an empty table)."""
+    table = spun_table()
+    parts = []
+    for k in sorted(table, key=len, reverse=True):
+        v = table[k]
+        pat = re.escape(k)
+        if k in v and v != k:  # 由选择 -> 路由选择: leave an already standard 路由选择 alone
+            pre, post = v.split(k, 1)
+            pat = (f"(?<!{re.escape(pre)})" if pre else "") + pat + (f"(?!{re.escape(post)})" if post else "")
+        parts.append(pat)
+    return re.compile("|".join(parts)) if parts else None
+
+
+def tokens(norm: str) -> list[tuple[str, int, int]]:
+    """(stemmed token, start, end) for each token (step 3-4) of a normal-form string."""
+    return [(stem(m.group()), m.start(), m.end()) for m in _TOKEN.finditer(norm)]
+
+
+def key(text: str) -> str:
+    """The matching key of a name or query: normal form, stemmed tokens, no separators."""
+    return "".join(t[0] for t in tokens(normalise(text)[0]))

@@ -1,0 +1,255 @@
+"""Start N MPI ranks: the one way minipar launches anything — запуск рангов — 启动进程.
+
+    >>> from minipar import launch
+    >>> proc = launch.run(2, "path/to/script.py", timeout=30)        # a script
+    >>> result, proc = launch.run_json(4, "minipar.demo", {"elems": 1000})  # a module
+
+What it does, and why:
+
+* It uses the ``mpiexec`` of *this* Python environment (the ``mpich`` wheel
+  installs one next to ``python``), so no system MPI is needed, it works as
+  root and with more ranks than cores.  ``MINIPAR_MPIEXEC`` names another one
+  (a cluster's own ``mpiexec``, or a wrapper such as ``srun``), and
+  ``MINIPAR_MPIEXEC_ARGS`` adds options for it; ``hostfile=`` passes
+  ``-hostfile FILE`` through, so the same command spans machines.
+* It runs ``python -m mpi4py -m minipar.launch.rank TARGET``.  With
+  ``-m mpi4py`` an unhandled exception on one rank calls ``MPI_Abort`` and
+  ends the whole job (without it the other ranks would wait forever);
+  :mod:`minipar.launch.rank` notes the rank's number and process id in the
+  launch's folder, then runs TARGET (a module or a script) as ``__main__``.
+* It sets one BLAS/OpenMP thread per rank: eight ranks on two cores each
+  spawning their own BLAS thread pool would only fight for the cores.
+* It enforces a wall-clock ``timeout``: on expiry (or Ctrl-C) mpiexec is asked
+  to stop (SIGTERM, which it forwards to every rank), then the whole process
+  group is killed, and :class:`LaunchTimeout` (or ``KeyboardInterrupt``) is
+  raised.  A test that launches ranks can therefore never hang.
+* **A launch leaves nothing behind.**  It gets a private temporary folder
+  (``TMPDIR`` of mpiexec and of the ranks), removed afterwards whatever
+  happened.  MPICH's process manager writes its hardware map to the fixed path
+  ``/tmp/hydra_hwloc_xmlfile_*`` and cannot delete it when the job aborts;
+  each rank notes that file and the launcher deletes it
+  (:func:`minipar.launch.failure.clean`).
+* **A failure is one line** (:attr:`Launched.failure`,
+  :func:`minipar.launch.failure.describe`): the ``[minipar] rank R of N
+  failed: ...`` line of a rank that raised, or ``rank R ... was killed by
+  signal 9 (SIGKILL)`` for a rank that died (the kernel's out-of-memory killer
+  sends SIGKILL), instead of MPI's stacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from minipar.launch import failure
+from minipar.launch.failure import LAUNCH_DIR_VAR
+
+#: environment variables that control BLAS / OpenMP thread pools
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+DEFAULT_TIMEOUT = 120.0
+MPIEXEC_VAR, MPIEXEC_ARGS_VAR = "MINIPAR_MPIEXEC", "MINIPAR_MPIEXEC_ARGS"
+#: rank 0 of a :func:`run_json` target prints its result on one line after this
+RESULT_PREFIX = "MINIPAR_RESULT "
+WORKER_FLAG = "--worker"
+STOP_GRACE_S = 3.0  # seconds mpiexec gets to stop its ranks before they are killed
+
+
+class LaunchError(RuntimeError):
+    """mpiexec could not be found, the launch was invalid, or (``check``) the ranks failed."""
+
+
+class LaunchTimeout(RuntimeError):
+    """The ranks did not finish within the timeout; all were killed."""
+
+    def __init__(self, cmd: list[str], timeout: float, stdout: str, stderr: str):
+        self.cmd, self.timeout, self.stdout, self.stderr = cmd, timeout, stdout, stderr
+        tail = (stdout[-2000:] + "\n" + stderr[-2000:]).strip()
+        super().__init__(f"{' '.join(cmd)!r} did not finish within {timeout:g} s and was "
+                         f"killed (all ranks).\n--- last output ---\n{tail}")
+
+
+class RanksFailed(LaunchError):
+    """A :func:`run_json` launch whose ranks failed or printed no result (``check=True``);
+    ``str()`` is the one line of :attr:`Launched.failure`, ``proc`` the launch."""
+
+    def __init__(self, message: str, proc: Launched):
+        super().__init__(message)
+        self.proc = proc
+
+
+class Launched(subprocess.CompletedProcess):
+    """A finished launch: ``returncode``, ``stdout``, ``stderr`` and ``failure``, one line
+    saying which rank failed and how (None when every rank exited with 0)."""
+
+    failure: str | None = None
+
+
+def find_mpiexec() -> str:
+    """Path of the ``mpiexec`` belonging to the running Python environment."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    raise LaunchError("mpiexec not found next to this Python nor on PATH; "
+                      "`pip install mpich` provides one (it is a dependency of minipar)")
+
+
+def mpiexec_command() -> list[str]:
+    """``$MINIPAR_MPIEXEC $MINIPAR_MPIEXEC_ARGS``, or this environment's ``mpiexec``."""
+    other = os.environ.get(MPIEXEC_VAR, "").strip()
+    cmd = shlex.split(other) if other else [find_mpiexec()]
+    return cmd + shlex.split(os.environ.get(MPIEXEC_ARGS_VAR, ""))
+
+
+def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every rank gets: one BLAS thread, unbuffered output."""
+    env = dict(os.environ)
+    env.update(dict.fromkeys(THREAD_VARS, "1"))
+    env["PYTHONUNBUFFERED"] = "1"
+    # ranks must import the same minipar as the launcher, even from a checkout
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def command(n: int, target: str, *args: str, prepend_rank: bool = False,
+            hostfile: str | os.PathLike[str] | None = None) -> list[str]:
+    """The full ``mpiexec -n N python -m mpi4py -m minipar.launch.rank TARGET ...`` command."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
+    cmd = mpiexec_command()
+    if hostfile is not None:
+        if not Path(hostfile).is_file():
+            raise ValueError(f"--hostfile {hostfile}: no such file")
+        cmd += ["-hostfile", str(hostfile)]
+    cmd += ["-n", str(n)] + (["-prepend-rank"] if prepend_rank else [])
+    cmd += [sys.executable, "-m", "mpi4py", "-m", "minipar.launch.rank"]
+    is_script = target.endswith(".py") or os.sep in target or Path(target).is_file()
+    cmd += [target] if is_script else ["-m", target]
+    return cmd + [str(a) for a in args]
+
+
+def run(n: int, target: str, *args: str, timeout: float = DEFAULT_TIMEOUT,
+        env: dict[str, str] | None = None, capture: bool = True, check: bool = False,
+        prepend_rank: bool = False, cwd: str | os.PathLike[str] | None = None,
+        hostfile: str | os.PathLike[str] | None = None) -> Launched:
+    """Run ``target`` (a module name or a ``.py`` path) on ``n`` ranks.
+
+    Returns the finished launch (``returncode``, ``stdout``, ``stderr`` — None
+    when ``capture`` is False — and ``failure``).  Raises :class:`LaunchTimeout`
+    past ``timeout`` seconds and re-raises ``KeyboardInterrupt``, after killing
+    every rank; raises ``subprocess.CalledProcessError`` on a non-zero exit when
+    ``check`` is true.  The private folder is removed in every case.
+    """
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    cmd = command(n, target, *args, prepend_rank=prepend_rank, hostfile=hostfile)
+    folder = tempfile.mkdtemp(prefix="minipar-launch-")
+    pipe = subprocess.PIPE if capture else None
+    order = failure.ExitOrder(folder)
+    order.start()  # waits for the ranks to connect
+    try:
+        try:
+            proc = subprocess.Popen(
+                cmd, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL, text=True, cwd=cwd,
+                env=rank_env({**(env or {}), "TMPDIR": folder, LAUNCH_DIR_VAR: folder,
+                              failure.SOCKET_VAR: order.address}),
+                start_new_session=True)  # one process group: mpiexec and all ranks
+        except OSError as e:  # e.g. MINIPAR_MPIEXEC names no program
+            raise LaunchError(f"cannot start {cmd[0]!r}: {e.strerror or e}") from None
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            out, err = proc.communicate()
+            raise LaunchTimeout(cmd, timeout, out or "", err or "") from None
+        except BaseException:  # Ctrl-C: no rank left running, then the caller decides
+            _stop(proc)
+            proc.communicate()
+            raise
+        result = Launched(cmd, proc.returncode, out, err)
+        if proc.returncode:
+            order.stop.set()
+            order.join()
+            result.failure = failure.describe(proc.returncode, (out or "") + (err or ""),
+                                              failure.records(folder), order.order)
+    finally:
+        order.stop.set()
+        failure.clean(folder)
+    if check and result.returncode != 0:
+        raise subprocess.CalledProcessError(result.returncode, cmd, out, err)
+    return result
+
+
+def run_json(n: int, module: str, payload: Any, *, timeout: float = DEFAULT_TIMEOUT,
+             prefix: str = RESULT_PREFIX, check: bool = False,
+             **kwargs: Any) -> tuple[Any, Launched]:
+    """Run ``python -m MODULE --worker JSON`` on ``n`` ranks; ``(result, launch)``.
+
+    ``result`` is the JSON value after ``prefix`` on the last such line of the
+    output (the one rank 0 printed through :func:`serve`), None if there is
+    none.  With ``check``, a failed launch or a missing result raises
+    :class:`RanksFailed` whose message is :attr:`Launched.failure`.  Other
+    keyword arguments go to :func:`run`."""
+    proc = run(n, module, WORKER_FLAG, json.dumps(payload), timeout=timeout, **kwargs)
+    found = [ln for ln in (proc.stdout or "").splitlines() if ln.startswith(prefix)]
+    result = json.loads(found[-1][len(prefix):]) if found else None
+    if check and (proc.returncode != 0 or not found):
+        why = proc.failure or f"python -m {module} on {n} ranks printed no result"
+        raise RanksFailed(why, proc)
+    return result, proc
+
+
+def report(prog: str, err: LaunchTimeout | RanksFailed, debug: bool = False) -> int:
+    """Tell a command-line user that a launch failed, in one line; return exit status 1.
+
+    With ``debug`` every rank's output comes first (tracebacks, MPI's messages)."""
+    timed_out = isinstance(err, LaunchTimeout)
+    if debug:
+        sys.stderr.write((err.stdout + err.stderr) if timed_out
+                         else (err.proc.stdout or "") + (err.proc.stderr or ""))
+    line = (f"{prog}: the ranks did not finish within --timeout {err.timeout:g} s and were all "
+            "killed" if timed_out else str(err))
+    print(line if debug else f"{line} (--debug shows every rank's output)", file=sys.stderr)
+    return 1
+
+
+def is_worker(argv: list[str]) -> bool:
+    """True when ``argv`` is what :func:`run_json` gives a rank: ``--worker JSON``."""
+    return len(argv) == 2 and argv[0] == WORKER_FLAG
+
+
+def serve(fn: Callable[[Any], Any], argv: list[str], prefix: str = RESULT_PREFIX) -> int:
+    """Rank side of :func:`run_json`: ``fn(payload)``; a result that is not None is
+    printed as one ``prefix + JSON`` line (return None on every rank but one)."""
+    result = fn(json.loads(argv[1]))
+    if result is not None:
+        print(prefix + json.dumps(result), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ stopping a launch
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to mpiexec (it forwards it and cleans up), then SIGKILL to whatever is left."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(STOP_GRACE_S)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

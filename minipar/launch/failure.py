@@ -1,0 +1,178 @@
+"""Why a launch failed, in one line, and what it must not leave behind.
+
+EN failure report · RU отчёт о сбое · ZH 故障报告
+
+When one rank fails, MPI ends the job and prints a wall of messages from
+every survivor.  A learner needs one sentence: which rank, and what happened.
+:func:`describe` finds it, in this order:
+
+1. a rank raised: the ``[minipar] rank R of N failed: Type: message`` line
+   (:func:`minipar.comm.install_excepthook`);
+2. a rank ended the job itself: MPICH's ``Abort(code) ... (rank R in comm 0)``;
+3. a rank was killed by a signal (SIGKILL: the kernel's out-of-memory killer,
+   or ``kill -9``): MPICH says "BAD TERMINATION ... Killed (signal 9)", but the
+   process id it names is whichever rank it looked at first, often a survivor
+   it killed itself.  :class:`ExitOrder` records the order in which this
+   machine's ranks ended (each holds a socket to the launcher that the kernel
+   closes as the process dies), so the rank named is the first to end without
+   finishing normally (one that finished writes ``PID.done``,
+   :mod:`minipar.launch.rank`).
+
+The notes the ranks write (:func:`records`) also list MPICH's hardware-map
+files (``/tmp/hydra_hwloc_xmlfile_*``, a fixed path its process manager
+cannot remove when the job is aborted); :func:`clean` deletes them with the
+launch's private folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+LAUNCH_DIR_VAR = "MINIPAR_LAUNCH_DIR"  # the launch's private folder, as the ranks see it
+RANKS_DIR = ".ranks"
+SOCKET_NAME = "ranks.sock"  # each rank connects as it starts (see ExitOrder)
+SOCKET_VAR = "MINIPAR_LAUNCH_SOCKET"  # its address, as the ranks see it
+HWLOC_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # fixed in MPICH's hydra_pmi_proxy
+
+_RAISED = re.compile(r"^\[minipar\] rank \d+ of \d+ failed: .*$", re.MULTILINE)
+_ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
+_KILLED = re.compile(r"PID (\d+) RUNNING AT (\S+).*?(?:signal (\d+)|SIGNAL: (\d+))", re.DOTALL)
+
+
+def records(folder: str) -> dict[int, dict[str, Any]]:
+    """What each rank on this machine noted: {pid: {pid, rank, size, host, hwloc, done}}."""
+    out = {}
+    for f in Path(folder, RANKS_DIR).glob("*.json"):
+        try:
+            r = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        r["done"] = f.with_suffix(".done").exists()
+        out[r["pid"]] = r
+    return out
+
+
+class ExitOrder(threading.Thread):
+    """The order in which this machine's ranks let go of the launch: ``order``, a list of
+    pids, earliest first.
+
+    Each rank connects to the launcher's Unix socket as it starts
+    (:func:`minipar.launch.rank.note`) and never closes it: the kernel closes
+    it as the process ends, and epoll lists the closed connections in the
+    order the closes happened, however late this thread wakes.  A rank killed
+    by a signal closes its files before its process manager can notice and
+    kill the others, so it comes first.
+    """
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(daemon=True, name="minipar-exit-order")
+        self.order: list[int] = []
+        self.stop = threading.Event()
+        self.address = socket_address(folder)
+        self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(sockaddr(self.address))
+            self.listener.listen(1024)
+            self.listener.setblocking(False)
+        except OSError:  # e.g. a folder path too long for a socket: no order, MPICH's word
+            self.listener.close()
+            self.listener = None
+
+    def run(self) -> None:
+        if self.listener is None:
+            return
+        ep = select.epoll() if hasattr(select, "epoll") else None  # Linux: ordered events
+        poller = ep or select.poll()
+        poller.register(self.listener.fileno(), select.POLLIN)
+        conns: dict[int, tuple[socket.socket, bytearray]] = {}
+        while not self.stop.is_set():
+            for fd, _ in poller.poll(0.25 if ep else 250):
+                if fd == self.listener.fileno():
+                    with contextlib.suppress(BlockingIOError):
+                        while True:
+                            c, _ = self.listener.accept()
+                            c.setblocking(False)
+                            conns[c.fileno()] = (c, bytearray())
+                            poller.register(c.fileno(), select.POLLIN)
+                    continue
+                c, said = conns[fd]
+                try:
+                    while chunk := c.recv(64):
+                        said += chunk
+                except BlockingIOError:
+                    continue  # the rank said its pid and is still running
+                poller.unregister(fd)  # recv gave b"": the rank's process has ended
+                c.close()
+                del conns[fd]
+                if said.strip().isdigit():
+                    self.order.append(int(said))
+        for c, _ in conns.values():
+            c.close()
+        self.listener.close()
+        if ep:
+            ep.close()
+
+
+def socket_address(folder: str) -> str:
+    """Where the ranks of the launch in ``folder`` connect: on Linux ``@NAME``, a name in the
+    abstract namespace (no file, no length limit from the folder's path), elsewhere a file
+    in the folder.  :func:`sockaddr` turns it into what ``bind``/``connect`` take."""
+    if sys.platform.startswith("linux"):
+        return "@" + os.path.basename(folder)  # mkdtemp's name: unique while it exists
+    return os.path.join(folder, SOCKET_NAME)
+
+
+def sockaddr(address: str) -> str:
+    """``@NAME`` -> ``\\0NAME`` (the abstract namespace); a path stays a path."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
+def clean(folder: str) -> None:
+    """Delete MPICH's hardware-map files noted by this launch's ranks, then the folder."""
+    host = socket.gethostname()
+    for r in records(folder).values():
+        for f in r.get("hwloc", []):
+            if r.get("host") == host and f.startswith(HWLOC_PREFIX):
+                Path(f).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def describe(code: int, output: str, ranks: dict[int, dict[str, Any]],
+             order: list[int] | None = None) -> str:
+    """One line: which rank failed and how, from the ranks' output and notes.
+
+    ``code``: mpiexec's exit status; ``output``: stdout and stderr of the launch;
+    ``ranks``: :func:`records`; ``order``: :attr:`ExitOrder.order`."""
+    if m := _RAISED.search(output):
+        return m.group(0)
+    if m := _ABORT.search(output):
+        return (f"[minipar] rank {m.group(2)} ended the job with exit status {m.group(1)} "
+                "(MPI_Abort)")
+    if m := _KILLED.search(output):
+        pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))
+        # the first rank to end without finishing: MPICH killed the others after it
+        pid = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), pid)
+        r = ranks.get(pid)
+        who = f"rank {r['rank']} of {r['size']}" if r and r.get("rank") is not None else "a rank"
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown signal"
+        why = (": out of memory (the kernel's OOM killer sends SIGKILL) or killed from outside"
+               if sig == signal.SIGKILL else "")
+        return f"[minipar] {who} (pid {pid} on {host}) was killed by signal {sig} ({name}){why}"
+    if code < 0:
+        return f"[minipar] mpiexec was killed by signal {-code}"
+    last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "")
+    return f"[minipar] the ranks failed (exit {code})" + (f": {last}" if last else "")

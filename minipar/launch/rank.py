@@ -1,0 +1,111 @@
+"""What every rank runs first: ``python -m mpi4py -m minipar.launch.rank TARGET ARGS``.
+
+EN rank bootstrap · RU запуск на ранге · ZH 进程端引导
+
+TARGET is ``-m MODULE`` or ``SCRIPT.py``.  Before the target runs, the rank
+notes in the launch's private folder (``$MINIPAR_LAUNCH_DIR/.ranks/``, only
+on the launching machine) who it is:
+its rank (from the process manager's environment: Hydra's ``PMI_RANK``,
+Open MPI's ``OMPI_COMM_WORLD_RANK``, Slurm's ``SLURM_PROCID``), its process
+id and host, and it connects to the launcher's socket, which stays open until
+the process ends (:class:`minipar.launch.failure.ExitOrder`).  After ``MPI_Init`` it adds the hardware-map file MPICH's
+process manager holds open (``/tmp/hydra_hwloc_xmlfile_*``, a fixed path that
+an aborted job leaves behind), and at a normal exit it writes ``PID.done``.
+With these notes the launcher deletes what MPI left and names the rank that
+died first (:mod:`minipar.launch.failure`).
+
+Then the target runs as ``__main__``, exactly as ``python -m mpi4py`` would
+run it (an exception still ends the whole job through ``MPI_Abort``); an
+exception first installs :func:`minipar.comm.install_excepthook`, whose
+``[minipar] rank R of N failed: ...`` line the launcher reports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import runpy
+import socket
+import sys
+from pathlib import Path
+
+from minipar.launch.failure import HWLOC_PREFIX, LAUNCH_DIR_VAR, RANKS_DIR, SOCKET_VAR, sockaddr
+
+#: (rank, size) environment variables of the process managers minipar may run under
+RANK_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+             ("PMIX_RANK", "PMIX_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+_HELD: list[int] = []  # the connection to the launcher, a descriptor never closed by hand
+
+
+def _high_fd() -> int:
+    import resource
+
+    return min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 4096) - 1
+
+
+def _write(path: Path, record: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)  # whole or absent: the launcher never reads half a record
+
+
+def note(folder: str) -> None:
+    """Write this rank's record before MPI starts, complete it after, mark a normal exit."""
+    ranks = Path(folder, RANKS_DIR)
+    ranks.mkdir(exist_ok=True)
+    pid = os.getpid()
+    rank, size = next(((int(os.environ[r]), int(os.environ.get(s, "0"))) for r, s in RANK_VARS
+                       if os.environ.get(r, "").isdigit()), (None, None))
+    record = {"pid": pid, "rank": rank, "size": size, "host": socket.gethostname(), "hwloc": []}
+    path = ranks / f"{pid}.json"
+    _write(path, record)
+    try:  # held open until this process ends: the kernel's close tells the launcher when
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(sockaddr(os.environ[SOCKET_VAR]))
+            s.sendall(f"{pid}\n".encode())
+            # on a high descriptor: a dying process releases its files from the highest
+            # descriptor down, so the launcher hears of the end before the process
+            # manager does (through the PMI socket or stdout), who then kills the others
+            _HELD.append(os.dup2(s.fileno(), _high_fd(), inheritable=False))
+    except (OSError, KeyError):  # no watcher: only the order of the ends is lost
+        pass
+    from mpi4py import MPI  # MPI_Init: the process manager writes its hardware map now
+
+    record["rank"], record["size"] = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    try:  # the file is held open by our parent, MPICH's hydra_pmi_proxy
+        fds = Path(f"/proc/{os.getppid()}/fd").iterdir()
+        record["hwloc"] = sorted({t for t in map(os.readlink, fds) if t.startswith(HWLOC_PREFIX)})
+    except OSError:  # no /proc (macOS), or another process manager
+        pass
+    _write(path, record)
+    atexit.register(_done, ranks / f"{pid}.done")
+
+
+def _done(mark: Path) -> None:
+    with contextlib.suppress(OSError):  # the launcher may have removed its folder already
+        mark.touch()
+
+
+def main(argv: list[str]) -> None:
+    folder = os.environ.get(LAUNCH_DIR_VAR, "")
+    if folder and os.path.isdir(folder):  # only on the launching machine
+        note(folder)
+    try:
+        if argv[0] == "-m":
+            sys.argv[:] = argv[1:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv[:] = argv
+            sys.path[0] = os.path.realpath(os.path.dirname(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except Exception:  # the "[minipar] rank R of N failed: ..." line above the traceback
+        from minipar.comm import install_excepthook
+
+        install_excepthook()
+        raise
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

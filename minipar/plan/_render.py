@@ -1,0 +1,143 @@
+"""``minipar plan``'s tables: the dict of :func:`minipar.plan._cli.plan`, for people.
+
+EN plan tables · RU таблицы плана · ZH 规划表格
+
+Units as the papers print them: GB = 10⁹ bytes and GiB = 2³⁰ in the ZeRO
+table, decimal kB … PB elsewhere.  Any size the verb accepts prints in a
+readable width: past 10¹⁵ parameters or 1000 PB, e-notation (``1.00e+30``,
+``1.60e+31 B``) replaces digit strings 30 characters long.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minipar.plan.zero import K_ADAM
+
+_MODE_FORMULA = {
+    "none": "sbh(34 + 5as/h)",
+    "tp": "sbh(10 + 24/t + 5as/(ht))",
+    "tp+sp": "sbh(34/t + 5as/(ht))",
+    "tp+selective": "sbh(10 + 24/t)",
+    "tp+sp+selective": "34sbh/t",
+    "full": "2sbh",
+}
+
+
+def _gb(x: float) -> str:
+    """GB (or GiB) to one decimal as the ZeRO paper prints; 3 digits below 1 and above 10⁶."""
+    if x >= 1e6:
+        return f"{x:.3g}"
+    return f"{x:.1f}" if x >= 1 else f"{x:.3g}"
+
+
+def _int(n: float) -> str:
+    """A count with thousands separators below 10¹⁵, in e-notation from there: 1.00e+30."""
+    return f"{n:,.0f}" if n < 1e15 else f"{n:.2e}"
+
+
+def _human(nbytes: float) -> str:
+    """Decimal bytes with a unit: 15.0 GB, 960 GB, 2.00 TB; 1.60e+31 B past 1000 PB."""
+    if nbytes >= 1e18:
+        return f"{nbytes:.2e} B"
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            v = nbytes / scale
+            return f"{v:#.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _count(n: float) -> str:
+    """A parameter count in words: 7.50 B, 1.00 T, 124 M; 1.00e+30 past 1000 T."""
+    if n >= 1e15:
+        return f"{n:.2e}"
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:#.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{n:.0f}"
+
+
+def render(p: dict[str, Any]) -> str:
+    """The human-readable tables of :func:`plan`'s dict."""
+    psi, N, bp = p["params"], p["ranks"], p["bytes_per_param"]
+    lines = [
+        f"minipar plan: Ψ = {_int(psi)} parameters"
+        + (f" ({_count(psi)})" if psi < 1e15 else "") + f", N = {_int(N)} data-parallel ranks"
+    ]
+    if "gpt" in p:
+        g, br = p["gpt"], p["gpt"]["breakdown"]
+        moe = f", {g['n_experts']} experts every {g['moe_every']} blocks" if g["n_experts"] else ""
+        lines.append(
+            f"  GPT n_layer={g['n_layer']} d_model={g['d_model']} vocab={g['vocab_size']} "
+            f"n_ctx={g['n_ctx']} d_ff={g['d_ff']}{moe}: {_int(br['total'])} parameters"
+        )
+        lines.append(
+            "  (" + ", ".join(f"{k} {_int(v)}" for k, v in br.items() if k != "total" and v) + ")"
+        )
+    lines += [
+        (
+            f"mixed-precision Adam: {bp['params']:g} (16-bit params) + {bp['grads']:g} (16-bit grads)"
+            f" + {bp['optimizer']:g} (K: fp32 master, momentum, variance) = {bp['total']:g} bytes/param"
+        ),
+        "",
+        (f"ZeRO model states per device (Rajbhandari et al. 2019, arXiv 1910.02054), K = {K_ADAM}"),
+        (
+            f"  {'stage':<6}{'name':<10}{'formula':<16}{'GB':>9}{'GiB':>9}"
+            f"  {'sent/rank/step':>15}  volume"
+        ),
+    ]
+    for r in p["zero"]:
+        lines.append(
+            f"  {r['stage']:<6}{r['name']:<10}{r['formula']:<16}{_gb(r['GB']):>9}"
+            f"{_gb(r['GiB']):>9}  {_human(r['comm_bytes_per_rank']):>15}  "
+            f"{'3Ψ' if r['stage'] == 3 else '2Ψ'}"
+        )
+    lines.append(
+        "  sent/rank/step: ring collectives on 16-bit values, 2(N-1)/N·2Ψ bytes "
+        "(stage 3: 3(N-1)/N·2Ψ)"
+    )
+    gs = p["gradient_sync"]
+    lines += [
+        "",
+        f"gradient sync of 16-bit gradients: payload S = 2 bytes × Ψ = {_human(gs['payload'])}",
+        (
+            f"  ring all-reduce    each rank sends 2(N-1)/N × S = {_human(gs['ring_per_rank'])}"
+            " (and receives as much)"
+        ),
+        (
+            f"  parameter server   the server receives N × S = {_human(gs['ps_server_in'])} and "
+            f"sends {_human(gs['ps_server_out'])}; each worker sends and receives S = "
+            f"{_human(gs['ps_per_worker'])}"
+        ),
+    ]
+    if "activations" in p:
+        a = p["activations"]
+        lines += [
+            "",
+            "activation memory (Korthikanti et al. 2022, arXiv 2205.05198), 16-bit:",
+            (
+                f"  s = {a['s']}, b = {a['b']}, h = {a['h']}, a = {a['a']}, t = {a['t']}, "
+                f"{a['n_layer']} layers"
+            ),
+            f"  {'mode':<17}{'formula':<28}{'per layer':>12}{'all layers':>13}",
+        ]
+        for r in a["rows"]:
+            lines.append(
+                f"  {r['mode']:<17}{_MODE_FORMULA[r['mode']]:<28}"
+                f"{_human(r['per_layer']):>12}{_human(r['total']):>13}"
+            )
+        tp = p["tensor_parallel"]
+        lines += [
+            "",
+            (
+                f"tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053), t = {tp['t']}: "
+                f"4 all-reduces per layer (2 forward, 2 backward) of b·s·h·2 = "
+                f"{_human(tp['allreduce_bytes'])}"
+            ),
+            (
+                f"  each rank sends {_human(tp['bytes_per_rank_per_layer'])} per layer, "
+                f"{_human(tp['bytes_per_rank'])} per step"
+            ),
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""``minipar run STRATEGY -n N``: train a few steps in parallel and show the evidence.
+
+EN parallel training run · RU параллельный запуск обучения · ZH 并行训练运行
+
+A learner runs e.g. ``minipar run zero --stage 2 -n 4`` and sees, at a
+glance: the losses next to the serial run's and the verdict (equal, different,
+or not comparable and why: :mod:`minipar.parallel.parity`), the bytes each
+rank sent next to the paper's formula, and the model-state memory each rank
+held next to the formula.
+
+How it works, in three places:
+
+* **the launcher** (this process): :mod:`minipar.run.options` parses and
+  checks every option before MPI starts (a bad value: one line, exit 2);
+  :func:`main` starts N ranks with :func:`minipar.launch.run_json`;
+* **the ranks** run :mod:`minipar.run.worker`, which calls the strategy's
+  ``measure(options, spec)``;
+* **the summary**: rank 0 builds it (:mod:`minipar.run.summary`, the keys
+  are documented there), the launcher formats it or prints it as JSON.
+
+A strategy is one small module here, named in ``minipar.registry.STRATEGIES``
+(:mod:`minipar.run.dp`, :mod:`minipar.run.ps`, :mod:`minipar.run.zero`) with
+``add_arguments(parser)``, ``check(options, spec)`` (launcher side, raises
+ValueError naming the option), ``measure(options, spec)`` (rank side: the
+measurements on rank 0, None elsewhere) and optionally
+``not_comparable(options)``; the technique itself lives in
+:mod:`minipar.parallel`.
+
+Exit status: 0, or 1 when the verdict is "different" or the ranks failed
+(one line names the rank and the error; ``--debug`` shows every rank's
+output), 2 for a bad option.  ``--hostfile FILE`` and the environment
+variables ``MINIPAR_MPIEXEC`` / ``MINIPAR_MPIEXEC_ARGS`` take the run to
+other machines (:mod:`minipar.launch`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from minipar.run.options import PROG, parse
+from minipar.run.summary import SUMMARY_PREFIX, build, format_summary
+
+__all__ = ["PROG", "SUMMARY_PREFIX", "build", "format_summary", "main", "parse"]
+
+
+def main(argv: list[str]) -> int:
+    """``minipar run ARGV``; the exit status."""
+    try:
+        options = parse(argv)
+    except SystemExit as e:  # --help (0) or one line for a bad option (2)
+        return int(e.code or 0)
+    from minipar import launch
+
+    try:
+        summary, proc = launch.run_json(options["ranks"], "minipar.run.worker", options,
+                                        check=True, timeout=options["timeout"],
+                                        hostfile=options["hostfile"], prefix=SUMMARY_PREFIX)
+    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+        return launch.report(f"{PROG} {options['strategy']}", e, options["debug"])
+    printed = [ln for ln in proc.stdout.splitlines() if not ln.startswith(SUMMARY_PREFIX)]
+    if printed:  # whatever the ranks printed besides the summary
+        print("\n".join(printed))
+    print(json.dumps(summary, indent=2) if options["json"] else format_summary(summary))
+    return 1 if summary["verdict"]["status"] == "different" else 0

@@ -1,0 +1,92 @@
+"""``minipar run dp``: data parallelism (DDP), its options and its measurements.
+
+EN data parallelism · RU параллелизм по данным · ZH 数据并行
+
+Launcher side: the bucket and algorithm options and their checks.  Rank
+side: :func:`measure` trains ``--steps`` steps with
+:class:`minipar.parallel.data_parallel.DataParallel` (Li et al. 2020, PyTorch
+DDP, arXiv 2006.15704: gradient buckets all-reduced as backward fills them)
+and gathers, per rank, the bytes sent per step next to the ring's
+2(N-1)/N x S, the model-state bytes held and the timeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minipar.cli_errors import integer, number
+
+#: the all-reduce algorithms of :class:`~minipar.parallel.data_parallel.DataParallel`
+#: (its ``ALGORITHMS``; repeated here because importing it would start MPI; a test
+#: checks that the two agree)
+ALGORITHMS = ("ring", "mpi")
+DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's bucket_cap_mb
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("data parallelism")
+    g.add_argument("--bucket-mb", type=number(greater_than=0), default=DEFAULT_BUCKET_MB,
+                   help=f"bucket capacity in MiB (default {DEFAULT_BUCKET_MB:g}, as PyTorch DDP)")
+    g.add_argument("--bucket-bytes", type=integer(1), default=None,
+                   help="bucket capacity in bytes (overrides --bucket-mb)")
+    g.add_argument("--algorithm", choices=ALGORITHMS, default="ring",
+                   help="ring (from scratch) or mpi (MPI's Iallreduce)")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="all-reduce every bucket after backward")
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    """Launcher side: every rank needs a row of the batch; a bucket holds >= 1 byte."""
+    from minipar.parallel.common import check_world
+
+    check_world(spec.batch, options["ranks"])
+    bucket_bytes_option(options)
+
+
+def bucket_bytes_option(options: dict[str, Any]) -> int:
+    """Bucket capacity in bytes from ``--bucket-bytes`` or ``--bucket-mb``; ValueError if <= 0."""
+    if options.get("bucket_bytes") is not None:
+        b = options["bucket_bytes"]
+        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+            raise ValueError(f"--bucket-bytes must be an integer >= 1, got {b!r}")
+        return b
+    mb = options.get("bucket_mb", DEFAULT_BUCKET_MB)
+    if not isinstance(mb, (int, float)) or not mb > 0:
+        raise ValueError(f"--bucket-mb must be a number > 0, got {mb!r}")
+    return max(1, int(mb * 2**20))
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """Rank side: train with DDP; rank 0 returns the measurements of every rank."""
+    from minipar.comm import TracedComm
+    from minipar.parallel.data_parallel import DataParallel, replica_model_state_bytes
+
+    dp = DataParallel(TracedComm(), spec, bucket_bytes_option(options),
+                      options.get("algorithm", "ring"), not options.get("no_overlap", False))
+    losses = dp.train()
+    held = sum(dp.states.bytes_by_category().values())
+    mine = (dp.bytes_sent_per_step(), dp.bytes_formula(), held, dp.timelines[-1].as_dict())
+    everyone = dp.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
+    if dp.rank != 0:
+        return None
+    psi, n = dp.layout.size, dp.world
+    S = psi * dp.itemsize
+    return {
+        "ranks": n, "data_parallel_ranks": n, "losses": losses, "params": dp.states.params,
+        "psi": psi,
+        "bytes_sent_per_rank": [e[0] for e in everyone],
+        "bytes_exact_per_rank": [e[1] for e in everyone],
+        "bytes_formula": 2 * (n - 1) / n * S,
+        "bytes_formula_text": f"2(N-1)/N x S (S = Ψ x {dp.itemsize} B = {S:,} B)",
+        "model_state_bytes_per_rank": [e[2] for e in everyone],
+        "model_state_formula": replica_model_state_bytes(psi, spec.precision, spec.optimizer),
+        "model_state_formula_text": ("(2+2+K)Ψ, K = 12" if spec.precision.startswith("mixed")
+                                     else f"params + grads + optimizer states of {spec.precision}"),
+        "buckets": [list(b.names) for b in dp.buckets],
+        "timeline": [e[3] for e in everyone],
+        "notes": [f"Ψ = {psi:,} parameters in {len(dp.buckets)} bucket(s), algorithm "
+                  f"{dp.algorithm}, overlap {'on' if dp.overlap else 'off'}; "
+                  "exact ring bytes per rank (sum over buckets): "
+                  + ", ".join(f"{e[1]:,}" for e in everyone)],
+    }

@@ -1,0 +1,100 @@
+"""``minipar run`` options: parsed and checked in the launching process, before MPI starts.
+
+EN option checking · RU проверка параметров · ZH 参数检查
+
+Every value a run needs is checked here, so that a mistake costs a learner one
+line and a fraction of a second, not N tracebacks from N ranks:
+
+* argparse with :class:`minipar.cli_errors.ArgumentParser` (one line, exit 2)
+  and range-checking types (``--timeout 0``, ``--servers 0``, ``--bucket-mb 0``
+  are refused while parsing, with the option's name and the allowed values);
+* the model and task: :meth:`minipar.parallel.common.RunSpec.from_options`
+  raises a ``ValueError`` that names the option (``--heads 3 does not divide
+  --d-model 16``), turned into the same one line;
+* the strategy's own cross-option checks (``check(options, spec)`` in
+  :mod:`minipar.run.dp`, :mod:`~minipar.run.ps`, :mod:`~minipar.run.zero`):
+  a global batch too small for the ranks, ``--staleness`` without
+  ``--async``, a parameter server with no worker.
+
+Nothing here imports mpi4py: importing ``mpi4py.MPI`` would start MPI in the
+launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from minipar.cli_errors import ArgumentParser, integer, number
+from minipar.registry import STRATEGIES
+
+PROG = "minipar run"
+DEFAULT_TIMEOUT = 300.0
+
+
+def strategy_module(name: str) -> ModuleType:
+    """The :mod:`minipar.run` module of strategy ``name`` (see ``registry.STRATEGIES``)."""
+    return importlib.import_module(STRATEGIES[name][0])
+
+
+def existing_file(text: str) -> str:
+    """An argparse ``type``: a file that exists (``--hostfile``)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+def parser(strategy: str | None = None) -> ArgumentParser:
+    """The parser of ``minipar run STRATEGY``, with that strategy's options when known."""
+    from minipar.parallel.common import add_model_arguments
+    from minipar.precision import POLICIES
+
+    p = ArgumentParser(prog=PROG, description="train in parallel and compare with the serial run")
+    p.add_argument("strategy", choices=sorted(STRATEGIES), help="which technique to run")
+    g = p.add_argument_group("the run")
+    g.add_argument("-n", "--ranks", type=integer(1), default=4, help="MPI ranks (default 4)")
+    g.add_argument("--steps", type=integer(1), default=5, help="training steps (default 5)")
+    g.add_argument("--seed", type=integer(0), default=0, help="initialisation seed (default 0)")
+    g.add_argument("--precision", choices=list(POLICIES), default="float64",
+                   help="float64 (parity), float32, mixed (bf16 + fp32 master), mixed-fp16")
+    g.add_argument("--json", action="store_true", help="print the summary as JSON")
+    g.add_argument("--timeout", type=number(greater_than=0), default=DEFAULT_TIMEOUT,
+                   help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
+    g.add_argument("--hostfile", type=existing_file, default=None,
+                   help="hosts to run the ranks on, passed to mpiexec (see MINIPAR_MPIEXEC)")
+    g.add_argument("--debug", action="store_true",
+                   help="on failure, show every rank's output and traceback")
+    if strategy in STRATEGIES:
+        strategy_module(strategy).add_arguments(p)
+    add_model_arguments(p)
+    return p
+
+
+def parse(argv: list[str]) -> dict[str, Any]:
+    """Parse and check ``argv``; the options as a dict (JSON-able, sent to every rank).
+
+    A bad value raises ``SystemExit(2)`` after printing one line."""
+    strategy = next((a for a in argv if a in STRATEGIES), None)
+    p = parser(strategy)
+    options = vars(p.parse_args(argv))
+    try:
+        check(options)
+    except ValueError as e:
+        p.error(str(e))
+    return options
+
+
+def check(options: dict[str, Any]) -> Any:
+    """Every check that needs no MPI: the model (``RunSpec``), then the strategy's.
+
+    Returns the :class:`~minipar.parallel.common.RunSpec`; raises ValueError
+    naming the option."""
+    from minipar.parallel.common import RunSpec
+
+    spec = RunSpec.from_options(options)
+    strategy_module(options["strategy"]).check(options, spec)
+    return spec
+

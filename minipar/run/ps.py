@@ -1,0 +1,99 @@
+"""``minipar run ps``: the parameter server, its options and its measurements.
+
+EN parameter server · RU сервер параметров · ZH 参数服务器
+
+Launcher side: ``--servers``, ``--async``, ``--staleness``, ``--straggler-ms``
+and their checks (a worker must remain; ``--staleness`` only means something
+with ``--async``).  Rank side: :func:`measure` trains with
+:class:`minipar.parallel.parameter_server.ParameterServer` (Li et al. 2014,
+OSDI; stale-synchronous parallel: Ho et al. 2013, NeurIPS) and gathers the
+bytes each rank sent and received: a server's link carries W x S_shard per
+step, where a ring all-reduce rank would send 2(W-1)/W x S.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minipar.cli_errors import integer, number
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("parameter server")
+    g.add_argument("--servers", type=integer(1), default=1,
+                   help="server ranks (each owns a shard; default 1)")
+    g.add_argument("--async", dest="asynchronous", action="store_true",
+                   help="asynchronous: the server applies gradients as they arrive")
+    g.add_argument("--staleness", type=integer(0), default=None,
+                   help="with --async: steps a worker may run ahead of the slowest (default 0)")
+    g.add_argument("--straggler-ms", type=number(minimum=0), default=0.0,
+                   help="worker 0 sleeps this long per step")
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    """Launcher side: servers plus at least one worker, one row per worker, no fp16."""
+    from minipar.parallel.common import check_world
+
+    n, servers = options["ranks"], options.get("servers", 1)
+    if n < servers + 1:
+        raise ValueError(f"-n {n} is too few ranks for a parameter server with --servers "
+                         f"{servers}: it needs the servers plus at least one worker, "
+                         f"-n >= {servers + 1}")
+    if options.get("staleness") is not None and not options.get("asynchronous"):
+        raise ValueError(f"--staleness {options['staleness']} needs --async: synchronous workers "
+                         "all wait for the same update, their staleness is 0")
+    if spec.precision == "mixed-fp16":
+        raise ValueError("--precision mixed-fp16 is not supported by the parameter server (its "
+                         "loss scaling would need every shard to agree on overflow); use float64, "
+                         "float32 or mixed")
+    check_world(spec.batch, n - servers)
+
+
+def not_comparable(options: dict[str, Any]) -> str | None:
+    s = options.get("staleness") or 0
+    if options.get("asynchronous") and s > 0:
+        return (f"asynchronous updates with staleness {s} apply gradients to newer parameters "
+                "than they were computed on")
+    return None
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """Rank side: train with a parameter server; rank 0 (a server) returns every rank's figures."""
+    import numpy as np
+
+    from minipar.comm import TracedComm
+    from minipar.parallel.parameter_server import ParameterServer
+    from minipar.plan.collectives import parameter_server_bytes_at_server, ring_allreduce_volume
+
+    mode = "async" if options.get("asynchronous") else "sync"
+    ps = ParameterServer(TracedComm(), spec, options.get("servers", 1), mode,
+                         options.get("staleness") or 0, options.get("straggler_ms", 0.0) / 1e3)
+    losses = ps.train()
+    shard = ps.states.params if ps.is_server else None
+    mine = (ps.is_server, ps.bytes_per_step(), ps.model_state_bytes(), shard, ps.max_delay)
+    everyone = ps.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
+    if ps.rank != 0:
+        return None
+    params = np.concatenate([e[3] for e in everyone if e[0]])
+    itemsize = params.itemsize
+    S, W = ps.layout.size * itemsize, ps.workers
+    S0 = (ps.spans[0][1] - ps.spans[0][0]) * itemsize
+    roles = ["server" if e[0] else "worker" for e in everyone]
+    staleness = f" (staleness {ps.staleness})" if mode == "async" else ""
+    return {
+        "ranks": len(everyone), "data_parallel_ranks": W, "losses": losses, "params": params,
+        "psi": ps.layout.size, "mode": mode, "staleness": ps.staleness, "servers": ps.servers,
+        "workers": W, "roles": roles,
+        "bytes_sent_per_rank": [e[1][0] for e in everyone],
+        "bytes_recv_per_rank": [e[1][1] for e in everyone],
+        "bytes_formula": parameter_server_bytes_at_server(S0, W),
+        "bytes_formula_text": f"server 0: W x S_shard (W = {W} workers, S_shard = {S0:,} B)",
+        "ring_rank_bytes": ring_allreduce_volume(S, W),
+        "model_state_bytes_per_rank": [e[2] for e in everyone],
+        "max_delay": max(e[4] for e in everyone),
+        "notes": [f"roles: {', '.join(f'{r}:{x}' for r, x in enumerate(roles))}; {mode}{staleness}",
+                  (f"a ring all-reduce rank would send 2(W-1)/W x S = "
+                   f"{ring_allreduce_volume(S, W):,.0f} B per step (S = {S:,} B); "
+                   f"each worker sends S = {S:,} B")],
+    }

@@ -1,0 +1,118 @@
+"""One summary for every ``minipar run`` strategy: built on rank 0, formatted by the launcher.
+
+EN run summary · RU сводка запуска · ZH 运行摘要
+
+A strategy's rank-side ``measure(options, spec)`` returns, on rank 0, the
+final parameters, the per-step losses and its own measurements;
+:func:`build` adds the serial oracle's run and the verdict
+(:mod:`minipar.parallel.parity`) and returns one JSON-able dict, printed by
+rank 0 as one ``MINIPAR_SUMMARY {json}`` line.  The launcher prints it with
+:func:`format_summary` (or as JSON with ``--json``).
+
+The summary's keys (the ones every strategy has first):
+
+=============================  ==============================================
+``strategy``, ``ranks``,        what ran
+``steps``
+``losses``, ``serial_losses``   per step, parallel and serial
+``verdict``                     :meth:`parity.Verdict.as_dict`: ``status``
+                                ("equal", "different", "not comparable"),
+                                ``reason``, ``max_param_diff``,
+                                ``max_loss_diff``, ``tolerance``, ``line``
+                                (printed as it is), ...
+``parity``, ``max_param_diff``  status == "equal"; max |params - serial|
+``parity_expected``             False when the run cannot equal the serial one
+                                (asynchronous updates, any precision but
+                                float64): the verdict says why
+``bytes_sent_per_rank``         list over ranks: bytes sent per step (counted)
+``bytes_formula``,              the paper's figure per rank per step, and its
+``bytes_formula_text``          formula as text
+``model_state_bytes_per_rank``  list over ranks: bytes of params+grads+optimizer
+``model_state_formula``,        the paper's figure and its formula as text
+``model_state_formula_text``
+``notes``                       list of extra lines to print
+=============================  ==============================================
+
+Strategies add their own keys (``stage``, ``mode``, ``buckets``, ``timeline``,
+...); a new one adds its keys the same way (``bubble_measured``,
+``bytes_by_axis``, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from minipar.registry import STRATEGIES
+
+SUMMARY_PREFIX = "MINIPAR_SUMMARY "
+
+
+def not_comparable_reason(options: dict[str, Any]) -> str | None:
+    """Why this run cannot equal the serial one (None when it must).
+
+    Any precision but float64 rounds differently: the ranks' partial sums are
+    added in another order than the serial sum, and a float32 or 16-bit sum
+    keeps too few digits for that order not to show.  A strategy may add its
+    own reason (``not_comparable(options)``: the asynchronous parameter server)."""
+    precision = options.get("precision", "float64")
+    if precision == "float32":
+        return ("float32 sums across ranks round in another order than the serial sum "
+                "(parity is defined in float64)")
+    if precision != "float64":
+        return (f"{precision} keeps 16-bit gradients, and 16-bit sums across ranks round in "
+                "another order than the serial sum (parity is defined in float64)")
+    module = importlib.import_module(STRATEGIES[options["strategy"]][0])
+    return getattr(module, "not_comparable", lambda o: None)(options)
+
+
+def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a run (rank 0): ``m`` from the strategy's ``measure``.
+
+    ``m`` holds ``ranks``, ``losses`` (per step), ``params`` (the final flat
+    parameters), ``data_parallel_ranks`` (the ranks that split the batch: the
+    oracle of a mixture of experts depends on it) and the strategy's own keys,
+    copied into the summary as they are."""
+    from minipar.optim import FlatParams
+    from minipar.parallel import parity
+    from minipar.parallel.common import serial_reference
+
+    m = dict(m)
+    params, losses = m.pop("params"), [float(v) for v in m.pop("losses")]
+    serial = serial_reference(spec, m.pop("data_parallel_ranks"))
+    init = spec.initial_params()
+    initial = FlatParams.like(init).flatten(init)
+    reason = not_comparable_reason(options)
+    if reason is None:
+        v = parity.compare(losses, serial["losses"], params, serial["params"], initial)
+    else:
+        v = parity.not_comparable(reason, losses, serial["losses"], params, serial["params"])
+    verdict = v.as_dict()
+    notes = m.pop("notes", [])
+    return {"strategy": options["strategy"], "ranks": m.pop("ranks"), "steps": spec.steps,
+            "losses": losses, "serial_losses": [float(x) for x in serial["losses"]],
+            "verdict": verdict, "parity": v.status == "equal",
+            "max_param_diff": verdict.get("max_param_diff"),
+            "parity_expected": reason is None, **m, "notes": notes}
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as a few lines a learner reads at a glance."""
+    lines = [f"minipar run {s['strategy']}: {s['ranks']} ranks, {s['steps']} steps"]
+    lines.append(f"{'step':>4}  {'loss (parallel)':>16}  {'loss (serial)':>16}")
+    for i, (a, b) in enumerate(zip(s["losses"], s["serial_losses"])):
+        lines.append(f"{i:>4}  {a:>16.10f}  {b:>16.10f}")
+    lines.append(s["verdict"]["line"])
+    if "bytes_sent_per_rank" in s:
+        sent = ", ".join(f"{b:,.0f}" for b in s["bytes_sent_per_rank"])
+        lines.append(f"bytes sent per rank per step (counted): {sent}")
+        if "bytes_formula" in s:
+            lines.append(f"  formula {s.get('bytes_formula_text', '')} = {s['bytes_formula']:,.0f}")
+    if "model_state_bytes_per_rank" in s:
+        held = ", ".join(f"{b:,.0f}" for b in s["model_state_bytes_per_rank"])
+        lines.append(f"model-state bytes held per rank (measured): {held}")
+        if "model_state_formula" in s:
+            lines.append(f"  formula {s.get('model_state_formula_text', '')} = "
+                         f"{s['model_state_formula']:,.0f}")
+    lines += list(s.get("notes", []))
+    return "\n".join(lines)

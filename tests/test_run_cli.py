@@ -1,0 +1,173 @@
+"""`minipar run`: every bad option is one line and exit 2 before MPI starts; every
+strategy's good run prints the verdict; a failure of the ranks is one line.
+
+The bad inputs run through the real command (`python -m minipar.cli run ...`)
+with ``MINIPAR_MPIEXEC`` pointing at a stand-in that only leaves a mark: the
+mark must not exist afterwards (no MPI launch), and the child's CPU time must
+stay well under a second (the check needs no model, no rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minipar import launch, run
+
+#: (arguments after `minipar run`, what the one line must name)
+BAD = [
+    (["zero", "--stage", "7"], "--stage"),
+    (["dp", "-n", "20"], "--batch"),
+    (["dp", "--heads", "3"], "--heads"),
+    (["ps", "-n", "1"], "-n"),
+    (["ps", "--servers", "0"], "--servers"),
+    (["dp", "--timeout", "0"], "--timeout"),
+    (["dp", "--precision", "foo"], "--precision"),
+    (["dp", "--bucket-mb", "0"], "--bucket-mb"),
+    (["dp", "--lr", "0"], "--lr"),
+    (["ps", "--staleness", "2"], "--async"),
+    (["ps", "--async", "--staleness", "-1"], "--staleness"),
+    (["ps", "-n", "12", "--servers", "3", "--batch", "8"], "--batch"),
+    (["ps", "--precision", "mixed-fp16"], "--precision"),
+    (["zero", "-n", "3", "--batch", "2"], "--batch"),
+    (["dp", "--algorithm", "tree"], "--algorithm"),
+    (["dp", "--steps", "x"], "--steps"),
+    (["dp", "--frobnicate"], "--frobnicate"),
+    (["dp", "--hostfile", "/no/such/hostfile"], "--hostfile"),
+    (["tp"], "strategy"),
+]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None,
+         timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args,option", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_a_bad_option_is_one_line_and_exit_2_before_mpi(args: list[str], option: str,
+                                                        tmp_path: Path) -> None:
+    mark = tmp_path / "mpiexec-was-started"
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
+    fake.chmod(0o755)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = _cli(*args, env={launch.MPIEXEC_VAR: str(fake)}, timeout=60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("minipar run: ") and option in lines[0], lines
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not mark.exists(), "mpiexec was started for a bad option"
+    assert cpu < 1.0, f"{cpu:.2f} s of CPU to refuse an option"
+
+
+TINY = ["--steps", "2", "--timeout", "120"]
+
+
+@pytest.mark.parametrize("args,verdict", [
+    (["dp", "-n", "3", "--bucket-bytes", "4096"], "final parameters: equal to the serial run"),
+    (["ps", "-n", "3", "--servers", "2"], "final parameters: equal to the serial run"),
+    (["zero", "-n", "3", "--stage", "3"], "final parameters: equal to the serial run"),
+    (["ps", "-n", "3", "--async", "--staleness", "2"],
+     ("final parameters: not comparable: asynchronous updates with staleness 2 apply gradients "
+      "to newer parameters than they were computed on")),
+    (["dp", "-n", "2", "--precision", "float32"],
+     "final parameters: not comparable: float32 sums across ranks round in another order"),
+    (["zero", "-n", "2", "--stage", "2", "--precision", "mixed"],
+     "final parameters: not comparable: mixed keeps 16-bit gradients"),
+], ids=["dp", "ps", "zero", "ps-async", "dp-float32", "zero-mixed"])
+def test_each_strategy_prints_its_verdict(args: list[str], verdict: str) -> None:
+    proc = _cli(*args, *TINY)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"minipar run {args[0]}: ") and "2 steps" in lines[0]
+    assert sum(ln.startswith(verdict) for ln in lines) == 1, proc.stdout
+
+
+def test_the_issue_command_is_equal_to_the_serial_run() -> None:
+    """Issue 8: this printed 'DIFFERENT (max |diff| = 1.29e-13)' and exited 1."""
+    proc = _cli("dp", "-n", "2", "--d-model", "40", "--layers", "3", "--heads", "4",
+                "--vocab", "29", "--seq", "10", "--batch", "14", "--steps", "3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "final parameters: equal to the serial run" in proc.stdout
+
+
+def test_json_view_and_a_hostfile_that_lists_localhost(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\n")
+    rc = run.main(["dp", "-n", "2", "--steps", "2", "--hostfile", str(hosts), "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    s = json.loads(out)
+    assert s["strategy"] == "dp" and s["ranks"] == 2 and s["steps"] == 2
+    assert s["verdict"]["status"] == "equal" and s["parity"] is True and s["parity_expected"]
+    assert s["max_param_diff"] == s["verdict"]["max_param_diff"] < 1e-10
+    assert s["verdict"]["line"].startswith("final parameters: equal to the serial run")
+    for key in ("losses", "serial_losses", "bytes_sent_per_rank", "bytes_formula",
+                "bytes_formula_text", "model_state_bytes_per_rank", "model_state_formula",
+                "model_state_formula_text", "notes"):
+        assert key in s, key
+
+
+def test_a_failure_of_the_ranks_is_one_line_and_debug_shows_the_tracebacks() -> None:
+    """A watchdog setting that is not a number fails on the ranks (the launcher never
+    reads it): every rank raises ValueError as it builds its communicator."""
+    env = {"MINIPAR_WATCHDOG_S": "soon"}
+    short = _cli("dp", "-n", "2", "--steps", "1", env=env)
+    assert short.returncode == 1
+    lines = short.stderr.strip().splitlines()
+    assert len(lines) == 1, short.stderr
+    assert lines[0].startswith("[minipar] rank ") and " of 2 failed: ValueError: " in lines[0]
+    assert "MINIPAR_WATCHDOG_S" in lines[0] and "--debug" in lines[0]
+    assert "Traceback" not in short.stderr + short.stdout and "MPI_Abort" not in short.stderr
+    full = _cli("dp", "-n", "2", "--steps", "1", "--debug", env=env)
+    assert full.returncode == 1 and "Traceback" in full.stderr
+    assert full.stderr.strip().splitlines()[-1].startswith("[minipar] rank ")
+
+
+def test_a_run_past_its_timeout_is_one_line() -> None:
+    """Thousands of steps of a wider model cannot end within a second."""
+    proc = _cli("dp", "-n", "2", "--steps", "5000", "--d-model", "128", "--heads", "4",
+                "--seq", "32", "--batch", "16", "--timeout", "1")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        ("minipar run dp: the ranks did not finish within --timeout 1 s and were all killed "
+         "(--debug shows every rank's output)")]
+
+
+def test_exit_status_follows_the_verdict(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """1 only for "different"; "not comparable" is not a failure."""
+    for status, rc in (("equal", 0), ("not comparable", 0), ("different", 1)):
+        summary = {"strategy": "dp", "ranks": 2, "steps": 1, "losses": [1.0],
+                   "serial_losses": [1.0],
+                   "verdict": {"status": status, "line": f"verdict {status}"}}
+
+        def fake(*args: object, summary: dict = summary, **kwargs: object) -> tuple:
+            return summary, launch.Launched([], 0, "", "")
+
+        monkeypatch.setattr(launch, "run_json", fake)
+        assert run.main(["dp", "-n", "2", "--steps", "1"]) == rc
+        assert f"verdict {status}" in capsys.readouterr().out
+
+
+def test_launcher_side_copies_agree_with_the_technique_modules() -> None:
+    """`minipar run` cannot import the technique modules (they start MPI): its copies
+    of their choices must stay equal to the originals."""
+    from minipar.parallel import data_parallel, zero
+    from minipar.run import dp as run_dp
+    from minipar.run import zero as run_zero
+
+    assert run_dp.ALGORITHMS == data_parallel.ALGORITHMS
+    assert run_dp.DEFAULT_BUCKET_MB == data_parallel.DEFAULT_BUCKET_MB
+    assert run_zero.STAGES == zero.STAGES
