@@ -61,7 +61,7 @@ def test_units_tile_the_parameter_order(kind: str) -> None:
 
 
 def test_unit_names_prefixes_and_aux_losses() -> None:
-    model, p, x, y = setup("moe")
+    model, p, x, _y = setup("moe")
     units = model.units()
     assert [u.name for u in units] == ["embed", "block 0", "block 1", "block 2", "head"]
     assert [u.prefix for u in units] == ["", "blocks.0.", "blocks.1.", "blocks.2.", ""]

@@ -28,6 +28,7 @@ from minipar.nn import (
     block_forward,
     embed_forward,
     embedding_forward,
+    executor,
     gelu_forward,
     head_forward,
     layernorm_forward,
@@ -36,7 +37,6 @@ from minipar.nn import (
     moe_forward,
     sub,
 )
-from minipar.nn import executor
 from minipar.nn.mlp_model import layer_forward
 from minipar.nn.moe import expert_params
 from minipar.nn.units import LayerUnit
@@ -152,7 +152,7 @@ def test_every_unit_saves_activations_only(kind: str, dtype: str) -> None:
 
 # ------------------------------------------------------------------ the walk can fail
 def test_the_walk_catches_a_saved_weight_its_view_and_its_slice() -> None:
-    model, flat, p, _ = gpt(DENSE, "float64")
+    _model, flat, p, _ = gpt(DENSE, "float64")
     w = p["blocks.1.attn.w_out"]
     x = np.ones((2, 8))
     saved = {"ok": (x, [x * 2]), "weight": w, "nested": [(x, w.T)], "slice": {"s": w[:, 1:3]}}

@@ -8,7 +8,7 @@ from minipar import spans
 
 @pytest.mark.parametrize("parts", range(1, 9))
 def test_counts_offsets_and_span_follow_array_split(parts: int) -> None:
-    for n in range(0, 40):
+    for n in range(40):
         expected = [len(a) for a in np.array_split(np.arange(n), parts)]
         assert spans.counts(n, parts) == expected
         starts = spans.offsets(expected)

@@ -26,6 +26,7 @@ from minipar.nn.attention import (
     merge_heads,
     split_heads,
 )
+from minipar.nn.executor import Hooks
 from minipar.nn.gpt import (
     GPT,
     block_aux_loss,
@@ -39,7 +40,6 @@ from minipar.nn.gpt import (
     sub,
 )
 from minipar.nn.gpt_config import GPTConfig
-from minipar.nn.executor import Hooks
 from minipar.nn.layers import (
     bias_backward,
     bias_forward,
