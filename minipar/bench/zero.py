@@ -38,7 +38,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     notebook's figures) or "time" (step times); the result on rank 0."""
     from minipar.comm import TracedComm
     from minipar.parallel.common import RunSpec, loss_weight
-    from minipar.parallel.zero import STAGES, ZeRO, measure_stage
+    from minipar.parallel.zero import STAGES, ZeRO
+    from minipar.parallel.zero_measure import measure_stage
 
     comm = TracedComm()
     spec = RunSpec(**o["spec"])

@@ -57,9 +57,8 @@ blocks work unchanged (the executor adds their auxiliary loss).
   weights; following the paper's and FSDP's uniform rule we gather it anyway.)
 
 The code: the shards and hooks in :mod:`minipar.parallel.zero_hooks`, the
-engine here; :func:`measure_stage` and :func:`formulas` (measurements and the
-paper's figures for a run) live with ``minipar run zero`` in
-:mod:`minipar.run.zero` and are re-exported here.
+engine here, the measurements of a run and the paper's figures for it in
+:mod:`minipar.parallel.zero_measure`.
 """
 
 from __future__ import annotations
@@ -82,10 +81,9 @@ from minipar.parallel.zero_hooks import (
     unit_table,
 )
 from minipar.precision import ModelStates, get
-from minipar.run.zero import formulas, measure_stage  # measured where `minipar run zero` lives
 
-__all__ = ["STAGES", "ZeRO", "ZeroHooks", "check_stage", "formulas", "layout_of",
-           "measure_stage", "shard_range", "unit_table"]
+__all__ = ["STAGES", "ZeRO", "ZeroHooks", "check_stage", "layout_of",
+           "shard_range", "unit_table"]
 
 
 class ZeRO:
