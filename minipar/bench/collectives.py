@@ -27,12 +27,13 @@ bench (``--algorithms mpi ring recursive_doubling``, see ``auto.py``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from minipar.cli_errors import ArgumentParser, integer, number
 
 #: (collective, algorithm) in the order they are measured at each size
 CASES = [
@@ -46,22 +47,26 @@ DEFAULT_SIZES = [8] + [16 * 4**k for k in range(12)]  # 8 B, 16 B, 64 B, ..., 64
 TARGETS = ((64 << 10, 0.8), (1 << 20, 1.0))
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minipar bench collectives", description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--ranks", type=int, default=4, help="number of ranks (default 4)")
-    p.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES,
+PROG = "minipar bench collectives"
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--ranks", type=integer(1, 64), default=4, help="number of ranks (default 4)")
+    p.add_argument("--sizes", type=integer(1, 1 << 30), nargs="+", default=DEFAULT_SIZES,
                    help="buffer sizes in bytes (default 8 B to 64 MiB, powers of 4)")
-    p.add_argument("--iters", type=int, default=20,
+    p.add_argument("--iters", type=integer(1), default=20,
                    help="timed calls per size up to 1 MiB; fewer above (at least 3)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    p.add_argument("--warmup", type=integer(0), default=2, help="untimed calls first (default 2)")
     p.add_argument("--collectives", nargs="+", choices=sorted({c for c, _ in CASES}),
                    default=sorted({c for c, _ in CASES}), help="which collectives (default all)")
     p.add_argument("--algorithms", nargs="+", choices=list(dict.fromkeys(a for _, a in CASES)),
                    default=None, help="which algorithms (default all; mpi, the reference, "
                    "is always measured)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before all ranks are killed")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=number(greater_than=0), default=600.0,
+                   help="seconds before all ranks are killed")
+    p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
     return p
 
 
@@ -85,7 +90,8 @@ def _call(comm: Any, coll: str, algo: str, x: Any, chunk: Any) -> Callable[[], A
     return lambda: C.all_gather(comm, chunk, algorithm=algo)
 
 
-def worker(args: argparse.Namespace) -> int:
+def worker(o: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Rank side: every (collective, algorithm) at every size; rank 0 returns the rows."""
     import numpy as np
     from mpi4py import MPI
 
@@ -96,16 +102,16 @@ def worker(args: argparse.Namespace) -> int:
     world = MPI.COMM_WORLD
     comm = TracedComm(world)
     n, rank = comm.size, comm.rank
-    todo = cases(args.collectives, args.algorithms)
+    todo = cases(o["collectives"], o["algorithms"])
     rows = []
-    for size in args.sizes:
+    for size in o["sizes"]:
         count = max(size // 4, 1)
         x = (np.arange(count, dtype=np.float32) % 7) + rank
         chunk = np.array_split(x, n)[rank].copy()
-        iters = _iters_for(size, args.iters)
+        iters = _iters_for(size, o["iters"])
         fns = [_call(comm, coll, algo, x, chunk) for coll, algo in todo]
         for fn in fns:
-            for _ in range(args.warmup):
+            for _ in range(o["warmup"]):
                 fn()
         totals = [0.0] * len(todo)
         for _ in range(iters):  # interleaved: a slow moment of the machine hits all alike
@@ -125,14 +131,14 @@ def worker(args: argparse.Namespace) -> int:
                 row["chosen"] = choose_allreduce(count * 4, n)
             rows.append(row)
         comm.stats.reset()
-    if rank == 0:
-        for row in rows:
-            ref = next(r for r in rows if r["collective"] == row["collective"]
-                       and r["size"] == row["size"] and r["algorithm"] == "mpi")
-            row["x_mpi"] = row["busbw_GBs"] / ref["busbw_GBs"] if ref["busbw_GBs"] else 0.0
-            row["x_mpi_time"] = ref["time_us"] / row["time_us"]
-        print(json.dumps(rows) if args.json else format_table(rows))
-    return 0
+    if rank != 0:
+        return None
+    for row in rows:
+        ref = next(r for r in rows if r["collective"] == row["collective"]
+                   and r["size"] == row["size"] and r["algorithm"] == "mpi")
+        row["x_mpi"] = row["busbw_GBs"] / ref["busbw_GBs"] if ref["busbw_GBs"] else 0.0
+        row["x_mpi_time"] = ref["time_us"] / row["time_us"]
+    return rows
 
 
 def auto_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -180,28 +186,30 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    if any(s < 1 for s in args.sizes) or args.iters < 1 or args.warmup < 0:
-        print("minipar bench collectives: sizes and iters must be positive", file=sys.stderr)
-        return 2
-    if all(a == "mpi" for _, a in cases(args.collectives, args.algorithms)):
-        print("minipar bench collectives: no algorithm to compare with MPI's own among "
-              f"{args.algorithms} for {args.collectives}", file=sys.stderr)
-        return 2
-    if args.worker:
-        return worker(args)
     from minipar import launch
 
-    rest = ["--worker", "--iters", str(args.iters), "--warmup", str(args.warmup),
-            "--sizes", *map(str, args.sizes), "--collectives", *args.collectives]
-    rest += ["--algorithms", *args.algorithms] if args.algorithms else []
-    rest += ["--json"] if args.json else []
-    proc = launch.run(args.ranks, "minipar.bench.collectives", *rest, timeout=args.timeout)
-    sys.stdout.write(proc.stdout)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr)
-    return proc.returncode
+    p = _parser()
+    try:
+        args = p.parse_args(argv)
+        if all(a == "mpi" for _, a in cases(args.collectives, args.algorithms)):
+            p.error(f"--algorithms {' '.join(args.algorithms or [])}: no algorithm to compare "
+                    f"with MPI's own for {' '.join(args.collectives)}")
+    except SystemExit as e:  # --help (0) or one line for a bad option (2)
+        return int(e.code or 0)
+    payload = {k: getattr(args, k) for k in ("sizes", "iters", "warmup", "collectives",
+                                            "algorithms")}
+    try:
+        rows, _ = launch.run_json(args.ranks, "minipar.bench.collectives", payload,
+                                  timeout=args.timeout, check=True)
+    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+        return launch.report(PROG, e, args.debug)
+    print(json.dumps(rows) if args.json else format_table(rows))
+    return 0
 
 
 if __name__ == "__main__":
+    from minipar import launch
+
+    if launch.is_worker(sys.argv[1:]):
+        sys.exit(launch.serve(worker, sys.argv[1:]))
     sys.exit(main(sys.argv[1:]))
