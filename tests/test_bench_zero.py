@@ -31,6 +31,21 @@ def test_bench_zero_reports_every_stage_and_the_3_to_2_traffic() -> None:
     assert 2 * res["ZeRO-3"]["bytes"] == 3 * res["ZeRO-0"]["bytes"]
 
 
+def test_measure_stages_puts_stage_0_on_the_ring_unless_told() -> None:
+    """The notebook's figures: stage 0 on the ring by default (the paper's 2Ψ(N-1)/N, the
+    same bytes as stage 1), auto on request (recursive doubling here: rank 1 of 3 sends 2S)."""
+    from minipar.bench.zero import measure_stages
+    from minipar.collectives.cost import allreduce_bytes_sent
+
+    ring = measure_stages(3, stages=(0, 1))
+    auto = measure_stages(3, stages=(0,), allreduce="auto")
+    psi = ring[0]["psi"]
+    assert [r["bytes_sent_per_step"] for r in ring[0]["ranks"]] == [
+        r["bytes_sent_per_step"] for r in ring[1]["ranks"]]
+    assert [r["bytes_sent_per_step"] for r in auto[0]["ranks"]] == [
+        allreduce_bytes_sent(psi, 2, 3, r, "recursive_doubling") for r in range(3)]
+
+
 @pytest.mark.parametrize("args,option", [
     (["--stages", "0,5"], "--stages"), (["--stages", "x"], "--stages"),
     (["-n", "0"], "-n/--ranks"), (["--batch", "1"], "--batch"), (["--heads", "3"], "--heads"),

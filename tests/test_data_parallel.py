@@ -6,9 +6,14 @@ parameters after 4 AdamW steps equal the serial run's (float64, rtol 1e-12,
 atol 1e-13), for one parameter per bucket, medium buckets, one bucket, no
 overlap and MPI's Iallreduce, and on a mixture of experts (4 experts,
 top-2); replicas bit-identical; bytes sent per step
-equal to the ring formula summed over buckets and ≈ 2(N-1)/N x S; only the
-right neighbour is sent to; the timeline shows buckets reduced during
-backward; bad input raises ValueError on every rank before any message.
+equal to the ring formula summed over buckets and ≈ 2(N-1)/N x S (these cases
+pass ``algorithm="ring"``); only the right neighbour is sent to; the timeline
+shows buckets reduced during backward; bad input raises ValueError on every
+rank before any message.  The default, ``algorithm="auto"``: equal to the
+serial run on 1-4 ranks, each bucket runs what
+``choose_allreduce(bucket bytes, N)`` picks and the bytes are exactly
+Σ_b allreduce_bytes_sent(n_b, 8, N, r, "auto"); with auto's switch lowered
+(``ring_min_bytes``) ring and recursive-doubling buckets share one step.
 SGD equals the serial run too; under mixed precision the bytes are those of
 16-bit gradients and every replica holds 16 bytes per parameter.  The
 exercise dp_grad_sync: the reference solution passes on 1, 3 and 4 ranks,
@@ -27,9 +32,17 @@ import numpy as np
 import pytest
 
 from minipar import launch, run
+from minipar.collectives import choose_allreduce
+from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.optim import FlatParams
 from minipar.parallel import common
-from minipar.parallel.data_parallel import make_buckets, replica_model_state_bytes
+from minipar.parallel.data_parallel import (
+    DataParallel,
+    bucket_algorithm,
+    bucket_bytes_formula,
+    make_buckets,
+    replica_model_state_bytes,
+)
 from minipar.precision import ModelStates
 
 MPI_DIR = Path(__file__).parent / "mpi"
@@ -136,6 +149,15 @@ def test_nonblocking_ring_matches_mpi_and_formula(n: int) -> None:
             assert [x["sent"], x["recv"]] == x["formula"], x
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_blocking_request_reduces_in_place_and_is_done_when_built(n: int) -> None:
+    for rank_out in _results(n):
+        assert [x["algorithm"] for x in rank_out["blocking"]] == ["recursive_doubling", "tree"]
+        for x in rank_out["blocking"]:
+            assert x["done"] and x["close"] and x["identical"], x
+            assert x["sent"] == x["formula"], x
+
+
 def test_nonblocking_ring_length_mismatch_is_a_clear_error_on_both_ranks() -> None:
     for o in _results(2):
         assert "same length" in o["mismatch"] and "ring_iallreduce" in o["mismatch"]
@@ -149,8 +171,93 @@ def test_bad_input_raises_on_every_rank_before_any_message(n: int) -> None:
         assert "tree" in e["algorithm"][0] and "ring" in e["algorithm"][0]
         if n > 1:
             assert "at least one row" in e["too-many-ranks"][0]
+        assert "ring_min_bytes" in e["ring-min-0"][0] and "'auto'" in e["ring-min-not-auto"][0]
         assert e["too-many-ranks"] is not None
         assert all(v[1] == 0 for v in e.values()), "no message before the error"
+
+
+#: auto's switch lowered for one case of dp_checks.py (ring_min_bytes): with 4 KiB buckets
+#: of 9,856 / 8,704 / 8,960 / 8,576 / 8,704 / 8,960 / 2,560 bytes, five take the ring on 3+ ranks
+RING_MIN_TEST = 8704
+
+
+def _auto(n: int, label: str) -> list[dict]:
+    return [next(d for d in o["auto"] if d["label"] == label) for o in _results(n)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_default_auto_equals_serial_and_sends_the_auto_bytes_per_bucket(n: int) -> None:
+    """DataParallel's default is auto: every bucket of this small model is below 8 MiB, so
+    each runs recursive doubling (blocking), and rank r sends exactly the auto figure of
+    each bucket, summed; the loss (one float64) is all-reduced by auto too."""
+    for label in ("auto", "auto-one-bucket"):
+        for r, d in enumerate(_auto(n, label)):
+            assert d["algorithm"] == "auto"
+            np.testing.assert_allclose(d["losses"], d["serial_losses"], rtol=common.PARITY_RTOL,
+                                       atol=common.PARITY_ATOL, err_msg=label)
+            np.testing.assert_allclose(d["params"], d["serial_params"], rtol=common.PARITY_RTOL,
+                                       atol=common.PARITY_ATOL, err_msg=label)
+            assert d["replicas_identical"], label
+            assert d["bucket_algorithms"] == [choose_allreduce(8 * k, n)
+                                              for k in d["bucket_sizes"]]
+            assert set(d["bucket_algorithms"]) == {"recursive_doubling"}
+            auto = sum(allreduce_bytes_sent(k, 8, n, r, "auto") for k in d["bucket_sizes"])
+            assert d["sent_per_step"] == d["formula"] == auto, (label, r)
+            assert d["loss_sent"] == allreduce_bytes_sent(1, 8, n, r, "auto")
+            if n == 4:  # recursive doubling: log2 4 = 2 x S per bucket, more than the ring
+                assert d["sent_per_step"] == 2 * 8 * sum(d["bucket_sizes"])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_auto_runs_ring_and_recursive_doubling_buckets_in_one_step(n: int) -> None:
+    """With the switch at 8,704 bytes (ring_min_bytes), buckets of at least that size take
+    the overlapped ring (on 2 ranks too: overlapped, the ring wins there as well) and the
+    others blocking recursive doubling; bytes exact per bucket, equal to the serial run,
+    and every bucket but the last starts while backward still runs."""
+    for r, d in enumerate(_auto(n, "auto-both-kinds")):
+        want = ["ring" if 8 * k >= RING_MIN_TEST else "recursive_doubling"
+                for k in d["bucket_sizes"]]
+        assert d["bucket_algorithms"] == want
+        assert set(want) == {"ring", "recursive_doubling"}
+        exact = sum(allreduce_bytes_sent(k, 8, n, r, a) for k, a in zip(d["bucket_sizes"], want))
+        assert d["sent_per_step"] == d["formula"] == exact
+        np.testing.assert_allclose(d["params"], d["serial_params"], rtol=common.PARITY_RTOL,
+                                   atol=common.PARITY_ATOL)
+        np.testing.assert_allclose(d["losses"], d["serial_losses"], rtol=common.PARITY_RTOL,
+                                   atol=common.PARITY_ATOL)
+        assert d["replicas_identical"]
+        tl = d["timeline"]
+        embed = {name: (a, b) for name, a, b in tl["compute"]}["embed"]
+        assert [i for i, _, _ in tl["comm"]] == list(range(len(want)))
+        assert all(t0 < embed[0] for _, t0, _ in tl["comm"][:-1]), "started during backward"
+        assert all(t0 <= t1 for _, t0, t1 in tl["comm"])
+
+
+def test_bucket_rule_and_formula() -> None:
+    """auto per bucket: the ring from 8 MiB on N >= 3, recursive doubling below and on
+    N <= 2; ring_min_bytes moves the 8 MiB only; "ring" / "mpi" are every bucket's."""
+    mib8 = 8 << 20
+    assert bucket_algorithm(mib8, 3) == bucket_algorithm(mib8, 8) == "ring"
+    assert bucket_algorithm(mib8 - 1, 4) == "recursive_doubling"
+    assert bucket_algorithm(1 << 30, 2) == "ring"  # overlapped, the ring wins on 2 ranks too
+    assert bucket_algorithm(1 << 30, 1) == "recursive_doubling"  # nothing to send
+    assert bucket_algorithm(100, 3, ring_min_bytes=100) == "ring"
+    assert bucket_algorithm(99, 3, ring_min_bytes=100) == "recursive_doubling"
+    assert bucket_algorithm(10**6, 2, ring_min_bytes=100) == "ring"
+    assert bucket_algorithm(1, 4, "ring") == "ring" and bucket_algorithm(1, 4, "mpi") == "mpi"
+    layout = FlatParams.from_shapes(common.RunSpec().model().param_shapes())
+    bs = make_buckets(layout, 4096, 8)
+    algos = ["ring", "recursive_doubling"] * (len(bs) // 2) + ["ring"] * (len(bs) % 2)
+    assert bucket_bytes_formula(bs, 8, 4, 1, algos) == sum(
+        allreduce_bytes_sent(b.size, 8, 4, 1, a) for b, a in zip(bs, algos))
+    assert bucket_bytes_formula(bs, 8, 3, 0, "auto") == sum(
+        allreduce_bytes_sent(b.size, 8, 3, 0, "auto") for b in bs)
+    assert bucket_bytes_formula(bs, 8, 3, 0, "mpi") == bucket_bytes_formula(bs, 8, 3, 0)
+    with pytest.raises(ValueError, match="algorithms for"):
+        bucket_bytes_formula(bs, 8, 3, 0, ["ring"])
+    import inspect
+
+    assert inspect.signature(DataParallel).parameters["algorithm"].default == "auto"
 
 
 def test_buckets_cover_the_buffer_in_reverse_order() -> None:

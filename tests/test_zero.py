@@ -5,7 +5,10 @@ batch), via ``minipar.parallel.common.serial_reference``.  Formulas
 (Rajbhandari et al. 2019, arXiv 1910.02054; ``minipar.plan.zero``), mixed
 precision, K = 12, per rank: model states (2+2+K)Ψ, 4Ψ + KΨ/N, 2Ψ + (2+K)Ψ/N,
 (2+2+K)Ψ/N; bytes sent per step 2Ψ(N-1)/N (stages 0-2) and 3Ψ(N-1)/N
-(stage 3) 16-bit elements.
+(stage 3) 16-bit elements, with stage 0 on the ring (``allreduce="ring"``, the
+paper's figure); the default ``allreduce="auto"`` makes stage 0 send exactly
+``allreduce_bytes_sent(Ψ, itemsize, N, r, "auto")`` (recursive doubling for
+these small models) and still equal the serial run.
 """
 
 from __future__ import annotations
@@ -21,9 +24,18 @@ import numpy as np
 import pytest
 
 from minipar import launch
-from minipar.collectives import chunk_counts
+from minipar.collectives import choose_allreduce, chunk_counts
+from minipar.collectives.cost import allreduce_bytes_sent, ring_allreduce_bytes_sent
 from minipar.parallel.common import RunSpec
-from minipar.parallel.zero import check_stage, layout_of, shard_range, unit_table
+from minipar.parallel.zero import (
+    ALLREDUCE_CHOICES,
+    check_allreduce,
+    check_stage,
+    layout_of,
+    shard_range,
+    unit_table,
+)
+from minipar.parallel.zero_measure import allreduce_note, exact_bytes_sent, formulas
 from minipar.plan.zero import zero_comm_bytes_per_rank, zero_model_state_bytes
 
 SCRIPT = str(Path(__file__).parent / "mpi" / "zero_check.py")
@@ -50,6 +62,52 @@ def test_bad_stage_is_a_clear_error() -> None:
     for bad in (-1, 4, 1.5, "2", True):
         with pytest.raises(ValueError, match="ZeRO stage must be 0"):
             check_stage(bad)
+
+
+def test_allreduce_choice_is_checked_and_the_launcher_copies_agree() -> None:
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.parallel.zero import ZeRO
+    from minipar.run import zero as run_zero
+
+    assert run_zero.ALLREDUCE_CHOICES == ALLREDUCE_CHOICES
+    assert [check_allreduce(a) for a in ALLREDUCE_CHOICES] == list(ALLREDUCE_CHOICES)
+    spec = RunSpec()
+    for bad in ("mpi", "naive", "", None):
+        with pytest.raises(ValueError, match="ZeRO's all-reduce must be one of auto, ring"):
+            ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), 0,
+                 allreduce=bad)
+    eng = ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), 0)
+    assert eng.allreduce == "auto" and eng.grad_allreduce() == "recursive_doubling"
+    assert ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), 1,
+                allreduce="tree").grad_allreduce() is None
+
+
+def test_exact_bytes_and_the_stage_0_note() -> None:
+    """exact_bytes_sent: the ring's (2Ψ - C_r - C_{r+1}) b and (3Ψ - C_r - 2C_{r+1}) b for
+    stages 1-3, the all-reduce that ran for stage 0; the note says which and why."""
+    psi, n = 7043, 3
+    c = chunk_counts(psi, n)
+    for r in range(n):
+        nxt = c[(r + 1) % n]
+        assert exact_bytes_sent(psi, n, r, 1, 2) == (2 * psi - c[r] - nxt) * 2
+        assert exact_bytes_sent(psi, n, r, 3, 2) == (3 * psi - c[r] - 2 * nxt) * 2
+        assert exact_bytes_sent(psi, n, r, 0, 2, "ring") == ring_allreduce_bytes_sent(psi, 2, n, r)
+        assert exact_bytes_sent(psi, n, r, 0, 8) == allreduce_bytes_sent(psi, 8, n, r, "auto")
+        assert (exact_bytes_sent(psi, n, r, 2, 2, found_inf=True)
+                == exact_bytes_sent(psi, n, r, 2, 2) + allreduce_bytes_sent(1, 8, n, r))
+    assert exact_bytes_sent(psi, 1, 0, 0, 8) == exact_bytes_sent(psi, 1, 0, 3, 8) == 0
+    assert allreduce_note(5216, 3, 8) == ("stage 0's all-reduce: recursive doubling: S = 41,728 B "
+                                          "< 8 MiB; the paper's figure is the ring's: "
+                                          "--allreduce ring")
+    assert allreduce_note(2 << 20, 4, 4).startswith("stage 0's all-reduce: ring: S = 8,388,608 B")
+    assert "N = 2 <= 2" in allreduce_note(2 << 20, 2, 4)
+    assert "ring (--allreduce ring); the paper's figure is the ring's" in allreduce_note(9, 3, 8,
+                                                                                         "ring")
+    assert "binomial tree (--allreduce tree)" in allreduce_note(9, 3, 8, "tree")
+    assert formulas(psi, n, 0, "float64")["allreduce_note"].startswith("stage 0's all-reduce")
+    assert formulas(psi, n, 1, "float64")["allreduce_note"] is None
 
 
 def test_shards_follow_array_split_and_refuse_more_ranks_than_parameters() -> None:
@@ -175,9 +233,27 @@ def test_bytes_sent_per_step_match_the_paper(n: int) -> None:
             nxt = c[(r + 1) % n]
             exact = 0 if n == 1 else (3 * psi - c[r] - 2 * nxt if stage == 3
                                       else 2 * psi - c[r] - nxt) * 2
-            assert row["bytes_sent_per_step"] == exact, (stage, r)
+            assert row["bytes_sent_per_step"] == exact == row["bytes_exact_per_step"], (stage, r)
+            assert row["grad_allreduce"] == ("ring" if stage == 0 else None)
             paper = zero_comm_bytes_per_rank(psi, n, stage, 2)
             assert abs(row["bytes_sent_per_step"] - paper) < 3 * 2, (stage, r)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_default_auto_stage_0_sends_the_auto_bytes_and_equals_serial(n: int) -> None:
+    """ZeRO's default all-reduce is auto: stage 0's Ψ = 7,040 float64 gradients (56 KB,
+    below 8 MiB) go by recursive doubling, exactly allreduce_bytes_sent(Ψ, 8, N, r, "auto")
+    per rank per step (on 3 ranks rank 1 absorbs the folded rank 0: 2S, the others S; on
+    4 ranks log2 4 = 2 rounds: 2S), and the run equals the serial one."""
+    res = zero_check(n)
+    assert res["parity"]["0"]["ok"], res["parity"]["0"]
+    for r, row in enumerate(res["auto"]):
+        psi, b = row["psi"], row["itemsize"]
+        assert row["grad_allreduce"] == choose_allreduce(psi * b, n) == "recursive_doubling"
+        assert row["sent"] == row["exact"] == allreduce_bytes_sent(psi, b, n, r, "auto")
+    S = res["auto"][0]["psi"] * res["auto"][0]["itemsize"]
+    assert [row["sent"] for row in res["auto"]] == {2: [S, S], 3: [S, 2 * S, S],
+                                                    4: [2 * S] * 4}[n]
 
 
 def test_run_verb_end_to_end() -> None:
@@ -213,6 +289,37 @@ def test_run_verb_float64_parity_and_bad_stage() -> None:
                          capture_output=True, text=True, timeout=90, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr  # refused before MPI starts
     assert "--stage" in bad.stderr and "0 to 3" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "minipar.cli", "run", "zero", "--allreduce",
+                          "mpi", "--timeout", "60"],
+                         capture_output=True, text=True, timeout=90, check=False)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and "--allreduce" in lines[0]
+    assert "recursive_doubling" in lines[0] and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("allreduce", ["auto", "ring", "tree"])
+def test_run_verb_stage_0_reports_what_ran_and_the_paper(allreduce: str) -> None:
+    """`minipar run zero --stage 0 -n 3 --allreduce A`: counted bytes = the exact figure of
+    what ran, next to the paper's 2Ψ(N-1)/N x 8 (the ring's), and a note that says which."""
+    out = subprocess.run([sys.executable, "-m", "minipar.cli", "run", "zero", "--stage", "0",
+                          "-n", "3", "--steps", "1", "--json", "--allreduce", allreduce,
+                          "--timeout", "60"],
+                         capture_output=True, text=True, timeout=90, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    s = json.loads(out.stdout[out.stdout.index("{"):])
+    psi = s["psi"]
+    assert s["verdict"]["status"] == "equal" and s["allreduce"] == allreduce
+    ran = "recursive_doubling" if allreduce == "auto" else allreduce
+    assert s["grad_allreduce"] == ran
+    assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"] == [
+        allreduce_bytes_sent(psi, 8, 3, r, ran) for r in range(3)]
+    assert s["bytes_formula"] == zero_comm_bytes_per_rank(psi, 3, 0, 8)
+    note = next(x for x in s["notes"] if x.startswith("stage 0's all-reduce"))
+    if allreduce == "auto":
+        assert f"recursive doubling: S = {psi * 8:,} B < 8 MiB" in note
+        assert note.endswith("the paper's figure is the ring's: --allreduce ring")
+    else:
+        assert f"(--allreduce {allreduce})" in note
 
 
 def test_figures_draw_the_measured_bars_and_the_formulas() -> None:

@@ -6,8 +6,10 @@ The same GPT, the same global batch, one BLAS thread per process (the
 launcher sets ``OMP_NUM_THREADS=1`` and friends): once as the serial training
 step (``loss_and_grads`` on the whole batch, then the optimizer), once as
 DDP on N ranks (:class:`minipar.parallel.data_parallel.DataParallel`: each
-rank B/N rows, bucketed ring all-reduce overlapped with backward, the same
-optimizer step on every replica).  Both run in this one benchmark, one after
+rank B/N rows, bucketed all-reduce started as backward fills the buckets, the
+same optimizer step on every replica; ``--algorithm auto``, the default, runs
+a bucket of 8 MiB or more on the overlapped ring when N >= 3 and a smaller one
+by blocking recursive doubling, ``--algorithm ring`` overlaps every bucket).  Both run in this one benchmark, one after
 the other, and the figure is their ratio:
 
     speed-up = (B / t_DP) / (B / t_serial) = t_serial / t_DP      (target >= 1.7 on 2 ranks)
@@ -93,12 +95,14 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
         return {"seconds": measure_step_time(step, o["steps"]), "psi": states.layout.size}
     comm = TracedComm()
-    dp = DataParallel(comm, spec, bucket_bytes=int(o["bucket_mb"] * 2**20))
+    dp = DataParallel(comm, spec, bucket_bytes=int(o["bucket_mb"] * 2**20),
+                      algorithm=o.get("algorithm", "auto"))
     t = measure_step_time(dp.train_step, o["steps"], comm)
     if comm.rank != 0:
         return None
     return {"seconds": t, "psi": dp.layout.size, "buckets": len(dp.buckets),
-            "bytes_per_step": dp.bytes_sent_per_step()}
+            "bucket_algorithms": dp.bucket_algorithms, "bytes_per_step": dp.bytes_sent_per_step(),
+            "bytes_exact": dp.bytes_formula()}
 
 
 def run_bench(o: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +129,10 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
             "serial_samples_per_s": B / ts, "dp_samples_per_s": B / td, "speedup": ts / td,
             "round_speedups": [a["seconds"] / b["seconds"] for a, b in zip(res["serial"], res["dp"])],
             "load_average": [load0, os.getloadavg()[0]],
-            "buckets": res["dp"][0]["buckets"], "bytes_per_step": res["dp"][0]["bytes_per_step"]}
+            "algorithm": o.get("algorithm", "auto"), "buckets": res["dp"][0]["buckets"],
+            "bucket_algorithms": res["dp"][0]["bucket_algorithms"],
+            "bytes_per_step": res["dp"][0]["bytes_per_step"],
+            "bytes_exact": res["dp"][0]["bytes_exact"]}
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -158,10 +165,15 @@ def check_bench_options(o: dict[str, Any]) -> Any:
 
 
 def _parser() -> ArgumentParser:
+    from minipar.run.dp import ALGORITHMS  # DataParallel's (importing it would start MPI)
+
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_bench_arguments(p)
     p.add_argument("--bucket-mb", type=number(greater_than=0), default=1.0,
-                   help="bucket capacity in MiB (default 1: ~13 buckets, overlapped with backward)")
+                   help="bucket capacity in MiB (default 1: ~13 buckets)")
+    p.add_argument("--algorithm", choices=list(ALGORITHMS), default="auto",
+                   help="DDP's all-reduce: auto (per bucket by size and N, default), ring "
+                        "(every bucket overlapped with backward), mpi (MPI's Iallreduce)")
     p.add_argument("--rounds", type=integer(1), default=3,
                    help="alternating serial/DP rounds (default 3)")
     return p
@@ -193,7 +205,10 @@ def main(argv: list[str]) -> int:
     print(f"{'DP, ' + str(a.ranks) + ' ranks':>14} {row['dp_s']:>8.3f} {row['dp_samples_per_s']:>10.1f}")
     print(f"speed-up {row['speedup']:.2f}x (best of {a.rounds}; ideal {a.ranks}; target >= 1.7 on "
           f"2 ranks); per round: {', '.join(f'{x:.2f}' for x in row['round_speedups'])}")
-    print(f"{row['buckets']} bucket(s), {row['bytes_per_step']:,.0f} bytes sent per rank per step; "
+    kinds = ", ".join(f"{row['bucket_algorithms'].count(k)} {k.replace('_', ' ')}"
+                      for k in sorted(set(row["bucket_algorithms"])))
+    print(f"{row['buckets']} bucket(s) ({kinds}; --algorithm {row['algorithm']}), "
+          f"{row['bytes_per_step']:,.0f} bytes sent per rank per step; "
           f"load average {row['load_average'][0]:.1f} before, {row['load_average'][1]:.1f} after "
           f"(on {os.cpu_count()} cores: other processes share them)")
     return 0

@@ -3,9 +3,10 @@
 EN ZeRO benchmark · RU замер ZeRO · ZH ZeRO 基准测试
 
 One launch on N ranks (default 2) trains the same GPT with DDP
-(:class:`minipar.parallel.data_parallel.DataParallel`: bucketed ring
-all-reduce overlapped with backward) and with ZeRO stages 0-3
-(:class:`minipar.parallel.zero.ZeRO`) in interleaved rounds (one step of each,
+(:class:`minipar.parallel.data_parallel.DataParallel`: bucketed all-reduce
+started as backward fills the buckets) and with ZeRO stages 0-3
+(:class:`minipar.parallel.zero.ZeRO`), both with their default all-reduce,
+``auto``, in interleaved rounds (one step of each,
 repeated, so drift on a shared machine hits all alike), and reports each median
 step time (slowest rank, after a warm-up round;
 :func:`minipar.bench.dp.measure_step_time`) as a ratio to DDP's.  What the
@@ -46,7 +47,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     if o["mode"] == "measure":
         out = {}
         for stage in o.get("stages", STAGES):
-            m = measure_stage(comm, spec, stage)
+            m = measure_stage(comm, spec, stage, allreduce=o.get("allreduce", "auto"))
             rows = comm.comm.gather({k: m[k] for k in ("ledger", "tracemalloc_bytes", "shard",
                                                        "bytes_sent_per_step", "step_peak_bytes")})
             out[stage] = {"psi": m["engine"].layout.size, "ranks": rows}
@@ -77,11 +78,14 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: float = 120.0,
-                   **spec: Any) -> dict[int, dict[str, Any]]:
+                   allreduce: str = "ring", **spec: Any) -> dict[int, dict[str, Any]]:
     """Every stage on ``n`` ranks in one launch: {stage: {"psi", "ranks": [per-rank dict]}}.
 
-    ``spec``: :class:`~minipar.parallel.common.RunSpec` fields (default: the
-    mixed-precision GPT of Ψ ≈ 52 thousand the tests use, one step).  Raises
+    The paper's setting, for figures set next to its formulas: ``spec`` are
+    :class:`~minipar.parallel.common.RunSpec` fields (default: the mixed-precision
+    GPT of Ψ ≈ 52 thousand the tests use, one step) and stage 0 all-reduces on the
+    ring (``allreduce``; ZeRO's own default, ``"auto"``, would take recursive
+    doubling for this small model: log2 N x S instead of 2(N-1)/N x S).  Raises
     :class:`minipar.launch.RanksFailed` (one line) if the ranks fail."""
     from minipar import launch
 
@@ -90,7 +94,8 @@ def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: floa
     base.update(spec)
     base["batch"] = max(base["batch"], n)
     out, _ = launch.run_json(n, "minipar.bench.zero", {"mode": "measure", "spec": base,
-                                                       "stages": list(stages)},
+                                                       "stages": list(stages),
+                                                       "allreduce": allreduce},
                              timeout=timeout, check=True)
     return {int(k): v for k, v in out.items()}
 

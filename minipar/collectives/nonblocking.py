@@ -30,7 +30,9 @@ Formula the tests check: rank r sends 2S - bytes(chunk r) - bytes(chunk r+1)
 :func:`minipar.collectives.cost.ring_allreduce_bytes` says, counted under the
 operation name given (default ``"ring_iallreduce"``).
 :class:`MPIIallreduceRequest` is the same interface over MPI's own
-``Iallreduce``, for comparison (bytes not counted: MPI does not tell).
+``Iallreduce``, for comparison (bytes not counted: MPI does not tell), and
+:class:`BlockingAllreduceRequest` over a blocking all-reduce that is done
+when it is built (recursive doubling for DDP's small buckets).
 """
 
 from __future__ import annotations
@@ -203,6 +205,39 @@ class MPIIallreduceRequest:
         if not self.done:
             self.comm.waitall([self.req])
             self.t_end = time.perf_counter()
+        return self.buf
+
+
+class BlockingAllreduceRequest:
+    """A blocking all-reduce (sum) of ``buf`` behind the same interface, done when built.
+
+    For the algorithms with no non-blocking version here (``"recursive_doubling"``,
+    ``"tree"``, ...: :func:`minipar.collectives.allreduce`): the whole reduction runs in
+    the constructor, counted under ``name``, and its result is written back into
+    ``buf`` (in place, as the other requests reduce); ``progress()`` and ``wait()``
+    return at once.  DDP runs a small, latency-bound bucket this way
+    (:mod:`minipar.parallel.data_parallel`).  Its messages carry the blocking
+    collective's own tags, so they cannot meet a ring request's in flight."""
+
+    def __init__(self, comm: Any, buf: np.ndarray, algorithm: str = "recursive_doubling",
+                 name: str | None = None) -> None:
+        from minipar.collectives import allreduce
+
+        self.buf = _check_buffer(buf)
+        self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
+        self.t_start = time.perf_counter()
+        with self.comm.operation(name or f"{algorithm}_allreduce"):
+            buf[...] = allreduce(self.comm, buf, algorithm=algorithm)
+        self.t_end: float | None = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return True
+
+    def progress(self) -> bool:
+        return True
+
+    def wait(self) -> np.ndarray:
         return self.buf
 
 

@@ -5,8 +5,8 @@ Parallel Training", arXiv 2006.15704; Sergeev & Del Balso 2018, "Horovod",
 arXiv 1802.05799.  Every rank holds a full replica of the model states; rank
 r computes the gradients of its rows of the global batch
 (:func:`minipar.parallel.common.local_rows`), weighted by b_r / B so that the
-*sum* over ranks is the serial mean gradient, and the ranks sum them with a
-ring all-reduce.  Then every rank takes the same optimizer step on the same
+*sum* over ranks is the serial mean gradient, and the ranks sum them with an
+all-reduce.  Then every rank takes the same optimizer step on the same
 gradient: the replicas stay identical, and equal to the serial run.
 
 **Buckets, overlapped with backward** (DDP's ``bucket_cap_mb``).  The
@@ -16,45 +16,80 @@ produces them: ``lm_head`` first, ``tok_emb`` last), into buckets of at least
 buffer.  The step is the units executor's walk (:mod:`minipar.nn.executor`)
 with DDP's hooks (:class:`DDPHooks`): ``fetch`` hands out views of the flat
 parameters, ``on_grads`` writes a unit's gradients into the flat gradient
-buffer and, as soon as a bucket's last gradient exists, starts its ring
-all-reduce, non-blocking (:mod:`minipar.collectives.nonblocking`), while
-backward goes on with earlier units; after every unit it calls
-``progress()`` on the reductions in flight.  :class:`Timeline` records, per
-rank, the compute intervals per unit (the executor's records) and the
+buffer and, as soon as a bucket's last gradient exists, starts its
+all-reduce, while backward goes on with earlier units; after every unit it
+calls ``progress()`` on the reductions in flight.  :class:`Timeline` records,
+per rank, the compute intervals per unit (the executor's records) and the
 communication interval per bucket — the overlap, measured.  MoE blocks need
 nothing extra: the executor adds their auxiliary loss and scales its
 gradient like the loss's.
 
+**Which all-reduce, per bucket** (``algorithm="auto"``, the default).  Each
+bucket b of S_b bytes takes the ring from 8 MiB up
+(:data:`~minipar.collectives.auto.RING_MIN_BYTES`, where the measured blocking
+crossover lies) and recursive doubling below (:func:`bucket_algorithm`).
+Only the ring has a non-blocking
+version here (:mod:`minipar.collectives.nonblocking`), so:
+
+* a *ring* bucket is posted when it is ready and advanced by ``progress()``
+  between units: overlapped with backward, as above;
+* a *recursive-doubling* bucket is all-reduced at once, blocking, when it
+  becomes ready (:class:`~minipar.collectives.nonblocking.BlockingAllreduceRequest`):
+  that bucket is **not overlapped**.  That is the right trade for a small bucket: its cost is
+  latency, not bandwidth — recursive doubling needs log2 N sequential
+  messages, the ring 2(N-1), and the non-blocking ring advances only when a
+  rank calls ``progress()``, about one step per unit of backward, so a small
+  bucket posted as a ring would sit in flight for up to 2(N-1) units to
+  save a few tens of microseconds of blocking.
+
+PyTorch's default 25 MiB buckets are above 8 MiB, so with real bucket sizes
+``auto`` means the overlapped ring, on any number of ranks (on 2 ranks the
+blocking :func:`~minipar.collectives.auto.choose_allreduce` never picks the
+ring: the same bytes in two messages instead of one; overlapped, the ring
+wins anyway).  The small models here make small buckets and get recursive
+doubling, not overlapped: in ``minipar bench dp`` (Ψ = 3.4 M float32, 13
+buckets of 1 MiB, 2 ranks on this 2-core machine) that cost 1.83-1.85x
+speed-up against 1.92-1.99x with ``algorithm="ring"``.  ``ring_min_bytes`` moves auto's
+switch for one DDP (to see both kinds of bucket in one step on a small
+model); ``algorithm="ring"`` overlaps every bucket, ``"mpi"`` uses MPI's
+Iallreduce.
+
 Formula the tests check (bytes per rank per step, S = Ψ x itemsize): each
-bucket b of n_b elements costs its ring figure, so rank r sends exactly
+bucket b of n_b elements costs the exact figure of the algorithm a_b it ran,
+so rank r sends exactly
 
-    Σ_b ring_allreduce_bytes_sent(n_b, itemsize, N, r)  ≈  2(N-1)/N x S,
+    Σ_b allreduce_bytes_sent(n_b, itemsize, N, r, a_b)       (bytes_formula())
 
-counted under ``"dp_grad_allreduce"`` (the loss, one number, under
-``"dp_loss_allreduce"``).  This is the ZeRO paper's "2Ψ" per step for DP
-(Rajbhandari et al. 2019, arXiv 1910.02054, §7: reduce-scatter Ψ + all-gather Ψ
-elements, i.e. 2Ψ x (N-1)/N elements sent per rank on a ring).  Model states
-per rank: the replica's (2 + 2 + K)Ψ bytes under mixed precision (K = 12).
+counted under ``"dp_grad_allreduce"`` (the loss, one number, all-reduced by
+auto under ``"dp_loss_allreduce"``).  With the ring on every bucket that is
+≈ 2(N-1)/N x S, the ZeRO paper's "2Ψ" per step for DP (Rajbhandari et al.
+2019, arXiv 1910.02054, §7: reduce-scatter Ψ + all-gather Ψ elements, i.e.
+2Ψ x (N-1)/N elements sent per rank on a ring); recursive doubling sends
+log2 N x S_b per bucket when N is a power of two (S_b on 2 ranks, as the
+ring).  Model states per rank: the replica's (2 + 2 + K)Ψ bytes under mixed
+precision (K = 12).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from minipar.collectives import ring_allreduce
-from minipar.collectives.cost import ring_allreduce_bytes_sent
-from minipar.collectives.nonblocking import TAG_BASE, iallreduce
+from minipar.collectives import allreduce
+from minipar.collectives.auto import RING_MIN_BYTES
+from minipar.collectives.cost import allreduce_bytes_sent
+from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
 from minipar.comm.traced import TracedComm, traced
 from minipar.nn import executor
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, check_world, local_rows, loss_weight
 from minipar.precision import ModelStates
 
-ALGORITHMS = ("ring", "mpi")
+ALGORITHMS = ("auto", "ring", "mpi")
 OP_GRADS = "dp_grad_allreduce"
 OP_LOSS = "dp_loss_allreduce"
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's bucket_cap_mb
@@ -95,9 +130,37 @@ def make_buckets(layout: FlatParams, bucket_bytes: int, itemsize: int) -> list[B
     return buckets
 
 
-def bucket_bytes_formula(buckets: list[Bucket], itemsize: int, world: int, rank: int) -> int:
-    """Bytes rank ``rank`` sends per step: the exact ring figure summed over buckets."""
-    return sum(ring_allreduce_bytes_sent(b.size, itemsize, world, rank) for b in buckets)
+def bucket_algorithm(nbytes: int, world: int, algorithm: str = "auto",
+                     ring_min_bytes: int | None = None) -> str:
+    """The all-reduce a bucket of ``nbytes`` bytes runs on ``world`` ranks.
+
+    ``"auto"``: the overlapped ring from ``ring_min_bytes`` (default
+    :data:`~minipar.collectives.auto.RING_MIN_BYTES`, 8 MiB) up, on any number of
+    ranks, else blocking recursive doubling.  This differs from the blocking
+    :func:`~minipar.collectives.auto.choose_allreduce` on 2 ranks only, where
+    the ring never wins a *blocking* race (the same bytes in twice the
+    messages) but here it runs *during* backward, which recursive doubling
+    cannot.  Any other ``algorithm`` (``"ring"``, ``"mpi"``) is every bucket's."""
+    if algorithm != "auto":
+        return algorithm
+    threshold = RING_MIN_BYTES if ring_min_bytes is None else ring_min_bytes
+    if world > 1 and nbytes >= threshold:
+        return "ring"
+    return "recursive_doubling"
+
+
+def bucket_bytes_formula(buckets: list[Bucket], itemsize: int, world: int, rank: int,
+                         algorithms: str | Sequence[str] = "ring") -> int:
+    """Bytes rank ``rank`` sends per step: the exact figure of each bucket's algorithm, summed.
+
+    ``algorithms``: one name for every bucket (``"auto"`` chooses per bucket) or one
+    name per bucket.  ``"mpi"`` counts as the ring: MPI does not tell its own bytes,
+    and the ring's is the figure it is compared with."""
+    names = [algorithms] * len(buckets) if isinstance(algorithms, str) else list(algorithms)
+    if len(names) != len(buckets):
+        raise ValueError(f"{len(names)} algorithms for {len(buckets)} buckets")
+    return sum(allreduce_bytes_sent(b.size, itemsize, world, rank, "ring" if a == "mpi" else a)
+               for b, a in zip(buckets, names))
 
 
 @dataclass
@@ -148,16 +211,26 @@ class DataParallel:
     """A DDP replica on this rank: ``train_step(step) -> global loss`` (same on every rank).
 
     ``comm``: a TracedComm (or plain communicator) over the data-parallel ranks;
-    ``bucket_bytes``: bucket capacity in bytes; ``algorithm``: ``"ring"`` (ours) or
-    ``"mpi"`` (MPI's Iallreduce); ``overlap``: start each bucket during backward
-    (True) or all of them after backward (False).  Every argument is checked on
+    ``bucket_bytes``: bucket capacity in bytes; ``algorithm``: ``"auto"`` (per bucket:
+    the overlapped ring from 8 MiB up on 3+ ranks, else blocking recursive doubling;
+    :func:`bucket_algorithm`), ``"ring"`` (ours, every bucket overlapped) or ``"mpi"``
+    (MPI's Iallreduce); ``overlap``: start each bucket during backward (True) or all of
+    them after backward (False); ``ring_min_bytes``: with ``"auto"`` only, the bucket
+    size in bytes from which the ring runs instead of auto's measured 8 MiB (None).
+    ``bucket_algorithms[i]`` is bucket i's algorithm.  Every argument is checked on
     every rank before any message.
     """
 
     def __init__(self, comm: Any, spec: RunSpec, bucket_bytes: int = int(DEFAULT_BUCKET_MB * 2**20),
-                 algorithm: str = "ring", overlap: bool = True) -> None:
+                 algorithm: str = "auto", overlap: bool = True,
+                 ring_min_bytes: int | None = None) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown data-parallel algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+        if ring_min_bytes is not None and (algorithm != "auto" or isinstance(ring_min_bytes, bool)
+                                           or not isinstance(ring_min_bytes, (int, np.integer))
+                                           or ring_min_bytes <= 0):
+            raise ValueError(f"ring_min_bytes must be a positive number of bytes, and only with "
+                             f"algorithm 'auto'; got {ring_min_bytes!r} with {algorithm!r}")
         self.comm: TracedComm = traced(comm)
         self.rank, self.world = self.comm.rank, self.comm.size
         check_world(spec.batch, self.world)
@@ -168,6 +241,8 @@ class DataParallel:
         self.layout = self.states.layout
         self.itemsize = self.states.grads.itemsize
         self.buckets = make_buckets(self.layout, bucket_bytes, self.itemsize)
+        self.bucket_algorithms = [bucket_algorithm(b.size * self.itemsize, self.world, algorithm,
+                                                   ring_min_bytes) for b in self.buckets]
         self.rows = local_rows(spec.batch, self.rank, self.world)
         self.weight = loss_weight(spec.batch, self.rank, self.world)
         self.timelines: list[Timeline] = []
@@ -195,13 +270,17 @@ class DataParallel:
         tl.compute.append(("optimizer", t_opt - t0, time.perf_counter() - t0))
         self.timelines.append(tl)
         with c.operation(OP_LOSS):
-            total = ring_allreduce(c, np.array([self.weight * loss]))
+            total = allreduce(c, np.array([self.weight * loss]))  # auto: recursive doubling
         return float(total[0])
 
     def _start(self, b: Bucket) -> Any:
+        """Start bucket ``b``'s all-reduce: a request in flight (ring, MPI) or done (blocking)."""
         buf = self.states.grads[b.lo:b.hi]
-        return iallreduce(self.comm, buf, TAG_BASE + b.index, self.algorithm,
-                          name=OP_GRADS if self.algorithm == "ring" else "mpi_" + OP_GRADS)
+        algo = self.bucket_algorithms[b.index]
+        if algo == "recursive_doubling":
+            return BlockingAllreduceRequest(self.comm, buf, algo, name=OP_GRADS)
+        return iallreduce(self.comm, buf, TAG_BASE + b.index, algo,
+                          name=OP_GRADS if algo == "ring" else "mpi_" + OP_GRADS)
 
     def train(self) -> list[float]:
         """``spec.steps`` steps; the global losses."""
@@ -209,8 +288,9 @@ class DataParallel:
 
     # -- evidence -------------------------------------------------------------
     def bytes_formula(self) -> int:
-        """Exact bytes this rank sends per step (sum of the buckets' ring figures)."""
-        return bucket_bytes_formula(self.buckets, self.itemsize, self.world, self.rank)
+        """Exact bytes this rank sends per step: each bucket's algorithm's figure, summed."""
+        return bucket_bytes_formula(self.buckets, self.itemsize, self.world, self.rank,
+                                    self.bucket_algorithms)
 
     def bytes_sent_per_step(self) -> float:
         """Bytes this rank sent in gradient all-reduces, per step (counted)."""

@@ -12,9 +12,9 @@ parameter buffer (``numpy.array_split`` rule: C_r = Ψ//N elements, one more
 for the first Ψ mod N ranks) and holds for it what the stage partitions:
 
 =========  ============================  =====================================
-stage      held in full on every rank    communication per step (ring)
+stage      held in full on every rank    communication per step
 =========  ============================  =====================================
-0  DP      params, grads, optimizer      all-reduce of the gradients
+0  DP      params, grads, optimizer      all-reduce of the gradients (auto)
 1  P_os    params, grads                 reduce-scatter grads, step own slice
                                          of fp32 master + Adam m, v;
                                          all-gather the updated params
@@ -56,6 +56,19 @@ blocks work unchanged (the executor adds their auxiliary loss).
   (backward): (3Ψ - C_r - 2C_{r+1}) b.  (The embedding's backward reads no
   weights; following the paper's and FSDP's uniform rule we gather it anyway.)
 
+**Which all-reduce** (``allreduce="auto"``, the default).  Stages 1-3 use the
+ring's reduce-scatter and all-gather.  Stage 0's gradient all-reduce and the
+one-number all-reduces (``found_inf`` under loss scaling, the loss a run
+reports) go through :func:`minipar.collectives.allreduce` with the engine's
+``allreduce``: ``"auto"`` picks recursive doubling below 8 MiB or on N <= 2
+ranks and the ring from 8 MiB up on N >= 3
+(:func:`minipar.collectives.auto.choose_allreduce`), counted under the name
+of the algorithm that ran.  So stage 0 of a small model sends recursive
+doubling's bytes, log2 N x S when N is a power of two (the ring's
+2(N-1)/N x S on 2 ranks); the paper's 2Ψ(N-1)/N is the ring's figure,
+``allreduce="ring"``.  :func:`minipar.parallel.zero_measure.exact_bytes_sent`
+gives the exact figure of whichever ran.
+
 The code: the shards and hooks in :mod:`minipar.parallel.zero_hooks`, the
 engine here, the measurements of a run and the paper's figures for it in
 :mod:`minipar.parallel.zero_measure`.
@@ -67,14 +80,16 @@ from typing import Any
 
 import numpy as np
 
-from minipar.collectives import all_gather, reduce_scatter, ring_allreduce
+from minipar.collectives import all_gather, allreduce, choose_allreduce, reduce_scatter
 from minipar.comm.traced import TracedComm, traced
 from minipar.memory import Ledger
 from minipar.nn import executor
 from minipar.nn.gpt import GPT
 from minipar.parallel.zero_hooks import (
+    ALLREDUCE_CHOICES,
     STAGES,
     ZeroHooks,
+    check_allreduce,
     check_stage,
     layout_of,
     shard_range,
@@ -82,8 +97,8 @@ from minipar.parallel.zero_hooks import (
 )
 from minipar.precision import ModelStates, get
 
-__all__ = ["STAGES", "ZeRO", "ZeroHooks", "check_stage", "layout_of",
-           "shard_range", "unit_table"]
+__all__ = ["ALLREDUCE_CHOICES", "STAGES", "ZeRO", "ZeroHooks", "check_allreduce",
+           "check_stage", "layout_of", "shard_range", "unit_table"]
 
 
 class ZeRO:
@@ -96,12 +111,16 @@ class ZeRO:
     ``states`` the :class:`~minipar.precision.ModelStates` of this rank's
     slice ``opt_range`` (master weights, moments; its params/grads are views
     into the full buffers where those exist), ``hooks`` the executor hooks
-    (:class:`~minipar.parallel.zero_hooks.ZeroHooks`).
+    (:class:`~minipar.parallel.zero_hooks.ZeroHooks`), ``allreduce`` the
+    all-reduce of stage 0 and of found_inf (keyword only: ``"auto"``, ``"ring"``,
+    ``"recursive_doubling"``, ``"tree"``).
     """
 
     def __init__(self, comm: Any, model: GPT, init: dict[str, Any], stage: int,
-                 precision: str = "float64", optimizer: str = "adamw", **opt_kwargs: Any) -> None:
+                 precision: str = "float64", optimizer: str = "adamw", *,
+                 allreduce: str = "auto", **opt_kwargs: Any) -> None:
         self.stage, self.policy = check_stage(stage), get(precision)
+        self.allreduce = check_allreduce(allreduce)
         if str(model.cfg.dtype) != self.policy.model_dtype:
             raise ValueError(f"model dtype {model.cfg.dtype} does not match precision "
                              f"{precision!r} (expects {self.policy.model_dtype})")
@@ -136,19 +155,28 @@ class ZeRO:
         loss = executor.loss_and_grads(self.units, self.hooks, tokens, targets,
                                        weight * self.states.loss_scale)
         if self.stage == 0:
-            self.grads[...] = ring_allreduce(self.comm, self.grads)
+            self.grads[...] = allreduce(self.comm, self.grads, algorithm=self.allreduce)
         elif self.stage == 1:
             self.states.grads[...] = reduce_scatter(self.comm, self.grads)
         found_inf = None
         if self.states.scaler is not None:  # every rank must agree to skip a step
             with self.comm.operation("found_inf"):
                 flag = np.array([float(self.states.local_found_inf())])
-                found_inf = bool(ring_allreduce(self.comm, flag)[0] > 0)
+                found_inf = bool(allreduce(self.comm, flag, algorithm=self.allreduce)[0] > 0)
         self.states.step(found_inf)
         if self.stage in (1, 2):
             self.params[...] = all_gather(self.comm, self.states.params)
         self.step_count += 1
         return weight * loss
+
+    def grad_allreduce(self) -> str | None:
+        """The algorithm stage 0's gradient all-reduce runs (``auto`` resolved by the
+        gradient buffer's bytes and N); None for stages 1-3 (reduce-scatter + all-gather)."""
+        if self.stage != 0:
+            return None
+        if self.allreduce != "auto":
+            return self.allreduce
+        return choose_allreduce(self.grads.nbytes, self.comm.size)
 
     # -- what a rank holds, and the whole model for checks -------------------
     def ledger(self) -> Ledger:

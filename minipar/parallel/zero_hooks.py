@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from minipar.parallel.zero import ZeRO
 
 STAGES = (0, 1, 2, 3)
+#: the all-reduces ZeRO can run for stage 0's gradients and the one-number reductions
+#: (``minipar.collectives.allreduce``'s names; ``"auto"`` by message size and N)
+ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
 
 
 def check_stage(stage: Any) -> int:
@@ -50,6 +53,14 @@ def check_stage(stage: Any) -> int:
         raise ValueError(f"ZeRO stage must be 0 (plain DP), 1 (optimizer states), 2 (+ gradients) "
                          f"or 3 (+ parameters); got {stage!r}")
     return int(stage)
+
+
+def check_allreduce(algorithm: Any) -> str:
+    """The all-reduce algorithm's name; ValueError unless one of :data:`ALLREDUCE_CHOICES`."""
+    if algorithm not in ALLREDUCE_CHOICES:
+        raise ValueError(f"ZeRO's all-reduce must be one of {', '.join(ALLREDUCE_CHOICES)}; "
+                         f"got {algorithm!r}")
+    return str(algorithm)
 
 
 def shard_range(psi: int, world: int, rank: int) -> tuple[int, int]:

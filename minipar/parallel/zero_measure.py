@@ -4,11 +4,24 @@ EN ZeRO measurements · RU измерения ZeRO · ZH ZeRO 测量
 
 :func:`measure_stage` trains ZeRO-K (:class:`minipar.parallel.zero.ZeRO`) on a
 communicator and returns this rank's measurements: bytes sent per step (the
-traced communicator's counters), model-state bytes by category (the ledger of
-the arrays) and by tracemalloc, the step's peak, and what stage 3 gathered.
+traced communicator's counters) next to :func:`exact_bytes_sent` (the exact
+figure of the algorithms that ran), model-state bytes by category (the ledger
+of the arrays) and by tracemalloc, the step's peak, and what stage 3 gathered.
 :func:`formulas` gives the paper's figures for the same run (Rajbhandari et
-al. 2019, arXiv 1910.02054; :mod:`minipar.plan.zero`).  ``minipar run zero``,
-``minipar bench zero``, notebook 04 and the tests read the same two functions.
+al. 2019, arXiv 1910.02054; :mod:`minipar.plan.zero`) and, for stage 0, a note
+saying which all-reduce ran and why.  ``minipar run zero``, ``minipar bench
+zero``, notebook 04 and the tests read these functions.
+
+Exact bytes rank r sends per step, b bytes per element, C_i the shard sizes
+(``numpy.array_split`` of Ψ), ring reduce-scatter RS_r = (Ψ - C_r) b and ring
+all-gather AG_r = (Ψ - C_{r+1}) b (per unit or whole: the units' parts tile
+the shards, so the per-unit figures add up to the whole buffer's):
+
+* stage 0: the all-reduce of Ψ elements by the algorithm that ran,
+  ``allreduce_bytes_sent(Ψ, b, N, r, algorithm)`` (ring: RS_r + AG_r);
+* stages 1, 2: RS_r + AG_r = (2Ψ - C_r - C_{r+1}) b;
+* stage 3: RS_r + 2 AG_r = (3Ψ - C_r - 2C_{r+1}) b;
+* plus, under loss scaling, the all-reduce of one float64 ``found_inf`` flag.
 """
 
 from __future__ import annotations
@@ -16,30 +29,34 @@ from __future__ import annotations
 from typing import Any
 
 
-def measure_stage(comm: Any, spec: Any, stage: int) -> dict[str, Any]:
+def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto") -> dict[str, Any]:
     """Train ``spec.steps`` steps of ZeRO-``stage`` on ``comm``; this rank's measurements.
 
-    Returns ``engine``, local ``losses`` (weighted), ``bytes_sent_per_step`` (all
-    operations of the steps), ``ledger`` by category, ``tracemalloc_bytes`` (net
-    bytes of building the engine), ``held_after_steps_bytes`` (net bytes still
-    held after the steps: a full gradient buffer left behind by stage 2, or
-    gathered parameters not freed by stage 3, would show here),
-    ``step_peak_bytes`` (activations and transients), ``peak_gathered_bytes``,
-    ``gathered_after_steps`` and ``shard``.  ``minipar bench zero`` and the
-    tests reuse it.
+    ``allreduce``: the engine's all-reduce (stage 0 and found_inf; see
+    :class:`~minipar.parallel.zero.ZeRO`).  Returns ``engine``, local ``losses``
+    (weighted), ``bytes_sent_per_step`` (all operations of the steps, counted),
+    ``bytes_exact_per_step`` (:func:`exact_bytes_sent` for what ran),
+    ``grad_allreduce`` (stage 0's algorithm, None for stages 1-3), ``ledger`` by
+    category, ``tracemalloc_bytes`` (net bytes of building the engine),
+    ``held_after_steps_bytes`` (net bytes still held after the steps: a full
+    gradient buffer left behind by stage 2, or gathered parameters not freed by
+    stage 3, would show here), ``step_peak_bytes`` (activations and transients),
+    ``peak_gathered_bytes``, ``gathered_after_steps`` and ``shard``.
     """
     import gc
 
     from minipar.comm import traced
     from minipar.memory import measure
     from minipar.parallel.common import loss_weight
-    from minipar.parallel.zero import ZeRO, check_stage
+    from minipar.parallel.zero import ZeRO, check_allreduce, check_stage
 
     c = traced(comm)
     check_stage(stage)
+    check_allreduce(allreduce)
     model, init = spec.model(), spec.initial_params()
     w = loss_weight(spec.batch, c.rank, c.size)
-    warm = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, **spec.opt_kwargs())
+    warm = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, allreduce=allreduce,
+                **spec.opt_kwargs())
     warm.train_step(*spec.local_batch(0, c.rank, c.size), w)  # first-use caches (causal
     del warm  # masks, layout tables, NumPy's dtype caches) fill outside the measured regions
     c.stats.reset()
@@ -47,22 +64,82 @@ def measure_stage(comm: Any, spec: Any, stage: int) -> dict[str, Any]:
     losses, peak = [0.0] * spec.steps, 0
     with measure() as whole:
         with measure() as built:
-            eng = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, **spec.opt_kwargs())
+            eng = ZeRO(c, model, init, stage, spec.precision, spec.optimizer,
+                       allreduce=allreduce, **spec.opt_kwargs())
         for s in range(spec.steps):
             with measure() as step:
                 losses[s] = eng.train_step(*spec.local_batch(s, c.rank, c.size), w)
             peak = max(peak, step.peak_bytes)
         gc.collect()  # cyclic garbage of the steps is not held memory
+    psi, itemsize = eng.layout.size, eng.policy.param_dtype.itemsize
+    exact = exact_bytes_sent(psi, c.size, c.rank, stage, itemsize, allreduce,
+                             found_inf=eng.states.scaler is not None)
     return {"engine": eng, "losses": losses,
             "bytes_sent_per_step": c.stats.bytes_sent() / spec.steps,
+            "bytes_exact_per_step": exact, "grad_allreduce": eng.grad_allreduce(),
             "ledger": eng.ledger().bytes_by_category(), "tracemalloc_bytes": built.current_bytes,
             "held_after_steps_bytes": whole.current_bytes, "step_peak_bytes": peak,
             "peak_gathered_bytes": eng.hooks.peak_gathered_bytes,
             "gathered_after_steps": len(eng.hooks.gathered), "shard": eng.shard}
 
 
-def formulas(psi: int, n: int, stage: int, precision: str) -> dict[str, Any]:
-    """The paper's per-rank figures for this run: model-state bytes and bytes sent per step."""
+def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,
+                     allreduce: str = "auto", found_inf: bool = False) -> int:
+    """Bytes rank ``rank`` of ``n`` sends in one ZeRO-``stage`` step, exactly (module doc).
+
+    ``itemsize``: bytes of a parameter/gradient element; ``allreduce``: the engine's
+    algorithm (``"auto"`` resolved by Ψ x itemsize and N); ``found_inf``: loss
+    scaling on (one more all-reduce, of one float64)."""
+    from minipar.collectives import chunk_counts
+    from minipar.collectives.cost import (
+        all_gather_bytes,
+        allreduce_bytes_sent,
+        reduce_scatter_bytes,
+    )
+
+    if stage == 0:
+        sent = allreduce_bytes_sent(psi, itemsize, n, rank, allreduce)
+    else:
+        gathers = 2 if stage == 3 else 1
+        sent = (reduce_scatter_bytes(psi, itemsize, n, rank)[0]
+                + gathers * all_gather_bytes(chunk_counts(psi, n), itemsize, rank)[0])
+    if found_inf:
+        sent += allreduce_bytes_sent(1, 8, n, rank, allreduce)
+    return sent
+
+
+def allreduce_note(psi: int, n: int, itemsize: int, allreduce: str = "auto") -> str:
+    """One line for stage 0: which all-reduce ran and why, and where the paper's figure is.
+
+    e.g. ``recursive doubling: S = 41,728 B < 8 MiB; the paper's figure is the ring's:
+    --allreduce ring``."""
+    from minipar.collectives.auto import RING_MIN_BYTES
+
+    S = psi * itemsize
+    names = {"ring": "ring", "recursive_doubling": "recursive doubling", "tree": "binomial tree"}
+    if n == 1:
+        return "stage 0's all-reduce: nothing to send on 1 rank"
+    if allreduce != "auto":
+        why = f"{names[allreduce]} (--allreduce {allreduce})"
+    elif n <= 2:
+        why = (f"recursive doubling: N = {n} <= 2 (auto never runs the ring on 2 ranks: the "
+               f"same bytes in one message of S instead of two of S/2), S = {S:,} B")
+    elif S < RING_MIN_BYTES:
+        why = f"recursive doubling: S = {S:,} B < {RING_MIN_BYTES >> 20} MiB"
+    else:
+        why = f"ring: S = {S:,} B >= {RING_MIN_BYTES >> 20} MiB on N = {n} >= 3 ranks"
+    if why.startswith("ring"):
+        return f"stage 0's all-reduce: {why}; the paper's figure is the ring's"
+    return f"stage 0's all-reduce: {why}; the paper's figure is the ring's: --allreduce ring"
+
+
+def formulas(psi: int, n: int, stage: int, precision: str,
+             allreduce: str = "auto") -> dict[str, Any]:
+    """The paper's per-rank figures for this run: model-state bytes and bytes sent per step.
+
+    Keys: ``model_state``, ``model_state_text``, ``bytes`` (the paper's 2Ψ(N-1)/N or
+    3Ψ(N-1)/N, in bytes: the ring's), ``bytes_text`` and, for stage 0, ``allreduce_note``
+    (:func:`allreduce_note`; None for stages 1-3)."""
     import numpy as np
 
     from minipar.plan.zero import STAGE_FORMULAS, zero_comm_bytes_per_rank, zero_model_state_bytes
@@ -75,4 +152,5 @@ def formulas(psi: int, n: int, stage: int, precision: str) -> dict[str, Any]:
     return {"model_state": zero_model_state_bytes(psi, n, stage, k, p, p),
             "model_state_text": f"{STAGE_FORMULAS[stage]}{sizes}, K={k}",
             "bytes": zero_comm_bytes_per_rank(psi, n, stage, p),
-            "bytes_text": f"{3 if stage == 3 else 2}Ψ(N-1)/N x {p} bytes"}
+            "bytes_text": f"{3 if stage == 3 else 2}Ψ(N-1)/N x {p} bytes (the paper's, ring)",
+            "allreduce_note": allreduce_note(psi, n, p, allreduce) if stage == 0 else None}

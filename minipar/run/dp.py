@@ -6,8 +6,11 @@ Launcher side: the bucket and algorithm options and their checks.  Rank
 side: :func:`measure` trains ``--steps`` steps with
 :class:`minipar.parallel.data_parallel.DataParallel` (Li et al. 2020, PyTorch
 DDP, arXiv 2006.15704: gradient buckets all-reduced as backward fills them)
-and gathers, per rank, the bytes sent per step next to the ring's
-2(N-1)/N x S, the model-state bytes held and the timeline.
+and gathers, per rank, the bytes sent per step next to the exact figure of
+what each bucket ran and the ring's 2(N-1)/N x S (the paper's figure), the
+model-state bytes held and the timeline.  ``--algorithm auto`` (the default)
+runs each bucket by size: the overlapped ring from 8 MiB up on 3+ ranks,
+blocking recursive doubling below (a note lists which bucket ran which).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from minipar.cli_errors import integer, number
 #: the all-reduce algorithms of :class:`~minipar.parallel.data_parallel.DataParallel`
 #: (its ``ALGORITHMS``; repeated here because importing it would start MPI; a test
 #: checks that the two agree)
-ALGORITHMS = ("ring", "mpi")
+ALGORITHMS = ("auto", "ring", "mpi")
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's bucket_cap_mb
 
 
@@ -30,8 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"bucket capacity in MiB (default {DEFAULT_BUCKET_MB:g}, as PyTorch DDP)")
     g.add_argument("--bucket-bytes", type=integer(1), default=None,
                    help="bucket capacity in bytes (overrides --bucket-mb)")
-    g.add_argument("--algorithm", choices=ALGORITHMS, default="ring",
-                   help="ring (from scratch) or mpi (MPI's Iallreduce)")
+    g.add_argument("--algorithm", choices=ALGORITHMS, default="auto",
+                   help="auto (per bucket: overlapped ring from 8 MiB on 3+ ranks, else "
+                        "blocking recursive doubling; default), ring (every bucket "
+                        "overlapped), mpi (MPI's Iallreduce)")
     g.add_argument("--no-overlap", action="store_true",
                    help="all-reduce every bucket after backward")
 
@@ -63,7 +68,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     from minipar.parallel.data_parallel import DataParallel, replica_model_state_bytes
 
     dp = DataParallel(TracedComm(), spec, bucket_bytes_option(options),
-                      options.get("algorithm", "ring"), not options.get("no_overlap", False))
+                      options.get("algorithm", "auto"), not options.get("no_overlap", False))
     losses = dp.train()
     held = sum(dp.states.bytes_by_category().values())
     mine = (dp.bytes_sent_per_step(), dp.bytes_formula(), held, dp.timelines[-1].as_dict())
@@ -78,15 +83,33 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         "bytes_sent_per_rank": [e[0] for e in everyone],
         "bytes_exact_per_rank": [e[1] for e in everyone],
         "bytes_formula": 2 * (n - 1) / n * S,
-        "bytes_formula_text": f"2(N-1)/N x S (S = Ψ x {dp.itemsize} B = {S:,} B)",
+        "bytes_formula_text": f"2(N-1)/N x S, the ring's (S = Ψ x {dp.itemsize} B = {S:,} B)",
         "model_state_bytes_per_rank": [e[2] for e in everyone],
         "model_state_formula": replica_model_state_bytes(psi, spec.precision, spec.optimizer),
         "model_state_formula_text": ("(2+2+K)Ψ, K = 12" if spec.precision.startswith("mixed")
                                      else f"params + grads + optimizer states of {spec.precision}"),
         "buckets": [list(b.names) for b in dp.buckets],
         "timeline": [e[3] for e in everyone],
-        "notes": [f"Ψ = {psi:,} parameters in {len(dp.buckets)} bucket(s), algorithm "
-                  f"{dp.algorithm}, overlap {'on' if dp.overlap else 'off'}; "
-                  "exact ring bytes per rank (sum over buckets): "
+        "bucket_algorithms": dp.bucket_algorithms,
+        "notes": [(f"Ψ = {psi:,} parameters in {len(dp.buckets)} bucket(s), algorithm "
+                   f"{dp.algorithm}, overlap {'on' if dp.overlap else 'off'}"),
+                  algorithm_note(dp.algorithm, dp.bucket_algorithms, n, dp.overlap),
+                  "exact bytes per rank (sum over buckets of the algorithm each ran): "
                   + ", ".join(f"{e[1]:,}" for e in everyone)],
     }
+
+
+def algorithm_note(algorithm: str, per_bucket: list[str], world: int, overlap: bool) -> str:
+    """One line: which all-reduce the buckets ran, and where the paper's figure is."""
+    when = "overlapped with backward" if overlap else "after backward (--no-overlap)"
+    if algorithm != "auto":
+        return f"every bucket: {algorithm} (--algorithm {algorithm}), {when}"
+    rd, ring = per_bucket.count("recursive_doubling"), per_bucket.count("ring")
+    parts = []
+    if ring:
+        parts.append(f"{ring} bucket(s) >= 8 MiB on the ring, {when}")
+    if rd:
+        parts.append(f"{rd} bucket(s) by recursive doubling (< 8 MiB: latency-bound), blocking "
+                     + ("when ready" if overlap else "after backward"))
+    tail = "" if not rd else "; the formula is the ring's: --algorithm ring"
+    return "auto: " + "; ".join(parts) + tail

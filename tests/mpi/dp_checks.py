@@ -10,6 +10,10 @@ Every rank runs every case; rank 0 gathers and prints one line
 * DDP for several bucket sizes / algorithms / overlap on or off: losses and
   final parameters against the serial run (computed on every rank), bytes
   sent per step against the exact per-bucket ring formula, timelines;
+* DDP with the default ``algorithm="auto"``: 4 KiB buckets (all recursive
+  doubling here), one bucket, and 4 KiB buckets with auto's switch lowered to
+  8,704 bytes (``ring_min_bytes``) so that on 3+ ranks some buckets run the
+  overlapped ring and others blocking recursive doubling in the same step;
 * DDP on a mixture of experts (4 experts, top-2, tokens dropped at capacity):
   against the serial run that routes the same groups (each rank's rows,
   ``serial_reference(spec, N)``), and, to show why, against the full-batch run.
@@ -22,8 +26,8 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from minipar.collectives.cost import ring_allreduce_bytes
-from minipar.collectives.nonblocking import TAG_BASE, iallreduce
+from minipar.collectives.cost import allreduce_bytes, ring_allreduce_bytes
+from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
 from minipar.comm import TracedComm
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.data_parallel import DataParallel
@@ -39,6 +43,8 @@ bad = {
     "bucket-neg": lambda: DataParallel(comm, SPEC, bucket_bytes=-5),
     "algorithm": lambda: DataParallel(comm, SPEC, algorithm="tree"),
     "too-many-ranks": lambda: DataParallel(comm, SPEC.with_(batch=N - 1 if N > 1 else 0)),
+    "ring-min-0": lambda: DataParallel(comm, SPEC, ring_min_bytes=0),
+    "ring-min-not-auto": lambda: DataParallel(comm, SPEC, algorithm="ring", ring_min_bytes=64),
 }
 for name, make in bad.items():
     before = comm.stats.msgs_sent()
@@ -69,6 +75,20 @@ for i, (n, b, ref) in enumerate(zip(lengths, bufs, refs)):
         "sent": comm.stats.bytes_sent(f"nb{i}"), "recv": comm.stats.bytes_recv(f"nb{i}"),
         "formula": list(ring_allreduce_bytes(n, 8, N, R))})
 
+# -- a blocking all-reduce behind the request interface (DDP's small buckets) -------------
+out["blocking"] = []
+for algo in ("recursive_doubling", "tree"):
+    b = rng.standard_normal(1001)
+    ref = np.empty_like(b)
+    MPI.COMM_WORLD.Allreduce(b, ref, MPI.SUM)
+    req = BlockingAllreduceRequest(comm, b, algo, name=f"blocking-{algo}")
+    out["blocking"].append({
+        "algorithm": algo, "done": req.done and req.progress() and req.wait() is b,
+        "close": bool(np.allclose(b, ref, rtol=1e-13, atol=1e-13)),
+        "identical": all(np.array_equal(b, e) for e in MPI.COMM_WORLD.allgather(b)),
+        "sent": comm.stats.bytes_sent(f"blocking-{algo}"),
+        "formula": allreduce_bytes(1001, 8, N, R, algo)[0]})
+
 # -- DDP against the serial run ----------------------------------------------------------
 serial = serial_reference(SPEC)
 cases = [("tiny", 1, "ring", True), ("medium", 4096, "ring", True), ("all", 1 << 30, "ring", True),
@@ -91,13 +111,31 @@ for label, bucket, algo, overlap in cases:
         "timeline": dp.timelines[-1].as_dict(),
     })
 
+# -- the default, auto: per bucket by size and N (ring_min_bytes moves the switch) ---------
+out["auto"] = []
+for label, bucket, ring_min in (("auto", 4096, None), ("auto-one-bucket", 1 << 30, None),
+                                ("auto-both-kinds", 4096, 8704)):
+    dp = DataParallel(comm, SPEC, bucket_bytes=bucket, ring_min_bytes=ring_min)
+    comm.stats.reset()
+    losses = dp.train()
+    params = MPI.COMM_WORLD.allgather(dp.states.params)
+    out["auto"].append({
+        "label": label, "algorithm": dp.algorithm, "bucket_sizes": [b.size for b in dp.buckets],
+        "bucket_algorithms": dp.bucket_algorithms,
+        "losses": losses, "serial_losses": serial["losses"],
+        "params": dp.states.params.tolist(), "serial_params": serial["params"].tolist(),
+        "replicas_identical": all(np.array_equal(dp.states.params, p) for p in params),
+        "sent_per_step": dp.bytes_sent_per_step(), "formula": dp.bytes_formula(),
+        "loss_sent": comm.stats.bytes_sent("dp_loss_allreduce") / SPEC.steps,
+        "timeline": dp.timelines[-1].as_dict()})
+
 # -- SGD with momentum: parity as well; mixed precision: bytes of 16-bit grads, 16 bytes/param --
 sgd = SPEC.with_(optimizer="sgd", weight_decay=0.0, lr=0.05)
 dp = DataParallel(comm, sgd, bucket_bytes=4096)
 out["sgd"] = {"losses": dp.train(), "params": dp.states.params.tolist(),
               "serial_losses": serial_reference(sgd)["losses"],
               "serial_params": serial_reference(sgd)["params"].tolist()}
-dp = DataParallel(comm, SPEC.with_(precision="mixed"), bucket_bytes=4096)
+dp = DataParallel(comm, SPEC.with_(precision="mixed"), bucket_bytes=4096, algorithm="ring")
 comm.stats.reset()
 dp.train()
 params = MPI.COMM_WORLD.allgather(dp.states.params.view(np.uint16))

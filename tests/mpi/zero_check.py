@@ -1,11 +1,13 @@
 """ZeRO on N ranks, all stages in one launch: float64 parity, mixed-precision memory and bytes.
 
 Rank 0 prints one line ``ZERO_CHECK {json}`` that tests/test_zero.py judges:
-per stage, parity with the serial run (float64; stages 1-3 also on a mixture
-of experts, against the serial run of the same routing groups), and per rank
-the model-state bytes (ledger by category, tracemalloc), the gathered
-parameters stage 3 held at most and after the steps, bytes sent per step and
-shard sizes (mixed precision, the paper's setting).
+per stage, parity with the serial run (float64, the default ``allreduce="auto"``;
+stages 1-3 also on a mixture of experts, against the serial run of the same
+routing groups) and, for stage 0, every rank's bytes next to auto's exact
+figure; and per rank the model-state bytes (ledger by category, tracemalloc),
+the gathered parameters stage 3 held at most and after the steps, bytes sent
+per step and shard sizes (mixed precision and stage 0 on the ring: the paper's
+setting).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ MEMORY = RunSpec(vocab=16, seq=8, d_model=32, layers=4, heads=2, batch=8, steps=
                  precision="mixed")
 
 comm = TracedComm(MPI.COMM_WORLD)
-out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "memory": {}}
+out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "memory": {}, "auto": []}
 for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2, 3))):
     serial = serial_reference(spec, comm.size) if comm.rank == 0 else None
     for stage in stages:
@@ -38,6 +40,13 @@ for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2,
         with comm.operation("report"):
             losses = ring_allreduce(comm, np.array(m["losses"]))
         final = m["engine"].full_params()
+        if key == "parity" and stage == 0:  # the default all-reduce: auto, exact bytes
+            rows = comm.comm.gather({"sent": m["bytes_sent_per_step"],
+                                     "exact": m["bytes_exact_per_step"],
+                                     "grad_allreduce": m["grad_allreduce"],
+                                     "psi": m["engine"].layout.size,
+                                     "itemsize": m["engine"].grads.itemsize})
+            out["auto"] = rows if comm.rank == 0 else None
         if comm.rank == 0:
             out[key][stage] = {
                 "ok": parity(losses, serial["losses"], final, serial["params"]),
@@ -45,9 +54,10 @@ for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2,
                 "max_loss_diff": max_abs_diff(losses, serial["losses"]),
             }
 for stage in STAGES:
-    m = measure_stage(comm, MEMORY, stage)
+    m = measure_stage(comm, MEMORY, stage, allreduce="ring")  # the paper's stage 0
     row = {k: m[k] for k in ("ledger", "tracemalloc_bytes", "bytes_sent_per_step", "shard",
-                             "step_peak_bytes", "held_after_steps_bytes")}
+                             "step_peak_bytes", "held_after_steps_bytes",
+                             "bytes_exact_per_step", "grad_allreduce")}
     row["psi"] = m["engine"].layout.size
     hooks = m["engine"].hooks  # what stage 3 held gathered: at most, and after the steps
     row["peak_gathered_bytes"], row["gathered_after_steps"] = (hooks.peak_gathered_bytes,
