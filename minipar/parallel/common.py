@@ -100,7 +100,9 @@ class RunSpec:
     capacity_factor: float = 1.25
 
     def __post_init__(self) -> None:
-        for name in ("vocab", "seq", "d_model", "layers", "heads", "batch", "steps"):
+        for name in ("vocab", "seq"):  # the modular-sum task needs two tokens and two values
+            _check_int(name, getattr(self, name), 2)
+        for name in ("d_model", "layers", "heads", "batch", "steps"):
             _check_int(name, getattr(self, name), 1)
         for name in ("seed", "data_seed", "experts"):
             _check_int(name, getattr(self, name), 0)
@@ -193,12 +195,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, default=d.batch, help=f"global batch rows (default {d.batch})")
     g.add_argument("--seq", type=int, default=d.seq, help=f"sequence length T (default {d.seq})")
     g.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary = modulus V (default {d.vocab})")
-    g.add_argument("--d-model", type=int, default=d.d_model)
-    g.add_argument("--layers", type=int, default=d.layers)
-    g.add_argument("--heads", type=int, default=d.heads)
-    g.add_argument("--lr", type=float, default=d.lr)
-    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    g.add_argument("--optimizer", choices=("adamw", "sgd"), default=d.optimizer)
+    g.add_argument("--d-model", type=int, default=d.d_model,
+                   help=f"model width d (default {d.d_model})")
+    g.add_argument("--layers", type=int, default=d.layers,
+                   help=f"transformer blocks (default {d.layers})")
+    g.add_argument("--heads", type=int, default=d.heads,
+                   help=f"attention heads, must divide --d-model (default {d.heads})")
+    g.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr:g})")
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help=f"AdamW's decoupled weight decay (default {d.weight_decay:g})")
+    g.add_argument("--optimizer", choices=("adamw", "sgd"), default=d.optimizer,
+                   help=f"adamw or sgd (default {d.optimizer})")
     g.add_argument("--experts", type=int, default=d.experts,
                    help="experts per block, a mixture of experts (default 0: dense)")
     g.add_argument("--top-k", type=int, default=d.top_k,

@@ -148,9 +148,14 @@ def formulas(psi: int, n: int, stage: int, precision: str,
     pol = get(precision)
     p = pol.param_dtype.itemsize
     k = 12 if pol.master_dtype is not None else 2 * np.dtype(pol.state_dtype).itemsize
-    sizes = "" if precision == "mixed" else f" with {p}-byte params and grads (2 in the paper)"
+    held = (f"({p}+{p}+{k})Ψ", f"{2 * p}Ψ + {k}Ψ/N", f"{p}Ψ + ({p}+{k})Ψ/N",
+            f"({p}+{p}+{k})Ψ/N")[stage]
+    paper = STAGE_FORMULAS[stage].replace("K", "12")
+    text = (f"{held}, the paper's {STAGE_FORMULAS[stage]} with K = 12" if (p, k) == (2, 12) else
+            f"{held}: {p}-byte params and grads, K = {k} bytes of optimizer state per "
+            f"parameter (the paper's mixed precision: {paper})")
     return {"model_state": zero_model_state_bytes(psi, n, stage, k, p, p),
-            "model_state_text": f"{STAGE_FORMULAS[stage]}{sizes}, K={k}",
+            "model_state_text": text,
             "bytes": zero_comm_bytes_per_rank(psi, n, stage, p),
-            "bytes_text": f"{3 if stage == 3 else 2}Ψ(N-1)/N x {p} bytes (the paper's, ring)",
+            "bytes_text": f"{3 if stage == 3 else 2}Ψ(N-1)/N x {p} bytes (ring)",
             "allreduce_note": allreduce_note(psi, n, p, allreduce) if stage == 0 else None}

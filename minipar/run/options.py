@@ -52,7 +52,11 @@ def parser(strategy: str | None = None) -> ArgumentParser:
     from minipar.parallel.common import add_model_arguments
     from minipar.precision import POLICIES
 
-    p = ArgumentParser(prog=PROG, description="train in parallel and compare with the serial run")
+    epilog = None if strategy in STRATEGIES else (
+        "each strategy adds its own options: " + ", ".join(
+            f"minipar run {name} --help" for name in sorted(STRATEGIES)))
+    p = ArgumentParser(prog=PROG, description="train in parallel and compare with the serial run",
+                       epilog=epilog)
     p.add_argument("strategy", choices=sorted(STRATEGIES), help="which technique to run")
     g = p.add_argument_group("the run")
     g.add_argument("-n", "--ranks", type=integer(1), default=4, help="MPI ranks (default 4)")

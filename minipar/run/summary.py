@@ -24,7 +24,10 @@ The summary's keys (the ones every strategy has first):
 ``parity_expected``             False when the run cannot equal the serial one
                                 (asynchronous updates, any precision but
                                 float64): the verdict says why
-``bytes_sent_per_rank``         list over ranks: bytes sent per step (counted)
+``bytes_sent_per_rank``         list over ranks: bytes sent per step (counted;
+                                ``bytes_counted`` False when MPI's own ran)
+``bytes_exact_per_rank``,       list over ranks: the exact bytes of the
+``bytes_exact_text``            algorithms that ran, and what they were
 ``bytes_formula``,              the paper's figure per rank per step, and its
 ``bytes_formula_text``          formula as text
 ``model_state_bytes_per_rank``  list over ranks: bytes of params+grads+optimizer
@@ -79,7 +82,8 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
 
     m = dict(m)
     params, losses = m.pop("params"), [float(v) for v in m.pop("losses")]
-    serial = serial_reference(spec, m.pop("data_parallel_ranks"))
+    serial_world = m.pop("data_parallel_ranks")
+    serial = serial_reference(spec, serial_world)
     init = spec.initial_params()
     initial = FlatParams.like(init).flatten(init)
     reason = not_comparable_reason(options)
@@ -89,6 +93,12 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
         v = parity.not_comparable(reason, losses, serial["losses"], params, serial["params"])
     verdict = v.as_dict()
     notes = m.pop("notes", [])
+    world = serial_world
+    if spec.experts and world > 1:
+        notes.append(f"mixture of experts: each of the {world} data-parallel ranks routes its own "
+                     "rows as one group (capacity and aux loss are per group, GShard's local "
+                     f"groups), so the serial run accumulates {world} micro-batches cut like the "
+                     "ranks' rows: its losses depend on -n")
     return {"strategy": options["strategy"], "ranks": m.pop("ranks"), "steps": spec.steps,
             "losses": losses, "serial_losses": [float(x) for x in serial["losses"]],
             "verdict": verdict, "parity": v.status == "equal",
@@ -105,9 +115,16 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(s["verdict"]["line"])
     if "bytes_sent_per_rank" in s:
         sent = ", ".join(f"{b:,.0f}" for b in s["bytes_sent_per_rank"])
-        lines.append(f"bytes sent per rank per step (counted): {sent}")
+        counted = "counted" if s.get("bytes_counted", True) else (
+            "not counted: MPI's own collective does not tell its bytes")
+        lines.append(f"bytes sent per rank per step ({counted}): {sent}")
+        if "bytes_exact_per_rank" in s:
+            exact = ", ".join(f"{b:,.0f}" for b in s["bytes_exact_per_rank"])
+            lines.append(f"  exact figure of what ran ({s.get('bytes_exact_text', 'per rank')}): "
+                         f"{exact}")
         if "bytes_formula" in s:
-            lines.append(f"  formula {s.get('bytes_formula_text', '')} = {s['bytes_formula']:,.0f}")
+            lines.append(f"  the paper's figure {s.get('bytes_formula_text', '')} = "
+                         f"{s['bytes_formula']:,.0f}")
     if "model_state_bytes_per_rank" in s:
         held = ", ".join(f"{b:,.0f}" for b in s["model_state_bytes_per_rank"])
         lines.append(f"model-state bytes held per rank (measured): {held}")

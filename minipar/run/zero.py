@@ -72,15 +72,13 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     psi, n = m["engine"].layout.size, comm.size
     f = formulas(psi, n, stage, spec.precision, algorithm)
     ran = m["grad_allreduce"] or "ring reduce-scatter + all-gather"
-    notes = [f"Ψ = {psi} parameters; ZeRO stage {stage}; precision {spec.precision}",
-             f"exact bytes per rank per step of what ran ({ran.replace('_', ' ')}): "
-             + ", ".join(f"{r[4]:,}" for r in rows),
+    notes = [f"Ψ = {psi:,} parameters; ZeRO stage {stage}; precision {spec.precision}",
              "model-state bytes by tracemalloc per rank: " + ", ".join(f"{r[2]:,}" for r in rows),
              "step peak (tracemalloc, activations + transients): "
              + ", ".join(f"{r[3]:,}" for r in rows)]
     if f["allreduce_note"]:
         notes.insert(1, f["allreduce_note"])
-    if spec.precision != "mixed":
+    if not spec.precision.startswith("mixed"):
         notes.append("the paper's memory formulas assume mixed precision (2+2+12 bytes per "
                      "parameter); this run uses the same partitioning with this precision's "
                      "sizes. Run with --precision mixed for the paper's numbers.")
@@ -88,7 +86,8 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
             "grad_allreduce": m["grad_allreduce"],
             "losses": [float(v) for v in losses], "params": final, "psi": psi,
             "bytes_sent_per_rank": [r[0] for r in rows],
-            "bytes_exact_per_rank": [r[4] for r in rows], "bytes_formula": f["bytes"],
+            "bytes_exact_per_rank": [r[4] for r in rows],
+            "bytes_exact_text": ran.replace("_", " "), "bytes_formula": f["bytes"],
             "bytes_formula_text": f["bytes_text"],
             "model_state_bytes_per_rank": [r[1] for r in rows],
             "model_state_tracemalloc_per_rank": [r[2] for r in rows],
