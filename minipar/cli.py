@@ -9,8 +9,10 @@ To add a verb: add one row to ``minipar.registry.VERBS``; nothing else changes h
 
 Errors are one line (:mod:`minipar.cli_errors`): a bad option exits 2 with
 ``minipar VERB: --option …``; Ctrl-C exits 130 with ``minipar: interrupted``
-and no traceback (a multi-rank launch kills its ranks first, see
-:func:`minipar.launch.run`).  ``main`` returns the exit status of the verb,
+and no traceback, SIGTERM (``kill``, ``timeout``, a scheduler) exits 143 with
+``minipar: terminated`` (:func:`minipar.cli_errors.sigterm_as_interrupt`); in
+both cases a multi-rank launch stops every rank and removes its files first
+(see :func:`minipar.launch.run`).  ``main`` returns the exit status of the verb,
 including a verb's argparse ``SystemExit``, so it can be called in-process.
 """
 
@@ -19,7 +21,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-from minipar.cli_errors import EXIT_INTERRUPTED, EXIT_USAGE
+from minipar.cli_errors import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    Terminated,
+    sigterm_as_interrupt,
+)
 from minipar.registry import VERBS
 
 
@@ -60,15 +68,17 @@ def main(argv: list[str] | None = None) -> int:
               "(minipar --help describes them)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        module = importlib.import_module(VERBS[verb][0])
-        return int(module.main(rest) or 0)
+        with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: launches stop their ranks
+            module = importlib.import_module(VERBS[verb][0])
+            return int(module.main(rest) or 0)
     except SystemExit as e:  # argparse: --help (0) or a one-line usage error (2)
         return _status(e.code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         if sys.stderr.isatty():  # end the line ^C (or a progress bar) left open
             sys.stderr.write("\n")
-        print("minipar: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        terminated = isinstance(e, Terminated)
+        print(f"minipar: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except BrokenPipeError:  # `minipar plan ... | head`: the reader has all it wanted
         _silence_stdout()
         return 0

@@ -12,7 +12,14 @@ mistypes an option reads one sentence that says what to change:
   MPI rank started; never a traceback;
 * ``--help`` still prints the full help (exit 0);
 * Ctrl-C prints ``minipar: interrupted`` and exits :data:`EXIT_INTERRUPTED`
-  (130 = 128 + SIGINT, the shell's convention) — see :mod:`minipar.cli`;
+  (130 = 128 + SIGINT, the shell's convention); SIGTERM (what ``kill``,
+  ``timeout`` and a cluster's scheduler send) is handled the same way —
+  :class:`Terminated`, ``minipar: terminated``, :data:`EXIT_TERMINATED`
+  (143 = 128 + SIGTERM) — so a multi-rank launch stops every rank and removes
+  its files either way (:func:`sigterm_as_interrupt`, :mod:`minipar.cli`);
+* a duration (``--timeout``, ``--watchdog``) is a number of seconds > 0 and at
+  most :data:`MAX_SECONDS` (1e6 s, 11.6 days): past about 2.1e6 s the
+  operating system's wait, counted in milliseconds in a 32-bit integer, overflows;
 * files and folders: an output FILE (``--json PATH``, ``--export-md PATH``)
   must go into a folder that exists — minipar never creates folders for a
   file, so a typo in a path is an error, not a stray folder; the one option
@@ -27,7 +34,7 @@ and the benches too):
   sub-parsers inherit it.  Cross-option checks call ``parser.error(...)``.
 * option types that check ranges as they parse, so the message names the
   option without extra code: :func:`integer`, :func:`number`,
-  :func:`output_file`.
+  :func:`seconds`, :func:`output_file`.
 * :func:`error_line` — print one line for a ``ValueError`` caught in a verb
   and return 2.
 
@@ -38,17 +45,23 @@ NumPy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 #: exit status of a bad command line (argparse's and the shell's convention)
 EXIT_USAGE = 2
 #: exit status after Ctrl-C: 128 + SIGINT (2), as a shell reports a process killed by it
 EXIT_INTERRUPTED = 130
+#: exit status after SIGTERM: 128 + SIGTERM (15)
+EXIT_TERMINATED = 143
+#: the longest duration a ``--timeout`` / ``--watchdog`` accepts, in seconds (11.6 days)
+MAX_SECONDS = 1e6
 
 
 def one_line(text: str) -> str:
@@ -161,6 +174,73 @@ def number(greater_than: float | None = None, minimum: float | None = None,
     return parse
 
 
+#: what a duration must be, as the messages say it
+SECONDS_WANTED = (f"a number of seconds > 0 and at most {MAX_SECONDS:.0e} "
+                  f"({MAX_SECONDS / 86400:.1f} days)").replace("e+0", "e")
+
+
+def check_seconds(name: str, value: float) -> float:
+    """``value`` if it is a usable duration (> 0, at most :data:`MAX_SECONDS`), else
+    ``ValueError: NAME must be a number of seconds > 0 and at most 1e6 (11.6 days), got V``."""
+    try:
+        v = math.nan if isinstance(value, (bool, str)) else float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not 0 < v <= MAX_SECONDS:  # also refuses nan
+        raise ValueError(f"{name} must be {SECONDS_WANTED}, got {value!r}")
+    return v
+
+
+def seconds(text: str) -> float:
+    """An argparse ``type``: a duration in seconds, > 0 and at most :data:`MAX_SECONDS`.
+
+    ``--timeout 0``, ``--timeout nan`` and ``--timeout 3e6`` are refused with
+    ``--timeout must be a number of seconds > 0 and at most 1e6 (11.6 days), got 3e6``:
+    a longer wait would overflow the operating system's timer, not wait longer.
+    """
+    try:
+        return check_seconds("", float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {SECONDS_WANTED}, got {_got(text)}") from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``kill PID``, ``timeout``, a scheduler ending the job).
+
+    A subclass of ``KeyboardInterrupt``, so every ``except KeyboardInterrupt``
+    and ``finally`` that cleans up after Ctrl-C also runs for SIGTERM — above
+    all :func:`minipar.launch.run`, which stops its ranks."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    # one is enough: a second SIGTERM must not cut short the stopping of the ranks
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated`, so that ``except`` and
+    ``finally`` blocks run, instead of its default action: ending the process at
+    once, running none of them.  A second SIGTERM while the first unwinds is ignored.
+
+    Only where nobody else decided: in the main thread (the only one Python
+    delivers signals to) and while SIGTERM has its default action; a handler
+    already set (the caller's own, or ``minipar.cli``'s, or SIG_IGN) is left in
+    place.  The previous handling is restored when the block ends."""
+    try:
+        installed = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        if installed:
+            signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread
+        installed = False
+    try:
+        yield
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def check_output_file(path: str) -> str | None:
     """Why ``path`` cannot be written as a file (None if it can), without creating anything.
 
@@ -199,6 +279,21 @@ def output_file_or_stdout(text: str) -> str:
 
 
 __all__ = [
-    "EXIT_INTERRUPTED", "EXIT_USAGE", "ArgumentParser", "check_output_file", "error_line",
-    "integer", "number", "one_line", "output_file", "output_file_or_stdout",
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "EXIT_USAGE",
+    "MAX_SECONDS",
+    "SECONDS_WANTED",
+    "ArgumentParser",
+    "Terminated",
+    "check_output_file",
+    "check_seconds",
+    "error_line",
+    "integer",
+    "number",
+    "one_line",
+    "output_file",
+    "output_file_or_stdout",
+    "seconds",
+    "sigterm_as_interrupt",
 ]

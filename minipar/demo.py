@@ -23,7 +23,7 @@ import json
 import sys
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, number
+from minipar.cli_errors import ArgumentParser, integer, seconds
 
 PROG = "minipar demo"
 KEYS = ("rank", "ring_sent", "ring_peers", "naive_sent", "naive_recv", "equal_to_mpi")
@@ -91,7 +91,7 @@ def parser() -> ArgumentParser:
     p.add_argument("--elems", type=integer(0), default=1 << 18,
                    help="gradient length in float64 elements (default 262144 = 2 MiB)")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
-    p.add_argument("--timeout", type=number(greater_than=0), default=120.0,
+    p.add_argument("--timeout", type=seconds, default=120.0,
                    help="seconds before all ranks are killed (default 120)")
     p.add_argument("--hostfile", type=existing_file, default=None,
                    help="hosts to run the ranks on, passed to mpiexec (see MINIPAR_MPIEXEC)")
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
     try:
         data, _ = launch.run_json(args.ranks, "minipar.demo", {"elems": args.elems}, check=True,
                                   timeout=args.timeout, hostfile=args.hostfile)
-    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+    except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, args.debug)
     print(json.dumps(data) if args.json else format_table(data))
     return 0 if all(r["equal_to_mpi"] for r in data["rows"]) else 1

@@ -209,6 +209,33 @@ def test_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         refuse(["bench", *argv], names, capsys)
 
 
+DURATIONS = [
+    ["run", "dp", "--timeout", "3e6"], ["run", "dp", "--timeout", "1e10"],
+    ["run", "dp", "--timeout", "inf"], ["demo", "--timeout", "3e6"],
+    ["bench", "collectives", "--timeout", "1e10"], ["bench", "dp", "--timeout", "3e6"],
+    ["bench", "zero", "--timeout", "1e10"], ["bench", "wait", "--timeout", "3e6"],
+    ["exercise", "check", "ring_allreduce", "--solution", "--timeout", "3e6"],
+    ["exercise", "check", "ring_allreduce", "--solution", "--watchdog", "1e10"],
+]
+
+
+@pytest.mark.parametrize("argv", DURATIONS, ids=[" ".join(a) for a in DURATIONS])
+def test_a_duration_past_1e6_seconds(argv: list[str], tmp_path: Path, no_grading: None,
+                                     monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Past ~2.1e6 s the operating system's wait overflows (it crashed with
+    ``OverflowError: timeout is too large``); every --timeout / --watchdog says its range."""
+    mark = tmp_path / "mpiexec-was-started"
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("MINIPAR_MPIEXEC", str(fake))
+    option = argv[-2]
+    line = f"{option} must be a number of seconds > 0 and at most 1e6 (11.6 days), got {argv[-1]}"
+    refuse(argv, [line], capsys)
+    assert not mark.exists(), "mpiexec was started for a bad option"
+
+
 def test_unknown_verb(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["frobnicate"]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The minipar command: verbs listed, unknown verbs refused, Ctrl-C is one line.
+"""The minipar command: verbs listed, unknown verbs refused, Ctrl-C and SIGTERM are one line.
 
 Bad options of each verb: tests/test_bad_input.py.
 """
@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from minipar import cli
+from minipar.cli_errors import Terminated
 
 
 def test_help_lists_every_verb(capsys):
@@ -52,6 +53,44 @@ def test_keyboard_interrupt_in_a_verb_is_one_line(monkeypatch, capsys):
     assert cli.main(["plan", "--params", "1e9", "-n", "4"]) == 130
     out, err = capsys.readouterr()
     assert err == "minipar: interrupted\n" and out == ""
+
+
+def test_sigterm_in_a_verb_is_one_line_and_exit_143(monkeypatch, capsys):
+    """While a verb runs, SIGTERM raises Terminated (a KeyboardInterrupt, so every cleanup
+    written for Ctrl-C runs); afterwards SIGTERM's default action is back."""
+    import minipar.plan
+
+    seen = []
+
+    def terminated(argv):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        raise Terminated
+
+    monkeypatch.setattr(minipar.plan, "main", terminated)
+    assert cli.main(["plan", "--params", "1e9", "-n", "4"]) == 143
+    out, err = capsys.readouterr()
+    assert err == "minipar: terminated\n" and out == ""
+    assert seen[0] not in (signal.SIG_DFL, signal.SIG_IGN)  # minipar's handler was installed
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM to a child needs POSIX")
+def test_sigterm_during_training_is_one_line_and_exit_143():
+    """SIGTERM (`kill`, `timeout`, a scheduler) to a real `minipar train` mid-run."""
+    proc = subprocess.Popen([sys.executable, "-m", "minipar.cli", "train", "--steps", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()  # the progress bar after step 1: training has started
+        assert first.startswith("step "), first
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143
+    assert "Traceback" not in err and out == ""
+    assert err.splitlines()[-1:] == ["minipar: terminated"]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child needs POSIX")

@@ -28,6 +28,7 @@ BAD = [
     (["ps", "-n", "1"], "-n"),
     (["ps", "--servers", "0"], "--servers"),
     (["dp", "--timeout", "0"], "--timeout"),
+    (["dp", "--timeout", "3e6"], "--timeout"),
     (["dp", "--precision", "foo"], "--precision"),
     (["dp", "--bucket-mb", "0"], "--bucket-mb"),
     (["dp", "--lr", "0"], "--lr"),
@@ -143,6 +144,38 @@ def test_a_run_past_its_timeout_is_one_line() -> None:
     assert proc.stderr.strip().splitlines() == [
         ("minipar run dp: the ranks did not finish within --timeout 1 s and were all killed "
          "(--debug shows every rank's output)")]
+
+
+def test_an_mpiexec_that_cannot_start_is_one_line() -> None:
+    """A wrong MINIPAR_MPIEXEC printed a 16-line traceback ending in LaunchError."""
+    proc = _cli("dp", "-n", "2", "--steps", "1", env={launch.MPIEXEC_VAR: "/nonexistent"})
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.splitlines() == [
+        ("minipar run dp: cannot start '/nonexistent', named by MINIPAR_MPIEXEC: No such file "
+         "or directory; set MINIPAR_MPIEXEC to an mpiexec, or unset it to use this "
+         "environment's own")]
+
+
+LAUNCHING = [["demo"], ["bench", "collectives"], ["bench", "dp"], ["bench", "zero"],
+             ["bench", "wait"], ["exercise", "check", "ring_allreduce", "--solution"]]
+
+
+@pytest.mark.parametrize("argv", LAUNCHING, ids=[" ".join(a) for a in LAUNCHING])
+@pytest.mark.parametrize("var,value,words", [
+    (launch.MPIEXEC_VAR, "/nonexistent", "cannot start '/nonexistent', named by MINIPAR_MPIEXEC"),
+    (launch.MPIEXEC_ARGS_VAR, '-genv "X', "MINIPAR_MPIEXEC_ARGS='-genv \"X' cannot be split"),
+], ids=["no-such-mpiexec", "unclosed-quote"])
+def test_every_launching_command_says_why_mpiexec_did_not_start(
+        argv: list[str], var: str, value: str, words: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from minipar import cli
+
+    monkeypatch.setenv(var, value)
+    assert cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    prog = "minipar " + " ".join(argv[:2] if argv[0] != "demo" else argv[:1])
+    assert err.splitlines() == [err.strip()] and err.startswith(f"{prog}: {words}"), err
+    assert "Traceback" not in out + err
 
 
 def test_exit_status_follows_the_verdict(monkeypatch: pytest.MonkeyPatch,

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, number
+from minipar.cli_errors import ArgumentParser, integer, seconds
 
 #: (collective, algorithm) in the order they are measured at each size
 CASES = [
@@ -64,7 +64,7 @@ def _parser() -> ArgumentParser:
                    default=None, help="which algorithms (default all; mpi, the reference, "
                    "is always measured)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
-    p.add_argument("--timeout", type=number(greater_than=0), default=600.0,
+    p.add_argument("--timeout", type=seconds, default=600.0,
                    help="seconds before all ranks are killed")
     p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
     return p
@@ -201,7 +201,7 @@ def main(argv: list[str]) -> int:
     try:
         rows, _ = launch.run_json(args.ranks, "minipar.bench.collectives", payload,
                                   timeout=args.timeout, check=True)
-    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+    except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, args.debug)
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0

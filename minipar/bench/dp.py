@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, number
+from minipar.cli_errors import ArgumentParser, integer, number, seconds
 
 PROG = "minipar bench dp"
 
@@ -149,7 +149,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=integer(1), default=5, help="timed steps after one warm-up")
     p.add_argument("--precision", choices=list(POLICIES), default="float32")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--timeout", type=number(greater_than=0), default=600.0,
+    p.add_argument("--timeout", type=seconds, default=600.0,
                    help="seconds before every rank of a launch is killed (default 600)")
     p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
 
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
         return int(e.code or 0)
     try:
         row = run_bench(vars(a))
-    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+    except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, a.debug)
     if a.json:
         print(json.dumps(row, indent=2))

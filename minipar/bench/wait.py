@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 
-from minipar.cli_errors import ArgumentParser, integer, number
+from minipar.cli_errors import ArgumentParser, integer, seconds
 
 PROG = "minipar bench wait"
 MODES = ("mpi", "traced")
@@ -39,7 +39,7 @@ def _parser() -> ArgumentParser:
                    help="256x256 float64 matrix products rank 0 computes (default 150)")
     p.add_argument("--repeat", type=integer(1), default=3, help="rounds of each mode (default 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--timeout", type=number(greater_than=0), default=600.0,
+    p.add_argument("--timeout", type=seconds, default=600.0,
                    help="seconds before every rank of a launch is killed (default 600)")
     p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
     return p
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
         for n in (1, args.ranks):  # 1 rank: the reference, same environment, nobody waiting
             runs[n], _ = launch.run_json(n, "minipar.bench.wait", o, timeout=args.timeout,
                                          check=True)
-    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+    except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, args.debug)
     res = runs[args.ranks]
     res.update(alone_wall_s=runs[1]["mpi"]["compute_wall_s"], repeat=args.repeat)

@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
         out, _ = launch.run_json(a.ranks, "minipar.bench.zero",
                                  {"mode": "time", "spec": spec.as_dict(), "steps": a.steps,
                                   "stages": a.stages}, timeout=a.timeout, check=True)
-    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+    except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, a.debug)
     res, base = out["results"], out["results"]["DDP"]["seconds"]
     if a.json:

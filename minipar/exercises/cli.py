@@ -23,7 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from minipar.cli_errors import ArgumentParser, error_line, integer, number
+from minipar.cli_errors import ArgumentParser, error_line, integer, seconds
 from minipar.exercises import EXERCISES, get
 
 #: most ranks ``check`` starts on one machine (each rank is a Python process)
@@ -50,11 +50,11 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"number of ranks, 1 to {MAX_RANKS} (default 4)")
     c.add_argument("--json", action="store_true", help="machine-readable report")
     c.add_argument("--solution", action="store_true", help="grade the reference solution")
-    c.add_argument("--timeout", type=number(greater_than=0), default=60.0,
+    c.add_argument("--timeout", type=seconds, default=60.0,
                    help="seconds before the run is killed")
     c.add_argument(
         "--watchdog",
-        type=number(greater_than=0),
+        type=seconds,
         default=5.0,
         help="seconds a rank may wait for one message before it is a deadlock (< --timeout)",
     )
@@ -123,11 +123,14 @@ def main(argv: list[str]) -> int:
     if not args.watchdog < args.timeout:
         return error_line(prog, f"--watchdog {args.watchdog:g} must be below --timeout "
                           f"{args.timeout:g} (a deadlock is reported before the run is killed)")
+    from minipar import launch
     from minipar.exercises.grading import check  # imports numpy and mpi4py
 
     try:
         report = check(ex.name, file, args.n, timeout=args.timeout, watchdog=args.watchdog)
     except ValueError as err:
         return error_line(prog, err)
+    except launch.LaunchError as err:  # e.g. MINIPAR_MPIEXEC names no program: one line
+        return launch.report(prog, err)
     print(report.json() if args.json else report.text())
     return 0 if report.passed else 1

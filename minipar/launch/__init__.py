@@ -18,11 +18,16 @@ What it does, and why:
   :mod:`minipar.launch.rank` notes the rank's number and process id in the
   launch's folder, then runs TARGET (a module or a script) as ``__main__``.
 * It sets one BLAS/OpenMP thread per rank: eight ranks on two cores each
-  spawning their own BLAS thread pool would only fight for the cores.
-* It enforces a wall-clock ``timeout``: on expiry (or Ctrl-C) mpiexec is asked
-  to stop (SIGTERM, which it forwards to every rank), then the whole process
-  group is killed, and :class:`LaunchTimeout` (or ``KeyboardInterrupt``) is
-  raised.  A test that launches ranks can therefore never hang.
+  spawning their own BLAS thread pool would only fight for the cores.  Each
+  rank's output is line-buffered (:mod:`minipar.launch.rank`): a printed line
+  is one ``write``, so lines of different ranks never mix mid-line.
+* It enforces a wall-clock ``timeout`` (> 0 and at most 1e6 s,
+  :data:`minipar.cli_errors.MAX_SECONDS`): on expiry (or Ctrl-C, or SIGTERM)
+  mpiexec is asked to stop (SIGTERM, which it forwards to every rank), then the
+  whole process group is killed, and :class:`LaunchTimeout` (or
+  ``KeyboardInterrupt``; :class:`~minipar.cli_errors.Terminated` for SIGTERM)
+  is raised.  A test that launches ranks can therefore never hang, and a
+  launcher stopped by ``kill``, ``timeout`` or a scheduler leaves no rank behind.
 * **A launch leaves nothing behind.**  It gets a private temporary folder
   (``TMPDIR`` of mpiexec and of the ranks), removed afterwards whatever
   happened.  MPICH's process manager writes its hardware map to the fixed path
@@ -33,7 +38,10 @@ What it does, and why:
   :func:`minipar.launch.failure.describe`): the ``[minipar] rank R of N
   failed: ...`` line of a rank that raised, or ``rank R ... was killed by
   signal 9 (SIGKILL)`` for a rank that died (the kernel's out-of-memory killer
-  sends SIGKILL), instead of MPI's stacks.
+  sends SIGKILL), instead of MPI's stacks; when MPI itself could not start
+  (an unknown host, a wrong option in ``MINIPAR_MPIEXEC_ARGS``), the line
+  that says why.  Every error of a launch is a :class:`LaunchError`, and
+  :func:`report` turns any of them into that one line for a command.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from minipar.cli_errors import check_seconds, one_line, sigterm_as_interrupt
 from minipar.launch import failure
 from minipar.launch.failure import LAUNCH_DIR_VAR
 
@@ -65,10 +74,12 @@ STOP_GRACE_S = 3.0  # seconds mpiexec gets to stop its ranks before they are kil
 
 
 class LaunchError(RuntimeError):
-    """mpiexec could not be found, the launch was invalid, or (``check``) the ranks failed."""
+    """A launch went wrong: mpiexec could not be found or started (:data:`MPIEXEC_VAR`
+    names no program), the ranks did not finish in time (:class:`LaunchTimeout`), or
+    (``check``) they failed (:class:`RanksFailed`).  ``except LaunchError`` catches all."""
 
 
-class LaunchTimeout(RuntimeError):
+class LaunchTimeout(LaunchError):
     """The ranks did not finish within the timeout; all were killed."""
 
     def __init__(self, cmd: list[str], timeout: float, stdout: str, stderr: str):
@@ -106,18 +117,25 @@ def find_mpiexec() -> str:
                       "`pip install mpich` provides one (it is a dependency of minipar)")
 
 
+def _split_var(name: str) -> list[str]:
+    """The words of environment variable ``name``, split as a shell would."""
+    text = os.environ.get(name, "")
+    try:
+        return shlex.split(text)
+    except ValueError as e:  # e.g. an unclosed quote
+        raise LaunchError(f"{name}={text!r} cannot be split into words: {e}") from None
+
+
 def mpiexec_command() -> list[str]:
     """``$MINIPAR_MPIEXEC $MINIPAR_MPIEXEC_ARGS``, or this environment's ``mpiexec``."""
-    other = os.environ.get(MPIEXEC_VAR, "").strip()
-    cmd = shlex.split(other) if other else [find_mpiexec()]
-    return cmd + shlex.split(os.environ.get(MPIEXEC_ARGS_VAR, ""))
+    cmd = _split_var(MPIEXEC_VAR) or [find_mpiexec()]
+    return cmd + _split_var(MPIEXEC_ARGS_VAR)
 
 
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment every rank gets: one BLAS thread, unbuffered output."""
+    """The environment every rank gets: one BLAS thread per rank, this minipar importable."""
     env = dict(os.environ)
     env.update(dict.fromkeys(THREAD_VARS, "1"))
-    env["PYTHONUNBUFFERED"] = "1"
     # ranks must import the same minipar as the launcher, even from a checkout
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
@@ -149,49 +167,67 @@ def run(n: int, target: str, *args: str, timeout: float = DEFAULT_TIMEOUT,
     """Run ``target`` (a module name or a ``.py`` path) on ``n`` ranks.
 
     Returns the finished launch (``returncode``, ``stdout``, ``stderr`` — None
-    when ``capture`` is False — and ``failure``).  Raises :class:`LaunchTimeout`
-    past ``timeout`` seconds and re-raises ``KeyboardInterrupt``, after killing
-    every rank; raises ``subprocess.CalledProcessError`` on a non-zero exit when
-    ``check`` is true.  The private folder is removed in every case.
+    when ``capture`` is False — and ``failure``).  Raises ``ValueError`` for a
+    bad ``n``, ``hostfile`` or ``timeout`` (seconds, > 0 and at most 1e6),
+    :class:`LaunchError` when mpiexec cannot be started, :class:`LaunchTimeout`
+    past ``timeout`` seconds, ``subprocess.CalledProcessError`` on a non-zero
+    exit when ``check`` is true, and re-raises ``KeyboardInterrupt`` (Ctrl-C,
+    or :class:`~minipar.cli_errors.Terminated`: while the ranks run, SIGTERM
+    raises it unless the program handles SIGTERM itself) after stopping every
+    rank.  The private folder is removed in every case.
     """
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    check_seconds("timeout", timeout)
     cmd = command(n, target, *args, prepend_rank=prepend_rank, hostfile=hostfile)
-    folder = tempfile.mkdtemp(prefix="minipar-launch-")
-    pipe = subprocess.PIPE if capture else None
-    order = failure.ExitOrder(folder)
-    order.start()  # waits for the ranks to connect
-    try:
+    with sigterm_as_interrupt():  # `kill`, `timeout`, a scheduler: stop the ranks as Ctrl-C does
+        folder = tempfile.mkdtemp(prefix="minipar-launch-")
+        order = failure.ExitOrder(folder)
         try:
-            proc = subprocess.Popen(
-                cmd, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL, text=True, cwd=cwd,
-                env=rank_env({**(env or {}), "TMPDIR": folder, LAUNCH_DIR_VAR: folder,
-                              failure.SOCKET_VAR: order.address}),
-                start_new_session=True)  # one process group: mpiexec and all ranks
-        except OSError as e:  # e.g. MINIPAR_MPIEXEC names no program
-            raise LaunchError(f"cannot start {cmd[0]!r}: {e.strerror or e}") from None
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            out, err = proc.communicate()
-            raise LaunchTimeout(cmd, timeout, out or "", err or "") from None
-        except BaseException:  # Ctrl-C: no rank left running, then the caller decides
-            _stop(proc)
-            proc.communicate()
-            raise
-        result = Launched(cmd, proc.returncode, out, err)
-        if proc.returncode:
+            order.start()  # waits for the ranks to connect
+            rank_vars = {**(env or {}), "TMPDIR": folder, LAUNCH_DIR_VAR: folder,
+                         failure.SOCKET_VAR: order.address}
+            result = _wait(_start(cmd, rank_env(rank_vars), capture, cwd), cmd, timeout)
+            if result.returncode:
+                order.stop.set()
+                order.join()  # every end the ranks' sockets reported
+                result.failure = failure.describe(result.returncode, result.stdout or "",
+                                                  result.stderr or "", failure.records(folder),
+                                                  order.order)
+        finally:
             order.stop.set()
-            order.join()
-            result.failure = failure.describe(proc.returncode, (out or "") + (err or ""),
-                                              failure.records(folder), order.order)
-    finally:
-        order.stop.set()
-        failure.clean(folder)
+            failure.clean(folder)
     if check and result.returncode != 0:
-        raise subprocess.CalledProcessError(result.returncode, cmd, out, err)
+        raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout, result.stderr)
     return result
+
+
+def _start(cmd: list[str], env: dict[str, str], capture: bool,
+           cwd: str | os.PathLike[str] | None) -> subprocess.Popen[str]:
+    """Start mpiexec in a session of its own: one process group holds it and every rank."""
+    pipe = subprocess.PIPE if capture else None
+    try:
+        return subprocess.Popen(cmd, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL,
+                                text=True, cwd=cwd, env=env, start_new_session=True)
+    except OSError as e:
+        if os.environ.get(MPIEXEC_VAR, "").strip():
+            raise LaunchError(f"cannot start {cmd[0]!r}, named by {MPIEXEC_VAR}: "
+                              f"{e.strerror or e}; set {MPIEXEC_VAR} to an mpiexec, or unset "
+                              "it to use this environment's own") from None
+        raise LaunchError(f"cannot start {cmd[0]!r}: {e.strerror or e}") from None
+
+
+def _wait(proc: subprocess.Popen[str], cmd: list[str], timeout: float) -> Launched:
+    """Wait for the launch to end; stop every rank on a timeout or any exception."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        out, err = proc.communicate()
+        raise LaunchTimeout(cmd, timeout, out or "", err or "") from None
+    except BaseException:  # Ctrl-C or SIGTERM: no rank left running, then the caller decides
+        _stop(proc)
+        proc.communicate()
+        raise
+    return Launched(cmd, proc.returncode, out, err)
 
 
 def run_json(n: int, module: str, payload: Any, *, timeout: float = DEFAULT_TIMEOUT,
@@ -213,16 +249,23 @@ def run_json(n: int, module: str, payload: Any, *, timeout: float = DEFAULT_TIME
     return result, proc
 
 
-def report(prog: str, err: LaunchTimeout | RanksFailed, debug: bool = False) -> int:
+def report(prog: str, err: LaunchError, debug: bool = False) -> int:
     """Tell a command-line user that a launch failed, in one line; return exit status 1.
 
-    With ``debug`` every rank's output comes first (tracebacks, MPI's messages)."""
-    timed_out = isinstance(err, LaunchTimeout)
+    Any :class:`LaunchError`: the ranks failed (:attr:`Launched.failure`), ran
+    past the timeout, or mpiexec could not be started (``PROG: why``).  With
+    ``debug`` every rank's output comes first (tracebacks, MPI's messages)."""
+    if isinstance(err, LaunchTimeout):
+        output = err.stdout + err.stderr
+        line = (f"{prog}: the ranks did not finish within --timeout {err.timeout:g} s and "
+                "were all killed")
+    elif isinstance(err, RanksFailed):
+        output, line = (err.proc.stdout or "") + (err.proc.stderr or ""), str(err)
+    else:  # nothing ran, so there is no output to show
+        print(f"{prog}: {one_line(str(err))}", file=sys.stderr)
+        return 1
     if debug:
-        sys.stderr.write((err.stdout + err.stderr) if timed_out
-                         else (err.proc.stdout or "") + (err.proc.stderr or ""))
-    line = (f"{prog}: the ranks did not finish within --timeout {err.timeout:g} s and were all "
-            "killed" if timed_out else str(err))
+        sys.stderr.write(output)
     print(line if debug else f"{line} (--debug shows every rank's output)", file=sys.stderr)
     return 1
 

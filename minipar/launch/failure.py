@@ -16,7 +16,19 @@ every survivor.  A learner needs one sentence: which rank, and what happened.
    machine's ranks ended (each holds a socket to the launcher that the kernel
    closes as the process dies), so the rank named is the first to end without
    finishing normally (one that finished writes ``PID.done``,
-   :mod:`minipar.launch.rank`).
+   :mod:`minipar.launch.rank`);
+4. a rank ended early without an error message (``os._exit(3)``, a crash in C
+   code that MPI does not report): the first rank to end without finishing,
+   from the same exit order, with mpiexec's exit status;
+5. otherwise MPI itself failed, most often before any rank ran (a host that
+   does not resolve, a wrong option in ``MINIPAR_MPIEXEC_ARGS``): the line of
+   mpiexec's error output that states the cause.  MPICH prints its call stack
+   innermost first, ``[mpiexec@host] match_arg (.../args.c:166): unrecognized
+   argument bogus`` up to ``[mpiexec@host] main (.../mpiexec.c:49): error
+   parsing parameters``; a line that is not such a stack line (``ssh: Could
+   not resolve hostname nosuchhost``) is the cause, else the innermost stack
+   line is.  The outermost, last line ("process manager error waiting for
+   completion") is the least useful one.
 
 The notes the ranks write (:func:`records`) also list MPICH's hardware-map
 files (``/tmp/hydra_hwloc_xmlfile_*``, a fixed path its process manager
@@ -48,6 +60,8 @@ HWLOC_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # fixed in MPICH's hydra_pmi_proxy
 _RAISED = re.compile(r"^\[minipar\] rank \d+ of \d+ failed: .*$", re.MULTILINE)
 _ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
 _KILLED = re.compile(r"PID (\d+) RUNNING AT (\S+).*?(?:signal (\d+)|SIGNAL: (\d+))", re.DOTALL)
+#: one line of MPICH's call stack: ``[mpiexec@host] function (file.c:LINE): message``
+_MPICH_STACK = re.compile(r"^\[[^\]]+\] \S+ \([^()]*:\d+\): (.*)$")
 
 
 def records(folder: str) -> dict[int, dict[str, Any]]:
@@ -148,31 +162,54 @@ def clean(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def describe(code: int, output: str, ranks: dict[int, dict[str, Any]],
+def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any]],
              order: list[int] | None = None) -> str:
-    """One line: which rank failed and how, from the ranks' output and notes.
+    """One line: which rank failed and how, or why MPI could not start them.
 
-    ``code``: mpiexec's exit status; ``output``: stdout and stderr of the launch;
-    ``ranks``: :func:`records`; ``order``: :attr:`ExitOrder.order`."""
+    ``code``: mpiexec's exit status; ``stdout``, ``stderr``: the launch's
+    output; ``ranks``: :func:`records`; ``order``: :attr:`ExitOrder.order`."""
+    output = stdout + "\n" + stderr
     if m := _RAISED.search(output):
         return m.group(0)
     if m := _ABORT.search(output):
         return (f"[minipar] rank {m.group(2)} ended the job with exit status {m.group(1)} "
                 "(MPI_Abort)")
+    first = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), None)
     if m := _KILLED.search(output):
         pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))
         # the first rank to end without finishing: MPICH killed the others after it
-        pid = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), pid)
-        r = ranks.get(pid)
-        who = f"rank {r['rank']} of {r['size']}" if r and r.get("rank") is not None else "a rank"
+        pid = first or pid
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = "unknown signal"
         why = (": out of memory (the kernel's OOM killer sends SIGKILL) or killed from outside"
                if sig == signal.SIGKILL else "")
-        return f"[minipar] {who} (pid {pid} on {host}) was killed by signal {sig} ({name}){why}"
+        return (f"[minipar] {_who(ranks.get(pid))} (pid {pid} on {host}) was killed by signal "
+                f"{sig} ({name}){why}")
     if code < 0:
         return f"[minipar] mpiexec was killed by signal {-code}"
-    last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "")
-    return f"[minipar] the ranks failed (exit {code})" + (f": {last}" if last else "")
+    if first is not None:
+        r = ranks[first]
+        return (f"[minipar] {_who(r)} (pid {first} on {r.get('host')}) ended before finishing, "
+                f"with no error message (mpiexec exit status {code})")
+    what = "the ranks failed" if ranks else "mpiexec failed"
+    cause = cause_line(stderr)
+    return f"[minipar] {what} (exit {code})" + (f": {cause}" if cause else "")
+
+
+def _who(r: dict[str, Any] | None) -> str:
+    return f"rank {r['rank']} of {r['size']}" if r and r.get("rank") is not None else "a rank"
+
+
+def cause_line(stderr: str) -> str:
+    """The line of mpiexec's error output that states why it failed ('' if none).
+
+    The first line that is not one of MPICH's stack lines (and has a word in
+    it: not a ``=====`` rule), else the message of the first, innermost stack
+    line (``unrecognized argument bogus``)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if re.search(r"[A-Za-z]", ln)]
+    other = next((ln for ln in lines if not _MPICH_STACK.match(ln)), None)
+    if other is not None:
+        return other
+    return next((m.group(1) for ln in lines if (m := _MPICH_STACK.match(ln))), "")

@@ -18,6 +18,16 @@ Then the target runs as ``__main__``, exactly as ``python -m mpi4py`` would
 run it (an exception still ends the whole job through ``MPI_Abort``); an
 exception first installs :func:`minipar.comm.install_excepthook`, whose
 ``[minipar] rank R of N failed: ...`` line the launcher reports.
+
+**Whole lines.**  Every rank writes into a pipe that MPI's process manager
+reads and forwards; what it reads from N ranks lands in one stream in the
+order it was read.  Unbuffered, ``print("rank", r, grid)`` is several
+``write`` calls and the lines of different ranks mix mid-line; so the rank's
+stdout and stderr are made line-buffered (:func:`whole_lines`): a printed
+line is one ``write``, forwarded whole.  Nothing printed is lost when a rank
+fails: the interpreter flushes its streams as it exits, before mpi4py's
+exit handler calls ``MPI_Abort`` (tests/test_launch.py checks it with a line
+left without its newline).
 """
 
 from __future__ import annotations
@@ -88,7 +98,15 @@ def _done(mark: Path) -> None:
         mark.touch()
 
 
+def whole_lines() -> None:
+    """Line-buffer stdout and stderr, whatever ``PYTHONUNBUFFERED`` says: one line, one write."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # replaced by a non-text stream
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str]) -> None:
+    whole_lines()
     folder = os.environ.get(LAUNCH_DIR_VAR, "")
     if folder and os.path.isdir(folder):  # only on the launching machine
         note(folder)

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
         summary, proc = launch.run_json(options["ranks"], "minipar.run.worker", options,
                                         check=True, timeout=options["timeout"],
                                         hostfile=options["hostfile"], prefix=SUMMARY_PREFIX)
-    except (launch.LaunchTimeout, launch.RanksFailed) as e:
+    except launch.LaunchError as e:  # any failure of the launch
         return launch.report(f"{PROG} {options['strategy']}", e, options["debug"])
     printed = [ln for ln in proc.stdout.splitlines() if not ln.startswith(SUMMARY_PREFIX)]
     if printed:  # whatever the ranks printed besides the summary

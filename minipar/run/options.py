@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, number
+from minipar.cli_errors import ArgumentParser, integer, seconds
 from minipar.registry import STRATEGIES
 
 PROG = "minipar run"
@@ -65,7 +65,7 @@ def parser(strategy: str | None = None) -> ArgumentParser:
     g.add_argument("--precision", choices=list(POLICIES), default="float64",
                    help="float64 (parity), float32, mixed (bf16 + fp32 master), mixed-fp16")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
-    g.add_argument("--timeout", type=number(greater_than=0), default=DEFAULT_TIMEOUT,
+    g.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT,
                    help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
     g.add_argument("--hostfile", type=existing_file, default=None,
                    help="hosts to run the ranks on, passed to mpiexec (see MINIPAR_MPIEXEC)")

@@ -12,8 +12,7 @@ for _ in range(20):
     comm.Sendrecv(np.array([r], np.int64), (r + 1) % n, 0, got, (r - 1) % n, 0)
     comm.Barrier()
 assert got[0] == (r - 1) % n
-# one rank prints: lines printed by several ranks at once may interleave mid-line
-# (unbuffered print writes the text and the newline separately)
+# gathered to rank 0, so the test reads the lines in rank order
 lines = comm.comm.gather(f"hello from rank {r} of {n}, left neighbour {got[0]}", root=0)
 if r == 0:
     print("\n".join(lines), flush=True)
