@@ -52,7 +52,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 #: exit status of a bad command line (argparse's and the shell's convention)
 EXIT_USAGE = 2
@@ -87,8 +87,14 @@ class ArgumentParser(argparse.ArgumentParser):
     (the option first, as a sentence); its other messages keep their words
     (``--model: invalid choice: 'foo' (choose from 'gpt', 'mlp')``).  A
     message that does not name the values (unknown option, missing argument)
-    ends with a pointer to ``--help``.
+    ends with a pointer to ``--help``.  A description taken from a module's
+    docstring is shown without its reStructuredText quotes (````minipar demo````).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if isinstance(kwargs.get("description"), str):
+            kwargs["description"] = kwargs["description"].replace("``", "")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         m = _ARGUMENT.fullmatch(message)

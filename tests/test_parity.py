@@ -122,6 +122,17 @@ def test_narrow_params_are_not_comparable_and_nan_is_different() -> None:
     assert json.loads(json.dumps(v.as_dict(), allow_nan=False))["param_gap"] is None
 
 
+def test_a_diverged_serial_run_is_not_comparable() -> None:
+    """When the oracle itself is not finite (an absurd --lr), nothing can be compared; a
+    parallel run that diverges while the serial one does not stays "different"."""
+    losses, ser_losses, par, serial, theta0 = _run()
+    ser_bad, par_bad = serial.copy(), par.copy()
+    ser_bad[3], par_bad[3] = np.nan, np.nan
+    v = compare(losses, ser_losses, par_bad, ser_bad, theta0)
+    assert v.status == "not comparable" and "serial run itself diverged" in v.reason and v.ok
+    assert compare(losses, ser_losses, par_bad, serial, theta0).status == "different"
+
+
 def test_without_theta0_the_yardstick_is_the_parameters_size() -> None:
     losses, ser_losses, par, serial, _ = _run(param_gap=1e-6)
     v = compare(losses, ser_losses, par, serial, None)

@@ -52,7 +52,8 @@ PROG = "minipar bench collectives"
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--ranks", type=integer(1, 64), default=4, help="number of ranks (default 4)")
+    p.add_argument("-n", "--ranks", type=integer(2, 64), default=4,
+                   help="number of ranks, 2 or more: a collective needs company (default 4)")
     p.add_argument("--sizes", type=integer(1, 1 << 30), nargs="+", default=DEFAULT_SIZES,
                    help="buffer sizes in bytes (default 8 B to 64 MiB, powers of 4)")
     p.add_argument("--iters", type=integer(1), default=20,
@@ -191,6 +192,9 @@ def main(argv: list[str]) -> int:
     p = _parser()
     try:
         args = p.parse_args(argv)
+        odd = [s for s in args.sizes if s % 4]
+        if odd:
+            p.error(f"--sizes must be multiples of 4 bytes (float32 elements), got {odd[0]}")
         if all(a == "mpi" for _, a in cases(args.collectives, args.algorithms)):
             p.error(f"--algorithms {' '.join(args.algorithms or [])}: no algorithm to compare "
                     f"with MPI's own for {' '.join(args.collectives)}")

@@ -159,6 +159,10 @@ def compare(losses: Any, serial_losses: Any, params: Any, serial_params: Any,
         return not_comparable(f"{low[0]} parameters: their rounding (u = 2^-24 or coarser) is "
                               "as large as a bug's difference; parity is defined for float64",
                               losses, serial_losses, params, serial_params)
+    if not (np.isfinite(ser_loss).all() and np.isfinite(ser_p).all()):
+        return not_comparable("the serial run itself diverged (a loss or parameter is not "
+                              "finite): lower the learning rate", losses, serial_losses,
+                              params, serial_params)
     dp, dl = _max_abs(p - ser_p), _max_abs(loss - ser_loss)
     if initial_params is None:
         scale, yardstick = _max_abs(ser_p), "parameters' size"

@@ -52,7 +52,8 @@ def check(options: dict[str, Any], spec: Any) -> None:
 
 def not_comparable(options: dict[str, Any]) -> str | None:
     s = options.get("staleness") or 0
-    if options.get("asynchronous") and s > 0:
+    workers = options.get("ranks", 2) - (options.get("servers") or 1)
+    if options.get("asynchronous") and s > 0 and workers > 1:  # one worker: never stale
         return (f"asynchronous updates with staleness {s} apply gradients to newer parameters "
                 "than they were computed on")
     return None
