@@ -26,6 +26,9 @@ from typing import Any
 from minipar.cli_errors import ArgumentParser, integer, seconds
 
 PROG = "minipar demo"
+#: the demo's last line: the next step of the README's learning path
+NEXT = ("next: notebook 01_collectives (jupyter lab notebooks/01_collectives.ipynb), then "
+        "minipar exercise start ring_allreduce; the whole path: README.md, \"Learning path\"")
 KEYS = ("rank", "ring_sent", "ring_peers", "naive_sent", "naive_recv", "equal_to_mpi")
 
 
@@ -79,6 +82,8 @@ def format_table(data: dict[str, Any]) -> str:
     ok = all(r["equal_to_mpi"] for r in rows)
     lines += ["", "result: both equal MPI's own Allreduce on every rank" if ok
               else "result: MISMATCH against MPI's Allreduce"]
+    if ok:
+        lines.append(NEXT)
     return "\n".join(lines)
 
 

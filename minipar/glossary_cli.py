@@ -3,13 +3,16 @@
     minipar glossary all-reduce            a card: names, definitions (EN/RU/ZH), seeds, papers, links
     minipar glossary "параллелизма данных" --lang ru
     minipar glossary 张量切分体例 --json     matches, best first: id, en, ru, zh, score
+    minipar glossary sharding              a word for a family of terms: the family, listed
     minipar glossary --scan FILE|-         every term named in a text, with character offsets
     minipar glossary --list                all terms in three languages
     minipar glossary --export-md docs/glossary.md
 
 Cards show whether each linked module, notebook, exercise and command exists
 *now* (computed from the files, never stored): a link that has not landed yet
-reads "planned".  The exported Markdown has no such status, so it does not go
+reads "planned" (a command, too, until its verb, benchmark or strategy is
+in ``minipar.registry``).  Seeds are named by title ("Russian glossary"),
+never by file name.  ``--list`` wraps long names, never cuts them.  The exported Markdown has no such status, so it does not go
 stale when a module lands.  Imports nothing heavy (no NumPy, no mpi4py).
 """
 
@@ -40,16 +43,24 @@ def display_width(s: str) -> int:
 
 
 def wrap(text: str, width: int, indent: str = "") -> list[str]:
-    """Wrap to ``width`` terminal columns at spaces and between CJK characters; later lines indented."""
+    """Wrap to ``width`` terminal columns at spaces, after hyphens and between CJK characters.
+
+    Later lines are indented by ``indent``; nothing is ever cut (a word wider
+    than ``width`` gets a line of its own).
+    """
     width = max(width, len(indent) + 10)
     units: list[str] = []
     word = ""
-    for c in text.replace("\n", " "):
+    text = text.replace("\n", " ")
+    for i, c in enumerate(text):
         if c == " " or _cw(c) == 2:
             if word:
                 units.append(word)
                 word = ""
             units.append(c)
+        elif c == "-" and len(word) >= 3 and text[i + 1: i + 3].isalpha():  # "communication-|efficient"
+            units.append(word + c)
+            word = ""
         else:
             word += c
     if word:
@@ -96,7 +107,7 @@ def card(term: g.Term, lang: str | None = None, width: int | None = None, status
         out += wrap(f"{LABEL[la]}  {term.definition[la]}", w, "    ")
     for s in term.seeds:
         out.append("")
-        out += wrap(f"Seed {s['file']}: «{s['quote']}»", w, "    ")
+        out += wrap(f"Seed ({g.seed_title(s['file'])}): «{s['quote']}»", w, "    ")
         if s.get("correction"):
             out += wrap(f"  Correction: {s['correction']}", w, "    ")
     if term.papers:
@@ -120,23 +131,54 @@ def card(term: g.Term, lang: str | None = None, width: int | None = None, status
 
 
 def table(lang: str | None = None, width: int | None = None) -> str:
-    """All terms, one line each: id and the names in each language (fitted to the width)."""
+    """All terms: id and the names in each language, in columns fitted to the width.
+
+    A name longer than its column wraps onto the next lines of its row (at
+    spaces, or between CJK characters); no name is ever cut.  A column is
+    never narrower than its longest unbreakable word.
+    """
     w = width or terminal_width()
     langs = [lang] if lang else list(g.LANGS)
     rows = [("id", *[LABEL[la] for la in langs])]
     rows += [(t.id, *[t.names[la] for la in langs]) for t in g.terms()]
     idw = max(len(r[0]) for r in rows)
-    col = max(12, (w - idw - 2 * len(langs)) // len(langs))
+    # each column at least its longest unbreakable piece, then widened in turn up to its longest name
+    cols = [max(display_width(x) for r in rows for x in wrap(r[i], 10)) for i in range(1, len(langs) + 1)]
+    full = [max(display_width(r[i]) for r in rows) for i in range(1, len(langs) + 1)]
+    spare = w - idw - 2 * len(langs) - sum(cols)
+    while spare > 0 and any(c < f for c, f in zip(cols, full)):
+        for i in range(len(cols)):
+            if spare > 0 and cols[i] < full[i]:
+                cols[i] += 1
+                spare -= 1
 
-    def fit(s: str) -> str:
-        while display_width(s) > col:
-            s = s[:-2] + "…"
+    def pad(s: str, col: int) -> str:
         return s + " " * (col - display_width(s))
 
-    lines = ["  ".join([r[0].ljust(idw), *[fit(c) for c in r[1:]]]).rstrip() for r in rows]
-    lines.insert(1, "-" * min(w, idw + (col + 2) * len(langs)))
+    lines = []
+    for r in rows:
+        cells = [wrap(c, col) or [""] for c, col in zip(r[1:], cols)]
+        for k in range(max(len(c) for c in cells)):
+            left = r[0].ljust(idw) if k == 0 else " " * idw
+            parts = [pad(c[k] if k < len(c) else "", col) for c, col in zip(cells, cols)]
+            lines.append("  ".join([left, *parts]).rstrip())
+    lines.insert(1, "-" * min(w, idw + sum(c + 2 for c in cols)))
     lines.append(f"\n{len(rows) - 1} terms.  minipar glossary TERM for a card.")
     return "\n".join(lines)
+
+
+def topic_list(topic: g.Topic, lang: str | None = None, width: int | None = None) -> str:
+    """A family of terms ("sharding"): one line per term with its names, and how to see a card."""
+    w = width or terminal_width()
+    langs = [lang] if lang else list(g.LANGS)
+    table_ = g.by_id()
+    out = wrap(f"«{topic.title}» names a family of {len(topic.terms)} terms:", w, "    ")
+    for tid in topic.terms:
+        out.append(f"  {tid}")
+        out += ["      " + x for x in wrap(" · ".join(table_[tid].names[la] for la in langs), w - 6)]
+    out.append("")
+    out.append(f"A card: minipar glossary {topic.terms[0]}   (or --all for every card)")
+    return "\n".join(out)
 
 
 def markdown() -> str:
@@ -162,7 +204,7 @@ def markdown() -> str:
             out += [f"**{LABEL[la]}** {t.definition[la]}", ""]
         for s in t.seeds:
             quote = s["quote"].replace("\n", " / ")
-            out.append(f"> Seed `{s['file']}`: «{quote}»")
+            out.append(f"> Seed ({g.seed_title(s['file'])}): «{quote}»")
             if s.get("correction"):
                 out.append(f">\n> **Correction:** {s['correction']}")
             out.append("")
@@ -201,15 +243,22 @@ def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="minipar glossary", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="\n".join(__doc__.split("\n\n")[1].splitlines()))
-    p.add_argument("query", nargs="*", help="a term in English, Russian or Chinese")
-    p.add_argument("--lang", choices=g.LANGS, help="definitions (and --list columns) in one language")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--all", action="store_true", help="cards for every match, not only the best")
+    p.add_argument("query", nargs="*",
+                   help="a term in English, Russian or Chinese (default: none; required without "
+                        "--scan, --list or --export-md)")
+    p.add_argument("--lang", choices=g.LANGS,
+                   help="definitions (and --list columns) in one language (default: all three)")
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable output (default: off, a readable card)")
+    p.add_argument("--all", action="store_true",
+                   help="cards for every match, not only the best (default: off, the best card)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--scan", metavar="FILE", help="find every term in FILE ('-' for stdin)")
-    mode.add_argument("--list", action="store_true", help="table of all terms")
+    mode.add_argument("--scan", metavar="FILE",
+                      help="find every term in FILE ('-' for stdin) (default: off)")
+    mode.add_argument("--list", action="store_true", help="table of all terms (default: off)")
     mode.add_argument("--export-md", metavar="PATH", type=output_file_or_stdout,
-                      help="write the Markdown glossary ('-': stdout) into a folder that exists")
+                      help="write the Markdown glossary ('-': stdout) into a folder that exists "
+                           "(default: off)")
     return p
 
 
@@ -274,11 +323,16 @@ def _main(argv: list[str]) -> int:
         if args.json:
             print("[]")
         hint = ("Closest terms: " + ", ".join(f"{t.id} ({t.names['en']})" for t in near) if near
-                else "Nothing close; `minipar glossary --list` shows every term.")
+                else f"No term is similar enough to suggest (similarity >= {g.SUGGEST_FLOOR}); "
+                     "`minipar glossary --list` shows every term.")
         print(f"minipar glossary: no match for {query!r}. {hint}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps([h.as_dict() for h in hits], ensure_ascii=False))
+        return 0
+    family = None if args.all else g.topic(query)
+    if family is not None:
+        print(topic_list(family, args.lang))
         return 0
     shown = hits if args.all else hits[:1]
     print("\n\n".join(card(h.term, args.lang) for h in shown))

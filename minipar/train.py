@@ -14,6 +14,17 @@ settings: d_model 64, 2 layers, 4 heads, batch 32 x 16, AdamW lr 3e-3,
 ln(10)/16 = 0.144); float64 -> 0.158; MoE top-2 in mixed bf16 -> 0.185;
 the MLP on spirals 1.137 -> 0.038 in 0.1 s.  Notebook 02 draws the curves.
 
+Divergence: the verb stops at the first step whose loss is NaN or infinite,
+or above ``--diverge`` = 10 x the first step's loss, with one line and exit
+status 1 (``minipar train --lr 1``: ``minipar train: diverged at step 3: the
+loss 70 exceeds 10 x the first step's 2.317; ...``).  Why 10x: a run that
+learns stays below its first loss (about ln V for the GPT, ln 3 for the MLP),
+and a noisy one rises by tens of percent, not tenfold (``--lr 0.3`` wanders
+from 2.317 to 2.344 in 60 steps and is let run); a loss ten times the
+untrained model's means the weights have left the region where the model
+predicts anything.  Progress: a tqdm bar on
+stderr (:mod:`minipar.progress`), none with ``--quiet``.
+
     minipar train --model gpt --steps 300           # modular-sum sequences
     minipar train --model mlp --steps 300           # 2-D spirals
     minipar train --model gpt --experts 4 --top-k 2 --precision mixed
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -31,32 +43,29 @@ from typing import Any, TextIO
 from minipar import data, spans
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
 from minipar.precision import ModelStates, get
+from minipar.progress import bar as progress_bar
+
+#: ``minipar train`` stops when the loss exceeds this many times the first step's loss
+DIVERGENCE_FACTOR = 10.0
 
 
-class ProgressBar:
-    """A plain-text progress bar showing the loss: ``\\r`` updates on a terminal,
-    one line per tenth of the run otherwise (logs, notebooks)."""
+class Diverged(RuntimeError):
+    """Training diverged: the loss of ``step`` (0-based) is not finite, or exceeds
+    ``factor`` x the first step's loss.  The message is one line a learner can act on."""
 
-    def __init__(self, total: int, stream: TextIO | None, width: int = 30) -> None:
-        self.total, self.stream, self.width = total, stream, width
-        self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
-        self.every = max(1, total // 10)
-        self.t0 = time.perf_counter()
+    def __init__(self, step: int, loss: float, first: float, factor: float) -> None:
+        self.step, self.loss, self.first, self.factor = step, loss, first, factor
+        why = (f"the loss is {loss} (not a finite number)" if not math.isfinite(loss) else
+               f"the loss {loss:.4g} exceeds {factor:g} x the first step's {first:.4g}")
+        super().__init__(f"diverged at step {step + 1}: {why}; a smaller learning rate "
+                         "usually cures it")
 
-    def update(self, step: int, loss: float) -> None:
-        if self.stream is None:
-            return
-        done = step + 1
-        if not self.tty and done % self.every and done != self.total and step:
-            return
-        fill = int(self.width * done / self.total)
-        line = (f"step {done:>{len(str(self.total))}}/{self.total} "
-                f"[{'#' * fill}{'.' * (self.width - fill)}] loss {loss:.4f} "
-                f"{time.perf_counter() - self.t0:6.1f} s")
-        self.stream.write(("\r" + line) if self.tty else line + "\n")
-        if self.tty and done == self.total:
-            self.stream.write("\n")
-        self.stream.flush()
+
+def check_loss(step: int, loss: float, first: float, factor: float | None) -> None:
+    """Raise :class:`Diverged` if ``loss`` is NaN or infinite, or above ``factor`` x ``first``
+    (no factor: only the non-finite check)."""
+    if not math.isfinite(loss) or (factor is not None and loss > factor * first):
+        raise Diverged(step, loss, first, factor or 0.0)
 
 
 def train(
@@ -66,8 +75,9 @@ def train(
     precision: str = "float64",
     optimizer: str = "adamw",
     seed: int = 0,
-    progress: TextIO | None = None,
+    progress: TextIO | bool | None = None,
     micro_batches: int = 1,
+    diverge_factor: float | None = None,
     **opt_kwargs: Any,
 ) -> dict[str, Any]:
     """Train ``model`` for ``steps`` steps on ``batch(step) -> (inputs, targets)``.
@@ -80,6 +90,11 @@ def train(
     mixture of experts routes each forward call's tokens as one group (its
     capacity and aux loss are per group), so M slices are the serial oracle of
     a data-parallel run on M ranks.
+    ``progress``: a stream for a tqdm bar (:func:`minipar.progress.bar`: redrawn on a
+    terminal, one line per tenth of the run elsewhere), True for ``tqdm.auto`` (a
+    notebook), None for none.  ``diverge_factor`` f: stop with :class:`Diverged` as soon
+    as a loss is NaN or infinite or exceeds f x the first step's loss (None: never stop;
+    the parallel runs' serial oracle keeps the whole curve, the verdict judges it).
     Returns ``{"losses": [...], "seconds": float, "states": ModelStates}``.
     """
     pol = get(precision)
@@ -93,20 +108,36 @@ def train(
     init = type(model)(type(model.cfg)(**{**asdict(model.cfg), "dtype": "float64"})).init(seed)
     states = ModelStates(pol, init, optimizer, **opt_kwargs)
     views = states.param_views()
-    bar = ProgressBar(steps, progress)
+    bar = None if progress is None or progress is False else progress_bar(
+        steps, "step", None if progress is True else progress, notebook=progress is True)
     losses: list[float] = []
     t0 = time.perf_counter()
-    for s in range(steps):
-        x, y = batch(s)
-        if micro_batches == 1:
-            loss, grads = model.loss_and_grads(views, x, y, loss_scale=states.loss_scale)
-            states.set_grads(grads)
-        else:
-            loss = _accumulate(model, states, views, x, y, micro_batches)
-        states.step()
-        losses.append(loss)
-        bar.update(s, loss)
+    try:
+        for s in range(steps):
+            loss = _step(model, states, views, batch(s), micro_batches)
+            losses.append(loss)
+            if bar is not None:
+                bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+                bar.update(1)
+            if diverge_factor is not None:
+                check_loss(s, loss, losses[0], diverge_factor)
+    finally:
+        if bar is not None:
+            bar.close()
     return {"losses": losses, "seconds": time.perf_counter() - t0, "states": states}
+
+
+def _step(model: GPT | MLP, states: ModelStates, views: dict[str, Any], xy: Any,
+          micro_batches: int) -> float:
+    """One optimizer step on the global batch ``xy``; its loss."""
+    x, y = xy
+    if micro_batches == 1:
+        loss, grads = model.loss_and_grads(views, x, y, loss_scale=states.loss_scale)
+        states.set_grads(grads)
+    else:
+        loss = _accumulate(model, states, views, x, y, micro_batches)
+    states.step()
+    return float(loss)
 
 
 def _accumulate(model: GPT | MLP, states: ModelStates, views: dict[str, Any], x: Any, y: Any,
@@ -150,17 +181,26 @@ def _parser() -> argparse.ArgumentParser:
     from minipar.cli_errors import ArgumentParser, integer, number, output_file
 
     p = ArgumentParser(prog="minipar train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=("gpt", "mlp"), default="gpt")
-    p.add_argument("--steps", type=integer(1), default=300, help="optimizer steps (default 300)")
+    p.add_argument("--model", choices=("gpt", "mlp"), default="gpt",
+                   help="gpt: a small GPT on modular-sum sequences; mlp: an MLP on 2-D "
+                   "spirals (default %(default)s)")
+    p.add_argument("--steps", type=integer(1), default=300,
+                   help="optimizer steps (default %(default)s)")
     p.add_argument("--batch", type=integer(1), default=32,
-                   help="global batch size, sequences or points (default 32)")
+                   help="global batch size, sequences or points (default %(default)s)")
     p.add_argument("--lr", type=number(greater_than=0), default=3e-3,
-                   help="learning rate, > 0 (default 3e-3)")
-    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+                   help="learning rate, > 0 (default %(default)s)")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="AdamW (weight decay 0 here) or plain SGD (default %(default)s)")
     p.add_argument("--precision", choices=("float64", "float32", "mixed", "mixed-fp16"),
-                   default="float32")
+                   default="float32",
+                   help="float64, float32, mixed (bf16 + fp32 master weights) or mixed-fp16 "
+                   "(fp16 with loss scaling); default %(default)s")
     p.add_argument("--seed", type=integer(0), default=0,
-                   help="initialisation seed (data seed is 0)")
+                   help="initialisation seed; the data seed is always 0 (default %(default)s)")
+    p.add_argument("--diverge", type=number(greater_than=1), default=DIVERGENCE_FACTOR,
+                   help="stop (exit 1) when the loss is NaN or infinite or exceeds this many "
+                   "times the first step's loss (default %(default)s)")
     g = GPT_OPTIONS
     p.add_argument("--vocab", type=integer(2),
                    help=f"GPT: vocabulary = modulus V (default {g['vocab']})")
@@ -233,7 +273,8 @@ def _check_memory(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``minipar train``: 0 after training; 2 (one line on stderr) on bad input."""
+    """``minipar train``: 0 after training; 1 (one line on stderr) when the loss is NaN or
+    diverges (:class:`Diverged`, ``--diverge``); 2 (one line) on bad input."""
     p = _parser()
     try:
         a = p.parse_args(argv)
@@ -253,7 +294,10 @@ def main(argv: list[str]) -> int:
             batch, floor = mlp_task(a.batch, dtype=dtype), ""
         extra = {"weight_decay": 0.0} if a.optimizer == "adamw" else {}
         out = train(model, batch, a.steps, a.precision, a.optimizer, a.seed,
-                    None if a.quiet else sys.stderr, lr=a.lr, **extra)
+                    None if a.quiet else sys.stderr, diverge_factor=a.diverge, lr=a.lr, **extra)
+    except Diverged as e:  # the run, not the input, went wrong: one line, exit 1
+        print(f"minipar train: {e} (this run: --lr {a.lr:g})", file=sys.stderr)
+        return 1
     except ValueError as e:
         print(f"minipar train: {e}", file=sys.stderr)
         return 2

@@ -120,3 +120,67 @@ def test_a_closed_pipe_is_not_a_traceback():
     proc.stdout.close()  # before the child writes: its first write gets EPIPE
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and err == ""
+
+
+# ------------------------------------------------------------------ every option's help
+#: verb argv (before --help) whose parser the walk reads: every verb, every strategy, every bench
+HELP_VERBS = [["train"], ["plan"], ["demo"], ["glossary"], ["exercise"],
+              ["run", "dp"], ["run", "ps"], ["run", "zero"],
+              *[["bench", b] for b in ("collectives", "wait", "model", "dp", "zero", "glossary")]]
+
+
+def _parsers(argv, monkeypatch):
+    """The parsers ``minipar ARGV --help`` builds (sub-parsers included), read where they
+    parse instead of printing: every verb builds its parser on the way to ``parse_args``."""
+    import argparse
+
+    from minipar import cli_errors
+
+    seen = []
+
+    def record(self, args=None, namespace=None):
+        seen.append(self)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli_errors.ArgumentParser, "parse_args", record)
+    assert cli.main([*argv, "--help"]) == 0
+    todo = list(seen)
+    while todo:
+        p = todo.pop()
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo.extend(a.choices.values())
+
+
+def _shows(text, default):
+    """Does ``text`` show ``default``: as written, as ``%g`` writes a number, or a list's
+    items joined by spaces or commas?"""
+    if isinstance(default, (list, tuple)):
+        forms = [" ".join(map(str, default)), ",".join(map(str, default))]
+    elif isinstance(default, (int, float)) and not isinstance(default, bool):
+        forms = [str(default), f"{default:g}"]
+    else:
+        forms = [str(default)]
+    return "default" in text and any(f in text for f in forms)
+
+
+@pytest.mark.parametrize("argv", HELP_VERBS, ids=[" ".join(a) for a in HELP_VERBS])
+def test_every_option_has_help_that_shows_its_default(argv, monkeypatch):
+    import argparse
+
+    options = 0
+    for p in _parsers(argv, monkeypatch):
+        for a in p._actions:
+            if (isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+                    or a.help == argparse.SUPPRESS or not a.option_strings):
+                continue
+            text = p._get_formatter()._expand_help(a) if a.help else ""
+            assert text.strip(), f"minipar {' '.join(argv)} {a.option_strings[-1]}: no help"
+            options += 1
+            if a.nargs == 0 or a.default is None:  # a flag, or no default to show
+                continue
+            assert _shows(text, a.default), (
+                f"minipar {' '.join(argv)} {a.option_strings[-1]}: the help {text!r} does not "
+                f"show the default {a.default!r}")
+    assert options >= 2  # the walk found the verb's parser and read its options

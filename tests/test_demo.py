@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from minipar import collectives, launch
+from minipar import collectives, demo, launch
+from minipar.exercises import EXERCISES
 
 
 @pytest.mark.parametrize("n,elems", [(1, 5), (3, 10), (4, 1000)])
@@ -32,6 +34,23 @@ def test_demo_cli_prints_a_table() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "2(N-1)/N x S = 512 bytes per rank" in proc.stdout
     assert "equal MPI's own Allreduce on every rank" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1] == demo.NEXT
+
+
+def test_demo_next_line_points_at_the_first_step_of_the_readme_path() -> None:
+    """The demo's last line names notebook 01 and the ring exercise, which exist, and
+    the README's learning path starts with the same two steps after the demo."""
+    root = Path(__file__).resolve().parents[1]
+    assert demo.NEXT.startswith("next: notebook 01_collectives ")
+    assert (root / "notebooks" / "01_collectives.ipynb").is_file()
+    assert "minipar exercise start ring_allreduce" in demo.NEXT and "ring_allreduce" in EXERCISES
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert "## Learning path" in readme
+    path = readme.split("## Learning path", 1)[1].split("\n## ", 1)[0]
+    steps = [path.find(s) for s in ("minipar demo", "01_collectives", "ring_allreduce",
+                                    "02_serial_model", "03_data_parallel", "dp_grad_sync",
+                                    "04_zero", "zero1_step")]
+    assert -1 not in steps and steps == sorted(steps), steps
 
 
 @pytest.mark.parametrize("args,option", [

@@ -68,7 +68,8 @@ def test_bad_arguments_are_refused(tmp_path):
 @pytest.mark.parametrize(
     "name, n",
     [("ring_allreduce", n) for n in (1, 2, 3, 4, 8)]
-    + [("tree_broadcast", n) for n in (1, 2, 3, 4, 5)],
+    + [("tree_broadcast", n) for n in (1, 2, 3, 4, 5)]
+    + [("ps_sync", n) for n in (2, 3, 5)],
 )
 def test_reference_solution_passes(name, n):
     report = check(name, get(name).solution_path, n, timeout=90)
@@ -90,6 +91,7 @@ def test_untouched_skeleton_says_not_implemented(name):
     (c,) = failed(report)
     assert c.detail.startswith("not implemented yet: start with ")
     assert "skeleton.py:" in c.detail  # points at the learner's raise line
+    assert f"minipar exercise hint {name}" in c.detail
 
 
 # -- wrong solutions are caught, with the right message --------------------------------------
@@ -138,6 +140,30 @@ WRONG = [
         ["the root 0 sent 3 messages, expected <= ceil(log2 N) = 2", "linear broadcast"],
     ),
     ("ex_wrong_borrowed.py", "ring_allreduce", 2, "written by you", ["uses minipar.collectives"]),
+    # the common value mistakes, named
+    ("ex_wrong_average.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
+     ["exactly 1/N of the expected sum (N = 4): did you average instead of sum?"]),
+    ("ex_wrong_twice.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
+     ["exactly N = 4 times the expected value"]),
+    ("ex_wrong_partial.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
+     ["A partial sum", "chunk 0 lacks ranks"]),
+    ("ex_wrong_rotated.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
+     ["rotated chunk order", "chunk c holds what belongs in chunk (c + "]),
+    # MPI's "Message truncated ... error stack" as a sentence about chunks
+    ("ex_wrong_truncate.py", "ring_allreduce", 4, "message sizes agree",
+     ["rank 1 received 1 element (8 bytes) from rank 0 into a buffer of 0 elements (0 bytes)",
+      ("chunks of [1, 0, 0, 0] elements: rank 0 sent chunk 0, while rank 1 expected one of "
+       "chunks 1, 2, 3"), "ex_wrong_truncate.py:13: comm.Sendrecv"]),
+    # the parameter server's mistakes
+    ("ex_wrong_ps_pull_first.py", "ps_sync", 4, "result equals the synchronous step",
+     ["rank 1 returned the parameters from before the update", "pulled before"]),
+    ("ex_wrong_ps_average_twice.py", "ps_sync", 3, "result equals the synchronous step",
+     ["averaged twice"]),
+    ("ex_wrong_ps_grad_bcast.py", "ps_sync", 3, "result equals the synchronous step",
+     ["4 of 8 cases wrong. First: length 1, step 2", "broadcast the gradient",
+      "Send the updated parameters"]),
+    ("ex_wrong_ps_chain.py", "ps_sync", 4, "messages only between the server",
+     ["worker 1 exchanged messages with rank 2"]),
     (
         "ex_wrong_raises.py",
         "ring_allreduce",
@@ -178,6 +204,113 @@ def test_a_hang_outside_the_watchdog_ends_at_the_launch_timeout():
     report = check("ring_allreduce", MPI_DIR / "ex_wrong_raw_comm.py", 2, timeout=6, watchdog=3)
     (c,) = failed(report)
     assert "did not finish within 6 s" in c.detail and "MPI.COMM_WORLD" in c.detail
+    assert "ranks 0, 1 at ex_wrong_raw_comm.py:10: world.Recv(" in c.detail  # where they waited
+    assert "waiting in MPI" in c.detail
+
+
+def test_an_endless_loop_is_named_with_its_line():
+    report = check("ring_allreduce", MPI_DIR / "ex_wrong_endless.py", 2, timeout=6, watchdog=3)
+    (c,) = failed(report)
+    assert c.name == "runs to the end without hanging"
+    assert "ranks 0, 1 at ex_wrong_endless.py:11: start += 0 * len(chunks[c])" in c.detail
+    assert "An endless loop" in c.detail and "counter advance" in c.detail
+
+
+def test_wrong_chunk_index_stays_quiet_about_patterns_on_proportional_inputs():
+    """Returning one's own x is a partial sum (only this rank's term), never '1/N' by luck."""
+    report = check("ring_allreduce", MPI_DIR / "ex_wrong_prints.py", 3, timeout=60)
+    (c,) = [c for c in failed(report) if c.name.startswith("result equals")]
+    assert "A partial sum" in c.detail and "1/N" not in c.detail
+
+
+# -- what the learner printed ----------------------------------------------------------
+def test_prints_are_shown_by_rank_on_failure(capsys):
+    assert ex_cli.main(["check", "ring_allreduce", str(MPI_DIR / "ex_wrong_prints.py"),
+                        "-n", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "what your code printed, by rank:" in out
+    assert "[rank 0] hello from rank 0, x has 1001 elements" in out
+    assert "[rank 1] hello from rank 1, x has 1001 elements" in out
+    assert "[rank 1] no newline at the end" in out  # stderr, and a line without its newline
+    assert "earlier lines not shown" in out  # the last lines of each rank, not all 70
+
+
+def test_prints_are_shown_with_verbose_when_everything_passes(tmp_path, capsys):
+    mine = tmp_path / "ring_allreduce.py"
+    mine.write_text(get("ring_allreduce").solution_path.read_text().replace(
+        "    return y\n", "    print('done', comm.Get_rank(), y.size)\n    return y\n"))
+    assert ex_cli.main(["check", "ring_allreduce", str(mine), "-n", "2"]) == 0
+    quiet = capsys.readouterr()
+    assert "[rank" not in quiet.out and "PASS" in quiet.out
+    assert quiet.err == ("running ring_allreduce.py on 2 ranks, timeout 60 s (a rank waiting "
+                         "5 s for one message is a deadlock) …\n")
+    assert ex_cli.main(["check", "ring_allreduce", str(mine), "-n", "2", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "[rank 0] done 0 1001" in out and "[rank 1] done 1 1001" in out
+    assert ex_cli.main(["check", "ring_allreduce", str(mine), "-n", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["output"]["1"].splitlines()[-1] == "done 1 1001"
+
+
+# -- hints in levels -----------------------------------------------------------------
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_hints_come_one_level_at_a_time_and_are_remembered(tmp_path, capsys, name):
+    levels = get(name).hints()
+    assert len(levels) >= 3
+    for k in range(1, len(levels) + 2):  # past the last level, the last one repeats
+        assert ex_cli.main(["hint", name, "--dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        level = min(k, len(levels))
+        assert out.startswith(f"hint {level} of {len(levels)} for {name}:")
+        assert levels[level - 1].strip() in out
+    state = json.loads((tmp_path / ".minipar-hints.json").read_text())
+    assert state == {name: len(levels)}
+    assert ex_cli.main(["hint", name, "--dir", str(tmp_path), "--reset"]) == 0
+    capsys.readouterr()
+    assert ex_cli.main(["hint", name, "--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"hint 1 of {len(levels)}")
+
+
+def test_hint_levels_are_kept_per_exercise(tmp_path, capsys):
+    for argv in (["ring_allreduce"], ["ring_allreduce"], ["ps_sync"]):
+        assert ex_cli.main(["hint", *argv, "--dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    state = json.loads((tmp_path / ".minipar-hints.json").read_text())
+    assert state == {"ring_allreduce": 2, "ps_sync": 1}
+    assert ex_cli.main(["hint", "ring_allreduce", "--dir", str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_the_skeleton_no_longer_hands_out_the_indices():
+    """The step-by-step indices live in the last hint level, not in the skeleton."""
+    for name, steps in [("ring_allreduce", "(r - s - 1) % N"), ("tree_broadcast", "vr & mask"),
+                        ("dp_grad_sync", "chunks[(r - s) % N]"), ("zero1_step", "(r - s - 2) % N"),
+                        ("ps_sync", "v *= momentum")]:
+        ex = get(name)
+        assert steps not in ex.skeleton_path.read_text(), name
+        assert steps in ex.hints()[-1], name
+        assert f"minipar exercise hint {name}" in ex.skeleton_path.read_text()
+
+
+# -- the parameter-server exercise needs a server and a worker ----------------------------
+def test_ps_sync_needs_two_ranks(capsys):
+    with pytest.raises(ValueError, match="ps_sync needs at least 2 ranks"):
+        check("ps_sync", get("ps_sync").solution_path, 1)
+    assert ex_cli.main(["check", "ps_sync", "--solution", "-n", "1"]) == 2
+    assert capsys.readouterr().err == ("minipar exercise check: -n 1: ps_sync needs at least 2 "
+                                       "ranks (a server and at least one worker)\n")
+
+
+def test_every_option_has_help_showing_its_default(capsys):
+    for action in ("start", "hint", "check"):
+        assert ex_cli.main([action, "--help"]) == 0
+        text = capsys.readouterr().out
+        options = text.split("options:", 1)[1]
+        entries = [e for e in options.split("\n  -")
+                   if e.strip() and not e.lstrip().startswith("h,")]
+        assert entries, text
+        for entry in entries:
+            assert "default" in " ".join(entry.split()), (action, entry)
 
 
 # -- the command ---------------------------------------------------------------------

@@ -68,6 +68,50 @@ def test_unknown_query_says_no_match_and_suggests(capsys: pytest.CaptureFixture[
     assert "no match" in err and "all-reduce" in err
 
 
+def test_nonsense_query_says_so_without_suggestions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert minipar(["glossary", "xyzzyq"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("minipar glossary: no match for 'xyzzyq'. No term is similar enough to suggest "
+                   "(similarity >= 0.5); `minipar glossary --list` shows every term.\n")
+
+
+@pytest.mark.parametrize("query", ["sharding", "шардинг", "шардирование"])
+def test_a_family_word_prints_the_family(query: str, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert minipar(["glossary", query]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("«sharding") and "family of 8 terms" in out and "──" not in out
+    for tid in ("sharded-data-parallelism", "zero-1", "zero-2", "zero-3", "fsdp", "zero-plus-plus"):
+        assert f"\n  {tid}\n" in out
+    assert "A card: minipar glossary sharded-data-parallelism" in out
+
+
+def test_run_lines_follow_the_strategy_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`minipar run tp` reads planned until registry.STRATEGIES has tp (and its module exists)."""
+    from minipar.glossary import links as glinks
+
+    tp = glossary_cli.g.by_id()["tensor-parallelism"]
+    assert "minipar run tp -n 4 (planned)" in glossary_cli.card(tp, width=400)
+    zero = glossary_cli.card(glossary_cli.g.by_id()["zero"], width=400)
+    assert "Run: minipar run zero --stage 2 -n 4\n" in zero + "\n" and "(planned)" not in zero.split("Run:")[1]
+    monkeypatch.setattr(glinks, "STRATEGIES", {**glinks.STRATEGIES, "tp": ("minipar.run.dp", "stand-in")})
+    assert "minipar run tp -n 4 (planned)" not in glossary_cli.card(tp, width=400)
+
+
+def test_card_names_the_seed_by_title(capsys: pytest.CaptureFixture[str]) -> None:
+    assert minipar(["glossary", "zero"]) == 0
+    out = capsys.readouterr().out
+    assert "Seed (Chinese article): «" in out and "Seed (Russian glossary): «" in out
+    assert ".txt" not in out
+
+
+def test_every_option_shows_its_default() -> None:
+    for action in glossary_cli._parser()._actions:
+        if action.help is not None and action.dest != "help":
+            assert "default" in action.help, action.option_strings or action.dest
+
+
 @pytest.mark.parametrize("args", [[""], ["   "], []])
 def test_empty_query_is_refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert minipar(["glossary", *args]) == 2
@@ -81,6 +125,47 @@ def test_list_has_every_term(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"{n} terms." in out and "全归约" in out and "1f1b" in out
     assert minipar(["glossary", "--list", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == n
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_list_never_cuts_a_name(width: int) -> None:
+    """Every name appears whole: its cell's wrapped lines, joined, give the name back."""
+    out = glossary_cli.table(width=width)
+    assert "…" not in out
+    lines = out.splitlines()
+    if width >= 80:
+        assert max(glossary_cli.display_width(line) for line in lines) <= width
+    header = lines[0]
+    starts = [header.index(label) for label in ("EN", "RU", "ZH")]
+    ids = [t.id for t in glossary_cli.g.terms()]
+    rows: dict[str, list[str]] = {}
+    current = ""
+    for line in lines[2:lines.index("")]:  # the table ends at the blank line before "N terms."
+        head = line.split(" ", 1)[0]
+        if head in ids:
+            current = head
+        rows.setdefault(current, []).append(line)
+    for t in glossary_cli.g.terms():
+        for la, start in zip(("en", "ru", "zh"), starts):
+            # cut the cell out by display column, then glue the wrapped pieces
+            pieces = [_columns(line, start, starts[starts.index(start) + 1] if start != starts[-1] else None)
+                      for line in rows[t.id]]
+            glued = "".join(p if p.endswith("-") or not p else p + " " for p in pieces if p)
+            assert _squash(glued) == _squash(t.names[la]), (t.id, la, pieces)
+
+
+def _columns(line: str, start: int, end: int | None) -> str:
+    """The text of ``line`` between display columns [start, end)."""
+    out, col = "", 0
+    for c in line:
+        if col >= start and (end is None or col < end):
+            out += c
+        col += glossary_cli.display_width(c)
+    return out.strip()
+
+
+def _squash(s: str) -> str:
+    return "".join(s.split())
 
 
 def test_export_md(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -144,7 +144,10 @@ LINK_FORMS = {
 
 def _planned(kind: str, target: str) -> bool:
     if kind == "commands":
-        return target.split()[1] in g.PLANNED["verbs"]
+        words = target.split()
+        if words[1] == "run" and len(words) > 2 and not words[2].startswith("-"):
+            return words[2] in g.PLANNED["strategies"]  # `minipar run X`: X must be a planned strategy
+        return words[1] in g.PLANNED["verbs"]
     return target in g.PLANNED[kind]
 
 
@@ -196,8 +199,18 @@ def test_link_status_is_computed_from_files(tmp_path: Path, monkeypatch: pytest.
     (tmp_path / "notebooks" / "04_zero.ipynb").write_text("{}")
     assert g.link_status("notebooks", "04_zero.ipynb") == "present"
     assert g.link_status("commands", "minipar run dp -n 4") == "planned"  # no verb modules
-    (pkg / "run.py").write_text("")
+    (pkg / "run").mkdir()
+    (pkg / "run" / "__init__.py").write_text("")
+    assert g.link_status("commands", "minipar run --help") == "present"  # the verb alone
+    assert g.link_status("commands", "minipar run dp -n 4") == "planned"  # not the strategy
+    (pkg / "run" / "dp.py").write_text("")
     assert g.link_status("commands", "minipar run dp -n 4") == "present"
+    # a strategy flips by itself when it lands: a registry row and its module
+    (pkg / "run" / "tp.py").write_text("")
+    assert "tp" not in glinks.STRATEGIES
+    assert g.link_status("commands", "minipar run tp -n 4") == "planned"
+    monkeypatch.setattr(glinks, "STRATEGIES", {**glinks.STRATEGIES, "tp": ("minipar.run.tp", "tensor")})
+    assert g.link_status("commands", "minipar run tp -n 4") == "present"
     assert g.link_status("commands", "minipar bench zero") == "planned"
     (pkg / "bench").mkdir()
     (pkg / "bench" / "__init__.py").write_text("")
@@ -225,3 +238,64 @@ def test_docs_glossary_md_is_fresh_and_has_no_status() -> None:
     assert not re.search(r"\b(planned|present)\b", md, re.IGNORECASE)
     for t in g.terms():
         assert f"## {t.id}" in md and t.names["zh"] in md and t.names["ru"] in md
+
+
+# ------------------------------------------------------------------ issue 13, items 17-19
+
+NEW_TERMS = ["gradient-accumulation", "loss-scaling", "gradient-clipping", "nccl", "alpha-beta-model",
+             "top-k-routing", "zero-plus-plus", "zero-infinity"]
+
+
+@pytest.mark.parametrize("term_id", NEW_TERMS)
+def test_new_terms_have_papers_and_a_present_link(term_id: str) -> None:
+    t = g.by_id()[term_id]
+    assert t.papers and all(re.search(r"(19|20)\d\d", p) for p in t.papers)
+    assert any(g.link_status(k, x) == "present" for k in ("modules", "notebooks") for x in t.links.get(k, []))
+    assert all(t.definition[la] for la in g.LANGS)
+
+
+def test_every_strategy_a_card_runs_is_registered_or_planned() -> None:
+    from minipar.registry import STRATEGIES
+
+    assert set(STRATEGIES) <= g.PLANNED["strategies"]
+    for t in g.terms():
+        for cmd in t.links.get("commands", []):
+            words = cmd.split()
+            if words[1] == "run" and len(words) > 2 and not words[2].startswith("-"):
+                status = g.link_status("commands", cmd)
+                assert (status == "present") == (words[2] in STRATEGIES), (t.id, cmd)
+                assert words[2] in g.PLANNED["strategies"], (t.id, cmd)
+
+
+def test_topics_list_existing_terms_and_never_shadow_a_term() -> None:
+    ids = set(g.by_id())
+    term_keys = {g.key(n) for t in g.terms() for n in t.all_names()}
+    seen: dict[str, str] = {}
+    assert {t.id for t in g.topics()} >= {"sharding"}
+    for topic in g.topics():
+        assert topic.title and len(topic.terms) >= 2 and set(topic.terms) <= ids, topic.id
+        for name in topic.names:
+            k = g.key(name)
+            assert k and k not in term_keys, f"topic {topic.id}: {name!r} is a term's name"
+            assert seen.setdefault(k, topic.id) == topic.id, f"{name!r} in two topics"
+
+
+def test_seeds_are_named_by_title_never_by_file_name() -> None:
+    files = {s["file"] for t in g.terms() for s in t.seeds}
+    assert {g.seed_title(f) for f in files} == {"Russian glossary", "Chinese article"}
+    md = glossary_cli.markdown()
+    cards = "\n".join(glossary_cli.card(t, width=200) for t in g.terms())
+    for f in files:
+        assert f not in md and f not in cards and Path(f).stem not in cards
+    assert "Seed (Russian glossary): «" in md and "Seed (Chinese article): «" in cards
+
+
+def test_pipeline_bubble_card_uses_one_notation() -> None:
+    """p stages, m micro-batches (v chunks) everywhere on the card: no K, M left over."""
+    for tid in ("pipeline-bubble", "gpipe", "1f1b", "interleaved-pipeline"):
+        for la in g.LANGS:
+            text = g.by_id()[tid].definition[la]
+            assert not re.search(r"(?<![A-Za-z])[KM](?![A-Za-z])", text), (tid, la, text)
+    for la in g.LANGS:
+        text = g.by_id()["pipeline-bubble"].definition[la]
+        assert "(p-1)/m" in text and "(p-1)/(m+p-1)" in text and "(p-1)/(v m)" in text

@@ -38,6 +38,22 @@ SEEDS = Path(__file__).resolve().parent.parent / "glossary" / "_seeds"
     ("параллелизм даных", "data-parallelism"),
     # mixed scripts and full-width forms
     ("MoE 模型", "mixture-of-experts"), ("ＤＰ", "data-parallelism"), ("3D 并行", "3d-parallelism"),
+    # missing terms (issue 13, item 17)
+    ("gradient accumulation", "gradient-accumulation"), ("накопления градиентов", "gradient-accumulation"),
+    ("loss scaling", "loss-scaling"), ("динамическое масштабирование потерь", "loss-scaling"),
+    ("损失缩放", "loss-scaling"), ("gradient clipping", "gradient-clipping"), ("梯度裁剪", "gradient-clipping"),
+    ("clip grad norm", "gradient-clipping"), ("NCCL", "nccl"), ("nccl", "nccl"),
+    ("alpha-beta model", "alpha-beta-model"), ("α-β", "alpha-beta-model"),
+    ("latency-bandwidth model", "alpha-beta-model"), ("модель Хокни", "alpha-beta-model"),
+    ("top-k routing", "top-k-routing"), ("top-2", "top-k-routing"), ("Top-k 路由", "top-k-routing"),
+    ("ZeRO++", "zero-plus-plus"), ("zero plus plus", "zero-plus-plus"), ("ZeRO-Infinity", "zero-infinity"),
+    ("ZeRO-Offload", "offloading"),
+    # slang and short forms (item 18)
+    ("чекпоинтинг активаций", "activation-checkpointing"), ("梯度累积", "gradient-accumulation"),
+    ("recompute", "activation-checkpointing"),
+    # a compound of term names: its head (last in EN / ZH, first in RU)
+    ("流水线并行气泡", "pipeline-bubble"), ("pipeline parallelism bubble", "pipeline-bubble"),
+    ("пузырь конвейерного параллелизма", "pipeline-bubble"),
 ])
 def test_lookup_best_match(query: str, expected: str) -> None:
     assert g.lookup(query)[0].id == expected
@@ -50,10 +66,50 @@ def test_lookup_ranks_exact_over_partial() -> None:
     assert all(a.score >= b.score for a, b in pairwise(hits))
 
 
-@pytest.mark.parametrize("query", ["", "   ", "-", "xyzzyq", "草泥马", "щщщщщ", "?!", "\udcff"])
-def test_no_match_is_an_empty_list(query: str) -> None:
+@pytest.mark.parametrize("query", ["", "   ", "-", "xyzzyq", "天气预报", "щщщщщ", "?!", "\udcff"])
+def test_no_match_is_an_empty_list_and_nothing_unrelated_is_suggested(query: str) -> None:
     assert g.lookup(query) == []
-    assert len(g.closest(query)) <= 3
+    assert g.closest(query) == []  # nothing above the similarity floor
+
+
+def test_zero_plus_plus_is_not_zero() -> None:
+    """"ZeRO++" is its own technique: the token keeps its "++", so it never matches ZeRO exactly."""
+    assert g.key("ZeRO++") == "zero++" != g.key("ZeRO") and g.key("DP+TP") == "dptp"
+    hits = g.score_all("ZeRO++")
+    assert hits[0].term.id == "zero-plus-plus" and hits[0].score >= 0.97
+    assert all(h.score < 0.97 for h in hits if h.term.id == "zero")
+    assert g.lookup("ZeRO")[0].id == "zero"
+    assert [m.id for m in g.scan("ZeRO++ improves ZeRO-3; DP+TP")] == [
+        "zero-plus-plus", "zero-3", "data-parallelism", "tensor-parallelism"]
+
+
+SHARDING = ["sharded-data-parallelism", "zero", "zero-1", "zero-2", "zero-3", "fsdp", "zero-plus-plus",
+            "tensor-slicing"]
+
+
+@pytest.mark.parametrize("query", ["sharding", "Sharding", "шардинг", "шардирование", "шардирования", "分片"])
+def test_a_family_word_lists_the_family(query: str) -> None:
+    family = g.topic(query)
+    assert family is not None and family.id == "sharding" and list(family.terms) == SHARDING
+    hits = g.score_all(query)
+    top = [h for h in hits if h.score == hits[0].score]
+    assert {h.term.id for h in top} == set(SHARDING)  # listed together, none picked over the rest
+
+
+def test_an_exact_term_name_beats_a_topic() -> None:
+    assert g.topic("ZeRO-2") is None and g.topic("xyzzyq") is None
+    assert list(g.topic("recompute").terms) == ["activation-checkpointing", "selective-recomputation"]
+
+
+def test_compound_head_outranks_its_modifier() -> None:
+    hits = g.score_all("流水线并行气泡")
+    assert [h.term.id for h in hits[:2]] == ["pipeline-bubble", "pipeline-parallelism"]
+    assert hits[0].why == "head of the query"
+
+
+def test_suggestions_only_above_the_floor() -> None:
+    assert g.SUGGEST_FLOOR == 0.5
+    assert g.closest("xyzzyq") == [] and g.closest("qqqq zzzz") == []
 
 
 def test_closest_suggests_the_near_term() -> None:

@@ -51,3 +51,23 @@ def test_figures_and_table() -> None:
         assert bars == list(st["routed"]) + list(st["tokens_per_expert"]) and n_exp == 3
     with pytest.raises(ValueError, match="no MoE"):
         vm.expert_load([])
+
+
+def test_expert_load_compares_states_row_by_row() -> None:
+    """Before / after: one row per state, one column per MoE block, the bars are that state's counts."""
+    m = GPT(GPTConfig(n_experts=3, moe_every=1, n_layer=2))
+    x = np.arange(16).reshape(2, 8) % m.cfg.vocab_size
+    states = {}
+    for label, seed in (("seed 0", 0), ("seed 1", 1)):
+        _, cache = m.forward(m.init(seed), x)
+        states[label] = m.moe_stats(cache)
+    fig = vm.expert_load(states)
+    assert len(fig.axes) == 2 * 2  # 2 states x 2 MoE blocks
+    for ax, st in zip(fig.axes, [s for v in states.values() for s in v]):
+        assert [b.get_height() for b in ax.patches] == list(st["routed"]) + list(st["tokens_per_expert"])
+    assert fig.axes[0].get_title().startswith("seed 0: block") and fig.axes[2].get_title().startswith("seed 1:")
+    assert fig.axes[0].get_shared_y_axes().joined(fig.axes[0], fig.axes[3])  # heights compare across rows
+    with pytest.raises(ValueError, match="same MoE blocks"):
+        vm.expert_load({"a": states["seed 0"], "b": states["seed 1"][:1]})
+    with pytest.raises(ValueError, match="no MoE"):
+        vm.expert_load({"a": []})

@@ -2,7 +2,7 @@
 
 Each expected value is either printed in the paper (ZeRO's 7.5 B / N = 64
 example, the 2 TB seed figure) or worked out by hand in the comment next to
-it from the formula in REFERENCES.md, never computed by the code under test.
+it from the formula in docs/REFERENCES.md, never computed by the code under test.
 """
 
 from __future__ import annotations

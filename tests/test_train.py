@@ -45,12 +45,39 @@ def test_sgd_and_same_seed_same_curve() -> None:
     assert a == b
 
 
-def test_progress_bar_shows_the_loss() -> None:
+def test_progress_bar_off_a_terminal_is_one_line_per_tenth() -> None:
+    """tqdm into a file (not a TTY): step 0, then one whole line every 2 of 20 steps, no \r."""
     s = io.StringIO()
-    T.train(MLP(MLPConfig()), T.mlp_task(8), steps=20, progress=s, lr=1e-3)
+    out = T.train(MLP(MLPConfig()), T.mlp_task(8), steps=20, progress=s, lr=1e-3)
     lines = s.getvalue().splitlines()
-    assert len(lines) == 11 and lines[-1].startswith("step 20/20 [####")
-    assert "loss" in lines[0] and "\r" not in s.getvalue()
+    assert [ln.split()[1] for ln in lines] == [f"{k}/20" for k in range(0, 21, 2)]
+    assert lines[-1].startswith("step 20/20 [" + "#" * 30 + "], loss ")
+    assert f"loss {out['losses'][-1]:.4f}" in lines[-1] and "\r" not in s.getvalue()
+
+
+def test_divergence_stops_training_with_the_step_and_the_reason() -> None:
+    """A NaN input makes a NaN loss at the first step; a huge learning rate a loss > 10x."""
+    x, y = T.mlp_task(8)(0)
+    with pytest.raises(T.Diverged, match=r"diverged at step 1: the loss is nan \(not a finite"):
+        T.train(MLP(MLPConfig()), lambda s: (x * np.nan, y), steps=5, diverge_factor=10)
+    with pytest.raises(T.Diverged, match=r"exceeds 10 x the first step's ") as e:
+        T.train(MLP(MLPConfig()), T.mlp_task(64), steps=50, lr=30.0, diverge_factor=10)
+    assert e.value.loss > 10 * e.value.first and e.value.step < 49
+    # without a factor the whole curve is kept (the parallel runs' oracle): no exception
+    assert len(T.train(MLP(MLPConfig()), T.mlp_task(64), steps=5, lr=30.0)["losses"]) == 5
+
+
+def test_cli_divergence_is_one_line_and_exit_1(capsys) -> None:
+    assert T.main(["--model", "mlp", "--lr", "30", "--steps", "50"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    last = err.splitlines()[-1]
+    assert last.startswith("minipar train: diverged at step ") and last.endswith(
+        "a smaller learning rate usually cures it (this run: --lr 30)")
+    assert all(ln.startswith("step ") for ln in err.splitlines()[:-1])  # the bar, then one line
+    assert T.main(["--model", "mlp", "--lr", "30", "--steps", "50", "--quiet",
+                   "--diverge", "1e30"]) == 0  # a higher threshold lets it run
+    capsys.readouterr()
 
 
 def test_dtype_mismatch_raises() -> None:
@@ -69,7 +96,7 @@ def test_cli_verb(tmp_path, capsys) -> None:
     assert len(saved["losses"]) == 3
     assert saved["args"]["d_model"] == 16 and saved["args"]["experts"] == 0  # defaults filled in
     assert T.main(["--model", "mlp", "--steps", "2", "--quiet"]) == 0
-    capsys.readouterr()
+    assert capsys.readouterr().err == ""  # --quiet: no bar at all
     assert T.main(["--d-model", "30", "--heads", "4", "--steps", "1", "--quiet"]) == 2
     err = capsys.readouterr().err  # more bad input: tests/test_bad_input.py
     assert err == ("minipar train: --heads 4 does not divide --d-model 30 (each head takes "

@@ -62,3 +62,74 @@ def test_traffic_figure_draws_measurements_and_formulas() -> None:
     assert list(lines[0].get_ydata()) == [1.0, 4 / 3, 1.5] and list(lines[2].get_ydata()) == [1.0, 2.0, 3.0]
     grid, formula = lines[1].get_xdata(), lines[1].get_ydata()
     assert np.allclose(formula, 2 * (grid - 1) / grid) and np.allclose(lines[3].get_ydata(), grid - 1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("shift", [0, 1, -1, 5])
+def test_shift_only_relabels_the_chunks(n: int, shift: int) -> None:
+    """shift=0 is minipar.collectives.ring's convention, shift=1 the exercise's (chunk (r+1) % N)."""
+    states = ring.ring_state(n, shift)
+    after_rs = states[n - 1]
+    for r in range(n):  # exactly one complete chunk per rank after the reduce-scatter: (r + shift) % n
+        assert [c for c in range(n) if after_rs[r, c] == n] == [(r + shift) % n]
+    assert (states[-1] == n).all()
+    # the same schedule with chunk c renamed c + shift
+    base, shifted = ring.ring_steps(n), ring.ring_steps(n, shift)
+    assert [[(m.sender, m.receiver, (m.chunk + shift) % n) for m in st] for st in base] == \
+           [[(m.sender, m.receiver, m.chunk) for m in st] for st in shifted]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_shift_one_is_the_exercise_schedule(n: int) -> None:
+    """The skeleton's formulas: reduce-scatter step s sends chunk (r - s) % N, all-gather (r + 1 - s) % N."""
+    steps = ring.ring_steps(n, shift=1)
+    for st in steps[: n - 1]:
+        assert [m.chunk for m in st] == [(r - st[0].step) % n for r in range(n)]
+    for st in steps[n - 1:]:
+        assert [m.chunk for m in st] == [(r + 1 - st[0].step) % n for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+@pytest.mark.parametrize("elems", [7, 12, 1001])
+def test_both_conventions_send_the_same_bytes_in_all(n: int, elems: int) -> None:
+    counts = [len(c) for c in np.array_split(np.arange(elems), n)]
+
+    def sent(shift: int) -> list[int]:
+        out = [0] * n
+        for step in ring.ring_steps(n, shift):
+            for m in step:
+                out[m.sender] += 8 * counts[m.chunk]
+        return out
+
+    assert sum(sent(0)) == sum(sent(1)) == 8 * elems * 2 * (n - 1)
+    if elems % n == 0:  # equal chunks: equal per rank too, 2(N-1)/N x S
+        assert sent(0) == sent(1) == [8 * elems * 2 * (n - 1) // n] * n
+
+
+def test_bad_shift_and_bad_states_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="shift"):
+        ring.ring_steps(3, shift=0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least one"):
+        ring.plot_after_reduce_scatter({})
+    with pytest.raises(ValueError, match="square"):
+        ring.plot_after_reduce_scatter({"x": np.ones((2, 3), int)})
+
+
+def test_after_reduce_scatter_figure_outlines_the_complete_chunks() -> None:
+    n = 4
+    states = {f"shift {s}": ring.ring_state(n, s)[n - 1] for s in (0, 1)}
+    fig = ring.plot_after_reduce_scatter(states)
+    assert len(fig.axes) == 2
+    for ax, (s, m) in zip(fig.axes, zip((0, 1), states.values())):
+        assert np.array_equal(ax.images[0].get_array(), m)
+        corners = sorted((round(p.get_y() + 0.5), round(p.get_x() + 0.5)) for p in ax.patches)
+        assert corners == [(r, (r + s) % n) for r in range(n)]
+        assert [t.get_text() for t in ax.get_yticklabels()] == [f"r{r}" for r in range(n)]
+
+
+def test_rank_axes_have_integer_ticks() -> None:
+    fig = ring.plot_traffic_vs_ranks([2, 3, 4, 5, 6], [1.0, 4 / 3, 1.5, 1.6, 5 / 3], [1, 2, 3, 4, 5])
+    ticks = fig.axes[0].get_xticks()
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
+    fig = ring.plot_ring_steps(3)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["r0", "r1", "r2"]

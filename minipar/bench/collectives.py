@@ -13,16 +13,27 @@ Time = max over ranks of the mean time per call, after warm-up, with an MPI
 Barrier before each call; the algorithms take turns call by call, so a busy
 moment of a shared machine slows all of them alike.  float32 data.  ``x_mpi``
 is this algorithm's busbw over MPI's own collective measured at the same size
-in the same run.  The ``auto`` rows (:mod:`minipar.collectives.auto`) also
+in the same run (1.00: as fast as MPI; above 1: faster; the table says so
+under its blocks and gives, per collective, the best and the worst ratio and
+where).  The ``auto`` rows (:mod:`minipar.collectives.auto`) also
 say which algorithm auto chose; the table ends with auto against MPI's
 Allreduce: the smallest ``x_mpi`` from 64 KiB up and from 1 MiB up (targets
 0.8 and 1.0) and the small-message latency ratio (time of auto / time of MPI
 at the smallest size).  The thresholds of ``auto`` were measured with this
 bench (``--algorithms mpi ring recursive_doubling``, see ``auto.py``).
 
+One rank is refused (``-n 1``): a collective on one rank moves no byte
+between ranks, busbw = algbw x 2(N-1)/N is 0 for every algorithm, and a ratio
+of zeros means nothing (the time ratio would only measure Python's call
+overhead against C's, which ``minipar bench model`` already shows).
+``--plot FILE.png`` draws busbw against size, log-log, one panel per
+collective and one line per algorithm (:mod:`minipar.bench.collectives_plot`).
+Progress: a bar on stderr, one step per size (:mod:`minipar.progress`).
+
     minipar bench collectives -n 4                  # 8 B .. 64 MiB, every algorithm
     minipar bench collectives -n 4 --algorithms mpi auto --collectives allreduce
     minipar bench collectives -n 4 --sizes 8 1024 --iters 2 --json
+    minipar bench collectives -n 4 --plot busbw.png
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, seconds
+from minipar.cli_errors import ArgumentParser, integer, output_file, seconds
 
 #: (collective, algorithm) in the order they are measured at each size
 CASES = [
@@ -45,6 +56,12 @@ CASES = [
 DEFAULT_SIZES = [8] + [16 * 4**k for k in range(12)]  # 8 B, 16 B, 64 B, ..., 64 MiB
 #: auto vs MPI's Allreduce: (from this many bytes up, the busbw ratio aimed at)
 TARGETS = ((64 << 10, 0.8), (1 << 20, 1.0))
+#: the line under the table that says what ``x_mpi`` is
+LEGEND = ("# x_mpi = busbw / MPI's own busbw, same size, same run: 1.00 as fast as MPI, "
+          "2.00 twice as fast, 0.50 half")
+ONE_RANK = ("-n 1: a collective on one rank moves no data between ranks: bus bandwidth "
+            "busbw = algbw x 2(N-1)/N is 0 for every algorithm, so there is no ratio to MPI to "
+            "show; use -n 2 or more (ranks on one machine talk through shared memory)")
 
 
 PROG = "minipar bench collectives"
@@ -52,21 +69,29 @@ PROG = "minipar bench collectives"
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--ranks", type=integer(2, 64), default=4,
-                   help="number of ranks, 2 or more: a collective needs company (default 4)")
+    p.add_argument("-n", "--ranks", type=integer(1, 64), default=4,
+                   help="number of ranks, 2 or more: a collective needs company "
+                   "(default %(default)s)")
     p.add_argument("--sizes", type=integer(1, 1 << 30), nargs="+", default=DEFAULT_SIZES,
-                   help="buffer sizes in bytes (default 8 B to 64 MiB, powers of 4)")
+                   help="buffer sizes in bytes, multiples of 4 (default "
+                   f"{' '.join(map(str, DEFAULT_SIZES))}: 8 B to 64 MiB, powers of 4)")
     p.add_argument("--iters", type=integer(1), default=20,
-                   help="timed calls per size up to 1 MiB; fewer above (at least 3)")
-    p.add_argument("--warmup", type=integer(0), default=2, help="untimed calls first (default 2)")
-    p.add_argument("--collectives", nargs="+", choices=sorted({c for c, _ in CASES}),
-                   default=sorted({c for c, _ in CASES}), help="which collectives (default all)")
+                   help="timed calls per size up to 1 MiB; fewer above, at least 3 "
+                   "(default %(default)s)")
+    p.add_argument("--warmup", type=integer(0), default=2,
+                   help="untimed calls first (default %(default)s)")
+    everything = sorted({c for c, _ in CASES})
+    p.add_argument("--collectives", nargs="+", choices=everything, default=everything,
+                   help=f"which collectives (default {' '.join(everything)})")
     p.add_argument("--algorithms", nargs="+", choices=list(dict.fromkeys(a for _, a in CASES)),
                    default=None, help="which algorithms (default all; mpi, the reference, "
                    "is always measured)")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    p.add_argument("--plot", metavar="FILE.png", type=output_file,
+                   help="also draw busbw against size (log-log): one panel per collective, "
+                   "one line per algorithm and MPI")
     p.add_argument("--timeout", type=seconds, default=600.0,
-                   help="seconds before all ranks are killed")
+                   help="seconds before all ranks are killed (default %(default)s)")
     p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
     return p
 
@@ -99,6 +124,7 @@ def worker(o: dict[str, Any]) -> list[dict[str, Any]] | None:
     from minipar.collectives.auto import choose_allreduce
     from minipar.comm import TracedComm
     from minipar.plan.collectives import busbw_factor
+    from minipar.progress import tick
 
     world = MPI.COMM_WORLD
     comm = TracedComm(world)
@@ -132,6 +158,8 @@ def worker(o: dict[str, Any]) -> list[dict[str, Any]] | None:
                 row["chosen"] = choose_allreduce(count * 4, n)
             rows.append(row)
         comm.stats.reset()
+        if rank == 0:
+            tick(o.get("progress"))
     if rank != 0:
         return None
     for row in rows:
@@ -159,6 +187,26 @@ def auto_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def human_size(size: int) -> str:
+    """8 -> '8 B', 65536 -> '64 KiB', 4194304 -> '4 MiB' (powers of 1024; else bytes)."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
+def collective_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per collective, over the algorithms that are not MPI's own: the best and the worst
+    ``x_mpi`` and where, ``{coll: {"best": row, "worst": row}}``."""
+    out = {}
+    for coll in dict.fromkeys(r["collective"] for r in rows):
+        ours = [r for r in rows if r["collective"] == coll and r["algorithm"] != "mpi"]
+        if ours:
+            out[coll] = {"best": max(ours, key=lambda r: r["x_mpi"]),
+                         "worst": min(ours, key=lambda r: r["x_mpi"])}
+    return out
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """nccl-tests style: one block per collective, one line per (size, algorithm)."""
     n = rows[0]["ranks"] if rows else 0
@@ -172,6 +220,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             out.append(f"{r['size']:>10} {r['count']:>10} {r['dtype']:>7} {r['algorithm']:>18} "
                        f"{r['time_us']:>11.1f} {r['algbw_GBs']:>11.3f} {r['busbw_GBs']:>11.3f} "
                        f"{r['x_mpi']:>6.2f}  {r.get('chosen', '')}".rstrip())
+    out += ["", LEGEND]
+    for coll, s in collective_summary(rows).items():
+        b, w = s["best"], s["worst"]
+        out.append(f"# {coll}: best x_mpi {b['x_mpi']:.2f} ({b['algorithm']} at "
+                   f"{human_size(b['size'])}), worst {w['x_mpi']:.2f} ({w['algorithm']} at "
+                   f"{human_size(w['size'])})")
     s = auto_summary(rows)
     if s:
         out += ["", "# auto vs MPI's Allreduce (same run)"]
@@ -195,19 +249,33 @@ def main(argv: list[str]) -> int:
         odd = [s for s in args.sizes if s % 4]
         if odd:
             p.error(f"--sizes must be multiples of 4 bytes (float32 elements), got {odd[0]}")
+        if args.ranks == 1:
+            p.error(ONE_RANK)
         if all(a == "mpi" for _, a in cases(args.collectives, args.algorithms)):
             p.error(f"--algorithms {' '.join(args.algorithms or [])}: no algorithm to compare "
                     f"with MPI's own for {' '.join(args.collectives)}")
     except SystemExit as e:  # --help (0) or one line for a bad option (2)
         return int(e.code or 0)
+    from minipar.progress import watched
+
     payload = {k: getattr(args, k) for k in ("sizes", "iters", "warmup", "collectives",
                                             "algorithms")}
     try:
-        rows, _ = launch.run_json(args.ranks, "minipar.bench.collectives", payload,
-                                  timeout=args.timeout, check=True)
+        with watched(len(args.sizes), "size") as progress:
+            rows, _ = launch.run_json(args.ranks, "minipar.bench.collectives",
+                                      {**payload, "progress": progress},
+                                      timeout=args.timeout, check=True)
     except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, args.debug)
     print(json.dumps(rows) if args.json else format_table(rows))
+    if args.plot:
+        from minipar.bench.collectives_plot import plot_busbw
+
+        try:
+            plot_busbw(rows, args.plot)
+        except OSError as e:
+            print(f"{PROG}: cannot write {args.plot}: {e.strerror or e}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -20,7 +20,8 @@ Times are the median wall-clock seconds per step after a warm-up step, the
 slowest rank's (the step is over when the last rank is done); serial and DP
 alternate ``--rounds`` times and the best of each is compared.  Ideal is N;
 what is lost is the replicated optimizer step, the all-reduce not hidden
-behind backward, and the second process's start-up of caches.
+behind backward, and the second process's start-up of caches.  A progress
+bar on stderr counts the launches (:mod:`minipar.progress`).
 
 :func:`measure_step_time` is the timing loop, reusable for other strategies
 (ZeRO's step time against DP's).
@@ -105,22 +106,33 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             "bytes_exact": dp.bytes_formula()}
 
 
-def run_bench(o: dict[str, Any]) -> dict[str, Any]:
+def run_bench(o: dict[str, Any], progress: Any = None) -> dict[str, Any]:
     """Measure serial and DP on ``o["ranks"]`` ranks, alternating, ``o["rounds"]`` times.
+
+    ``progress``: a stream for a bar of the 2 x rounds launches (:func:`minipar.progress.bar`),
+    None for none.
 
     The figure is the best serial time over the best DP time (best-of, as ``timeit``
     does: on a shared machine noise only ever adds time); the per-round ratios and
     the load average before and after show how noisy the machine was.  Raises
     :class:`minipar.launch.RanksFailed` or ``LaunchTimeout`` if a launch fails."""
+    import contextlib
+
     from minipar import launch
+    from minipar.progress import LAUNCH_DELAY_S, bar
 
     res: dict[str, list[dict[str, Any]]] = {"serial": [], "dp": []}
     load0 = os.getloadavg()[0]
-    for _ in range(o["rounds"]):
-        for mode, n in (("serial", 1), ("dp", o["ranks"])):
-            row, _ = launch.run_json(n, "minipar.bench.dp", {**o, "mode": mode}, check=True,
-                                     timeout=o["timeout"])
-            res[mode].append(row)
+    launches = 2 * o["rounds"]
+    with (bar(launches, "launch", progress, delay=LAUNCH_DELAY_S) if progress is not None
+          else contextlib.nullcontext()) as shown:
+        for _ in range(o["rounds"]):
+            for mode, n in (("serial", 1), ("dp", o["ranks"])):
+                row, _ = launch.run_json(n, "minipar.bench.dp", {**o, "mode": mode},
+                                         check=True, timeout=o["timeout"])
+                res[mode].append(row)
+                if shown is not None:
+                    shown.update(1)
     B = o["batch"]
     ts = min(r["seconds"] for r in res["serial"])
     td = min(r["seconds"] for r in res["dp"])
@@ -139,18 +151,28 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """The options every training benchmark shares: a compute-bound GPT, steps, output."""
     from minipar.precision import POLICIES
 
-    p.add_argument("-n", "--ranks", type=integer(1), default=2, help="ranks (default 2)")
-    p.add_argument("--d-model", type=integer(1), default=256)
-    p.add_argument("--layers", type=integer(1), default=4)
-    p.add_argument("--heads", type=integer(1), default=8)
-    p.add_argument("--seq", type=integer(1), default=64)
-    p.add_argument("--batch", type=integer(1), default=32, help="global batch rows (default 32)")
-    p.add_argument("--vocab", type=integer(1), default=512)
-    p.add_argument("--steps", type=integer(1), default=5, help="timed steps after one warm-up")
-    p.add_argument("--precision", choices=list(POLICIES), default="float32")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("-n", "--ranks", type=integer(1), default=2,
+                   help="ranks (default %(default)s)")
+    p.add_argument("--d-model", type=integer(1), default=256,
+                   help="GPT width d (default %(default)s)")
+    p.add_argument("--layers", type=integer(1), default=4,
+                   help="transformer blocks (default %(default)s)")
+    p.add_argument("--heads", type=integer(1), default=8,
+                   help="attention heads, dividing --d-model (default %(default)s)")
+    p.add_argument("--seq", type=integer(1), default=64,
+                   help="sequence length T (default %(default)s)")
+    p.add_argument("--batch", type=integer(1), default=32,
+                   help="global batch rows (default %(default)s)")
+    p.add_argument("--vocab", type=integer(1), default=512,
+                   help="vocabulary size V (default %(default)s)")
+    p.add_argument("--steps", type=integer(1), default=5,
+                   help="timed steps after one warm-up (default %(default)s)")
+    p.add_argument("--precision", choices=list(POLICIES), default="float32",
+                   help="parameter and gradient precision, one of %(choices)s "
+                   "(default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--timeout", type=seconds, default=600.0,
-                   help="seconds before every rank of a launch is killed (default 600)")
+                   help="seconds before every rank of a launch is killed (default %(default)s)")
     p.add_argument("--debug", action="store_true", help="on failure, show every rank's output")
 
 
@@ -170,12 +192,12 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_bench_arguments(p)
     p.add_argument("--bucket-mb", type=number(greater_than=0), default=1.0,
-                   help="bucket capacity in MiB (default 1: ~13 buckets)")
+                   help="bucket capacity in MiB (default %(default)s: ~13 buckets)")
     p.add_argument("--algorithm", choices=list(ALGORITHMS), default="auto",
                    help="DDP's all-reduce: auto (per bucket by size and N, default), ring "
                         "(every bucket overlapped with backward), mpi (MPI's Iallreduce)")
     p.add_argument("--rounds", type=integer(1), default=3,
-                   help="alternating serial/DP rounds (default 3)")
+                   help="alternating serial/DP rounds (default %(default)s)")
     return p
 
 
@@ -192,7 +214,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:  # --help (0) or one line for a bad option (2)
         return int(e.code or 0)
     try:
-        row = run_bench(vars(a))
+        row = run_bench(vars(a), progress=sys.stderr)
     except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, a.debug)
     if a.json:

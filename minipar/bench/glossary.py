@@ -19,13 +19,15 @@ import time
 from minipar import glossary as g
 from minipar.cli_errors import ArgumentParser, integer
 
-#: exact, spelling variants, Russian inflections, spun Chinese, typos, misses, a long query
+#: exact, spelling variants, Russian inflections, spun Chinese, typos, slang and family words,
+#: misses (a nonsense word; 天气预报 "weather forecast", Chinese with no term in it), a long query
 QUERIES = [
     "all-reduce", "All Reduce", "ZeRO-3", "DP", "1F1B", "Ring-AllReduce", "micro-batches",
     "параллелизма данных", "контрольных точек активации", "тензорного параллелизма",
     "张量切分体例", "夹杂专家模子", "办事器", "流水线并行",
     "all-reduse", "pipline paralelism", "megatorn-lm", "параллелизм даных",
-    "xyzzyq", "草泥马", "how does ZeRO stage 3 shard the parameters across data-parallel ranks?",
+    "чекпоинтинг активаций", "шардирование", "sharding", "梯度累积", "流水线并行气泡", "ZeRO++",
+    "xyzzyq", "天气预报", "how does ZeRO stage 3 shard the parameters across data-parallel ranks?",
 ]
 
 

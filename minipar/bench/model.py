@@ -14,7 +14,8 @@ the models agree.  Times are medians of ``--repeat`` runs after a warm-up,
 in CPU seconds of the measuring process (``time.process_time``): on a
 shared machine wall time also counts the time other processes hold the
 core, CPU time does not.
-PyTorch is optional: without it only the NumPy column is filled.
+PyTorch is optional: without it only the NumPy column is filled.  A progress
+bar on stderr counts the sizes (:mod:`minipar.progress`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from typing import Any
 
 from minipar.cli_errors import ArgumentParser, integer, output_file
+from minipar.progress import tick
 
 #: name -> (d_model, n_layer, n_head, seq_len, batch, vocab)
 SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -84,7 +86,8 @@ def _torch_step(torch: Any, params: dict[str, Any], tokens: Any, targets: Any, n
     return step, loss
 
 
-def measure(names: list[str], repeat: int, use_torch: bool = True) -> list[dict[str, Any]]:
+def measure(names: list[str], repeat: int, use_torch: bool = True,
+            progress: str | None = None) -> list[dict[str, Any]]:
     """Measure in this process (call it with one BLAS thread): one dict per size."""
     import numpy as np
 
@@ -118,6 +121,7 @@ def measure(names: list[str], repeat: int, use_torch: bool = True) -> list[dict[
             row["ratio"] = row["numpy_s"] / row["torch_s"]
             row["loss_diff"] = abs(float(loss_fn().detach()) - model.loss(params, x, y))
         rows.append(row)
+        tick(progress)
     return rows
 
 
@@ -138,25 +142,38 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="minipar bench model", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", nargs="+", default=["small", "medium", "large"], choices=list(SIZES))
-    p.add_argument("--repeat", type=integer(1), default=5, help="timed runs per size (median)")
+    sizes = ", ".join(f"{k} (d_model {v[0]}, {v[1]} layers)" for k, v in SIZES.items())
+    p.add_argument("--sizes", nargs="+", default=["small", "medium", "large"], choices=list(SIZES),
+                   help=f"GPT sizes to time, from {sizes} (default small medium large)")
+    p.add_argument("--repeat", type=integer(1), default=5,
+                   help="timed runs per size, the median is shown (default %(default)s)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
     p.add_argument("--json", metavar="PATH", type=output_file,
                    help="also write the rows as JSON (into a folder that exists)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--progress", help=argparse.SUPPRESS)  # the inner process's progress file
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from minipar.progress import watched
+
+    p = _parser()
     try:
         a = p.parse_args(argv)
     except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
         return int(e.code or 0)
     if a.inner:  # the measuring subprocess: print rows as JSON
-        print(json.dumps(measure(a.sizes, a.repeat, not a.no_torch)))
+        print(json.dumps(measure(a.sizes, a.repeat, not a.no_torch, a.progress)))
         return 0
     env = {**os.environ, **dict.fromkeys(THREAD_VARS, "1")}
     cmd = [sys.executable, "-m", "minipar.bench.model", "--inner", "--repeat", str(a.repeat),
            "--sizes", *a.sizes] + (["--no-torch"] if a.no_torch else [])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    with watched(len(a.sizes), "size") as progress:
+        proc = subprocess.run(cmd + ["--progress", progress], env=env, capture_output=True,
+                              text=True, timeout=1800, check=False)
     if proc.returncode:  # a crash while measuring, not bad input: show all of it
         print(proc.stderr, file=sys.stderr)
         return proc.returncode

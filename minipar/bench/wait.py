@@ -15,7 +15,8 @@ rank; ranks 1..N-1 wait for it.  In mode ``mpi`` they wait in MPI's blocking
 rank 0's compute wall time (s) and the waiting ranks' CPU time
 (``time.process_time``, s, summed over ranks 1..N-1).  For reference, the
 same work on a single rank (nobody waiting).  The modes
-alternate ``--repeat`` times; each figure is the median.
+alternate ``--repeat`` times; each figure is the median.  A progress bar on
+stderr counts the rounds of both launches (:mod:`minipar.progress`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def worker(o: dict) -> dict | None:
     world = MPI.COMM_WORLD
     comm = TracedComm(world)
     rank, n = world.Get_rank(), world.Get_size()
+    from minipar.progress import tick
+
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
     msg = np.zeros(1)
     for _ in range(o["repeat"]):
@@ -89,6 +92,8 @@ def worker(o: dict) -> dict | None:
             cpu = world.reduce(cpu, op=MPI.SUM, root=0)
             if rank == 0:
                 results[mode].append((wall, cpu))
+        if rank == 0:
+            tick(o.get("progress"))
     if rank != 0:
         return None
     out = {m: {"compute_wall_s": statistics.median(w for w, _ in v),
@@ -118,12 +123,15 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or one line for a bad option (2)
         return int(e.code or 0)
+    from minipar.progress import watched
+
     runs = {}
-    o = {"work": args.work, "repeat": args.repeat}
-    try:
-        for n in (1, args.ranks):  # 1 rank: the reference, same environment, nobody waiting
-            runs[n], _ = launch.run_json(n, "minipar.bench.wait", o, timeout=args.timeout,
-                                         check=True)
+    try:  # one bar over both launches: a step per round of each
+        with watched(2 * args.repeat, "round") as progress:
+            o = {"work": args.work, "repeat": args.repeat, "progress": progress}
+            for n in (1, args.ranks):  # 1 rank: the reference, same environment, nobody waits
+                runs[n], _ = launch.run_json(n, "minipar.bench.wait", o, timeout=args.timeout,
+                                             check=True)
     except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, args.debug)
     res = runs[args.ranks]

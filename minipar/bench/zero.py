@@ -13,7 +13,8 @@ step time (slowest rank, after a warm-up round;
 ratios show (Rajbhandari et al. 2019, arXiv 1910.02054): stages 1 and 2 move
 the same 2Ψ as DP, so they cost about what DP costs; stage 3 moves 3Ψ (1.5x)
 and cannot start a unit's forward before its all-gather, so it is slower.
-Bytes sent per rank per step are counted in the same run.
+Bytes sent per rank per step are counted in the same run.  A progress bar
+on stderr counts the rounds (:mod:`minipar.progress`).
 
 The module also measures memory and traffic for the notebook:
 :func:`measure_stages` runs every stage in one launch of N ranks and returns
@@ -64,6 +65,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
                    spec.optimizer, **spec.opt_kwargs())
         runners[f"ZeRO-{stage}"] = lambda s, eng=eng: eng.train_step(
             *spec.local_batch(s, comm.rank, comm.size), w)
+    from minipar.progress import tick
+
     res: dict[str, Any] = {k: {"times": [], "bytes": 0.0} for k in runners}
     for r in range(o["steps"] + 1):  # interleaved rounds: drift hits every strategy alike
         for name, fn in runners.items():
@@ -72,6 +75,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             if r:  # round 0 is the warm-up
                 res[name]["times"].append(t)
                 res[name]["bytes"] = comm.stats.bytes_sent() - sent
+        if comm.rank == 0:
+            tick(o.get("progress"))
     for v in res.values():
         v["seconds"] = statistics.median(v.pop("times"))
     return {"psi": dp.layout.size, "results": res} if comm.rank == 0 else None
@@ -118,7 +123,7 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_bench_arguments(p)
     p.add_argument("--stages", type=stages_option, default=[0, 1, 2, 3],
-                   help="ZeRO stages to time (default 0,1,2,3)")
+                   help="ZeRO stages to time, comma-separated (default 0,1,2,3)")
     return p
 
 
@@ -134,10 +139,14 @@ def main(argv: list[str]) -> int:
             p.error(str(e))
     except SystemExit as e:  # --help (0) or one line for a bad option (2)
         return int(e.code or 0)
+    from minipar.progress import watched
+
     try:
-        out, _ = launch.run_json(a.ranks, "minipar.bench.zero",
-                                 {"mode": "time", "spec": spec.as_dict(), "steps": a.steps,
-                                  "stages": a.stages}, timeout=a.timeout, check=True)
+        with watched(a.steps + 1, "round") as progress:  # the warm-up round, then the timed
+            out, _ = launch.run_json(a.ranks, "minipar.bench.zero",
+                                     {"mode": "time", "spec": spec.as_dict(), "steps": a.steps,
+                                      "stages": a.stages, "progress": progress},
+                                     timeout=a.timeout, check=True)
     except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, a.debug)
     res, base = out["results"], out["results"]["DDP"]["seconds"]

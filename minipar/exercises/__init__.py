@@ -12,7 +12,12 @@ Each exercise is one sub-package with three files:
   point-to-point calls, never :mod:`minipar.collectives`);
 * ``grader.py`` -- the cases it runs on every rank (``make_input`` and the
   ``oracle``: MPI's own collective) and ``judge``, which turns the measured
-  results and counters of all ranks into ✓/✗ checks.
+  results and counters of all ranks into ✓/✗ checks; optionally ``parts``
+  (each rank's contribution to a sum, to name a wrong sum's pattern) or
+  ``diagnose`` (the exercise's own mistakes, in words);
+* ``hints.py`` -- ``HINTS``, from a nudge to the detailed steps: ``minipar
+  exercise hint NAME`` gives the next one (:mod:`minipar.exercises.hints`),
+  so the skeleton need not hand out the whole solution at once.
 
 ``minipar exercise check NAME FILE -n N`` runs FILE on N ranks through
 :func:`minipar.launch.run` (see :mod:`minipar.exercises.grading`) and grades
@@ -36,6 +41,8 @@ class Exercise:
     function: str
     description: str
     difficulty: str
+    min_ranks: int = 1
+    why_min_ranks: str = ""
 
     @property
     def package(self) -> str:
@@ -51,6 +58,10 @@ class Exercise:
 
     def grader(self) -> ModuleType:
         return importlib.import_module(f"{self.package}.grader")
+
+    def hints(self) -> tuple[str, ...]:
+        """The hint levels, first (a nudge) to last (the detailed steps); no MPI imported."""
+        return importlib.import_module(f"{self.package}.hints").HINTS
 
 
 #: name -> exercise, in the order a learner should do them
@@ -74,6 +85,14 @@ EXERCISES: dict[str, Exercise] = {
             "sync_gradients",
             "data parallelism: average the ranks' gradients so every replica equals the serial one",
             "★★☆",
+        ),
+        Exercise(
+            "ps_sync",
+            "ps_sync_step",
+            "parameter server (sync): workers push gradients to rank 0, it updates, they pull",
+            "★☆☆",
+            min_ranks=2,
+            why_min_ranks="a server and at least one worker",
         ),
         Exercise(
             "zero1_step",

@@ -7,6 +7,14 @@ EN exercises command · RU команда упражнений · ZH 练习命�
     minipar exercise start ring_allreduce --dir ex   # creates ./ex if needed, says so
     minipar exercise check ring_allreduce ring_allreduce.py -n 4 [--json]
     minipar exercise check ring_allreduce --solution # grade the reference solution
+    minipar exercise hint ring_allreduce             # the next hint: level 1, 2, 3 ...
+    minipar exercise check ring_allreduce ring_allreduce.py --verbose  # your prints too
+
+While ``check`` waits for the ranks it says so on stderr (how many ranks,
+the timeout and the watchdog).  What your code prints is shown, by rank,
+when a check fails, and always with ``--verbose``.  ``hint`` remembers the
+level reached per exercise in ``DIR/.minipar-hints.json``
+(:mod:`minipar.exercises.hints`).
 
 ``check`` exits 0 only when every check passes.  Bad input (an unknown
 exercise, a FILE that is not there, ``-n 0``, ``--watchdog`` not below
@@ -24,7 +32,7 @@ import sys
 from pathlib import Path
 
 from minipar.cli_errors import ArgumentParser, error_line, integer, seconds
-from minipar.exercises import EXERCISES, get
+from minipar.exercises import EXERCISES, get, hints
 
 #: most ranks ``check`` starts on one machine (each rank is a Python process)
 MAX_RANKS = 128
@@ -41,22 +49,38 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("start", help="write the skeleton NAME.py into a folder")
     s.add_argument("name", metavar="NAME", choices=list(EXERCISES), help=f"one of {names}")
     s.add_argument("--dir", default=".",
-                   help="folder to write into, created if missing (default: current)")
-    s.add_argument("--force", action="store_true", help="overwrite an existing NAME.py")
+                   help="folder to write into, created if missing (default: %(default)s, the "
+                        "current folder)")
+    s.add_argument("--force", action="store_true",
+                   help="overwrite an existing NAME.py (default: off, never overwrite)")
+    h = sub.add_parser("hint", help="the next hint for NAME: level 1, 2, 3 ... (remembered)")
+    h.add_argument("name", metavar="NAME", choices=list(EXERCISES), help=f"one of {names}")
+    h.add_argument("--dir", default=".",
+                   help=f"the exercise's working folder, where {hints.STATE_FILE} remembers "
+                        "the level reached (default: %(default)s)")
+    h.add_argument("--reset", action="store_true",
+                   help="start again from level 1 (default: off)")
     c = sub.add_parser("check", help="grade FILE: result and algorithm, on N ranks")
     c.add_argument("name", metavar="NAME", choices=list(EXERCISES), help=f"one of {names}")
-    c.add_argument("file", nargs="?", help="your solution (a .py file)")
+    c.add_argument("file", nargs="?", help="your solution (a .py file; no default: give FILE "
+                                           "or --solution)")
     c.add_argument("-n", type=integer(1, MAX_RANKS), default=4,
-                   help=f"number of ranks, 1 to {MAX_RANKS} (default 4)")
-    c.add_argument("--json", action="store_true", help="machine-readable report")
-    c.add_argument("--solution", action="store_true", help="grade the reference solution")
+                   help=f"number of ranks, 1 to {MAX_RANKS} (default: %(default)s)")
+    c.add_argument("--json", action="store_true",
+                   help="machine-readable report (default: off, a report for people)")
+    c.add_argument("--solution", action="store_true",
+                   help="grade the reference solution (default: off)")
+    c.add_argument("--verbose", "-v", action="store_true",
+                   help="show what your code printed on each rank even when every check passes "
+                        "(default: off, shown only when a check fails)")
     c.add_argument("--timeout", type=seconds, default=60.0,
-                   help="seconds before the run is killed")
+                   help="seconds before the run is stopped (default: %(default)g)")
     c.add_argument(
         "--watchdog",
         type=seconds,
         default=5.0,
-        help="seconds a rank may wait for one message before it is a deadlock (< --timeout)",
+        help="seconds a rank may wait for one message before it is a deadlock, below "
+             "--timeout (default: %(default)g)",
     )
     return p
 
@@ -88,6 +112,8 @@ def main(argv: list[str]) -> int:
         print("\nstart one with: minipar exercise start NAME")
         return 0
     ex = get(args.name)
+    if args.action == "hint":
+        return _hint(ex.name, Path(args.dir), args.reset)
     if args.action == "start":
         target = Path(args.dir) / f"{ex.name}.py"
         if target.is_dir():
@@ -120,17 +146,46 @@ def main(argv: list[str]) -> int:
     if not file.is_file():
         return error_line(prog, f"FILE {file}: no such file (minipar exercise start "
                           f"{ex.name} writes one)")
+    if args.n < ex.min_ranks:
+        return error_line(prog, f"-n {args.n}: {ex.name} needs at least {ex.min_ranks} ranks "
+                          f"({ex.why_min_ranks})")
     if not args.watchdog < args.timeout:
         return error_line(prog, f"--watchdog {args.watchdog:g} must be below --timeout "
                           f"{args.timeout:g} (a deadlock is reported before the run is killed)")
     from minipar import launch
     from minipar.exercises.grading import check  # imports numpy and mpi4py
 
+    print(f"running {file.name} on {args.n} rank{'s' if args.n != 1 else ''}, timeout "
+          f"{args.timeout:g} s (a rank waiting {args.watchdog:g} s for one message is a "
+          "deadlock) …", file=sys.stderr, flush=True)
     try:
         report = check(ex.name, file, args.n, timeout=args.timeout, watchdog=args.watchdog)
     except ValueError as err:
         return error_line(prog, err)
     except launch.LaunchError as err:  # e.g. MINIPAR_MPIEXEC names no program: one line
         return launch.report(prog, err)
-    print(report.json() if args.json else report.text())
+    print(report.json() if args.json else report.text(verbose=args.verbose))
     return 0 if report.passed else 1
+
+
+def _hint(name: str, folder: Path, reset: bool) -> int:
+    """``minipar exercise hint NAME``: print the next level, or forget the levels given."""
+    prog = "minipar exercise hint"
+    if not folder.is_dir():
+        return error_line(prog, f"--dir {folder}: no such folder")
+    levels = get(name).hints()
+    try:
+        if reset:
+            hints.reset(folder, name)
+            print(f"hints for {name} start again from level 1 of {len(levels)}")
+            return 0
+        level, text = hints.next_hint(folder, name, levels)
+    except OSError as e:
+        return error_line(prog, f"cannot write {folder / hints.STATE_FILE}: {e.strerror or e}")
+    print(f"hint {level} of {len(levels)} for {name}:\n")
+    print(text.strip("\n"))
+    if level < len(levels):
+        print(f"\n(again for hint {level + 1}: minipar exercise hint {name})")
+    else:
+        print("\n(that was the last hint; --reset starts again from level 1)")
+    return 0

@@ -23,7 +23,13 @@ Failures of the run itself are reported in words a learner can act on: an
 exception names the rank and the line of the learner's file; a deadlock is
 caught by the traced communicator's watchdog (``MINIPAR_WATCHDOG_S``, a few
 seconds here) or, for waits it cannot see, by the launch timeout;
-``NotImplementedError`` says where to start.
+``NotImplementedError`` says where to start (and that ``minipar exercise
+hint`` gives more).  :mod:`minipar.exercises.diagnosis` names the rest: a
+wrong result's pattern (1/N, N x, a partial sum, a rotated chunk order), MPI's
+"Message truncated" error as chunk sizes, and, when the ranks run past the
+timeout, the line each was on when stopped (an endless loop, or a wait on a
+raw communicator).  What the learner's code printed comes back by rank in
+:attr:`Report.output` (:mod:`minipar.exercises.report`).
 """
 
 from __future__ import annotations
@@ -31,15 +37,17 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from minipar import launch
-from minipar.comm.traced import WATCHDOG_ENV, TracedComm
-from minipar.exercises import get
+from minipar.comm.traced import ANY_SOURCE, ANY_TAG, WATCHDOG_ENV, TracedComm
+from minipar.exercises import diagnosis, get
+from minipar.exercises.report import Check, Report
+
+__all__ = ["Check", "GradingComm", "Report", "check", "first_mismatch"]
 
 WORKER = "minipar.exercises.worker"
 DEFAULT_TIMEOUT_S = 60.0
@@ -70,9 +78,13 @@ class GradingComm(TracedComm):
     MPI, so the learner's result can be right while the algorithm is not.
     """
 
-    def __init__(self, comm: Any = None, *, calls: Counter[str] | None = None, **kw: Any):
+    def __init__(self, comm: Any = None, *, calls: Counter[str] | None = None,
+                 last: dict | None = None, **kw: Any):
         super().__init__(comm, **kw)
         self.calls: Counter[str] = Counter() if calls is None else calls
+        #: the receive posted last (``source``, ``nbytes``, ``itemsize``): what a
+        #: "Message truncated" error is about (:func:`minipar.exercises.diagnosis.truncation`)
+        self.last: dict = {} if last is None else last
 
     def __getattr__(self, name: str) -> Any:
         if name in COLLECTIVES or name in UNCOUNTED:
@@ -81,15 +93,19 @@ class GradingComm(TracedComm):
                 calls[name] += 1
         return super().__getattr__(name)
 
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
+        self.last.clear()
+        self.last.update(source=source, nbytes=getattr(buf, "nbytes", None),
+                         itemsize=getattr(buf, "itemsize", None))
+        return super().Irecv(buf, source, tag)
+
     def Split(self, color: int = 0, key: int = 0) -> GradingComm:
-        return GradingComm(
-            self.comm.Split(color, key), timeout=self.timeout, stats=self.stats, calls=self.calls
-        )
+        return GradingComm(self.comm.Split(color, key), timeout=self.timeout, stats=self.stats,
+                           calls=self.calls, last=self.last)
 
     def Dup(self) -> GradingComm:
-        return GradingComm(
-            self.comm.Dup(), timeout=self.timeout, stats=self.stats, calls=self.calls
-        )
+        return GradingComm(self.comm.Dup(), timeout=self.timeout, stats=self.stats,
+                           calls=self.calls, last=self.last)
 
 
 # -- comparing arrays (rank side) ------------------------------------------------
@@ -105,68 +121,6 @@ def first_mismatch(got: np.ndarray, expected: np.ndarray, atol: np.ndarray | Non
         return None
     i = int(bad[0])
     return {"index": i, "expected": e[i].item(), "got": g[i].item(), "wrong": int(bad.size)}
-
-
-# -- the report ------------------------------------------------------------------
-@dataclass
-class Check:
-    """One line of the report: ✓ (ok True), ✗ (False) or – (None: not graded here)."""
-
-    name: str
-    ok: bool | None
-    detail: str = ""
-
-    @property
-    def mark(self) -> str:
-        return {True: "✓", False: "✗", None: "–"}[self.ok]
-
-
-@dataclass
-class Report:
-    exercise: str
-    file: str
-    n: int
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.checks) and all(c.ok is not False for c in self.checks)
-
-    @property
-    def verdict(self) -> str:
-        failed = sum(c.ok is False for c in self.checks)
-        skipped = sum(c.ok is None for c in self.checks)
-        ranks = f"{self.n} rank" + ("s" if self.n != 1 else "")
-        if self.passed:
-            note = f" ({skipped} check not graded on {ranks}: see –)" if skipped else ""
-            return (
-                f"PASS: {self.exercise} is correct and uses the right algorithm on {ranks}.{note}"
-            )
-        return (
-            f"FAIL: {failed} of {len(self.checks)} checks failed on {ranks}; fix the first ✗ first."
-        )
-
-    def text(self) -> str:
-        lines = [f"minipar exercise check {self.exercise} {self.file}  ({self.n} ranks)", ""]
-        for c in self.checks:
-            lines.append(f"  {c.mark} {c.name}")
-            lines += [f"      {d}" for d in c.detail.splitlines() if c.detail and c.ok is not True]
-            if c.ok is True and c.detail:
-                lines.append(f"      {c.detail.splitlines()[0]}")
-        return "\n".join(lines + ["", self.verdict])
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "exercise": self.exercise,
-            "file": self.file,
-            "n": self.n,
-            "passed": self.passed,
-            "verdict": self.verdict,
-            "checks": [asdict(c) | {"mark": c.mark} for c in self.checks],
-        }
-
-    def json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, ensure_ascii=False)
 
 
 # -- the launcher side -------------------------------------------------------------
@@ -185,75 +139,72 @@ def check(
         raise ValueError(f"{file}: no such file")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"number of ranks must be a positive integer, got {n!r}")
+    if n < ex.min_ranks:
+        raise ValueError(f"{ex.name} needs at least {ex.min_ranks} ranks ({ex.why_min_ranks}); "
+                         f"got -n {n}")
     if watchdog <= 0 or timeout <= watchdog:
         raise ValueError(f"need 0 < watchdog ({watchdog}) < timeout ({timeout})")
     report = Report(ex.name, str(file), n)
     with tempfile.TemporaryDirectory(prefix="minipar-exercise-") as out:
         try:
-            proc = launch.run(
-                n,
-                WORKER,
-                ex.name,
-                str(path),
-                out,
-                timeout=timeout,
-                env={WATCHDOG_ENV: f"{watchdog:g}"},
-            )
+            proc = launch.run(n, WORKER, ex.name, str(path), out, timeout=timeout,
+                              env={WATCHDOG_ENV: f"{watchdog:g}"})
         except launch.LaunchTimeout as err:
-            report.checks.append(
-                Check(
-                    "runs to the end without hanging",
-                    False,
-                    (
-                        f"the ranks did not finish within {timeout:g} s and were killed. Something "
-                        "waited where the watchdog cannot see: a blocking call on a raw MPI "
-                        "communicator (MPI.COMM_WORLD, comm.comm) or an endless loop.\n"
-                        + _tail(err.stdout + err.stderr)
-                    ),
-                )
-            )
+            report.output = _outputs(out)
+            report.checks.append(_timeout_check(path, out, timeout, err))
             return report
+        report.output = _outputs(out)
         errors = [json.loads(p.read_text()) for p in sorted(Path(out).glob("error-*.json"))]
         result = Path(out, "result.json")
         if errors:
-            report.checks.append(_error_check(ex.name, path, errors))
+            report.checks.append(_error_check(ex.name, path, errors, n))
             return report
         if proc.returncode != 0 or not result.exists():
-            report.checks.append(
-                Check(
-                    "runs to the end",
-                    False,
-                    (
-                        f"the job ended with exit code {proc.returncode} and no result.\n"
-                        + _tail(proc.stdout + proc.stderr)
-                    ),
-                )
-            )
+            why = proc.failure or f"the job ended with exit code {proc.returncode} and no result"
+            report.checks.append(Check("runs to the end", False,
+                                       f"{why}.\n" + _tail(proc.stdout + proc.stderr)))
             return report
         data = json.loads(result.read_text())
     cases, records = data["cases"], data["records"]
     report.checks.append(
-        Check(
-            f"runs on {n} rank{'s' if n != 1 else ''}: {len(cases)} cases, no error, no deadlock",
-            True,
-        )
-    )
+        Check(f"runs on {n} rank{'s' if n != 1 else ''}: {len(cases)} cases, no error, "
+              "no deadlock", True))
     if data["borrowed"]:
-        report.checks.append(
-            Check(
-                "written by you",
-                False,
-                (
-                    "your file uses minipar.collectives, the package's own implementation: "
-                    "the exercise is to write the algorithm yourself from Send/Recv/Sendrecv."
-                ),
-            )
-        )
+        report.checks.append(Check("written by you", False, (
+            "your file uses minipar.collectives, the package's own implementation: "
+            "the exercise is to write the algorithm yourself from Send/Recv/Sendrecv.")))
     report.checks += ex.grader().judge(n, cases, records)
     return report
 
 
-def _error_check(name: str, path: Path, errors: list[dict]) -> Check:
+def _outputs(out: str) -> dict[int, str]:
+    """rank -> what the learner's code printed on that rank (ranks that printed something)."""
+    found = {}
+    for p in Path(out).glob("output-*.txt"):
+        text = p.read_text(errors="replace")
+        if text.strip():
+            found[int(p.stem.split("-")[1])] = text
+    return found
+
+
+def _timeout_check(path: Path, out: str, timeout: float, err: launch.LaunchTimeout) -> Check:
+    """The ranks ran past ``timeout``: where each was stopped (its SIGTERM traceback)."""
+    where = {}
+    for p in Path(out).glob("stack-*.txt"):
+        at = diagnosis.stopped_at(p.read_text(errors="replace"), path)
+        if at:
+            where[int(p.stem.split("-")[1])] = at
+    if where:
+        return Check("runs to the end without hanging", False,
+                     diagnosis.endless(where, path.name, timeout))
+    return Check("runs to the end without hanging", False, (
+        f"the ranks did not finish within {timeout:g} s and were killed. Something "
+        "waited where the watchdog cannot see: a blocking call on a raw MPI "
+        "communicator (MPI.COMM_WORLD, comm.comm) or an endless loop.\n"
+        + _tail(err.stdout + err.stderr)))
+
+
+def _error_check(name: str, path: Path, errors: list[dict], n: int) -> Check:
     """The one error to show: a learner's exception before a deadlock it caused."""
     errors.sort(key=lambda e: (e["type"] == "DeadlockError", e["rank"]))
     e = errors[0]
@@ -263,25 +214,24 @@ def _error_check(name: str, path: Path, errors: list[dict]) -> Check:
     case = f" (case: {e['case']})" if e.get("case") else ""
     if e["type"] == "NotImplementedError":
         hint = get(name).grader().FIRST_STEP
-        return Check("implemented", False, f"not implemented yet: start with {hint}{where}")
+        return Check("implemented", False, (
+            f"not implemented yet: start with {hint}{where}\n"
+            f"Stuck? minipar exercise hint {name} gives one hint at a time."))
     if e["type"] == "DeadlockError":
         ranks = sorted({x["rank"] for x in errors if x["type"] == "DeadlockError"})
-        return Check(
-            "no deadlock",
-            False,
-            (
-                f"deadlock{case}: ranks {', '.join(map(str, ranks))} were stuck waiting. {e['message']}{where}\n"
-                "Each waiting rank expected a message its peer never sent: if every rank "
-                "calls Recv before Send, all of them wait for ever. Send and receive in one "
-                "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left)."
-            ),
-        )
+        return Check("no deadlock", False, (
+            f"deadlock{case}: ranks {', '.join(map(str, ranks))} were stuck waiting. "
+            f"{e['message']}{where}\n"
+            "Each waiting rank expected a message its peer never sent: if every rank "
+            "calls Recv before Send, all of them wait for ever. Send and receive in one "
+            "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left)."))
+    said = diagnosis.truncation(e["message"], e["rank"], e.get("recv"), e.get("case_data"), n)
+    if said:
+        return Check("message sizes agree (sender's chunk = receiver's buffer)", False,
+                     f"{said}{case}{where}")
     stage = "while importing your file" if e["stage"] == "import" else f"in your code{case}"
-    return Check(
-        "runs without error",
-        False,
-        (f"rank {e['rank']} raised {e['type']} {stage}: {e['message']}{where}"),
-    )
+    return Check("runs without error", False,
+                 f"rank {e['rank']} raised {e['type']} {stage}: {e['message']}{where}")
 
 
 def _tail(text: str, lines: int = 12) -> str:

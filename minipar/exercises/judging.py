@@ -58,6 +58,9 @@ def contract_checks(
             f"index {m['index']}: expected {m['expected']!r}, got {m['got']!r} "
             f"({m['wrong']} of {c['length']} elements wrong on this rank)"
         )
+        said = [rec["mistake"] for _, _, rec in each(cases, records) if rec.get("mistake")]
+        if said:
+            detail += "\n" + Counter(said).most_common(1)[0][0]
     checks.append(Check(name, not wrong, detail))
     checks.append(collective_check(cases, records))
     return checks

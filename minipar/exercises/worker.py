@@ -15,8 +15,17 @@ case of the exercise's grader (same list on every rank) it
    mismatch, whether the input was modified, the array contract, bytes and
    peers sent and received, and calls to MPI's collectives.
 
-The records reach rank 0 with MPI's own ``gather`` only at the end, after
-every case completed.  If the learner's code raises on any rank (a
+When the result is wrong, the rank also names the mistake if it can
+(:mod:`minipar.exercises.diagnosis`: the grader's ``parts`` for a sum, or its
+own ``diagnose``).  The records reach rank 0 with MPI's own ``gather`` only
+at the end, after every case completed.
+
+What the learner's code prints (stdout and stderr, from importing the file
+to the last case) goes, line by line, to ``OUTDIR/output-RANK.txt``, so the
+report can show it by rank even when the run is killed.  On SIGTERM (the
+launcher stopping ranks that ran past the timeout) ``faulthandler`` writes
+the rank's Python stack to ``OUTDIR/stack-RANK.txt`` before the rank ends:
+the line an endless loop was on.  If the learner's code raises on any rank (a
 ``DeadlockError`` from the watchdog included) that rank writes
 ``OUTDIR/error-RANK.json`` (rank, exception, the learner's line) and
 re-raises: ``python -m mpi4py`` then aborts the whole job, so no rank waits
@@ -25,9 +34,12 @@ for ever.  Rank 0 writes ``OUTDIR/result.json`` on success.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import importlib.util
 import json
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -38,7 +50,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minipar.exercises import get
+from minipar.exercises import diagnosis, get
 from minipar.exercises.grading import GradingComm, first_mismatch
 
 
@@ -56,13 +68,17 @@ def load_function(file: Path, name: str) -> Callable[..., Any]:
 
 
 def run_case(
-    grader: ModuleType, name: str, fn: Callable[..., Any], raw: MPI.Comm, case: dict
+    grader: ModuleType, name: str, fn: Callable[..., Any], raw: MPI.Comm, case: dict,
+    last: dict | None = None,
 ) -> dict:
-    """Call the learner's function on one case; return what this rank measured."""
-    x, kwargs = grader.make_input(case, raw.Get_rank(), raw.Get_size())
+    """Call the learner's function on one case; return what this rank measured.
+
+    ``last`` receives the receive posted last (for a "Message truncated" error)."""
+    rank, size = raw.Get_rank(), raw.Get_size()
+    x, kwargs = grader.make_input(case, rank, size)
     pristine = x.copy()
     sub = raw.Dup()
-    comm = GradingComm(sub)
+    comm = GradingComm(sub, last=last)
     with comm.operation(name):
         out = fn(comm, x, **kwargs)
     expected, atol = grader.oracle(raw, case, pristine)
@@ -78,6 +94,7 @@ def run_case(
         "touched": x.tobytes() != pristine.tobytes(),
         "contract": None,
         "mismatch": None,
+        "mistake": None,
     }
     sub.Free()
     if not isinstance(out, np.ndarray):
@@ -91,7 +108,21 @@ def run_case(
         rec["contract"] = "returned the input array itself (or a view of it), not a new array"
     else:
         rec["mismatch"] = first_mismatch(out, expected, atol)
+    if rec["mismatch"]:
+        rec["mistake"] = mistake(grader, case, rank, size, pristine, out, expected, atol)
     return rec
+
+
+def mistake(grader: ModuleType, case: dict, rank: int, size: int, x: np.ndarray,
+            out: np.ndarray, expected: np.ndarray, atol: np.ndarray | None) -> str | None:
+    """The learner's mistake in a sentence (local: no message is sent), or None."""
+    if hasattr(grader, "diagnose"):
+        said = grader.diagnose(case, rank, size, x, out, expected)
+        if said:
+            return said
+    if hasattr(grader, "parts"):
+        return diagnosis.sum_mistake(out, expected, grader.parts(case, size), atol)
+    return None
 
 
 def learner_line(exc: BaseException, file: Path) -> tuple[int | None, str | None]:
@@ -119,15 +150,21 @@ def main(argv: list[str]) -> int:
     raw = MPI.COMM_WORLD
     rank, size = raw.Get_rank(), raw.Get_size()
     cases = grader.cases(size)
-    stage, label = "import", None
-    records = []
+    stage, label, current = "import", None, None
+    records: list[dict] = []
+    last: dict = {}
+    stack = (out / f"stack-{rank}.txt").open("w")  # kept open: faulthandler writes from C
+    faulthandler.register(signal.SIGTERM, file=stack, all_threads=True, chain=True)
+    printed = (out / f"output-{rank}.txt").open("w", buffering=1, errors="replace")
     try:
-        fn = load_function(file, ex.function)
-        stage = "call"
-        for case in cases:
-            label = grader.label(case)
-            records.append(run_case(grader, ex.function, fn, raw, case))
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            fn = load_function(file, ex.function)
+            stage = "call"
+            for case in cases:
+                label, current = grader.label(case), case
+                records.append(run_case(grader, ex.function, fn, raw, case, last))
     except BaseException as exc:
+        printed.flush()  # a last line without its newline too: the job ends in MPI_Abort
         line, code = learner_line(exc, file)
         write_json(
             out / f"error-{rank}.json",
@@ -139,9 +176,12 @@ def main(argv: list[str]) -> int:
                 "message": str(exc),
                 "line": line,
                 "code": code,
+                "case_data": current,
+                "recv": dict(last) or None,
             },
         )
         raise  # python -m mpi4py turns this into MPI_Abort: the whole job ends
+    printed.close()
     # the answer key: minipar's own collectives (nothing on the grader's side imports it)
     borrowed = raw.gather("minipar.collectives" in sys.modules, root=0)
     gathered = raw.gather(records, root=0)

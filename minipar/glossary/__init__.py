@@ -2,13 +2,15 @@
 
 Every term of the field is one TOML file in ``glossary/`` (schema:
 ``glossary/README.md``), shipped in the wheel as ``minipar/_glossary``.
-This package loads them and answers two questions:
+This package loads them and answers three questions:
 
 * :func:`lookup` -- "what is X?" for a query in English, Russian or Chinese:
   exact names, aliases and abbreviations first, then inflected Russian forms
   (a light suffix stemmer), spun Chinese (the seed article's synonym-spinner
   vocabulary, normalised by the table in ``glossary/_normalise.toml``), and
   typos (Levenshtein distance, prefiltered by character-bigram Dice).
+* :func:`topic` -- "which terms does this family word cover?" ("sharding",
+  «шардирование», 分片 -> the sharding terms, listed rather than guessed).
 * :func:`scan` -- "which terms does this text use?": every term found in a
   text, with ``start``/``end`` character offsets into the *original* text, so
   ``text[start:end]`` is exactly what was matched.
@@ -42,21 +44,33 @@ from minipar.glossary.data import (
     LANGS,
     PKG_DIR,
     Term,
+    Topic,
     by_id,
     data_dir,
     parse_term,
+    seed_title,
     spun_table,
     terms,
+    topics,
 )
 from minipar.glossary.links import PLANNED, link_status
 from minipar.glossary.normal_form import key, stem
 from minipar.glossary.scanning import Match, scan
-from minipar.glossary.search import MAX_FUZZY_KEY, Hit, closest, levenshtein, lookup, score_all
+from minipar.glossary.search import (
+    MAX_FUZZY_KEY,
+    SUGGEST_FLOOR,
+    Hit,
+    closest,
+    levenshtein,
+    lookup,
+    score_all,
+    topic,
+)
 
 __all__ = [
-    "LANGS", "MAX_FUZZY_KEY", "PKG_DIR", "PLANNED", "Hit", "Match", "Term", "by_id", "clear_caches",
-    "closest", "data_dir", "key", "levenshtein", "link_status", "lookup", "parse_term", "scan",
-    "score_all", "spun_table", "stem", "terms",
+    "LANGS", "MAX_FUZZY_KEY", "PKG_DIR", "PLANNED", "SUGGEST_FLOOR", "Hit", "Match", "Term", "Topic",
+    "by_id", "clear_caches", "closest", "data_dir", "key", "levenshtein", "link_status", "lookup",
+    "parse_term", "scan", "score_all", "seed_title", "spun_table", "stem", "terms", "topic", "topics",
 ]
 
 

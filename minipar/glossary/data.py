@@ -14,6 +14,12 @@ under ``$MINIPAR_CACHE_DIR`` (default ``$XDG_CACHE_HOME/minipar`` or
 sizes and mtimes of every data file and of this package's source files, so
 any change to either names another file.  ``MINIPAR_NO_CACHE=1`` turns it
 off; an unwritable or corrupt cache is ignored.
+
+Besides the terms, two small tables (files starting with ``_`` are not
+terms): ``_topics.toml`` -- words for a *family* of terms ("sharding",
+«шардирование», 分片) and the terms each lists (:func:`topics`), and
+``_sources.toml`` -- the seed documents by title ("Russian glossary"), so
+cards never show a seed's file name (:func:`seed_title`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ LANGS = ("en", "ru", "zh")
 #: the ``minipar`` package directory (``glossary/`` data sits next to it in a checkout)
 PKG_DIR = Path(__file__).resolve().parent.parent
 _SRC_DIR = Path(__file__).resolve().parent  # this package: its code shapes the cached index
+
+
+#: a family of terms: its title, the names it is asked by, and its term ids in display order
+Topic = namedtuple("Topic", "id title names terms")
 
 
 class Term(namedtuple("Term", "id names aliases abbrev definition seeds papers related links")):
@@ -124,8 +134,14 @@ def _blob() -> dict:
     d = data_dir()
     raw = [(p.name, tomllib.loads(p.read_text(encoding="utf-8")))
            for p in sorted(d.glob("*.toml"), key=lambda p: p.stem) if not p.name.startswith("_")]
-    spun = dict(tomllib.loads((d / "_normalise.toml").read_text(encoding="utf-8"))["zh"])
-    return {"stamp": stamp, "raw": raw, "spun": spun}
+    def table(name: str) -> dict:
+        path = d / name
+        return tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+    return {"stamp": stamp, "raw": raw, "spun": dict(table("_normalise.toml").get("zh", {})),
+            "topics": [(tid, t["title"], list(t["names"]), list(t["terms"]))
+                       for tid, t in table("_topics.toml").items()],
+            "sources": {f: dict(v) for f, v in table("_sources.toml").items()}}
 
 
 def _save(blob: dict) -> None:
@@ -158,3 +174,17 @@ def by_id() -> dict[str, Term]:
 def spun_table() -> dict[str, str]:
     """Spun Chinese -> standard Chinese (``glossary/_normalise.toml``)."""
     return _blob()["spun"]
+
+
+def topics() -> tuple[Topic, ...]:
+    """The families of terms (``glossary/_topics.toml``), in file order."""
+    return tuple(Topic(*t) for t in _blob()["topics"])
+
+
+def seed_title(file: str) -> str:
+    """A seed document's title ("Russian glossary"), from ``glossary/_sources.toml``.
+
+    A file not listed there is named "seed document" rather than by its file
+    name (the data test requires every quoted seed to have a title).
+    """
+    return _blob()["sources"].get(file, {}).get("title", "seed document")

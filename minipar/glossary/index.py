@@ -8,7 +8,9 @@ of its id, its names in three languages (weight 1), its abbreviations
 (All-Reduce)" is entered in both parts too.  Besides the exact table the
 index keeps every prefix of every key (:func:`minipar.glossary.scan` stops
 extending a match when it leaves that set), the most tokens in one name, and
-each key's character bigrams (the prefilter of the typo search).  Built once
+each key's character bigrams (the prefilter of the typo search), and the
+keys of the topics' names (``glossary/_topics.toml``: "sharding" -> the
+sharding terms, answered as a list by :func:`minipar.glossary.search.topic`).  Built once
 per data change and cached with the data (:mod:`minipar.glossary.data`).
 """
 
@@ -19,11 +21,11 @@ from collections import namedtuple
 from functools import cache
 
 from minipar.glossary.data import LANGS, _blob, _save, terms
-from minipar.glossary.normal_form import normalise, tokens
+from minipar.glossary.normal_form import key, normalise, tokens
 
 # exact: key -> [(term id, weight)]; prefixes: every prefix of a key; max_tokens: the most
-# tokens in a name; bigrams: key -> its bigrams
-Index = namedtuple("Index", "exact prefixes max_tokens bigrams")
+# tokens in a name; bigrams: key -> its bigrams; topics: key -> topic id
+Index = namedtuple("Index", "exact prefixes max_tokens bigrams topics")
 _PAREN = re.compile(r"\s*(.+?)\s*[(（](.+)[)）]\s*")
 
 
@@ -39,9 +41,11 @@ def index() -> Index:
     if "exact" not in blob:
         blob["exact"], blob["max_tokens"] = _build()
         blob["prefixes"] = frozenset(k[:i] for k in blob["exact"] for i in range(1, len(k) + 1))
+        blob["topic_keys"] = {key(n): tid for tid, _, names, _ in blob["topics"] for n in names}
         _save(blob)
     exact = blob["exact"]
-    return Index(exact, blob["prefixes"], blob["max_tokens"], {k: bigrams(k) for k in exact})
+    return Index(exact, blob["prefixes"], blob["max_tokens"], {k: bigrams(k) for k in exact},
+                 blob["topic_keys"])
 
 
 def _build() -> tuple[dict[str, list[tuple[str, float]]], int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minipar.glossary.data import PKG_DIR
-from minipar.registry import BENCHES, VERBS
+from minipar.registry import BENCHES, STRATEGIES, VERBS
 
 KINDS = ("modules", "notebooks", "exercises", "commands")
 
@@ -41,6 +41,8 @@ PLANNED: dict[str, frozenset[str]] = {
     "exercises": frozenset(["ring_allreduce", "tree_broadcast", "dp_grad_sync", "zero1_step"]),
     # `minipar VERB ...`: the verbs the architecture plans (run lands with the strategies)
     "verbs": frozenset(["run", "bench", "plan", "demo", "train", "exercise", "glossary"]),
+    # `minipar run STRATEGY ...`: one per technique module of minipar.parallel (docs/ARCHITECTURE.md)
+    "strategies": frozenset(["dp", "ps", "zero", "tp", "sp", "cp", "ep", "pp", "hybrid"]),
 }
 
 
@@ -61,8 +63,11 @@ def link_status(kind: str, target: str) -> str | None:
     A module is present if its file exists under the package directory (it is
     not imported); a notebook if ``notebooks/NAME`` exists in the checkout
     (None in an installed wheel, which ships no notebooks); an exercise if
-    ``minipar/exercises/NAME`` exists; a command if its verb's module (and, for
-    ``minipar bench X``, the benchmark's module) exists.
+    ``minipar/exercises/NAME`` exists; a command if its verb's module exists
+    and, for ``minipar bench X`` / ``minipar run X``, ``X`` is a row of
+    :data:`minipar.registry.BENCHES` / :data:`~minipar.registry.STRATEGIES`
+    whose module exists: so ``minipar run tp`` reads "planned" until the
+    tensor-parallel strategy lands in the registry, and flips by itself then.
     """
     if kind == "modules":
         return "present" if module_file(target) else "planned"
@@ -80,8 +85,9 @@ def link_status(kind: str, target: str) -> str | None:
             return "planned"
         if not module_file(VERBS[words[1]][0]):
             return "planned"
-        if words[1] == "bench" and len(words) > 2:
-            entry = BENCHES.get(words[2])
+        table = {"bench": BENCHES, "run": STRATEGIES}.get(words[1])
+        if table is not None and len(words) > 2 and not words[2].startswith("-"):
+            entry = table.get(words[2])
             return "present" if entry and module_file(entry[0]) else "planned"
         return "present"
     raise ValueError(f"unknown link kind {kind!r}; one of {', '.join(KINDS)}")

@@ -9,7 +9,10 @@ Steps, in order:
 2. spun Chinese replaced by the standard term (the seed article's
    synonym-spinner vocabulary: 办事器 -> 服务器, 夹杂 -> 混合; the table is
    ``glossary/_normalise.toml``);
-3. split into tokens: a run of letters/digits, or one Han character;
+3. split into tokens: a run of letters/digits, or one Han character; a
+   word directly followed by ``++`` keeps it ("ZeRO++" is the token
+   ``zero++``, a different technique from ZeRO, so it must not match
+   ``zero``), every other ``+`` is a separator ("DP+TP");
 4. each token stemmed (:func:`stem`: Russian case and number endings,
    English plurals); separators dropped.
 
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from typing import ClassVar
 
 HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs: each one is a token
-_TOKEN = re.compile(rf"[{HAN}]|[^\W_{HAN}]+")
+_TOKEN = re.compile(rf"[{HAN}]|[^\W_{HAN}]+(?:\+\+(?![^\W_]))?")
 _RU_ENDINGS = sorted(
     ["ами", "ями", "ого", "его", "ому", "ему", "ыми", "ими", "ией", "иям", "иях", "ых", "их", "ий",
      "ый", "ой", "ей", "ая", "яя", "ое", "ее", "ие", "ые", "ую", "юю", "ом", "ем", "ах", "ях", "ов",

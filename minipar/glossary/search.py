@@ -14,7 +14,20 @@ best score:
   character-bigram Dice coefficient 2|A∩B| / (|A|+|B|) is at least 0.3, or
   the query is short;
 * a term named inside a longer query (:func:`minipar.glossary.scan`):
-  0.55 + 0.3 x its share of the query.
+  0.55 + 0.3 x its share of the query;
+* a query made only of term names ("流水线并行气泡" = pipeline parallelism +
+  bubble) is a compound noun: its *head* scores 0.9, above any partial
+  match.  The head is the last name in English and Chinese ("pipeline
+  parallelism bubble") and the first in Russian, where modifiers follow in
+  the genitive («пузырь конвейерного параллелизма»);
+* a word for a family of terms (a *topic*, ``glossary/_topics.toml``:
+  "sharding", «шардирование», 分片) gives every term of the family 0.95, so
+  they are listed together (:func:`topic`) instead of one being guessed.
+
+"Did you mean" (:func:`closest`) offers only terms whose similarity to the
+query (bigram Dice or 1 - edit distance / length) is at least
+:data:`SUGGEST_FLOOR` = 0.5: "xyzzyq" gets no suggestion rather than three
+unrelated terms.
 
 A query longer than :data:`MAX_FUZZY_KEY` is treated as a text: its terms
 are found by scanning, not by edit distance.
@@ -25,13 +38,17 @@ from __future__ import annotations
 import re
 from collections import namedtuple
 
-from minipar.glossary.data import LANGS, Term, by_id
+from minipar.glossary.data import LANGS, Term, Topic, by_id, topics
 from minipar.glossary.index import bigrams, index
 from minipar.glossary.normal_form import HAN, key
 from minipar.glossary.scanning import scan
 
 MAX_FUZZY_KEY = 48  # longer queries are treated as texts: their terms are found by scan()
+SUGGEST_FLOOR = 0.5  # closest(): least similarity worth offering as "did you mean"
+HEAD_SCORE = 0.9  # the head of a compound query made only of term names
+TOPIC_SCORE = 0.95  # each term of a topic: below an exact name, above any fuzzy match
 _HAS_HAN = re.compile(f"[{HAN}]")
+_HAS_CYR = re.compile("[\u0400-\u04ff]")
 
 
 def levenshtein(a: str, b: str, limit: int | None = None) -> int:
@@ -87,6 +104,9 @@ def score_all(query: str) -> list[Hit]:
 
     for tid, w in idx.exact.get(qk, []):
         offer(tid, w, "exact")
+    if qk in idx.topics:
+        for tid in _topic_table()[idx.topics[qk]].terms:
+            offer(tid, TOPIC_SCORE, f"topic {idx.topics[qk]}")
     if len(qk) > MAX_FUZZY_KEY:
         matches = scan(query)
         for m in matches:
@@ -113,9 +133,31 @@ def score_all(query: str) -> list[Hit]:
         if s > 0:
             for tid, w in entries:
                 offer(tid, s * w, why)
-    for m in scan(query):  # terms named inside a longer query ("张量切分体例")
+    found = scan(query)
+    for m in found:  # terms named inside a longer query ("张量切分体例")
         offer(m.id, 0.55 + 0.3 * len(key(m.text)) / len(qk), "in query")
+    keys = [key(m.text) for m in found]
+    if len({m.id for m in found}) >= 2 and "".join(keys) == qk:  # a compound of term names only
+        head = found[0] if _HAS_CYR.search(found[0].text) else found[-1]
+        offer(head.id, HEAD_SCORE, "head of the query")
     return _ranked(best)
+
+
+def _topic_table() -> dict[str, Topic]:
+    return {t.id: t for t in topics()}
+
+
+def topic(query: str) -> Topic | None:
+    """The family of terms ``query`` names ("sharding", «шардинг», 分片), or None.
+
+    ``Topic(id, title, names, terms)``: ``terms`` are ids, in display order.
+    None too when a term has exactly that name (an exact term wins).
+    """
+    qk = key(query) if isinstance(query, str) else ""
+    tid = index().topics.get(qk)
+    if tid is None or index().exact.get(qk):
+        return None
+    return _topic_table()[tid]
 
 
 def _ranked(best: dict[str, tuple[float, str]]) -> list[Hit]:
@@ -138,7 +180,8 @@ def lookup(query: str, limit: int = 10) -> list[Term]:
 def closest(query: str, n: int = 3) -> list[Term]:
     """Up to ``n`` terms nearest to ``query`` (bigram Dice or edit similarity), for "did you mean".
 
-    Terms with nothing in common with the query (similarity 0) are not offered.
+    Only terms with similarity >= :data:`SUGGEST_FLOOR` (0.5) are offered: a
+    query like "xyzzyq" gets an empty list, not three unrelated terms.
     """
     qk = key(query)[:MAX_FUZZY_KEY] or query[:MAX_FUZZY_KEY].casefold()
     qb = bigrams(qk)
@@ -152,5 +195,5 @@ def closest(query: str, n: int = 3) -> list[Term]:
         for tid, _ in entries:
             best[tid] = max(best.get(tid, 0.0), d)
     table = by_id()
-    ranked = sorted(((d, t) for t, d in best.items() if d > 0), key=lambda dt: (-dt[0], dt[1]))
+    ranked = sorted(((d, t) for t, d in best.items() if d >= SUGGEST_FLOOR), key=lambda dt: (-dt[0], dt[1]))
     return [table[t] for _, t in ranked[:n]]

@@ -98,9 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--d-ff", type=size_t, help="GPT MLP width (default 4·d_model)")
     ap.add_argument("--experts", type=integer(0, MAX_SIZE), default=0,
-                    help="GPT: experts per MoE block (0 = dense)")
+                    help="GPT: experts per MoE block, 0 = dense (default %(default)s)")
     ap.add_argument("--moe-every", type=size_t, default=1,
-                    help="GPT: every k-th block is MoE (1 .. n_layer)")
+                    help="GPT: every k-th block is MoE, 1 .. n_layer (default %(default)s)")
     ap.add_argument("--seq", type=size_t, help="GPT: sequence length s (default n_ctx)")
     ap.add_argument("--batch", type=size_t, help="GPT: micro-batch size b (default 1)")
     ap.add_argument("--heads", type=size_t,

@@ -63,7 +63,8 @@ def parser(strategy: str | None = None) -> ArgumentParser:
     g.add_argument("--steps", type=integer(1), default=5, help="training steps (default 5)")
     g.add_argument("--seed", type=integer(0), default=0, help="initialisation seed (default 0)")
     g.add_argument("--precision", choices=list(POLICIES), default="float64",
-                   help="float64 (parity), float32, mixed (bf16 + fp32 master), mixed-fp16")
+                   help="float64 (parity), float32, mixed (bf16 + fp32 master), mixed-fp16 "
+                   "(default %(default)s)")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
     g.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT,
                    help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")

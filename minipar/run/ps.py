@@ -24,11 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--servers", type=integer(1), default=1,
                    help="server ranks (each owns a shard; default 1)")
     g.add_argument("--async", dest="asynchronous", action="store_true",
-                   help="asynchronous: the server applies gradients as they arrive")
+                   help="workers do not wait for each other: the server takes each gradient "
+                   "as it arrives, from whichever worker, and applies an update once it "
+                   "holds W of them (one step's worth, W = workers); it answers a push with the "
+                   "current parameters as soon as that worker is at most --staleness steps "
+                   "ahead of the slowest. With --staleness 0 (the default) this is the "
+                   "synchronous run exactly")
     g.add_argument("--staleness", type=integer(0), default=None,
-                   help="with --async: steps a worker may run ahead of the slowest (default 0)")
+                   help="with --async: steps a worker may run ahead of the slowest; a gradient "
+                   "is then applied at most 2 x staleness updates after the parameters it "
+                   "was computed on (default 0)")
     g.add_argument("--straggler-ms", type=number(minimum=0), default=0.0,
-                   help="worker 0 sleeps this long per step")
+                   help="worker 0 sleeps this many milliseconds per step, to show what "
+                   "--async buys (default %(default)s)")
 
 
 def check(options: dict[str, Any], spec: Any) -> None:

@@ -7,6 +7,9 @@ EN data parallelism · RU параллелизм по данным · ZH 数据�
   all-reduces on the lane below.  With overlap, a bucket's bar starts as soon
   as the piece that produced its last gradient ends (Li et al. 2020, arXiv
   2006.15704, Fig. 3).
+* :func:`plot_timelines` — several such steps on one time axis, one panel
+  each: the measured step next to the same step rebuilt with a link of its
+  own (:mod:`minipar.parallel.dp_overlap`, α-β cost per bucket).
 * :func:`plot_link_bytes` — bytes per step through the busiest link: the
   parameter server's (W x S each way) against a worker's (S) and a ring
   rank's (2(W-1)/W x S), measured, with the formulas as markers.
@@ -27,17 +30,12 @@ import numpy as np
 from matplotlib.figure import Figure
 
 
-def plot_timeline(timelines: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
-    """Per rank: compute intervals (``timeline["compute"]`` = [(piece, t0, t1)]) and bucket
-    all-reduces (``timeline["comm"]`` = [(bucket, t0, t1)]), seconds, drawn in ms."""
-    if not timelines:
-        raise ValueError("no timelines to draw")
+def _draw_timeline(ax: Any, timelines: Sequence[Mapping[str, Any]], colours: dict[str, Any],
+                   seen: set[str]) -> None:
+    """Two lanes per rank on ``ax``: compute pieces above, bucket all-reduces below (ms)."""
     n = len(timelines)
-    fig, ax = plt.subplots(figsize=(9, 0.9 + 1.1 * n))
-    pieces = list(dict.fromkeys(p for tl in timelines for p, _, _ in tl["compute"]))
-    colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(pieces)}
     n_buckets = max((len(tl["comm"]) for tl in timelines), default=0)
-    yticks, ylabels, seen = [], [], set()
+    yticks, ylabels = [], []
     for r, tl in enumerate(timelines):
         y = 2 * (n - 1 - r)
         for piece, t0, t1 in tl["compute"]:
@@ -53,10 +51,54 @@ def plot_timeline(timelines: Sequence[Mapping[str, Any]], title: str = "") -> Fi
         yticks += [y + 0.5, y - 0.5]
         ylabels += [f"rank {tl.get('rank', r)} compute", f"rank {tl.get('rank', r)} buckets"]
     ax.set_yticks(yticks, ylabels, fontsize=8)
+
+
+def _colours(timelines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    pieces = list(dict.fromkeys(p for tl in timelines for p, _, _ in tl["compute"]))
+    return {p: plt.cm.tab10(i % 10) for i, p in enumerate(pieces)}
+
+
+def plot_timeline(timelines: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
+    """Per rank: compute intervals (``timeline["compute"]`` = [(piece, t0, t1)]) and bucket
+    all-reduces (``timeline["comm"]`` = [(bucket, t0, t1)]), seconds, drawn in ms."""
+    if not timelines:
+        raise ValueError("no timelines to draw")
+    n = len(timelines)
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 1.1 * n))
+    _draw_timeline(ax, timelines, _colours(timelines), set())
     ax.set_xlabel("time in the step (ms)")
     ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25 if n > 1 else -0.4))
     ax.set_title(title or "DDP step: backward pieces and bucket all-reduces (measured)", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_timelines(panels: Mapping[str, Sequence[Mapping[str, Any]]]) -> Figure:
+    """Several steps one above the other on one time axis, each panel titled by its key:
+    e.g. a measured step next to the same step rebuilt with a separate link
+    (:func:`minipar.parallel.dp_overlap.separate_link`).  A timeline may carry ``step_s``
+    (the step's length, seconds): it is drawn as a dashed line."""
+    if not panels or any(not tls for tls in panels.values()):
+        raise ValueError("every panel needs at least one timeline")
+    every = [tl for tls in panels.values() for tl in tls]
+    colours, seen = _colours(every), set()
+    heights = [0.6 + 1.0 * len(tls) for tls in panels.values()]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(9, 1.0 + sum(heights)),
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, tls) in zip(axes[:, 0], panels.items()):
+        _draw_timeline(ax, tls, colours, seen)
+        for tl in tls:
+            if "step_s" in tl:
+                ax.axvline(tl["step_s"] * 1e3, color="black", linestyle="--", linewidth=0.8)
+        ax.set_title(name, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("time in the step (ms)")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    for ax in axes[1:, 0]:
+        h, lab = ax.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+    fig.legend(handles, labels, fontsize=7, ncol=5, loc="lower center")
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     return fig
 
 

@@ -85,20 +85,39 @@ def training_curves(curves: Mapping[str, Sequence[float]], best: float | None = 
     return fig
 
 
-def expert_load(stats: Sequence[Mapping[str, Any]]) -> Figure:
-    """Per MoE block: tokens whose first choice is each expert, assignments kept, capacity."""
-    if not stats:
+def expert_load(stats: Sequence[Mapping[str, Any]]
+                | Mapping[str, Sequence[Mapping[str, Any]]]) -> Figure:
+    """Per MoE block: tokens whose first choice is each expert, assignments kept, capacity.
+
+    ``stats`` is ``GPT.moe_stats(cache)`` (one row of panels), or a mapping
+    ``label -> moe_stats`` to compare states of the same model, e.g.
+    ``{"at initialisation": s0, "after training": s1}``: one row per label, one
+    column per block, a shared token axis so the bars compare by height.
+    """
+    runs = dict(stats) if isinstance(stats, Mapping) else {"": stats}
+    if not runs or any(not v for v in runs.values()):
         raise ValueError("no MoE blocks in these statistics (n_experts = 0?)")
-    fig, axes = plt.subplots(1, len(stats), figsize=(3.6 * len(stats), 3.2), squeeze=False)
-    for ax, s in zip(axes[0], stats):
+    blocks = {len(v) for v in runs.values()}
+    if len(blocks) != 1:
+        raise ValueError(f"every state must have the same MoE blocks; got {sorted(blocks)} blocks")
+    cols = blocks.pop()
+    shape = (1, len(runs)) if cols == 1 else (len(runs), cols)  # one block: states side by side
+    fig, axes = plt.subplots(*shape, figsize=(3.6 * shape[1] + 0.4, 3.0 * shape[0] + 0.6),
+                             squeeze=False, sharey=True)
+    panels = [(label, s) for label, run in runs.items() for s in run]  # state-major, as the axes
+    for ax, (label, s) in zip(axes.flat, panels):
         e = np.arange(len(s["routed"]))
-        ax.bar(e - 0.2, np.asarray(s["routed"]), width=0.4, label="first choice")
-        ax.bar(e + 0.2, np.asarray(s["tokens_per_expert"]), width=0.4, label="kept (all choices)")
+        ax.bar(e - 0.2, np.asarray(s["routed"]), width=0.4, color="C0", label="first choice")
+        ax.bar(e + 0.2, np.asarray(s["tokens_per_expert"]), width=0.4, color="C1",
+               label="kept (all choices)")
         ax.axhline(s["capacity"], color="k", ls="--", lw=1, label=f"capacity {s['capacity']}")
         ax.set_xticks(e)
         ax.set_xlabel("expert")
-        ax.set_title(f"block {s['block']}: {s['dropped']} dropped", fontsize=9)
-    axes[0][0].set_ylabel("tokens")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+        head = f"{label}: " if label else ""
+        ax.set_title(f"{head}block {s['block']}, {s['dropped']} dropped", fontsize=9)
+    for row in axes:
+        row[0].set_ylabel("tokens")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (3.0 * shape[0] + 0.6)))
     return fig

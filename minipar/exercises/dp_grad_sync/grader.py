@@ -31,10 +31,8 @@ from minipar.parallel.common import RunSpec, local_rows
 SPEC = RunSpec(vocab=10, seq=8, d_model=16, layers=1, heads=2)
 RTOL_SCALE = 1e-10  #: tolerance, relative to the largest gradient entry
 FIRST_STEP = (
-    "weighting: y = x * (rows / batch), a new array. Then sum y over the ranks with a ring: "
-    "chunks = np.array_split(y, N); N-1 reduce-scatter steps of comm.Sendrecv(chunks[(r - s) % N], "
-    "dest=(r + 1) % N, recvbuf=buf, source=(r - 1) % N), adding buf into chunks[(r - s - 1) % N]; "
-    "then N-1 all-gather steps."
+    "weighting: y = x * (rows / batch), a new array. Then sum y over the ranks with a ring "
+    "of comm.Sendrecv calls (reduce-scatter, then all-gather)."
 )
 
 
@@ -70,6 +68,15 @@ def make_input(case: dict, rank: int, size: int) -> tuple[np.ndarray, dict]:
     """This rank's gradient (mean over its rows) and its ``rows`` and the ``batch``."""
     lo, hi = local_rows(case["batch"], rank, size)
     return _grad(case["batch"], case["step"], lo, hi), {"rows": hi - lo, "batch": case["batch"]}
+
+
+def parts(case: dict, size: int) -> list[np.ndarray]:
+    """Each rank's term (rows_r / batch) · g_r of the serial gradient."""
+    out = []
+    for q in range(size):
+        lo, hi = local_rows(case["batch"], q, size)
+        out.append(_grad(case["batch"], case["step"], lo, hi) * ((hi - lo) / case["batch"]))
+    return out
 
 
 def oracle(raw: MPI.Comm, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

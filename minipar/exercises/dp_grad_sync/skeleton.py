@@ -22,15 +22,12 @@ THE GOAL
     average either (1/N) when the slices are uneven.  Leave x untouched.
 
 THE ALGORITHM
-    1. Weight: y = x * (rows / batch)     (a new array: x stays as it was)
-    2. Sum y over all ranks with a RING all-reduce, written by you:
-       split y into N chunks (np.array_split), then
-       * reduce-scatter, N-1 steps: at step s send chunks[(r - s) % N] to the
-         right (r + 1) % N, receive from the left (r - 1) % N into a buffer,
-         add it into chunks[(r - s - 1) % N];
-       * all-gather, N-1 steps: send chunks[(r + 1 - s) % N] to the right,
-         receive from the left straight into chunks[(r - s) % N].
-       (The exercise ring_allreduce explains the ring step by step.)
+    1. Weight this rank's gradient by its share of the global batch (a new
+       array: x stays as it was).
+    2. Sum the weighted gradients over all ranks with a RING all-reduce,
+       written by you: reduce-scatter, then all-gather (the exercise
+       ring_allreduce explains the ring).
+    Stuck?  minipar exercise hint dp_grad_sync   (level 1, 2, 3)
 
 WHAT THE GRADER MEASURES
     * The result, against the serial gradient of the whole global batch
@@ -61,7 +58,7 @@ def sync_gradients(comm, x: np.ndarray, rows: int, batch: int) -> np.ndarray:
     n, r = comm.Get_size(), comm.Get_rank()
     right, left = (r + 1) % n, (r - 1) % n
 
-    # TODO 1: weight this rank's gradient: y = x * (rows / batch)
+    # TODO 1: weight this rank's gradient by its share of the batch (a new array)
 
     # TODO 2: ring all-reduce of y: reduce-scatter, then all-gather
 

@@ -2,7 +2,7 @@
 
 EN ring all-reduce grader · RU проверка кольцевого all-reduce · ZH 环形全归约评分
 
-Formula checked (Patarasuk & Yuan 2009; REFERENCES.md "Collectives"): for a
+Formula checked (Patarasuk & Yuan 2009; docs/REFERENCES.md): for a
 buffer of S bytes on N ranks, every rank sends and receives
 
     2(N-1)/N x S bytes                       (exactly, when N divides the length L)
@@ -31,10 +31,8 @@ KINDS = (
     ("ranks", "int32"),
 )
 FIRST_STEP = (
-    "the reduce-scatter: y = x.copy(); chunks = np.array_split(y, N); for s in "
-    "range(N - 1), comm.Sendrecv(chunks[(r - s) % N], dest=(r + 1) % N, recvbuf=buf, "
-    "source=(r - 1) % N) and add buf into chunks[(r - s - 1) % N]. Then the all-gather: "
-    "the same ring, receiving into chunks[(r - s) % N]."
+    "the reduce-scatter: N-1 steps in which every rank sends one chunk of y = x.copy() to "
+    "(r + 1) % N with comm.Sendrecv and adds the chunk arriving from (r - 1) % N into its own."
 )
 
 
@@ -58,6 +56,11 @@ def make_input(case: dict, rank: int, size: int) -> tuple[np.ndarray, dict]:
     else:
         x = ((rank + 1) * (np.arange(L) % 89 + 1)).astype(dtype)
     return x, {}
+
+
+def parts(case: dict, size: int) -> list[np.ndarray]:
+    """Every rank's x (a function of the case and the rank): the terms of the expected sum."""
+    return [make_input(case, q, size)[0] for q in range(size)]
 
 
 def oracle(raw: MPI.Comm, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

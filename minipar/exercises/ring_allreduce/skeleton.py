@@ -14,31 +14,21 @@ THE GOAL
 THE ALGORITHM (Patarasuk & Yuan 2009; Baidu 2017; Horovod, arXiv 1802.05799)
     The ranks form a ring: rank r sends only to its right neighbour
     right = (r + 1) % N and receives only from its left neighbour
-    left = (r - 1) % N.
-
-    Split a COPY of x into N chunks, in numpy.array_split order:
+    left = (r - 1) % N.  Split a COPY of x into N chunks, in
+    numpy.array_split order (any L works, even L < N):
 
         y = x.copy()
-        chunks = np.array_split(y, N)     # views into y; any L works, even L < N
+        chunks = np.array_split(y, N)     # views into y
 
-    (array_split gives the first L % N chunks one element more than the rest.)
+    1. Reduce-scatter, N-1 steps: each step, every rank sends one chunk to
+       the right and adds the chunk arriving from the left into its own.
+       Afterwards every rank holds the complete sum of one chunk.
+    2. All-gather, N-1 steps: the completed chunks travel the same ring
+       until every rank has all of them.  Return y.
 
-    1. Reduce-scatter, N-1 steps.  At step s = 0, 1, ..., N-2:
-           send chunks[(r - s) % N] to the right,
-           receive a chunk from the left into a temporary buffer,
-           add it into chunks[(r - s - 1) % N].
-       Afterwards rank r holds the complete sum of chunk (r + 1) % N.
+    Which chunk goes where at each step is the exercise.  Stuck?
 
-       Example, N = 3 (chunk numbers sent at each step):
-                  step 0   step 1
-           rank 0:  0        2
-           rank 1:  1        0
-           rank 2:  2        1
-
-    2. All-gather, N-1 steps.  At step s = 0, 1, ..., N-2:
-           send chunks[(r + 1 - s) % N] to the right,
-           receive from the left directly into chunks[(r - s) % N].
-       Afterwards every rank holds every summed chunk: return y.
+        minipar exercise hint ring_allreduce     # level 1, then 2, then 3
 
 WHAT THE GRADER MEASURES
     * The result, against MPI's own Allreduce, for lengths 0, 1, N-1, N, N+1,
@@ -75,9 +65,8 @@ def ring_allreduce(comm, x: np.ndarray) -> np.ndarray:
     y = x.copy()
     chunks = np.array_split(y, n)
 
-    # TODO 1: reduce-scatter (N-1 steps of Sendrecv to the right, add what
-    #         arrives from the left into chunks[(r - s - 1) % n])
+    # TODO 1: reduce-scatter (N-1 steps of Sendrecv to the right)
 
-    # TODO 2: all-gather (N-1 steps, receive straight into chunks[(r - s) % n])
+    # TODO 2: all-gather (N-1 steps on the same ring)
 
     raise NotImplementedError("TODO: write the reduce-scatter and the all-gather")

@@ -22,10 +22,8 @@ from minipar.exercises.judging import Records, contract_checks
 SEED = 2005
 KINDS = (("random", "float64"), ("ranks", "int64"), ("random", "float32"))
 FIRST_STEP = (
-    "the receive: vr = (r - root) % N; find the lowest set bit `mask` of vr "
-    "(mask = 1, 2, 4, ... while mask < N) and comm.Recv(y, source=(vr - mask + root) % N) "
-    "into y = np.empty_like(x). Then send y to (vr + m + root) % N for m = mask/2, "
-    "mask/4, ..., 1 with vr + m < N (the root starts from the highest power of 2 below N)."
+    "the receive: count ranks from the root, vr = (r - root) % N; every rank but the root "
+    "receives once, with comm.Recv into y = np.empty_like(x), from its parent in the tree."
 )
 
 

@@ -23,17 +23,9 @@ THE ALGORITHM (binomial tree; Thakur, Rabenseifner & Gropp 2005, MPICH)
         round 2:  0 -> 2,  4 -> 6
         round 3:  0 -> 1,  2 -> 3,  4 -> 5,  6 -> 7
 
-    1. Receive once.  Find the lowest set bit of vr:
-           mask = 1
-           while mask < N:
-               if vr & mask: receive from (vr - mask + root) % N, then stop
-               mask <<= 1
-       (The root has no set bit: it receives nothing.)
-    2. Forward.  Halve mask and, while mask > 0:
-           if vr + mask < N: send to (vr + mask + root) % N
-           mask >>= 1
-
-    Translate back to real ranks with (v + root) % N, as above.
+    Every rank but the root receives once, from its parent, then forwards
+    to its children.  Who is whose parent follows from the bits of vr.
+    Stuck?  minipar exercise hint tree_broadcast   (level 1, 2, 3)
 
 WHAT THE GRADER MEASURES
     * The result, against MPI's own Bcast, for roots 0, N//2 and N-1,
@@ -66,8 +58,8 @@ def tree_broadcast(comm, x: np.ndarray, root: int = 0) -> np.ndarray:
     vr = (r - root) % n  # rank counted from the root
     y = x.copy() if r == root else np.empty_like(x)
 
-    # TODO 1: receive y once from the parent (vr with its lowest set bit cleared)
+    # TODO 1: receive y once from the parent
 
-    # TODO 2: send y to the children vr + mask for mask = ..., 4, 2, 1 (those < N)
+    # TODO 2: send y to the children
 
     raise NotImplementedError("TODO: receive from the parent, then send to the children")

@@ -33,9 +33,8 @@ from minipar.optim import AdamW
 SEED = 1910_02054  # the paper's arXiv number
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 FIRST_STEP = (
-    "the reduce-scatter: g = np.array_split(x.copy(), N); for s in range(N - 1), "
-    "comm.Sendrecv(g[(r - s - 1) % N], dest=(r + 1) % N, recvbuf=buf, source=(r - 1) % N) "
-    "and add buf into g[(r - s - 2) % N]; then g[r] / N is the mean gradient of your slice."
+    "the reduce-scatter: N-1 comm.Sendrecv steps on the ring (r + 1) % N, (r - 1) % N that "
+    "leave the sum of your own slice r in g[r]; then g[r] / N is its mean gradient."
 )
 _states: dict[int, dict] = {}  # length -> the state dict handed to the learner (per rank)
 

@@ -58,11 +58,7 @@ WHICH MPI CALLS TO USE (mpi4py's upper-case buffer API, numpy arrays)
     comm.Get_rank(), comm.Get_size()
     comm.Sendrecv(sendbuf, dest=(r + 1) % N, recvbuf=buf, source=(r - 1) % N)
     comm.Send(buf, dest=...) / comm.Recv(buf, source=...)
-    The ring reduce-scatter: with chunks = np.array_split(x.copy(), N), at
-    step s = 0 .. N-2 send chunks[(r - s - 1) % N] to the right, receive into
-    a buffer from the left and add it into chunks[(r - s - 2) % N]; after N-1
-    steps chunks[r] holds the sum.  The all-gather: at step s send chunk
-    (r - s) % N to the right and receive chunk (r - s - 1) % N from the left.
+    Stuck?  minipar exercise hint zero1_step   (level 1, 2, 3)
 """
 
 # ruff: noqa: F841, RUF059  (the names set up below are yours to use)

@@ -1,0 +1,1 @@
+"""Exercise: a synchronous parameter server's push/pull (skeleton, reference solution, grader)."""

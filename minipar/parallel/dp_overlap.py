@@ -1,0 +1,205 @@
+"""Overlap of the gradient all-reduce with backward: measured, and rebuilt with a separate link.
+
+EN computation-communication overlap · RU перекрытие вычислений и обмена · ZH 计算与通信重叠
+
+DDP starts a bucket's all-reduce as soon as backward has produced the
+bucket's last gradient, so the buckets of the last layers travel while the
+first layers still compute (Li et al. 2020, "PyTorch Distributed", arXiv
+2006.15704, §3.2.3 and Fig. 3).  That buys time only when *something else*
+moves the bytes: a NIC with its own DMA engines, NVLink, NCCL kernels on
+spare streaming multiprocessors.  Here every rank is a Python process and the
+"link" is shared memory copied by the same CPU cores that run backward; with
+more busy processes than cores the transfer and the computation take turns on
+a core, and the non-blocking ring advances only when a rank calls
+``progress()`` between units.  So this module gives two views of one step:
+
+* :func:`measure` (rank side, ``python -m minipar.parallel.dp_overlap
+  --worker JSON`` through :func:`minipar.launch.run_json`): the step time of
+  DDP with and without overlap, the two steps alternating ``repeats`` times in
+  one launch so both see the same load; the last step's timelines; and α, β of
+  this machine's ring all-reduce.
+* :func:`separate_link` (pure): the measured compute of one rank replayed
+  with the all-reduces moved onto a link of their own, costed by the α-β
+  (Hockney) model (Thakur, Rabenseifner & Gropp 2005, IJHPCA 19(1)): a ring
+  all-reduce of S bytes on N ranks sends 2(N-1) messages of S/N bytes in
+  sequence, so
+
+      t_ring(S) = 2(N-1)·α + 2(N-1)/N · S / β.
+
+  Each bucket starts when the backward unit that completes it ends
+  (:func:`completing_pieces`) and the link is free (one bucket at a time, in
+  order); the optimizer starts when backward is done and the last bucket has
+  arrived.  Without overlap every bucket waits for the end of backward.
+
+:func:`fit_alpha_beta` solves the model for α and β from two measured
+all-reduce times (a tiny message: nearly all α; the whole gradient: mostly
+S/β).  The tests check the model's arithmetic, the placement rule and that
+the measured overlap-on and overlap-off runs give bit-identical losses.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Timeline = Mapping[str, Any]  # {"rank", "compute": [(piece, t0, t1)], "comm": [(bucket, t0, t1)]}
+
+
+def ring_seconds(nbytes: float, world: int, alpha: float, beta: float) -> float:
+    """α-β cost of a ring all-reduce of ``nbytes`` bytes on ``world`` ranks, in seconds:
+    2(N-1)·α + 2(N-1)/N · nbytes / β (α in s, β in bytes/s); 0 on one rank."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world size must be a positive integer, got {world!r}")
+    if nbytes < 0 or alpha < 0 or not beta > 0:
+        raise ValueError(f"need nbytes >= 0, alpha >= 0 and beta > 0, got {nbytes}, {alpha}, "
+                         f"{beta}")
+    if world == 1:
+        return 0.0
+    return 2 * (world - 1) * alpha + 2 * (world - 1) / world * nbytes / beta
+
+
+def fit_alpha_beta(small: tuple[float, float], large: tuple[float, float],
+                   world: int) -> tuple[float, float]:
+    """(α seconds, β bytes/s) of :func:`ring_seconds` through two measured points
+    ``(nbytes, seconds)``: the small message fixes α, the difference fixes β."""
+    (s0, t0), (s1, t1) = small, large
+    if world < 2 or not s1 > s0 >= 0:
+        raise ValueError(f"need 2+ ranks and a large message bigger than the small one, got "
+                         f"world {world}, sizes {s0}, {s1}")
+    if not t1 > t0 > 0:
+        raise ValueError(f"the {s1:,.0f}-byte all-reduce ({t1:.2e} s) was not slower than the "
+                         f"{s0:,.0f}-byte one ({t0:.2e} s): too noisy to fit, measure again")
+    f = 2 * (world - 1) / world
+    beta = f * (s1 - s0) / (t1 - t0)
+    alpha = max(0.0, (t0 - f * s0 / beta) / (2 * (world - 1)))
+    return alpha, beta
+
+
+def completing_pieces(buckets: Sequence[Sequence[str]],
+                      units: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
+    """For each bucket (its parameter names), the backward piece after which all its
+    gradients exist.  ``units``: (piece name, parameter full names) in *forward* order;
+    backward runs them in reverse, so it is the bucket's unit that comes first forward."""
+    where = {n: i for i, (_, names) in enumerate(units) for n in names}
+    out = []
+    for b, names in enumerate(buckets):
+        missing = [n for n in names if n not in where]
+        if missing or not names:
+            raise ValueError(f"bucket {b} names parameters of no unit: {missing or 'none at all'}")
+        out.append(units[min(where[n] for n in names)][0])
+    return out
+
+
+def separate_link(timeline: Timeline, ready_after: Sequence[str], bucket_bytes: Sequence[float],
+                  world: int, alpha: float, beta: float, overlap: bool = True) -> dict[str, Any]:
+    """One rank's step rebuilt as if the all-reduces ran on a link with its own hardware.
+
+    The measured compute pieces keep their times (take them from a run *without*
+    overlap: nothing else was interleaved with them); bucket b starts at
+    max(end of piece ``ready_after[b]`` — or of all backward without ``overlap`` —,
+    end of bucket b-1) and lasts :func:`ring_seconds`; the optimizer, as long as
+    measured, starts when backward and the last bucket are done.  Returns a
+    timeline (``rank``, ``compute``, ``comm``) and ``step_s``, the step's length."""
+    if len(ready_after) != len(bucket_bytes):
+        raise ValueError(f"{len(ready_after)} completing pieces for {len(bucket_bytes)} buckets")
+    pieces = [tuple(p) for p in timeline["compute"] if p[0] != "optimizer"]
+    optimizer = [tuple(p) for p in timeline["compute"] if p[0] == "optimizer"]
+    if not pieces or len(optimizer) != 1:
+        raise ValueError("the timeline needs compute pieces and exactly one 'optimizer' piece")
+    end = {name: t1 for name, _, t1 in pieces}
+    unknown = sorted(set(ready_after) - set(end))
+    if unknown:
+        raise ValueError(f"no compute piece named {', '.join(map(repr, unknown))} in the timeline")
+    backward_end = max(t1 for _, _, t1 in pieces)
+    comm, link_free = [], 0.0
+    for b, (piece, nbytes) in enumerate(zip(ready_after, bucket_bytes)):
+        t0 = max(end[piece] if overlap else backward_end, link_free)
+        link_free = t0 + ring_seconds(nbytes, world, alpha, beta)
+        comm.append((b, t0, link_free))
+    _, o0, o1 = optimizer[0]
+    start = max(backward_end, link_free)
+    compute = pieces + [("optimizer", start, start + (o1 - o0))]
+    return {"rank": timeline.get("rank", 0), "compute": compute, "comm": comm,
+            "step_s": start + (o1 - o0)}
+
+
+# ---------------------------------------------------------------------- rank side
+def _median_allreduce_seconds(comm: Any, nbytes: int, repeats: int) -> float:
+    """Median seconds (slowest rank) of a blocking ring all-reduce of ``nbytes`` float64 bytes."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from minipar.collectives.ring import ring_allreduce
+
+    x = np.ones(max(1, nbytes // 8))
+    times = []
+    for _ in range(repeats + 1):  # the first one warms up
+        comm.Barrier()
+        t0 = time.perf_counter()
+        ring_allreduce(comm, x)
+        times.append(comm.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))  # reporting only
+    return statistics.median(times[1:])
+
+
+def measure(comm: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
+            algorithm: str = "ring") -> dict[str, Any] | None:
+    """Rank side: DDP with and without overlap, alternating ``repeats`` times; rank 0 returns
+    ``step_s`` {"overlap": [...], "no_overlap": [...]} (seconds, slowest rank, after one
+    warm-up step each), ``timeline`` (every rank's last step, per mode), ``buckets``
+    (names), ``bucket_bytes``, ``ready_after``, ``alpha_s``, ``beta_bytes_per_s``,
+    ``allreduce_s`` (the two measured points), ``losses_equal`` (bit for bit)."""
+    from mpi4py import MPI
+
+    from minipar.parallel.data_parallel import DataParallel
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    engines = {"overlap": DataParallel(comm, spec, bucket_bytes, algorithm, overlap=True),
+               "no_overlap": DataParallel(comm, spec, bucket_bytes, algorithm, overlap=False)}
+    losses: dict[str, list[float]] = {k: [] for k in engines}
+    step_s: dict[str, list[float]] = {k: [] for k in engines}
+    for r in range(repeats + 1):
+        order = list(engines) if r % 2 == 0 else list(reversed(engines))  # neither always first
+        for mode in order:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            losses[mode].append(engines[mode].train_step(r))
+            dt = comm.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)  # reporting only
+            if r > 0:
+                step_s[mode].append(dt)
+    dp = engines["overlap"]
+    S = dp.layout.size * dp.itemsize
+    small, large = 8 * dp.world, S
+    points = [(small, _median_allreduce_seconds(dp.comm, small, 5)),
+              (large, _median_allreduce_seconds(dp.comm, large, 5))]
+    alpha, beta = fit_alpha_beta(points[0], points[1], dp.world) if dp.world > 1 else (0.0, 1.0)
+    timelines = {k: e.timelines[-1].as_dict() for k, e in engines.items()}
+    everyone = dp.comm.comm.gather(timelines, root=0)  # reporting only: MPI's pickled gather
+    if dp.rank != 0:
+        return None
+    units = [(u.name, u.full_names) for u in dp.model.units()]
+    names = [list(b.names) for b in dp.buckets]
+    return {"world": dp.world, "psi": dp.layout.size, "itemsize": dp.itemsize,
+            "algorithm": algorithm, "buckets": names,
+            "bucket_bytes": [b.size * dp.itemsize for b in dp.buckets],
+            "ready_after": completing_pieces(names, units),
+            "step_s": step_s, "timeline": {k: [e[k] for e in everyone] for k in engines},
+            "alpha_s": alpha, "beta_bytes_per_s": beta, "allreduce_s": points,
+            "losses_equal": losses["overlap"] == losses["no_overlap"]}
+
+
+def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
+    from minipar.comm import TracedComm
+    from minipar.parallel.common import RunSpec
+
+    return measure(TracedComm(), RunSpec(**o["spec"]), int(o["bucket_bytes"]),
+                   int(o.get("repeats", 5)), o.get("algorithm", "ring"))
+
+
+if __name__ == "__main__":
+    from minipar import launch
+
+    sys.exit(launch.serve(_worker, sys.argv[1:]))
