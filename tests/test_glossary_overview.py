@@ -57,7 +57,8 @@ def test_figure_and_where_table() -> None:
 
 
 def test_library_side_imports_no_command_line_module() -> None:
-    """viz.overview and the glossary read minipar.registry, never a CLI module (fresh interpreter)."""
+    """viz.overview, viz.cards and the glossary read minipar.registry and render with the
+    library, never a CLI module (fresh interpreter)."""
     cli = ("minipar.cli", "minipar.glossary_cli", "minipar.bench", "minipar.run")
     probe = ("import sys\n"
              "import minipar.glossary as g\n"
@@ -65,6 +66,8 @@ def test_library_side_imports_no_command_line_module() -> None:
              "assert not {'numpy', 'mpi4py'} & set(sys.modules), 'the glossary imported NumPy or mpi4py'\n"
              "from minipar.viz import overview\n"
              "rows = overview.where_terms_live(); overview.where_table()\n"
+             "from minipar.viz import cards\n"
+             "assert 'all-reduce' in cards.cards_text(['all-reduce'])\n"
              "assert any(s == 'present' for r in rows for ls in r['links'].values() for _, s in ls)\n"
              f"print(sorted(m for m in sys.modules if m.startswith({cli!r})))\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,

@@ -13,9 +13,9 @@ the names in English, Russian and Chinese, the three definitions, the seed
 quotes, the papers and whether each linked module, notebook or command
 exists now.  ``minipar glossary --list`` lists every id.
 
-Text, not a figure: nothing here imports matplotlib or NumPy, and the
-renderer (:func:`minipar.glossary_cli.card`) is imported only when called,
-so ``minipar.viz`` does not depend on a command-line module.
+Text, not a figure: nothing here imports matplotlib or NumPy; the renderer
+is the glossary library's (:func:`minipar.glossary.render.card`, the one
+``minipar glossary TERM`` prints), never a command-line module.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def cards_text(ids: Sequence[str], width: int = WIDTH, lang: str | None = None) 
     naming the closest ids, before anything is rendered.
     """
     from minipar import glossary as g
-    from minipar.glossary_cli import card  # the one renderer (``minipar glossary TERM``)
+    from minipar.glossary.render import card  # the one renderer (``minipar glossary TERM``)
 
     if isinstance(ids, str):
         raise ValueError(f"show_cards takes a list of term ids, not one string: [{ids!r}]")  # noqa: TRY004

@@ -1,0 +1,207 @@
+"""Glossary cards as text — карточки глоссария — 术语卡片: cards, the term table, families, Markdown.
+
+EN rendering · RU отображение · ZH 渲染
+
+The text forms of :mod:`minipar.glossary` that the ``minipar glossary``
+command prints, that notebooks show (:mod:`minipar.viz.cards`) and that
+``docs/glossary.md`` is made of.  Widths are counted in terminal columns (a
+CJK character takes two); long names wrap, never get cut.  Imports nothing
+heavy and nothing of the command line.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from minipar import glossary as g
+from minipar.glossary.links import link_status
+
+LABEL = {"en": "EN", "ru": "RU", "zh": "ZH"}
+
+
+# --------------------------------------------------------------------------- text layout
+
+def _cw(c: str) -> int:
+    return 2 if unicodedata.east_asian_width(c) in "WF" else 1
+
+
+def display_width(s: str) -> int:
+    """Terminal columns of ``s`` (CJK characters take two)."""
+    return sum(_cw(c) for c in s)
+
+
+def wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """Wrap to ``width`` terminal columns at spaces, after hyphens and between CJK characters.
+
+    Later lines are indented by ``indent``; nothing is ever cut (a word wider
+    than ``width`` gets a line of its own).
+    """
+    width = max(width, len(indent) + 10)
+    units: list[str] = []
+    word = ""
+    text = text.replace("\n", " ")
+    for i, c in enumerate(text):
+        if c == " " or _cw(c) == 2:
+            if word:
+                units.append(word)
+                word = ""
+            units.append(c)
+        elif c == "-" and len(word) >= 3 and text[i + 1: i + 3].isalpha():  # "communication-|efficient"
+            units.append(word + c)
+            word = ""
+        else:
+            word += c
+    if word:
+        units.append(word)
+    lines: list[str] = []
+    cur = ""
+    for u in units:
+        if u == " " and not cur.strip():
+            continue
+        if display_width(cur) + display_width(u) > width and cur.strip():
+            lines.append(cur.rstrip())
+            cur = indent + ("" if u == " " else u)
+        else:
+            cur += u
+    if cur.strip():
+        lines.append(cur.rstrip())
+    return lines
+
+
+def terminal_width() -> int:
+    """Columns to fill: ``shutil.get_terminal_size`` (COLUMNS, else the terminal), 40..100."""
+    import shutil
+
+    return max(40, min(100, shutil.get_terminal_size((100, 24)).columns))
+
+
+# --------------------------------------------------------------------------- rendering
+
+def card(term: g.Term, lang: str | None = None, width: int | None = None, status: bool = True) -> str:
+    """A readable card for one term; ``lang`` limits the definitions to one language."""
+    w = width or terminal_width()
+    langs = [lang] if lang else list(g.LANGS)
+    head = f"── {term.id} "
+    out = [head + "─" * max(0, w - display_width(head))]
+    for la in g.LANGS:
+        names = term.names[la]
+        if term.aliases.get(la):
+            names += "  (" + ", ".join(term.aliases[la]) + ")"
+        out += wrap(f"{LABEL[la]}  {names}", w, "    ")
+    if term.abbrev:
+        out.append("    abbreviations: " + ", ".join(term.abbrev))
+    out.append("")
+    for la in langs:
+        out += wrap(f"{LABEL[la]}  {term.definition[la]}", w, "    ")
+    for s in term.seeds:
+        out.append("")
+        out += wrap(f"Seed ({g.seed_title(s['file'])}): «{s['quote']}»", w, "    ")
+        if s.get("correction"):
+            out += wrap(f"  Correction: {s['correction']}", w, "    ")
+    if term.papers:
+        out.append("")
+        out.append("Papers:")
+        for p in term.papers:
+            out += wrap(f"  - {p}", w, "    ")
+        out.append("")
+    if term.related:
+        out += wrap("Related: " + ", ".join(term.related), w, "    ")
+    titles = {"modules": "Code", "notebooks": "Notebooks", "commands": "Run", "exercises": "Exercises"}
+    for kind, title in titles.items():
+        targets = term.links.get(kind, [])
+        if targets:
+            items = []
+            for t in targets:
+                st = link_status(kind, t) if status else None
+                items.append(f"{t} (planned)" if st == "planned" else t)
+            out += wrap(f"{title}: " + "; ".join(items), w, "    ")
+    return "\n".join(out)
+
+
+def table(lang: str | None = None, width: int | None = None) -> str:
+    """All terms: id and the names in each language, in columns fitted to the width.
+
+    A name longer than its column wraps onto the next lines of its row (at
+    spaces, or between CJK characters); no name is ever cut.  A column is
+    never narrower than its longest unbreakable word.
+    """
+    w = width or terminal_width()
+    langs = [lang] if lang else list(g.LANGS)
+    rows = [("id", *[LABEL[la] for la in langs])]
+    rows += [(t.id, *[t.names[la] for la in langs]) for t in g.terms()]
+    idw = max(len(r[0]) for r in rows)
+    # each column at least its longest unbreakable piece, then widened in turn up to its longest name
+    cols = [max(display_width(x) for r in rows for x in wrap(r[i], 10)) for i in range(1, len(langs) + 1)]
+    full = [max(display_width(r[i]) for r in rows) for i in range(1, len(langs) + 1)]
+    spare = w - idw - 2 * len(langs) - sum(cols)
+    while spare > 0 and any(c < f for c, f in zip(cols, full)):
+        for i in range(len(cols)):
+            if spare > 0 and cols[i] < full[i]:
+                cols[i] += 1
+                spare -= 1
+
+    def pad(s: str, col: int) -> str:
+        return s + " " * (col - display_width(s))
+
+    lines = []
+    for r in rows:
+        cells = [wrap(c, col) or [""] for c, col in zip(r[1:], cols)]
+        for k in range(max(len(c) for c in cells)):
+            left = r[0].ljust(idw) if k == 0 else " " * idw
+            parts = [pad(c[k] if k < len(c) else "", col) for c, col in zip(cells, cols)]
+            lines.append("  ".join([left, *parts]).rstrip())
+    lines.insert(1, "-" * min(w, idw + sum(c + 2 for c in cols)))
+    lines.append(f"\n{len(rows) - 1} terms.  minipar glossary TERM for a card.")
+    return "\n".join(lines)
+
+
+def topic_list(topic: g.Topic, lang: str | None = None, width: int | None = None) -> str:
+    """A family of terms ("sharding"): one line per term with its names, and how to see a card."""
+    w = width or terminal_width()
+    langs = [lang] if lang else list(g.LANGS)
+    table_ = g.by_id()
+    out = wrap(f"«{topic.title}» names a family of {len(topic.terms)} terms:", w, "    ")
+    for tid in topic.terms:
+        out.append(f"  {tid}")
+        out += ["      " + x for x in wrap(" · ".join(table_[tid].names[la] for la in langs), w - 6)]
+    out.append("")
+    out.append(f"A card: minipar glossary {topic.terms[0]}   (or --all for every card)")
+    return "\n".join(out)
+
+
+def markdown() -> str:
+    """``docs/glossary.md``: every term from the data, with no computed status (never stale)."""
+    ts = g.terms()
+    out = ["# Glossary · Глоссарий · 术语表", "",
+           ("<!-- Generated from glossary/*.toml by `minipar glossary --export-md docs/glossary.md`;"
+            " do not edit by hand (tests/test_glossary_data.py fails when it is stale). -->"), "",
+           (f"{len(ts)} terms in English, Russian and Chinese. Look one up with "
+            "`minipar glossary QUERY` (any language, typos and inflected forms welcome), or find "
+            "the terms in a text with `minipar glossary --scan FILE`."), "",
+           "| id | English | Русский | 中文 |", "|---|---|---|---|"]
+    out += [f"| [{t.id}](#{t.id}) | {t.names['en']} | {t.names['ru']} | {t.names['zh']} |" for t in ts]
+    for t in ts:
+        out += ["", f"## {t.id}", ""]
+        for la in g.LANGS:
+            al = f" ({', '.join(t.aliases[la])})" if t.aliases.get(la) else ""
+            out.append(f"- **{LABEL[la]}** {t.names[la]}{al}")
+        if t.abbrev:
+            out.append(f"- **Abbreviations** {', '.join(t.abbrev)}")
+        out.append("")
+        for la in g.LANGS:
+            out += [f"**{LABEL[la]}** {t.definition[la]}", ""]
+        for s in t.seeds:
+            quote = s["quote"].replace("\n", " / ")
+            out.append(f"> Seed ({g.seed_title(s['file'])}): «{quote}»")
+            if s.get("correction"):
+                out.append(f">\n> **Correction:** {s['correction']}")
+            out.append("")
+        if t.papers:
+            out += ["Papers:", ""] + [f"- {p}" for p in t.papers] + [""]
+        if t.related:
+            out += ["Related: " + ", ".join(f"[{r}](#{r})" for r in t.related), ""]
+        for kind, title in (("modules", "Code"), ("notebooks", "Notebooks"),
+                            ("commands", "Run"), ("exercises", "Exercises")):
+            if t.links.get(kind):
+                out += [f"{title}: " + ", ".join(f"`{x}`" for x in t.links[kind]), ""]
+    return "\n".join(out).rstrip() + "\n"
