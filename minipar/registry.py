@@ -17,7 +17,8 @@ from __future__ import annotations
 VERBS: dict[str, tuple[str, str]] = {
     "demo": ("minipar.demo", "a short multi-rank demo: ring all-reduce on N ranks, measured"),
     "bench": ("minipar.bench", "benchmarks: collectives, wait, model, ..."),
-    "exercise": ("minipar.exercises.cli", "mpirun exercises: list | start NAME | check NAME FILE"),
+    "exercise": ("minipar.exercises.cli",
+                 "mpirun exercises: list | start NAME | hint NAME | check NAME FILE"),
     "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
     "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
     "run": ("minipar.run", "train in parallel (dp | ps | zero) and compare with the serial run"),
@@ -40,4 +41,15 @@ STRATEGIES: dict[str, tuple[str, str]] = {
     "dp": ("minipar.run.dp", "data parallelism: ring all-reduce of gradient buckets"),
     "ps": ("minipar.run.ps", "parameter server: workers push grads, pull params"),
     "zero": ("minipar.run.zero", "ZeRO stages 0-3: sharded optimizer states, grads, params"),
+}
+
+#: ``minipar run`` strategies that are planned, not built yet (the open issues build them):
+#: asked for, they get a sentence saying so instead of argparse's "invalid choice"
+PLANNED_STRATEGIES: dict[str, str] = {
+    "tp": "tensor parallelism (Megatron: slicing by rows and columns)",
+    "sp": "sequence parallelism (Korthikanti et al.)",
+    "cp": "context parallelism (DeepSpeed-Ulysses, ring attention)",
+    "pp": "pipeline parallelism (GPipe, 1F1B, interleaved)",
+    "ep": "expert parallelism (mixture of experts across ranks)",
+    "hybrid": "hybrid 3D parallelism on one grid",
 }

@@ -296,7 +296,9 @@ def main(argv: list[str]) -> int:
         out = train(model, batch, a.steps, a.precision, a.optimizer, a.seed,
                     None if a.quiet else sys.stderr, diverge_factor=a.diverge, lr=a.lr, **extra)
     except Diverged as e:  # the run, not the input, went wrong: one line, exit 1
-        print(f"minipar train: {e} (this run: --lr {a.lr:g})", file=sys.stderr)
+        default = _parser().get_default("lr")
+        print(f"minipar train: {e} (this run: --lr {a.lr:g}; the default is {default:g})",
+              file=sys.stderr)
         return 1
     except ValueError as e:
         print(f"minipar train: {e}", file=sys.stderr)

@@ -26,8 +26,10 @@ def test_auto_against_mpi_in_one_run(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the picture of these rows
     # stdout holds only the JSON; the progress bar (after 1 s, tests/test_bench_progress.py)
     # went to stderr, ending at 2 of 2 sizes
-    assert all(ln.startswith("size ") for ln in err.splitlines()), err
-    assert not err or err.splitlines()[-1].startswith("size 2/2 ["), err
+    assert err.splitlines()[-1].startswith(f"wrote {png}"), err  # says where the picture went
+    assert all(ln.startswith("size ") for ln in err.splitlines()[:-1]), err
+    bar = err.splitlines()[:-1]
+    assert not bar or bar[-1].startswith("size 2/2 ["), err
     assert [(r["algorithm"], r["size"]) for r in rows] == [
         ("mpi", 8), ("auto", 8), ("mpi", 4096), ("auto", 4096)]
     for r in rows:

@@ -206,3 +206,15 @@ def test_launcher_side_copies_agree_with_the_technique_modules() -> None:
     assert run_dp.ALGORITHMS == data_parallel.ALGORITHMS
     assert run_dp.DEFAULT_BUCKET_MB == data_parallel.DEFAULT_BUCKET_MB
     assert run_zero.STAGES == zero.STAGES
+
+
+def test_a_planned_strategy_says_it_is_planned(capsys: pytest.CaptureFixture[str]) -> None:
+    """`minipar run tp` names what tp is and that it is not built yet, not "invalid choice"."""
+    from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
+
+    assert not set(PLANNED_STRATEGIES) & set(STRATEGIES)  # a strategy that lands leaves the list
+    with pytest.raises(SystemExit) as e:
+        run.options.parse(["tp", "-n", "4"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tensor parallelism" in err and "planned" in err

@@ -73,7 +73,7 @@ def test_cli_divergence_is_one_line_and_exit_1(capsys) -> None:
     assert out == ""
     last = err.splitlines()[-1]
     assert last.startswith("minipar train: diverged at step ") and last.endswith(
-        "a smaller learning rate usually cures it (this run: --lr 30)")
+        "a smaller learning rate usually cures it (this run: --lr 30; the default is 0.003)")
     assert all(ln.startswith("step ") for ln in err.splitlines()[:-1])  # the bar, then one line
     assert T.main(["--model", "mlp", "--lr", "30", "--steps", "50", "--quiet",
                    "--diverge", "1e30"]) == 0  # a higher threshold lets it run

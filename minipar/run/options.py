@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from minipar.cli_errors import ArgumentParser, integer, seconds
-from minipar.registry import STRATEGIES
+from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
 
 PROG = "minipar run"
 DEFAULT_TIMEOUT = 300.0
@@ -84,6 +84,10 @@ def parse(argv: list[str]) -> dict[str, Any]:
     A bad value raises ``SystemExit(2)`` after printing one line."""
     strategy = next((a for a in argv if a in STRATEGIES), None)
     p = parser(strategy)
+    planned = next((a for a in argv if not a.startswith("-") and a in PLANNED_STRATEGIES), None)
+    if strategy is None and planned is not None:
+        p.error(f"{planned}: {PLANNED_STRATEGIES[planned]} is planned, not built yet; "
+                f"built: {', '.join(sorted(STRATEGIES))}")
     options = vars(p.parse_args(argv))
     try:
         check(options)
