@@ -102,7 +102,8 @@ def test_run_lines_follow_the_strategy_registry(monkeypatch: pytest.MonkeyPatch)
 def test_card_names_the_seed_by_title(capsys: pytest.CaptureFixture[str]) -> None:
     assert minipar(["glossary", "zero"]) == 0
     out = capsys.readouterr().out
-    assert "Seed (Chinese article): «" in out and "Seed (Russian glossary): «" in out
+    assert "As written in a machine-translated Chinese article (errors kept):" in out
+    assert "As written in a Russian AI glossary (errors kept):" in out and "Seed" not in out
     assert ".txt" not in out
 
 

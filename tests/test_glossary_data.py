@@ -287,7 +287,8 @@ def test_seeds_are_named_by_title_never_by_file_name() -> None:
     cards = "\n".join(glossary_cli.card(t, width=200) for t in g.terms())
     for f in files:
         assert f not in md and f not in cards and Path(f).stem not in cards
-    assert "Seed (Russian glossary): «" in md and "Seed (Chinese article): «" in cards
+    assert "As written in a Russian AI glossary (errors kept):" in md
+    assert "As written in a machine-translated Chinese article (errors kept):\n  «" in cards
 
 
 def test_pipeline_bubble_card_uses_one_notation() -> None:

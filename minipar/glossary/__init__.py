@@ -48,6 +48,7 @@ from minipar.glossary.data import (
     by_id,
     data_dir,
     parse_term,
+    seed_label,
     seed_title,
     spun_table,
     terms,
@@ -70,7 +71,7 @@ from minipar.glossary.search import (
 __all__ = [
     "LANGS", "MAX_FUZZY_KEY", "PKG_DIR", "PLANNED", "SUGGEST_FLOOR", "Hit", "Match", "Term", "Topic",
     "by_id", "clear_caches", "closest", "data_dir", "key", "levenshtein", "link_status", "lookup",
-    "parse_term", "scan", "score_all", "seed_title", "spun_table", "stem", "terms", "topic", "topics",
+    "parse_term", "scan", "score_all", "seed_label", "seed_title", "spun_table", "stem", "terms", "topic", "topics",
 ]
 
 

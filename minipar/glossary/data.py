@@ -19,7 +19,8 @@ Besides the terms, two small tables (files starting with ``_`` are not
 terms): ``_topics.toml`` -- words for a *family* of terms ("sharding",
 «шардирование», 分片) and the terms each lists (:func:`topics`), and
 ``_sources.toml`` -- the seed documents by title ("Russian glossary"), so
-cards never show a seed's file name (:func:`seed_title`).
+cards never show a seed's file name (:func:`seed_title`), and the label a
+card writes above a seed's quotes (:func:`seed_label`).
 """
 
 from __future__ import annotations
@@ -188,3 +189,15 @@ def seed_title(file: str) -> str:
     name (the data test requires every quoted seed to have a title).
     """
     return _blob()["sources"].get(file, {}).get("title", "seed document")
+
+
+def seed_label(file: str) -> str:
+    """What a card writes above a seed's quotes: what the document is, and that its errors are kept.
+
+    The seeds are machine-translated texts quoted verbatim, mistakes included
+    (the glossary exists to decode them), so a card must not show them bare:
+    "As written in a machine-translated Chinese article (errors kept)", the
+    ``label`` of ``glossary/_sources.toml``, else one made from the title.
+    """
+    src = _blob()["sources"].get(file, {})
+    return src.get("label") or f"As written in the {seed_title(file)} (errors kept)"

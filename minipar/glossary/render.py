@@ -30,11 +30,29 @@ def display_width(s: str) -> int:
     return sum(_cw(c) for c in s)
 
 
+#: CJK and Latin punctuation that closes (never starts a line) or opens (never ends one):
+#: 「专家容量（容量因子）」 must not leave 「）」 alone on the next line (the rule 禁則 / 避头尾)
+CLOSING = set("）」』】》〉〕］｝”’。，、；：！？…・·)]}")
+OPENING = set("（「『【《〈〔［｛“‘([{")
+
+
+def _glue(units: list[str]) -> list[str]:
+    """Join a closing mark to the unit before it and an opening mark to the unit after it."""
+    out: list[str] = []
+    for u in units:
+        if out and out[-1] != " " and (u[0] in CLOSING or out[-1][-1] in OPENING) and u != " ":
+            out[-1] += u
+        else:
+            out.append(u)
+    return out
+
+
 def wrap(text: str, width: int, indent: str = "") -> list[str]:
     """Wrap to ``width`` terminal columns at spaces, after hyphens and between CJK characters.
 
     Later lines are indented by ``indent``; nothing is ever cut (a word wider
-    than ``width`` gets a line of its own).
+    than ``width`` gets a line of its own).  A line never starts with closing
+    punctuation (「）」, 「。」) nor ends with opening punctuation (「（」).
     """
     width = max(width, len(indent) + 10)
     units: list[str] = []
@@ -53,6 +71,7 @@ def wrap(text: str, width: int, indent: str = "") -> list[str]:
             word += c
     if word:
         units.append(word)
+    units = _glue(units)
     lines: list[str] = []
     cur = ""
     for u in units:
@@ -68,6 +87,29 @@ def wrap(text: str, width: int, indent: str = "") -> list[str]:
     return lines
 
 
+def fill_names(names: list[str], width: int, sep: str = " ·") -> list[str]:
+    """Lay ``names`` out on lines of ``width`` columns, joined by ``sep``, never split needlessly.
+
+    A name that does not fit on the current line starts the next one whole
+    («ZeRO（零冗余优化器）», not «ZeRO（零冗余优» / «化器）»); only a name wider
+    than a whole line is wrapped (by :func:`wrap`).
+    """
+    lines: list[str] = []
+    cur = ""
+    for i, name in enumerate(names):
+        piece = name + (sep if i < len(names) - 1 else "")
+        joined = f"{cur} {piece}" if cur else piece
+        if display_width(joined) <= width:
+            cur = joined
+        elif cur and display_width(piece) <= width:
+            lines.append(cur)
+            cur = piece
+        else:
+            *done, cur = wrap(joined, width)
+            lines += done
+    return lines + ([cur] if cur else [])
+
+
 def terminal_width() -> int:
     """Columns to fill: ``shutil.get_terminal_size`` (COLUMNS, else the terminal), 40..100."""
     import shutil
@@ -76,6 +118,20 @@ def terminal_width() -> int:
 
 
 # --------------------------------------------------------------------------- rendering
+
+def seed_groups(term: g.Term) -> list[tuple[str, list[dict]]]:
+    """The term's seed quotes grouped by document, each under its label, in the data's order.
+
+    The label says what the quotes are ("As written in a machine-translated
+    Chinese article (errors kept)", :func:`minipar.glossary.seed_label`): the
+    seeds' own words, mistakes included, shown after the clean definitions so
+    that they never read as the glossary's.
+    """
+    groups: dict[str, list[dict]] = {}
+    for s in term.seeds:
+        groups.setdefault(g.seed_label(s["file"]), []).append(s)
+    return list(groups.items())
+
 
 def card(term: g.Term, lang: str | None = None, width: int | None = None, status: bool = True) -> str:
     """A readable card for one term; ``lang`` limits the definitions to one language."""
@@ -93,11 +149,13 @@ def card(term: g.Term, lang: str | None = None, width: int | None = None, status
     out.append("")
     for la in langs:
         out += wrap(f"{LABEL[la]}  {term.definition[la]}", w, "    ")
-    for s in term.seeds:
+    for label, seeds in seed_groups(term):
         out.append("")
-        out += wrap(f"Seed ({g.seed_title(s['file'])}): «{s['quote']}»", w, "    ")
-        if s.get("correction"):
-            out += wrap(f"  Correction: {s['correction']}", w, "    ")
+        out += wrap(label + ":", w, "    ")
+        for s in seeds:  # wrap() drops leading spaces: indent after wrapping
+            out += ["  " + x for x in wrap(f"«{s['quote']}»", w - 2, " ")]
+            if s.get("correction"):
+                out += ["    " + x for x in wrap(f"Correction: {s['correction']}", w - 4, "  ")]
     if term.papers:
         out.append("")
         out.append("Papers:")
@@ -163,7 +221,7 @@ def topic_list(topic: g.Topic, lang: str | None = None, width: int | None = None
     out = wrap(f"«{topic.title}» names a family of {len(topic.terms)} terms:", w, "    ")
     for tid in topic.terms:
         out.append(f"  {tid}")
-        out += ["      " + x for x in wrap(" · ".join(table_[tid].names[la] for la in langs), w - 6)]
+        out += ["      " + x for x in fill_names([table_[tid].names[la] for la in langs], w - 6)]
     out.append("")
     out.append(f"A card: minipar glossary {topic.terms[0]}   (or --all for every card)")
     return "\n".join(out)
@@ -190,12 +248,14 @@ def markdown() -> str:
         out.append("")
         for la in g.LANGS:
             out += [f"**{LABEL[la]}** {t.definition[la]}", ""]
-        for s in t.seeds:
-            quote = s["quote"].replace("\n", " / ")
-            out.append(f"> Seed ({g.seed_title(s['file'])}): «{quote}»")
-            if s.get("correction"):
-                out.append(f">\n> **Correction:** {s['correction']}")
-            out.append("")
+        for label, seeds in seed_groups(t):
+            out += [f"{label}:", ""]
+            for s in seeds:
+                quote = s["quote"].replace("\n", " / ")
+                out.append(f"> «{quote}»")
+                if s.get("correction"):
+                    out.append(f">\n> **Correction:** {s['correction']}")
+                out.append("")
         if t.papers:
             out += ["Papers:", ""] + [f"- {p}" for p in t.papers] + [""]
         if t.related:

@@ -72,13 +72,14 @@ def ring_allreduce_steps(N: int) -> int:
     return 2 * (count("N", N) - 1)
 
 
-def parameter_server_bytes_at_server(S: float, N: int) -> float:
-    """Bytes the server *receives* per step, and equally *sends*: N × S.
+def parameter_server_bytes_at_server(S: float, W: int) -> float:
+    """Bytes the server *receives* per step, and equally *sends*: W × S.
 
-    N workers each push S bytes of gradients and pull S bytes of parameters.
+    W workers (the ranks that are not servers) each push S bytes of gradients
+    and pull S bytes of parameters.
     """
-    S, N = non_negative("S", S), count("N", N)
-    return N * S
+    S, W = non_negative("S", S), count("W", W)
+    return W * S
 
 
 def parameter_server_bytes_per_worker(S: float) -> float:
@@ -129,7 +130,8 @@ def gradient_sync(psi: float, N: int, bytes_per_grad: float = 2.0) -> dict[str, 
     The seed figure "a trillion parameters, one gradient sync ≈ 2 TB in FP16"
     is the payload S = Ψ × 2 bytes (10¹² × 2 = 2 × 10¹²).  Returns bytes:
     ``payload`` S; ``ring_per_rank`` 2(N−1)/N × S sent by each rank (the same
-    received); ``ps_server_in`` and ``ps_server_out`` N × S through the
+    received); for a parameter server with the same N ranks as workers (W = N,
+    plus the server) ``ps_server_in`` and ``ps_server_out`` N × S through the
     server's link; ``ps_per_worker`` S each way.
     """
     S = positive("psi", psi) * positive("bytes_per_grad", bytes_per_grad)
