@@ -46,10 +46,10 @@ STRATEGIES: dict[str, tuple[str, str]] = {
 #: ``minipar run`` strategies that are planned, not built yet (the open issues build them):
 #: asked for, they get a sentence saying so instead of argparse's "invalid choice"
 PLANNED_STRATEGIES: dict[str, str] = {
-    "tp": "tensor parallelism (Megatron: slicing by rows and columns)",
-    "sp": "sequence parallelism (Korthikanti et al.)",
-    "cp": "context parallelism (DeepSpeed-Ulysses, ring attention)",
-    "pp": "pipeline parallelism (GPipe, 1F1B, interleaved)",
+    "tp": "tensor parallelism, Megatron's slicing by rows and columns",
+    "sp": "sequence parallelism, Korthikanti et al.",
+    "cp": "context parallelism, DeepSpeed-Ulysses and ring attention",
+    "pp": "pipeline parallelism, GPipe, 1F1B and interleaved",
     "ep": "expert parallelism (mixture of experts across ranks)",
     "hybrid": "hybrid 3D parallelism on one grid",
 }

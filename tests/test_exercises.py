@@ -200,6 +200,34 @@ def test_deadlock_is_reported_within_the_watchdog():
     assert "Sendrecv" in c.detail
 
 
+def test_an_endless_loop_on_one_rank_is_named_not_called_a_deadlock():
+    """Ranks 0, 2, 3 wait for rank 1, which loops: its stack is dumped before the abort."""
+    report = check("ring_allreduce", MPI_DIR / "ex_wrong_one_rank_endless.py", 4, timeout=30,
+                   watchdog=3)
+    (c,) = failed(report)
+    assert c.name == "runs to the end without hanging"
+    assert ("rank 1 never reached the exchange: it was still running at "
+            "ex_wrong_one_rank_endless.py:12: while True: pass (an endless loop or a very "
+            "long computation)") in c.detail, c.detail
+    assert "rank 2 for rank 1" in c.detail and "after 3 s" in c.detail
+    assert "Sendrecv" not in c.detail and "deadlock" not in c.detail  # not the wrong advice
+    assert "rank 0 never" not in c.detail and "rank 2 never" not in c.detail
+
+
+def test_counts_add_up_when_integer_results_have_the_wrong_dtype():
+    """An average returned as float64: int cases fail the dtype, float cases the values."""
+    report = check("ring_allreduce", MPI_DIR / "ex_wrong_average_float.py", 4, timeout=60)
+    dtype, result = [c for c in failed(report)]
+    assert dtype.detail.startswith("14 of 35 cases wrong. First: length 0, int64 (rank values)")
+    assert result.name == ("result equals MPI's Allreduce (35 cases: lengths 0, 1, 3, 4, 5, "
+                           "1000, 1001 x 5 variants: float64 (random values); float64 (rank "
+                           "values); float32 (random values); int64 (rank values); int32 (rank "
+                           "values))")
+    assert result.detail.startswith("32 of 35 cases wrong (18 with wrong values; 14 of the "
+                                    "wrong shape or dtype, the ✗ above). First: length 1, ")
+    assert "did you average instead of sum?" in result.detail
+
+
 def test_a_hang_outside_the_watchdog_ends_at_the_launch_timeout():
     report = check("ring_allreduce", MPI_DIR / "ex_wrong_raw_comm.py", 2, timeout=6, watchdog=3)
     (c,) = failed(report)
@@ -228,11 +256,20 @@ def test_prints_are_shown_by_rank_on_failure(capsys):
     assert ex_cli.main(["check", "ring_allreduce", str(MPI_DIR / "ex_wrong_prints.py"),
                         "-n", "2"]) == 1
     out = capsys.readouterr().out
-    assert "what your code printed, by rank:" in out
-    assert "[rank 0] hello from rank 0, x has 1001 elements" in out
-    assert "[rank 1] hello from rank 1, x has 1001 elements" in out
-    assert "[rank 1] no newline at the end" in out  # stderr, and a line without its newline
-    assert "earlier lines not shown" in out  # the last lines of each rank, not all 70
+    assert "what your code printed, by case and rank:" in out
+    # the failing case's lines, under its label, not the last lines of later cases
+    block = out.split("in length 1, float64 (random values) (the failing case):\n", 1)[1]
+    assert block.startswith("    [rank 0] hello from rank 0, x has 1 elements\n")
+    assert "    [rank 1] hello from rank 1, x has 1 elements\n" in block
+    assert "[rank 1] no newline at the end" in block  # stderr, and a line without its newline
+    assert "1001 elements" not in out
+    assert "(116 lines from other cases not shown; --verbose shows all)" in out
+    assert ex_cli.main(["check", "ring_allreduce", str(MPI_DIR / "ex_wrong_prints.py"),
+                        "-n", "2", "--verbose"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("x has 1001 elements") == 2 * 5  # every case, every rank
+    assert "in length 1001, int32 (rank values):\n    [rank 0] hello" in out
+    assert "not shown" not in out
 
 
 def test_prints_are_shown_with_verbose_when_everything_passes(tmp_path, capsys):
@@ -242,6 +279,8 @@ def test_prints_are_shown_with_verbose_when_everything_passes(tmp_path, capsys):
     assert ex_cli.main(["check", "ring_allreduce", str(mine), "-n", "2"]) == 0
     quiet = capsys.readouterr()
     assert "[rank" not in quiet.out and "PASS" in quiet.out
+    assert ("your code printed 60 lines on 2 ranks, hidden because every check passed "
+            "(--verbose shows them).") in quiet.out
     assert quiet.err == ("running ring_allreduce.py on 2 ranks, timeout 60 s (a rank waiting "
                          "5 s for one message is a deadlock) …\n")
     assert ex_cli.main(["check", "ring_allreduce", str(mine), "-n", "2", "--verbose"]) == 0

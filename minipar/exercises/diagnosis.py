@@ -22,6 +22,10 @@ a teacher would say:
 * :func:`stopped_at` -- where a rank was when the launcher stopped it: the
   innermost line of the learner's file in the traceback ``faulthandler``
   wrote on SIGTERM (see :mod:`minipar.exercises.worker`).
+* :func:`absent` -- ranks stopped by the watchdog while waiting for a rank
+  that never came: the waiting ranks' ``DeadlockError`` names whom each
+  waited for, the missing rank's last stack dump (:func:`last_dump`) where
+  it was instead (an endless loop, a long computation, or already gone).
 """
 
 from __future__ import annotations
@@ -155,11 +159,21 @@ def stopped_at(dump: str, file: Path) -> tuple[int, str] | None:
         if Path(m.group(1)).resolve() == file:
             line = int(m.group(2))
             try:
-                code = file.read_text().splitlines()[line - 1].strip()
+                code = file.read_text().splitlines()[line - 1].split("  #")[0].strip()
             except (OSError, IndexError):
                 code = ""
             return line, code
     return None
+
+
+#: how ``faulthandler.dump_traceback_later`` begins each dump ("Timeout (0:00:01)!")
+DUMP_HEADER = "Timeout ("
+
+
+def last_dump(text: str) -> str:
+    """The latest of the repeated dumps in ``text`` (the worker's ``running-RANK.txt``)."""
+    at = text.rfind(DUMP_HEADER)
+    return text if at < 0 else text[at:]
 
 
 #: words of a line that waits for a message (then the loop is a wait, not a computation)
@@ -182,3 +196,44 @@ def endless(where: dict[int, tuple[int, str]], name: str, timeout: float) -> str
         why = ("An endless loop: look at the loop around that line -- does its counter advance, "
                "and can its condition become false on every rank?")
     return f"the ranks did not finish within {timeout:g} s and were stopped there ({said}). {why}"
+
+
+_AWAITED = re.compile(r"for \w+ from rank (\d+)")
+
+
+def awaited(message: str) -> int | None:
+    """The peer a :class:`~minipar.comm.errors.DeadlockError` says its rank waited for."""
+    m = _AWAITED.search(message)
+    return int(m.group(1)) if m else None
+
+
+def absent(waits: dict[int, int | None], where: dict[int, tuple[int, str] | None], name: str,
+           function: str, watchdog: str) -> str | None:
+    """The sentence for ranks that waited for a rank that never came, or None.
+
+    ``waits``: waiting rank -> the rank it waited for (its DeadlockError);
+    ``where``: every other rank -> its line of the learner's file in its last
+    stack dump (None: it was outside the learner's function).  A rank that no
+    one saw waiting and that was running a line that is no wait is the one
+    at fault: an endless loop, or a computation longer than the watchdog."""
+    if not waits:
+        return None
+    running = {r: at for r, at in where.items()
+               if r not in waits and at and not any(w in at[1] for w in WAITS)}
+    gone = sorted(r for r in set(waits.values()) - set(waits) - {None}
+                  if r not in running and where.get(r) is None)
+    if not running and not gone:
+        return None
+    said = []
+    for r, (line, code) in sorted(running.items()):
+        said.append(f"rank {r} never reached the exchange: it was still running at "
+                    f"{name}:{line}: {code} (an endless loop or a very long computation)")
+    for r in gone:
+        said.append(f"rank {r} never sent what its neighbour waited for: it was no longer in "
+                    f"{function}() (it returned early, or skipped the exchange)")
+    waiting = sorted(waits)
+    pairs = ", ".join(f"rank {w} for rank {p}" for w, p in sorted(waits.items()) if p is not None)
+    tail = (f". Ranks {', '.join(map(str, waiting))} waited ({pairs}) until the watchdog "
+            f"stopped them after {watchdog} s: the ranks wait for each other in turn, so one "
+            "rank that does not arrive stops them all.")
+    return "; ".join(said) + tail

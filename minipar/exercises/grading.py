@@ -150,14 +150,14 @@ def check(
             proc = launch.run(n, WORKER, ex.name, str(path), out, timeout=timeout,
                               env={WATCHDOG_ENV: f"{watchdog:g}"})
         except launch.LaunchTimeout as err:
-            report.output = _outputs(out)
+            report.take_output(_outputs(out))
             report.checks.append(_timeout_check(path, out, timeout, err))
             return report
-        report.output = _outputs(out)
+        report.take_output(_outputs(out))
         errors = [json.loads(p.read_text()) for p in sorted(Path(out).glob("error-*.json"))]
         result = Path(out, "result.json")
         if errors:
-            report.checks.append(_error_check(ex.name, path, errors, n))
+            report.checks.append(_error_check(ex.name, path, errors, n, out, watchdog))
             return report
         if proc.returncode != 0 or not result.exists():
             why = proc.failure or f"the job ended with exit code {proc.returncode} and no result"
@@ -204,7 +204,8 @@ def _timeout_check(path: Path, out: str, timeout: float, err: launch.LaunchTimeo
         + _tail(err.stdout + err.stderr)))
 
 
-def _error_check(name: str, path: Path, errors: list[dict], n: int) -> Check:
+def _error_check(name: str, path: Path, errors: list[dict], n: int, out: str,
+                 watchdog: float) -> Check:
     """The one error to show: a learner's exception before a deadlock it caused."""
     errors.sort(key=lambda e: (e["type"] == "DeadlockError", e["rank"]))
     e = errors[0]
@@ -216,15 +217,9 @@ def _error_check(name: str, path: Path, errors: list[dict], n: int) -> Check:
         hint = get(name).grader().FIRST_STEP
         return Check("implemented", False, (
             f"not implemented yet: start with {hint}{where}\n"
-            f"Stuck? minipar exercise hint {name} gives one hint at a time."))
+            f"Stuck? minipar exercise hint {name} gives one hint at a time."), case=e.get("case"))
     if e["type"] == "DeadlockError":
-        ranks = sorted({x["rank"] for x in errors if x["type"] == "DeadlockError"})
-        return Check("no deadlock", False, (
-            f"deadlock{case}: ranks {', '.join(map(str, ranks))} were stuck waiting. "
-            f"{e['message']}{where}\n"
-            "Each waiting rank expected a message its peer never sent: if every rank "
-            "calls Recv before Send, all of them wait for ever. Send and receive in one "
-            "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left)."))
+        return _deadlock_check(name, path, errors, n, out, watchdog)
     said = diagnosis.truncation(e["message"], e["rank"], e.get("recv"), e.get("case_data"), n)
     if said:
         return Check("message sizes agree (sender's chunk = receiver's buffer)", False,
@@ -232,6 +227,40 @@ def _error_check(name: str, path: Path, errors: list[dict], n: int) -> Check:
     stage = "while importing your file" if e["stage"] == "import" else f"in your code{case}"
     return Check("runs without error", False,
                  f"rank {e['rank']} raised {e['type']} {stage}: {e['message']}{where}")
+
+
+def _deadlock_check(name: str, path: Path, errors: list[dict], n: int, out: str,
+                    watchdog: float) -> Check:
+    """Ranks stopped by the watchdog: the rank that never came, or a true deadlock.
+
+    Each waiting rank's DeadlockError names the rank it waited for; each other
+    rank's last stack dump (``running-RANK.txt``) says where it was.  A rank
+    that was waited for and was running a line that is no wait is the cause,
+    and is named with its line; otherwise every rank was waiting: a deadlock."""
+    stuck = [x for x in errors if x["type"] == "DeadlockError"]
+    e = stuck[0]
+    case = f" (case: {e['case']})" if e.get("case") else ""
+    waits = {x["rank"]: diagnosis.awaited(x["message"]) for x in stuck}
+    here = {}
+    for r in range(n):
+        dump = Path(out, f"running-{r}.txt")
+        text = dump.read_text(errors="replace") if dump.exists() else ""
+        here[r] = diagnosis.stopped_at(diagnosis.last_dump(text), path)
+    said = diagnosis.absent(waits, here, path.name, get(name).function, f"{watchdog:g}")
+    if said:
+        return Check("runs to the end without hanging", False,
+                     (f"{e['case']}: " if e.get("case") else "") + said, case=e.get("case"))
+    where = f"\nat {path.name}:{e['line']}: {e.get('code') or ''}".rstrip() if e.get("line") else ""
+    if "Sendrecv" in (e.get("code") or ""):
+        advice = ("Each waiting rank expected a message its peer never sent: check that every "
+                  "rank makes the same exchanges, as many times, with matching dest and source.")
+    else:
+        advice = ("Each waiting rank expected a message its peer never sent: if every rank "
+                  "calls Recv before Send, all of them wait for ever. Send and receive in one "
+                  "step with comm.Sendrecv(sendbuf, dest=right, recvbuf=buf, source=left).")
+    return Check("no deadlock", False, (
+        f"deadlock{case}: ranks {', '.join(map(str, sorted(waits)))} were stuck waiting. "
+        f"{e['message']}{where}\n{advice}"), case=e.get("case"))
 
 
 def _tail(text: str, lines: int = 12) -> str:

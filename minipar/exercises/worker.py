@@ -22,14 +22,20 @@ at the end, after every case completed.
 
 What the learner's code prints (stdout and stderr, from importing the file
 to the last case) goes, line by line, to ``OUTDIR/output-RANK.txt``, so the
-report can show it by rank even when the run is killed.  On SIGTERM (the
-launcher stopping ranks that ran past the timeout) ``faulthandler`` writes
-the rank's Python stack to ``OUTDIR/stack-RANK.txt`` before the rank ends:
-the line an endless loop was on.  If the learner's code raises on any rank (a
-``DeadlockError`` from the watchdog included) that rank writes
-``OUTDIR/error-RANK.json`` (rank, exception, the learner's line) and
-re-raises: ``python -m mpi4py`` then aborts the whole job, so no rank waits
-for ever.  Rank 0 writes ``OUTDIR/result.json`` on success.
+report can show it by rank even when the run is killed; a mark line before
+each case's first output (:class:`CaseOutput`) ties every line to its case.
+On SIGTERM (the launcher stopping ranks that ran past the timeout)
+``faulthandler`` writes the rank's Python stack to ``OUTDIR/stack-RANK.txt``
+before the rank ends: the line an endless loop was on. The job aborted by
+another rank's watchdog (``MPI_Abort``) ends this rank with a signal no
+handler sees, so a timer (``faulthandler.dump_traceback_later``, a C thread)
+also writes the stack to ``OUTDIR/running-RANK.txt`` several times per
+watchdog period: the line a rank that never reached the exchange was
+running. If the learner's code raises on any rank (a ``DeadlockError`` from
+the watchdog included) that rank writes ``OUTDIR/error-RANK.json`` (rank,
+exception, the learner's line) and re-raises: ``python -m mpi4py`` then
+aborts the whole job, so no rank waits for ever. Rank 0 writes
+``OUTDIR/result.json`` on success.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -50,8 +57,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minipar.comm.traced import DEFAULT_WATCHDOG_S, WATCHDOG_ENV
 from minipar.exercises import diagnosis, get
 from minipar.exercises.grading import GradingComm, first_mismatch
+from minipar.exercises.report import CASE_MARK, IMPORT_CASE
 
 
 def load_function(file: Path, name: str) -> Callable[..., Any]:
@@ -135,11 +144,52 @@ def learner_line(exc: BaseException, file: Path) -> tuple[int | None, str | None
     return None, None
 
 
+class CaseOutput(io.TextIOBase):
+    """The learner's stdout and stderr, with a mark line before each case's first output.
+
+    ``case`` is set before each case; the first write after a change starts
+    with :data:`~minipar.exercises.report.CASE_MARK` and the case's label on a
+    line of their own, so the report can say in which case each line was
+    printed (:meth:`minipar.exercises.report.Report.output_text`)."""
+
+    def __init__(self, file: Any):
+        self.file, self.case, self._said, self._at_start = file, None, None, True
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text and self.case != self._said:
+            head = "" if self._at_start else "\n"
+            self.file.write(f"{head}{CASE_MARK}{self.case}\n")
+            self._said = self.case
+        if text:
+            self.file.write(text)
+            self._at_start = text.endswith("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write atomically: an abort from another rank never leaves half a file."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def dump_period() -> float:
+    """Seconds between two stack dumps: well below the watchdog (at most 1 s).
+
+    The ranks waiting for a rank that never came abort the job one watchdog
+    period after they started waiting; the last dump before that shows where
+    the missing rank was (:func:`minipar.exercises.diagnosis.last_dump`)."""
+    try:
+        watchdog = float(os.environ.get(WATCHDOG_ENV, DEFAULT_WATCHDOG_S))
+    except ValueError:
+        watchdog = DEFAULT_WATCHDOG_S
+    return max(0.05, min(1.0, watchdog / 3))
 
 
 def main(argv: list[str]) -> int:
@@ -155,13 +205,20 @@ def main(argv: list[str]) -> int:
     last: dict = {}
     stack = (out / f"stack-{rank}.txt").open("w")  # kept open: faulthandler writes from C
     faulthandler.register(signal.SIGTERM, file=stack, all_threads=True, chain=True)
+    # MPI_Abort (another rank's watchdog) kills this rank without a signal it can catch:
+    # so its stack is also written every PERIOD s, from a C thread that needs no GIL
+    running = (out / f"running-{rank}.txt").open("w")
+    faulthandler.dump_traceback_later(dump_period(), repeat=True, file=running)
     printed = (out / f"output-{rank}.txt").open("w", buffering=1, errors="replace")
+    learner = CaseOutput(printed)
+    learner.case = IMPORT_CASE
     try:
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        with contextlib.redirect_stdout(learner), contextlib.redirect_stderr(learner):
             fn = load_function(file, ex.function)
             stage = "call"
             for case in cases:
                 label, current = grader.label(case), case
+                learner.case = label
                 records.append(run_case(grader, ex.function, fn, raw, case, last))
     except BaseException as exc:
         printed.flush()  # a last line without its newline too: the job ends in MPI_Abort
@@ -181,6 +238,9 @@ def main(argv: list[str]) -> int:
             },
         )
         raise  # python -m mpi4py turns this into MPI_Abort: the whole job ends
+    faulthandler.cancel_dump_traceback_later()
+    running.write(f"{diagnosis.DUMP_HEADER}every case returned)!\n")  # out of the learner's code
+    running.flush()
     printed.close()
     # the answer key: minipar's own collectives (nothing on the grader's side imports it)
     borrowed = raw.gather("minipar.collectives" in sys.modules, root=0)

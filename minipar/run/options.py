@@ -86,8 +86,8 @@ def parse(argv: list[str]) -> dict[str, Any]:
     p = parser(strategy)
     planned = next((a for a in argv if not a.startswith("-") and a in PLANNED_STRATEGIES), None)
     if strategy is None and planned is not None:
-        p.error(f"{planned}: {PLANNED_STRATEGIES[planned]} is planned, not built yet; "
-                f"built: {', '.join(sorted(STRATEGIES))}")
+        p.error(f"strategy {planned} ({PLANNED_STRATEGIES[planned]}) is planned, not built "
+                f"yet; the strategies built: {', '.join(sorted(STRATEGIES))}")
     options = vars(p.parse_args(argv))
     try:
         check(options)

@@ -45,7 +45,8 @@ def cases(n: int) -> list[dict]:
 
 
 def label(case: dict) -> str:
-    return f"length {case['length']}, {case['dtype']} ({case['values']} values)"
+    kind = {"ranks": "rank"}.get(case["values"], case["values"])
+    return f"length {case['length']}, {case['dtype']} ({kind} values)"
 
 
 def make_input(case: dict, rank: int, size: int) -> tuple[np.ndarray, dict]:

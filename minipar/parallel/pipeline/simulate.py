@@ -1,0 +1,254 @@
+"""The timeline a dedicated machine would have: pipeline schedules replayed with given costs.
+
+EN pipeline bubble · RU пузырь конвейера · ZH 流水线气泡
+
+When 4 ranks share 2 cores, the wall-clock trace of a pipeline says more
+about the operating system than about the schedule.  The simulator rebuilds
+the timeline from the schedules (:mod:`.schedule`) and a cost per
+instruction, by ASAP list scheduling: every stage runs its list in order,
+each instruction starting as soon as the stage is free and its inputs exist.
+
+Rules (the executor's): a **receive** blocks until the matching message has
+been sent; a **send** is ``buffered`` by default (MPI ``Isend``: it never waits
+for the receiver; the message arrives ``comm_cost`` after the send starts,
+and the sender is busy for that long), or ``rendezvous`` (MPI ``Ssend``, and
+what a plain ``MPI_Send`` may do for large messages: it completes only when
+the receiver has posted the matching receive).  A correct MPI program must
+not depend on buffering, so :mod:`.check` tests both.  A send from a rank to
+itself (interleaving on one stage) is a local hand-off and is always buffered.
+
+A timeline is a list of :class:`Record` ``(stage, what, micro_batch, chunk,
+start, end)`` — the record shape of every minipar timeline (DDP's, the MPI
+executor's); ``what`` is ``forward``, ``backward``, ``send_act``,
+``recv_act``, ``send_grad``, ``recv_grad`` or ``optimizer`` (micro_batch and
+chunk None).  A receive's record spans the wait for its message.
+
+The bubble (GPipe, Huang et al. 2018, arXiv 1811.06965; PTD-P, Narayanan
+et al. 2021, arXiv 2104.04473), over the P stages of a timeline, with
+makespan T = the end of the last forward or backward (the pipeline flush; the
+optimizer step is after it and not counted) and C = the summed durations of
+every forward and backward (the work)::
+
+    idle                 = P·T − C
+    bubble_fraction      = idle / (P·T)      GPipe: (p − 1)/(m + p − 1)
+    bubble_time_ratio    = idle / C          1F1B: (p − 1)/m;  interleaved: (1/v)(p − 1)/m
+
+``bubble_time_ratio`` is the paper's "bubble time over ideal time": C/P is
+the time of one stage's share of the work with no bubble (the ideal), and
+idle/P the bubble per stage.  The two are the same number seen twice:
+fraction = ratio/(1 + ratio).  With integer or ``Fraction`` costs both are
+exact ``Fraction`` values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from numbers import Real
+from typing import NamedTuple
+
+from minipar.parallel.pipeline.schedule import (
+    RECVS,
+    SENDS,
+    Backward,
+    Forward,
+    Instruction,
+    OptimizerStep,
+    RecvAct,
+    RecvGrad,
+    SendAct,
+    SendGrad,
+    virtual_stage,
+)
+
+Cost = Callable[[Instruction, int], Real]
+WHAT = {Forward: "forward", Backward: "backward", SendAct: "send_act", RecvAct: "recv_act",
+        SendGrad: "send_grad", RecvGrad: "recv_grad", OptimizerStep: "optimizer"}
+
+
+class Record(NamedTuple):
+    """One instruction on one stage: seconds (or any unit) from the step's start."""
+    stage: int
+    what: str
+    micro_batch: int | None
+    chunk: int | None
+    start: Real
+    end: Real
+
+
+Timeline = list[Record]
+
+
+class Deadlock(Exception):
+    """The schedules stop with work left: ``waiting`` maps a stuck stage to (instruction, stage
+    it waits for); ``cycle`` is a closed chain of stages each waiting for the next, if any."""
+
+    def __init__(self, waiting: dict[int, tuple[Instruction, int | None]], cycle: list[int]):
+        self.waiting, self.cycle = waiting, cycle
+        parts = [f"stage {s} waits at {ins} for " + (f"stage {t}" if t is not None else
+                 "a message no stage will send") for s, (ins, t) in sorted(waiting.items())]
+        ring = " -> ".join(map(str, cycle + cycle[:1])) if cycle else "none"
+        super().__init__(f"deadlock: {'; '.join(parts)} (cycle of waiting stages: {ring})")
+
+
+def _whole(x: Fraction) -> Real:
+    return int(x) if x.denominator == 1 else x  # ints keep the arithmetic fast and exact
+
+
+def uniform_cost(forward: Real = 1, backward: Real = 2, optimizer: Real = 0, v: int = 1) -> Cost:
+    """Every stage alike: a chunk-forward costs forward/v, a chunk-backward backward/v
+    (v model chunks share the stage's layers), the optimizer step ``optimizer``."""
+    f, b = (_whole(Fraction(x) / v) for x in (forward, backward))
+
+    def cost(ins: Instruction, stage: int) -> Real:
+        if isinstance(ins, Forward):
+            return f
+        return b if isinstance(ins, Backward) else optimizer
+    return cost
+
+
+def message_key(ins: Instruction, stage: int, p: int) -> tuple[str, int, int, int]:
+    """(kind, micro-batch, from virtual stage, to virtual stage) of a send or a receive;
+    a send and a receive match when their keys are equal."""
+    vs = virtual_stage(stage, ins.chunk, p)
+    if isinstance(ins, SendAct):
+        return ("act", ins.mb, vs, vs + 1)
+    if isinstance(ins, RecvAct):
+        return ("act", ins.mb, vs - 1, vs)
+    if isinstance(ins, SendGrad):
+        return ("grad", ins.mb, vs, vs - 1)
+    return ("grad", ins.mb, vs + 1, vs)
+
+
+def _peer(key: tuple[str, int, int, int], p: int, sending: bool) -> int:
+    return (key[3] if sending else key[2]) % p
+
+
+def run(schedules: Sequence[Sequence[Instruction]], cost: Cost,
+        comm_cost: Cost | None = None, sends: str = "buffered") -> Timeline:
+    """Replay every stage's list ASAP; return the timeline sorted by (start, stage).
+
+    ``cost(ins, stage)`` times Forward, Backward and OptimizerStep; ``comm_cost(ins,
+    stage)`` a send's transfer (default 0: instantaneous).  Raises :class:`Deadlock`
+    when no stage can move and some have instructions left.
+    """
+    if sends not in ("buffered", "rendezvous"):
+        raise ValueError(f"sends must be 'buffered' or 'rendezvous', got {sends!r}")
+    p = len(schedules)
+    pc, clock = [0] * p, [0] * p
+    sent: dict[tuple, Real] = {}  # message key -> arrival time
+    out: Timeline = []
+
+    def rec(s: int, ins: Instruction, start: Real, end: Real) -> None:
+        mb = getattr(ins, "mb", None)
+        out.append(Record(s, WHAT[type(ins)], mb, getattr(ins, "chunk", None), start, end))
+        clock[s], pc[s] = end, pc[s] + 1
+
+    def current(s: int) -> Instruction | None:
+        return schedules[s][pc[s]] if pc[s] < len(schedules[s]) else None
+
+    moved = True
+    while moved:
+        moved = False
+        for s in range(p):
+            while (ins := current(s)) is not None:
+                t = clock[s]
+                if isinstance(ins, RECVS):
+                    key = message_key(ins, s, p)
+                    if key not in sent:
+                        break
+                    rec(s, ins, t, max(t, sent.pop(key)))
+                elif isinstance(ins, SENDS):
+                    key = message_key(ins, s, p)
+                    dt = comm_cost(ins, s) if comm_cost else 0
+                    peer = _peer(key, p, sending=True)
+                    if sends == "rendezvous" and peer != s:
+                        other = current(peer)
+                        if other is None or not isinstance(other, RECVS) or \
+                                message_key(other, peer, p) != key:
+                            break
+                        t = max(t, clock[peer])
+                    sent[key] = t + dt
+                    rec(s, ins, t, t + dt)
+                else:
+                    rec(s, ins, t, t + cost(ins, s))
+                moved = True
+    stuck = {s: current(s) for s in range(p) if current(s) is not None}
+    if stuck:
+        waiting = {}
+        for s, ins in stuck.items():
+            if isinstance(ins, RECVS + SENDS):
+                key = message_key(ins, s, p)
+                peer = _peer(key, p, sending=isinstance(ins, SENDS))
+                waiting[s] = (ins, peer if peer in stuck else None)
+            else:
+                waiting[s] = (ins, None)
+        raise Deadlock(waiting, _cycle({s: t for s, (_, t) in waiting.items()}))
+    return sorted(out, key=lambda r: (r.start, r.stage))
+
+
+def _cycle(waits_for: dict[int, int | None]) -> list[int]:
+    """A cycle in the wait-for graph (each stage waits for at most one other), or []."""
+    for start in waits_for:
+        seen: list[int] = []
+        s: int | None = start
+        while s is not None and s not in seen:
+            seen.append(s)
+            s = waits_for.get(s)
+        if s is not None:
+            return seen[seen.index(s):]
+    return []
+
+
+def simulate(schedules: Sequence[Sequence[Instruction]], cost: Cost,
+             comm_cost: Cost | None = None, sends: str = "buffered") -> Timeline:
+    """The timeline of ``schedules`` on a dedicated machine with these costs (see :func:`run`);
+    the schedules are checked first (:func:`~minipar.parallel.pipeline.check.check`)."""
+    from minipar.parallel.pipeline.check import check
+    check(schedules, sends=sends)
+    return run(schedules, cost, comm_cost, sends)
+
+
+def _exact(a: Real, b: Real) -> Real:
+    if isinstance(a, (int, Fraction)) and isinstance(b, (int, Fraction)):
+        return Fraction(a) / b
+    return a / b
+
+
+def _work(timeline: Sequence[Record]) -> tuple[int, Real, Real]:
+    """(stages P, makespan T, work C) of a timeline's forwards and backwards."""
+    compute = [r for r in timeline if r.what in ("forward", "backward")]
+    if not compute:
+        raise ValueError("the timeline has no forward or backward record")
+    stages = len({r.stage for r in timeline})
+    t0 = min(r.start for r in timeline)
+    return stages, max(r.end for r in compute) - t0, sum(r.end - r.start for r in compute)
+
+
+def bubble_fraction(timeline: Sequence[Record]) -> Real:
+    """Idle share of the pipeline's time: (P·T − C)/(P·T) (see the module docstring)."""
+    P, T, C = _work(timeline)
+    return _exact(P * T - C, P * T)
+
+
+def bubble_time_ratio(timeline: Sequence[Record]) -> Real:
+    """Bubble over ideal time: (P·T − C)/C, i.e. idle per stage over work per stage."""
+    P, T, C = _work(timeline)
+    return _exact(P * T - C, C)
+
+
+def chart(timeline: Sequence[Record], unit: Real = 1) -> str:
+    """The timeline as text, one row per stage and two characters per ``unit`` of time:
+    ``F3`` forward of micro-batch 3 (``f3`` on an odd chunk), ``B3``/``b3`` its backward,
+    ``. `` idle or communicating.  Durations should be multiples of ``unit``."""
+    end = max(r.end for r in timeline)
+    width = int(_exact(end, unit))
+    stages = sorted({r.stage for r in timeline})
+    rows = {s: [". "] * width for s in stages}
+    for r in timeline:
+        if r.what in ("forward", "backward"):
+            letter = "F" if r.what == "forward" else "B"
+            cell = (letter if not r.chunk % 2 else letter.lower()) + str(r.micro_batch % 10)
+            for i in range(int(_exact(r.start, unit)), int(_exact(r.end, unit))):
+                rows[r.stage][i] = cell
+    return "\n".join(f"stage {s}  " + "".join(rows[s]).rstrip() for s in stages)

@@ -1,0 +1,17 @@
+"""Wrong on purpose: a correct ring, then returns y / N (an average, float64 even for ints)."""
+
+import numpy as np
+
+
+def ring_allreduce(comm, x):
+    n, r = comm.Get_size(), comm.Get_rank()
+    y = x.copy()
+    chunks = np.array_split(y, n)
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        buf = np.empty_like(chunks[(r - s - 1) % n])
+        comm.Sendrecv(chunks[(r - s) % n], dest=right, recvbuf=buf, source=left)
+        chunks[(r - s - 1) % n] += buf
+    for s in range(n - 1):
+        comm.Sendrecv(chunks[(r + 1 - s) % n], dest=right, recvbuf=chunks[(r - s) % n], source=left)
+    return y / n  # the average, as float64 even for integer inputs
