@@ -190,7 +190,7 @@ def test_remat_memory_grows_like_sqrt_n_not_n_and_costs_one_extra_forward() -> N
 
 def test_selective_recomputation_drops_exactly_the_attention_probabilities() -> None:
     """Kept bytes = all of saved minus one B·H·T·T array of A per block, to the byte."""
-    model, p, x, y = setup(False, "float64", 4, batch=4, block_size=32, d_model=16)
+    model, p, x, _y = setup(False, "float64", 4, batch=4, block_size=32, d_model=16)
     cfg = model.cfg
     full = Checkpointing(Hooks(p), model.units(), every=len(model.units()))
     sel = Checkpointing(Hooks(p), model.units(), selective=True)

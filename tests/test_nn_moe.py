@@ -47,6 +47,21 @@ def test_first_choices_have_priority_over_second_choices() -> None:
     np.testing.assert_allclose(r["gates"][0], [2 / 3, 1 / 3])
 
 
+def test_buffer_rows_are_in_token_order_priority_decides_the_drops() -> None:
+    # the same routing as above: priority is the place in the queue (first choices
+    # first), the slot is the buffer row (kept tokens in token order)
+    probs = np.array([[0.3, 0.6, 0.1], [0.6, 0.3, 0.1], [0.6, 0.3, 0.1]])
+    r = route(probs, top_k=2, capacity=2)
+    np.testing.assert_array_equal(r["priority"], [[0, 2], [0, 1], [1, 2]])
+    np.testing.assert_array_equal(r["slot"], [[0, -1], [0, 1], [1, -1]])
+    r = route(probs, top_k=2, capacity=3)  # all kept: token 0's second choice takes row 0
+    assert r["kept"].all()
+    np.testing.assert_array_equal(r["slot"], [[0, 0], [1, 1], [2, 2]])
+    r1 = route(probs, top_k=1, capacity=1)  # top-1: the slot is the priority
+    np.testing.assert_array_equal(r1["slot"], [[0], [0], [-1]])
+    np.testing.assert_array_equal(r1["priority"], [[0], [0], [1]])
+
+
 def test_dropped_tokens_output_zero_and_stats_add_up() -> None:
     d, e = 4, 3
     p = moe_params(d, 6, e, router_scale=0.0)

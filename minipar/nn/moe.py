@@ -22,6 +22,34 @@ over (B, T)).  A token beyond an expert's capacity is *dropped* for that
 choice: its expert output is 0, so it passes through the block's residual
 connection unchanged.
 
+Three steps — dispatch, experts, combine (``moe_steps.py``).  The block is
+computed as three functions, each with its backward, so that expert
+parallelism can put an all-to-all between them.  E = 4, C = 3, top-1, N = 8
+tokens whose first choices are 0 2 0 1 0 0 3 2 (capacity_factor 1.5):
+
+     dispatch                    experts                       combine
+     router, top-k, capacity     out[e] = Expert_e(buf[e])     y[n] = g · out[e, slot]
+
+    h (N, d)     buffers (E, C, d)             out (E, C, d)              y (N, d)
+    t0 → e0      e0 [t0 t2 t4]    Expert_0     e0 [o0 o2 o4]     ─→   y0 y2 y4
+    t1 → e2      e1 [t3  0  0]    Expert_1     e1 [o3  0  0]     ─→   y3
+    t2 → e0      e2 [t1 t7  0]    Expert_2     e2 [o1 o7  0]     ─→   y1 y7
+    t3 → e1      e3 [t6  0  0]    Expert_3     e3 [o6  0  0]     ─→   y6
+    t4 → e0
+    t5 → e0  ✗   e0 is full (t5 is its 4th token, C = 3): dropped, y5 = 0,
+    t6 → e3      the residual connection carries t5 on unchanged
+    t7 → e2
+                              ▲              ▲
+    expert parallelism: all-to-all #1   all-to-all #2 (the reverse)
+
+The buffers have a fixed shape (E, C, d): zero rows where an expert got
+fewer than C tokens (an expert computes only its filled rows).  With
+expert parallelism over ep ranks, rank r holds experts r·E/ep …
+(r+1)·E/ep − 1: all-to-all #1 sends buffers[E/ep·s : E/ep·(s+1)] (and
+their counts) to rank s, the experts run, all-to-all #2 brings their
+outputs back, and combine runs on the rank that owns the tokens; backward
+mirrors both: d(out) goes to the experts' ranks, d(buffers) comes back.
+
 Auxiliary load-balancing loss (Switch eq. 4), added to the model's loss:
 
     aux = α · E · Σ_i f_i · P_i,   f_i = fraction of tokens whose first choice is i
@@ -29,43 +57,28 @@ Auxiliary load-balancing loss (Switch eq. 4), added to the model's loss:
 
 (α = ``aux_loss_coef``, default 0.01).  The routing decision is a step
 function, so its gradient is 0: f_i is a constant, and gradients reach the
-router only through the gates g and through P_i.  tests/test_nn_moe.py
-checks every gradient by finite differences at points where no token is
-near a routing tie.
+router only through the gates g and through P_i.  tests/test_nn_moe.py and
+tests/test_moe_split.py check every gradient by finite differences at
+points where no token is near a routing tie.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from minipar.backend import xp
-from minipar.nn._dtype import down, up
-from minipar.nn.mlp import mlp_backward, mlp_forward
+from minipar.nn.moe_steps import (
+    combine_backward,
+    combine_forward,
+    dispatch_backward,
+    dispatch_forward,
+    expert_capacity,
+    expert_params,
+    experts_backward,
+    experts_forward,
+    route,
+)
 
-
-def expert_capacity(n_tokens: int, n_experts: int, capacity_factor: float) -> int:
-    """C = ceil(n_tokens / n_experts × capacity_factor), tokens per expert per group."""
-    return math.ceil(round(n_tokens * capacity_factor / n_experts, 9))
-
-
-def route(probs: Any, top_k: int, capacity: int) -> dict[str, Any]:
-    """Top-k choice, gates and capacity for router probabilities ``probs`` (N, E).
-
-    Returns a dict of arrays: ``expert_index`` (N, k) chosen experts, best
-    first; ``gates`` (N, k); ``kept`` (N, k) bool, False where the expert was
-    full; ``slot`` (N, k) the position in the expert's buffer.
-    """
-    n, e = probs.shape
-    order = xp.argsort(-probs, axis=1, kind="stable")[:, :top_k]  # ties -> lower index
-    chosen = xp.take_along_axis(probs, order, axis=1)
-    gates = chosen if top_k == 1 else chosen / chosen.sum(axis=1, keepdims=True)
-    flat = order.T.reshape(-1)  # priority: choice rank first, then token position
-    onehot = (flat[:, None] == xp.arange(e)[None, :]).astype(xp.int64)
-    slot = (xp.cumsum(onehot, axis=0) - 1)[xp.arange(flat.size), flat]
-    slot = slot.reshape(top_k, n).T
-    return {"expert_index": order, "chosen_probs": chosen, "gates": gates,
-            "kept": slot < capacity, "slot": slot}
+__all__ = ["expert_capacity", "expert_params", "moe_backward", "moe_forward", "route"]
 
 
 def moe_forward(
@@ -78,78 +91,29 @@ def moe_forward(
 ) -> tuple[Any, dict[str, Any]]:
     """MoE layer on x (B, T, d); ``p`` = {router, experts.{e}.{w_in,b_in,w_out,b_out}}.
 
-    Returns ``(y, saved)``; ``saved`` also carries what plots need:
-    ``aux_loss`` (float), ``routed`` (E,) first-choice counts before capacity,
-    ``tokens_per_expert`` (E,) assignments kept, ``dropped`` (int)
-    assignments dropped, ``capacity``, ``expert_index`` and ``kept``.
+    dispatch → experts → combine.  Returns ``(y, saved)``; ``saved`` is the
+    dispatch's (routing and what plots need: ``aux_loss`` (float), ``routed``
+    (E,) first-choice counts before capacity, ``tokens_per_expert`` (E,)
+    assignments kept, ``dropped`` (int) assignments dropped, ``capacity``,
+    ``expert_index`` and ``kept``) plus ``experts`` and ``combine``.
     """
-    dt = x.dtype
-    b, t, d = x.shape
-    h = x.reshape(-1, d)
-    n = h.shape[0]
-    logits = up(h) @ up(p["router"])  # the router runs in fp32 (or fp64)
-    probs = logits - logits.max(axis=1, keepdims=True)
-    xp.exp(probs, out=probs)
-    probs /= probs.sum(axis=1, keepdims=True)
-    cap = expert_capacity(n, n_experts, capacity_factor)
-    r = route(probs, top_k, cap)
-    y = xp.zeros((n, d), dtype=probs.dtype)
-    experts = []
-    for e in range(n_experts):  # a loop over experts, never over tokens
-        tok, j = xp.nonzero((r["expert_index"] == e) & r["kept"])
-        pe = expert_params(p, e)
-        ye, se = mlp_forward(pe, h[tok])
-        y[tok] += r["gates"][tok, j][:, None] * up(ye)
-        experts.append((tok, j, ye, se))
-    first = (r["expert_index"][:, 0][:, None] == xp.arange(n_experts)[None, :])
-    f = first.astype(probs.dtype).mean(axis=0)  # f_i: a constant (no gradient)
-    aux = float(aux_loss_coef * n_experts * (f * probs.mean(axis=0)).sum())
-    kept_e = xp.where(r["kept"], r["expert_index"], -1).reshape(-1)
-    saved = {
-        **r, "x_shape": x.shape, "dtype": dt, "h": h, "probs": probs, "f": f,
-        "experts": experts, "capacity": cap, "aux_loss": aux,
-        "aux_loss_coef": float(aux_loss_coef), "n_experts": n_experts,
-        "routed": first.sum(axis=0),
-        "tokens_per_expert": xp.bincount(kept_e[kept_e >= 0], minlength=n_experts),
-        "dropped": int((~r["kept"]).sum()),
-    }
-    return down(y.reshape(b, t, d), dt), saved
-
-
-def expert_params(p: dict[str, Any], e: int) -> dict[str, Any]:
-    """Expert ``e``'s MLP parameters {w_in, b_in, w_out, b_out} from the layer's dict."""
-    return {k: p[f"experts.{e}.{k}"] for k in ("w_in", "b_in", "w_out", "b_out")}
+    h = x.reshape(-1, x.shape[-1])
+    buffers, s_dispatch = dispatch_forward(p["router"], h, n_experts, top_k,
+                                           capacity_factor, aux_loss_coef)
+    out, s_experts = experts_forward(p, buffers, s_dispatch["tokens_per_expert"])
+    y, s_combine = combine_forward(out, s_dispatch)
+    saved = {**s_dispatch, "x_shape": x.shape, "experts": s_experts, "combine": s_combine}
+    return y.reshape(x.shape), saved
 
 
 def moe_backward(
     p: dict[str, Any], saved: dict[str, Any], dy: Any, daux: float = 1.0
 ) -> tuple[Any, dict[str, Any]]:
-    """Return ``(dx, grads)``; ``daux`` = d(total loss)/d(aux_loss) (1 serially)."""
-    s = saved
-    n, d = s["h"].shape
-    e_count = s["n_experts"]
-    dy2 = up(dy).reshape(n, d)
-    dh = xp.zeros((n, d), dtype=dy2.dtype)
-    dgates = xp.zeros(s["gates"].shape, dtype=dy2.dtype)
-    grads: dict[str, Any] = {}
-    for e, (tok, j, ye, se) in enumerate(s["experts"]):
-        dgates[tok, j] = (dy2[tok] * up(ye)).sum(axis=1)
-        dye = s["gates"][tok, j][:, None] * dy2[tok]
-        dxe, ge = mlp_backward(expert_params(p, e), se, down(dye, s["dtype"]))
-        dh[tok] += up(dxe)
-        grads.update({f"experts.{e}.{k}": v for k, v in ge.items()})
-    if dgates.shape[1] == 1:
-        dchosen = dgates
-    else:  # g_j = p_j / S  =>  dp_i = (dg_i − Σ_j dg_j g_j) / S
-        ssum = s["chosen_probs"].sum(axis=1, keepdims=True)
-        dchosen = (dgates - (dgates * s["gates"]).sum(axis=1, keepdims=True)) / ssum
-    probs = s["probs"]
-    dprobs = xp.zeros_like(probs)
-    xp.put_along_axis(dprobs, s["expert_index"], dchosen, axis=1)
-    dprobs += (float(daux) * s["aux_loss_coef"] * e_count / n) * s["f"][None, :]
-    dlogits = probs * (dprobs - (dprobs * probs).sum(axis=1, keepdims=True))
-    h = up(s["h"])
-    router = p["router"]
-    grads = {"router": down(h.T @ dlogits, router.dtype), **grads}
-    dh += dlogits @ up(router).T
-    return down(dh.reshape(s["x_shape"]), s["dtype"]), grads
+    """Return ``(dx, grads)``; ``daux`` = d(total loss)/d(aux_loss) (1 serially).
+
+    combine⁻¹ → experts⁻¹ → dispatch⁻¹; grads keyed like ``p`` (router first).
+    """
+    d_out, d_gates = combine_backward(saved["combine"], dy.reshape(-1, dy.shape[-1]))
+    d_buffers, g_experts = experts_backward(p, saved["experts"], d_out)
+    dh, d_router = dispatch_backward(p["router"], saved, d_buffers, d_gates, daux)
+    return dh.reshape(saved["x_shape"]), {"router": d_router, **g_experts}
