@@ -31,6 +31,7 @@ parameter (tests/test_saved_activations.py), so the executor
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from typing import Any
 
 from minipar.nn.gpt import (
@@ -50,8 +51,9 @@ __all__ = ["BlockUnit", "EmbedUnit", "HeadUnit", "LayerUnit", "Unit", "gpt_units
            "spans"]
 
 
-class Unit:
-    """One contiguous piece of a model; subclasses say how it computes."""
+class Unit(ABC):
+    """One contiguous piece of a model; subclasses say how it computes (an abstract base:
+    ``EmbedUnit``, ``BlockUnit``, ``HeadUnit``, ``LayerUnit`` implement it)."""
 
     name: str = ""
     prefix: str = ""
@@ -66,19 +68,22 @@ class Unit:
         """This unit's entries of a dict keyed by full name, keyed by local name."""
         return {n: full[self.prefix + n] for n in self.names}
 
+    @abstractmethod
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
-        raise NotImplementedError
+        """``(y, saved)`` for this unit's parameters ``p`` (local names) and input ``x``;
+        ``saved`` holds activations only."""
 
+    @abstractmethod
     def backward(self, p: dict[str, Any], saved: Any, dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        raise NotImplementedError
+        """``(dx, grads)`` (grads keyed by local name); ``daux`` = d(loss)/d(aux loss)."""
 
     def aux_loss(self, saved: Any) -> float:
         """The auxiliary loss this unit's forward added to the model's loss."""
         return 0.0
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, {len(self.names)} parameters)"
+        return f"{type(self).__name__}({self.name!r}, {len(self.names)} parameter tensors)"
 
 
 class EmbedUnit(Unit):
