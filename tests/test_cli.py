@@ -74,43 +74,28 @@ def test_sigterm_in_a_verb_is_one_line_and_exit_143(monkeypatch, capsys):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM to a child needs POSIX")
-def test_sigterm_during_training_is_one_line_and_exit_143():
-    """SIGTERM (`kill`, `timeout`, a scheduler) to a real `minipar train` mid-run."""
+@pytest.mark.skipif(sys.platform == "win32", reason="signals to a child need POSIX")
+@pytest.mark.parametrize("sig, code, line", [
+    (signal.SIGTERM, 143, "minipar: terminated"),   # `kill`, `timeout`, a scheduler
+    (signal.SIGINT, 130, "minipar: interrupted"),   # what Ctrl-C sends
+])
+def test_a_signal_during_training_is_one_line_and_its_exit_code(sig, code, line):
+    """SIGTERM or SIGINT to a real `minipar train` mid-run: one line, 143 / 130, no traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "minipar.cli", "train", "--steps", "100000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stderr.readline()  # the progress bar after step 1: training has started
         assert first.startswith("step "), first
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143
+    assert proc.returncode == code
     assert "Traceback" not in err and out == ""
-    assert err.splitlines()[-1:] == ["minipar: terminated"]
-
-
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child needs POSIX")
-def test_ctrl_c_during_training_is_one_line_and_exit_130():
-    """SIGINT (what Ctrl-C sends) to a real `minipar train` mid-run: one line, 130, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "minipar.cli", "train", "--steps", "100000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        first = proc.stderr.readline()  # the progress bar after step 1: training has started
-        assert first.startswith("step "), first
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130
-    assert "Traceback" not in err and out == ""
-    assert err.splitlines()[-1:] == ["minipar: interrupted"]
-    assert all(line.startswith("step ") for line in err.splitlines()[:-1])
+    assert err.splitlines()[-1:] == [line]
+    assert all(ln.startswith("step ") for ln in err.splitlines()[:-1])
 
 
 def test_a_closed_pipe_is_not_a_traceback():
