@@ -61,6 +61,53 @@ def to_device(a: Any) -> Any:
     return xp.asarray(a)
 
 
+def offload_stream() -> Any:
+    """A CUDA stream for device<->host copies that overlap compute (None under NumPy)."""
+    if xp is np:
+        return None
+    return xp.cuda.Stream(non_blocking=True)  # pragma: no cover
+
+
+def host_copy(a: Any, stream: Any = None) -> np.ndarray:
+    """A new host array holding a copy of ``a`` (offloading, ``minipar.parallel.offload``).
+
+    NumPy: a plain copy in the same RAM.  CuPy: pinned (page-locked) host memory,
+    filled by a device-to-host copy queued on ``stream`` after the work already queued
+    on the current stream: asynchronous, so ``stream.synchronize()`` before reading it
+    and keep ``a`` alive until then."""
+    if xp is np:
+        return np.array(a, copy=True)
+    import cupyx  # type: ignore[import-not-found]  # pragma: no cover
+
+    out = cupyx.empty_pinned(a.shape, a.dtype)  # pragma: no cover
+    if stream is None:  # pragma: no cover
+        a.get(out=out)
+        return out
+    stream.wait_event(xp.cuda.get_current_stream().record())  # pragma: no cover
+    try:  # pragma: no cover
+        a.get(stream=stream, out=out, blocking=False)
+    except TypeError:  # pragma: no cover - CuPy < 12 has no ``blocking``
+        a.get(stream=stream, out=out)
+    return out  # pragma: no cover
+
+
+def address(a: Any) -> int:
+    """The address of an array's first element (host or device): views of one buffer
+    differ by their byte offsets."""
+    if isinstance(a, np.ndarray):
+        return int(a.__array_interface__["data"][0])
+    return int(a.data.ptr)  # pragma: no cover
+
+
+def view_of(flat: Any, shape: tuple[int, ...], dtype: Any, offset: int,
+            strides: tuple[int, ...]) -> Any:
+    """The view (``shape``, ``dtype``, ``strides``) starting ``offset`` bytes into the
+    1-D array ``flat``: rebuilds a view of a buffer that was moved away and back."""
+    if xp is np:
+        return np.ndarray(shape, dtype, buffer=flat, offset=offset, strides=strides)
+    return xp.ndarray(shape, dtype, memptr=flat.data + offset, strides=strides)  # pragma: no cover
+
+
 def device_memory_bytes() -> int | None:
     """Bytes currently held by the device memory pool, or None under NumPy."""
     if xp is np:

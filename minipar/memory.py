@@ -12,6 +12,13 @@ Two instruments, so that a claim about memory is a measurement:
   ``activations`` (what forward saved for backward).  Each buffer counts
   once, however many views of it appear (q, k, v are views of one qkv
   array; every parameter is a view of the flat buffer).
+* Places — ``device``, ``host``, ``disk`` (``../shared/ARCHITECTURE.md`` §8):
+  where a held buffer lives.  An array is on the device; an offloaded one
+  (:mod:`minipar.parallel.offload`) is a handle whose ``place`` says where
+  it went and whose ``nbytes`` are its size there, so :func:`bytes_by_place`
+  of an executor's ``kept`` list shows where the activations are, and a
+  ledger row carries its place (``Ledger.bytes_by_place``).  Without a GPU
+  device and host are the same RAM, accounted apart; disk is real anywhere.
 
 The ZeRO paper (Rajbhandari et al. 2019, arXiv 1910.02054) splits memory
 into *model states* (params, grads, optimizer states: 16Ψ bytes with mixed-
@@ -29,6 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CATEGORIES = ("params", "grads", "optimizer states", "activations")
+PLACES = ("device", "host", "disk")
+
+
+def place_of(a: Any) -> str:
+    """Where a buffer lives: an offload handle's ``place``, else ``"device"``."""
+    return str(getattr(a, "place", "device"))
 
 
 def _root(a: Any) -> Any:
@@ -57,6 +70,19 @@ def buffers(tree: Any, exclude: Any = ()) -> dict[int, int]:
         r = _root(a)
         if id(r) not in skip:
             out[id(r)] = int(r.nbytes)
+    return out
+
+
+def bytes_by_place(tree: Any) -> dict[str, int]:
+    """Bytes of the distinct buffers in ``tree`` by place: device arrays, host and disk
+    handles (:func:`place_of`)."""
+    out = dict.fromkeys(PLACES, 0)
+    seen: set[int] = set()
+    for a in _arrays(tree):
+        r = _root(a)
+        if id(r) not in seen:
+            seen.add(id(r))
+            out[place_of(r)] += int(r.nbytes)
     return out
 
 
@@ -97,17 +123,29 @@ class Ledger:
 
     rank: int = 0
     entries: list[tuple[str, str, int]] = field(default_factory=list)
+    places: list[str] = field(default_factory=list)  # each entry's place, in entry order
     _seen: set[int] = field(default_factory=set, repr=False)
 
-    def add(self, category: str, name: str, tree: Any) -> int:
-        """Record the buffers of ``tree`` not already recorded; returns the bytes added."""
+    def add(self, category: str, name: str, tree: Any, place: str = "device") -> int:
+        """Record the buffers of ``tree`` not already recorded, held in ``place``
+        (device, host or disk); returns the bytes added."""
         if category not in CATEGORIES:
             raise ValueError(f"unknown category {category!r}; one of {', '.join(CATEGORIES)}")
+        if place not in PLACES:
+            raise ValueError(f"unknown place {place!r}; one of {', '.join(PLACES)}")
         new = {k: v for k, v in buffers(tree).items() if k not in self._seen}
         self._seen.update(new)
         size = sum(new.values())
         self.entries.append((category, name, size))
+        self.places.append(place)
         return size
+
+    def bytes_by_place(self) -> dict[str, int]:
+        """Bytes held by place: the ledger's device, host and disk columns."""
+        out = dict.fromkeys(PLACES, 0)
+        for (_, _, b), where in zip(self.entries, self.places):
+            out[where] += b
+        return out
 
     def bytes_by_category(self) -> dict[str, int]:
         out = dict.fromkeys(CATEGORIES, 0)

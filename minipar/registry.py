@@ -21,8 +21,10 @@ VERBS: dict[str, tuple[str, str]] = {
                  "mpirun exercises: list | start NAME | hint NAME | check NAME FILE"),
     "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
     "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
-    "run": ("minipar.run", "train in parallel (dp | ps | zero) and compare with the serial run"),
+    "run": ("minipar.run", "train in parallel (dp ps zero tp sp cp pp ep hybrid), compare with serial"),
     "plan": ("minipar.plan", "the papers' formulas: memory and bytes per rank at any scale"),
+    "bubble": ("minipar.bubble",
+               "the pipeline bubble: schedule chart, fraction vs formula (theory or a run)"),
 }
 
 #: benchmark -> (module exposing ``main(argv)``, one-line help)
@@ -33,6 +35,13 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dp": ("minipar.bench.dp", "samples/s: serial vs data parallel on N ranks"),
     "zero": ("minipar.bench.zero", "ZeRO stages 0-3 step time vs DDP on N ranks, bytes per step"),
     "glossary": ("minipar.bench.glossary", "glossary lookup latency and process start time"),
+    "tp": ("minipar.bench.tp", "one block forward+backward: serial vs tensor-parallel on 2 ranks"),
+    "ep": ("minipar.bench.ep", "MoE step time: 1 rank vs expert parallel, vs dense; drops vs capacity"),
+    "pp": ("minipar.bench.pp", "pipeline (2 stages, m = 8) vs serial throughput; the bubble measured"),
+    "remat": ("minipar.bench.remat",
+              "activation checkpointing: peak activation memory vs layers, and the extra compute"),
+    "offload": ("minipar.bench.offload",
+                "offloading activations and optimizer states to host / disk: bytes and time cost"),
 }
 
 #: ``minipar run`` strategy -> (its module in :mod:`minipar.run`: options, checks and
@@ -41,15 +50,14 @@ STRATEGIES: dict[str, tuple[str, str]] = {
     "dp": ("minipar.run.dp", "data parallelism: ring all-reduce of gradient buckets"),
     "ps": ("minipar.run.ps", "parameter server: workers push grads, pull params"),
     "zero": ("minipar.run.zero", "ZeRO stages 0-3: sharded optimizer states, grads, params"),
+    "pp": ("minipar.run.pp", "pipeline parallelism: GPipe, 1F1B, interleaved; the bubble measured"),
+    "cp": ("minipar.run.cp", "context parallelism: DeepSpeed-Ulysses or ring attention"),
+    "tp": ("minipar.run.tp", "tensor parallelism (Megatron): columns and rows, on a dp x tp grid"),
+    "sp": ("minipar.run.sp", "sequence parallelism (Korthikanti et al.): TP with LayerNorms split"),
+    "ep": ("minipar.run.ep", "expert parallelism: experts over ranks, tokens by all-to-all"),
+    "hybrid": ("minipar.run.hybrid", "3D/4D parallelism on one grid: dp x pp x cp x tp (x ep)"),
 }
 
 #: ``minipar run`` strategies that are planned, not built yet (the open issues build them):
 #: asked for, they get a sentence saying so instead of argparse's "invalid choice"
-PLANNED_STRATEGIES: dict[str, str] = {
-    "tp": "tensor parallelism, Megatron's slicing by rows and columns",
-    "sp": "sequence parallelism, Korthikanti et al.",
-    "cp": "context parallelism, DeepSpeed-Ulysses and ring attention",
-    "pp": "pipeline parallelism, GPipe, 1F1B and interleaved",
-    "ep": "expert parallelism (mixture of experts across ranks)",
-    "hybrid": "hybrid 3D parallelism on one grid",
-}
+PLANNED_STRATEGIES: dict[str, str] = {}

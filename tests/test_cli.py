@@ -11,6 +11,7 @@ import pytest
 
 from minipar import cli
 from minipar.cli_errors import Terminated
+from minipar.registry import BENCHES, STRATEGIES, VERBS
 
 
 def test_help_lists_every_verb(capsys):
@@ -109,9 +110,8 @@ def test_a_closed_pipe_is_not_a_traceback():
 
 # ------------------------------------------------------------------ every option's help
 #: verb argv (before --help) whose parser the walk reads: every verb, every strategy, every bench
-HELP_VERBS = [["train"], ["plan"], ["demo"], ["glossary"], ["exercise"],
-              ["run", "dp"], ["run", "ps"], ["run", "zero"],
-              *[["bench", b] for b in ("collectives", "wait", "model", "dp", "zero", "glossary")]]
+HELP_VERBS = [*[[v] for v in VERBS if v not in ("run", "bench")],
+              *[["run", s] for s in STRATEGIES], *[["bench", b] for b in BENCHES]]
 
 
 def _parsers(argv, monkeypatch):

@@ -88,15 +88,17 @@ def test_a_family_word_prints_the_family(query: str, capsys: pytest.CaptureFixtu
 
 
 def test_run_lines_follow_the_strategy_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`minipar run tp` reads planned until registry.STRATEGIES has tp (and its module exists)."""
+    """`minipar run hybrid` reads planned until registry.STRATEGIES has it (and its module exists)."""
     from minipar.glossary import links as glinks
 
-    tp = glossary_cli.g.by_id()["tensor-parallelism"]
-    assert "minipar run tp -n 4 (planned)" in glossary_cli.card(tp, width=400)
+    monkeypatch.setattr(glinks, "STRATEGIES", {k: v for k, v in glinks.STRATEGIES.items() if k != "hybrid"})
+    term = glossary_cli.g.by_id()["3d-parallelism"]
+    line = "minipar run hybrid --dp 2 --tp 2 --pp 2 -n 8"
+    assert f"{line} (planned)" in glossary_cli.card(term, width=400)
     zero = glossary_cli.card(glossary_cli.g.by_id()["zero"], width=400)
     assert "Run: minipar run zero --stage 2 -n 4\n" in zero + "\n" and "(planned)" not in zero.split("Run:")[1]
-    monkeypatch.setattr(glinks, "STRATEGIES", {**glinks.STRATEGIES, "tp": ("minipar.run.dp", "stand-in")})
-    assert "minipar run tp -n 4 (planned)" not in glossary_cli.card(tp, width=400)
+    monkeypatch.setattr(glinks, "STRATEGIES", {**glinks.STRATEGIES, "hybrid": ("minipar.run.dp", "stand-in")})
+    assert f"{line} (planned)" not in glossary_cli.card(term, width=400)
 
 
 def test_card_names_the_seed_by_title(capsys: pytest.CaptureFixture[str]) -> None:

@@ -206,11 +206,11 @@ def test_link_status_is_computed_from_files(tmp_path: Path, monkeypatch: pytest.
     (pkg / "run" / "dp.py").write_text("")
     assert g.link_status("commands", "minipar run dp -n 4") == "present"
     # a strategy flips by itself when it lands: a registry row and its module
-    (pkg / "run" / "tp.py").write_text("")
-    assert "tp" not in glinks.STRATEGIES
-    assert g.link_status("commands", "minipar run tp -n 4") == "planned"
-    monkeypatch.setattr(glinks, "STRATEGIES", {**glinks.STRATEGIES, "tp": ("minipar.run.tp", "tensor")})
-    assert g.link_status("commands", "minipar run tp -n 4") == "present"
+    (pkg / "run" / "hybrid.py").write_text("")
+    monkeypatch.setattr(glinks, "STRATEGIES", {k: v for k, v in glinks.STRATEGIES.items() if k != "hybrid"})
+    assert g.link_status("commands", "minipar run hybrid -n 8") == "planned"
+    monkeypatch.setattr(glinks, "STRATEGIES", {**glinks.STRATEGIES, "hybrid": ("minipar.run.hybrid", "3D")})
+    assert g.link_status("commands", "minipar run hybrid -n 8") == "present"
     assert g.link_status("commands", "minipar bench zero") == "planned"
     (pkg / "bench").mkdir()
     (pkg / "bench" / "__init__.py").write_text("")

@@ -41,9 +41,14 @@ from minipar.parallel.pipeline import (
 from minipar.plan import pipeline as formulas
 
 
-def _grid(kind: str) -> list[tuple[int, int, int]]:
+def _grid(kind: str, every: bool = False) -> list[tuple[int, int, int]]:
     """Every p = 1..8 with the corners m = 1, p − 1, p, p + 1, 2p, 32 (m = multiples of p and
-    v = 1..4 for interleaved), plus a seeded sample of the rest of m = 1..32."""
+    v = 1..4 for interleaved), plus a seeded sample of the rest of m = 1..32; ``every``:
+    all of m = 1..32 (interleaved: every multiple of p up to 32)."""
+    if every:
+        return [(p, m, v) for p in range(1, 9) for m in range(1, 33)
+                for v in (range(1, 5) if kind == "interleaved" else (1,))
+                if kind != "interleaved" or m % p == 0]
     rng = random.Random(10)
     out = set()
     for p in range(1, 9):
@@ -58,7 +63,7 @@ def _grid(kind: str) -> list[tuple[int, int, int]]:
 
 @pytest.mark.parametrize("kind", pp.KINDS)
 def test_every_dependency_holds_and_nothing_deadlocks(kind: str) -> None:
-    for p, m, v in _grid(kind):
+    for p, m, v in _grid(kind, every=True):
         scheds = schedules(kind, p, m, v)
         assert problems(scheds) == [], (kind, p, m, v)
         if kind != "interleaved":  # safe even when MPI_Send waits for its receive

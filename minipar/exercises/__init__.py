@@ -43,6 +43,9 @@ class Exercise:
     difficulty: str
     min_ranks: int = 1
     why_min_ranks: str = ""
+    #: the learner writes the communication (so using minipar.collectives is copying the
+    #: answer); False where the learner writes data the grader's own code runs (a schedule)
+    writes_communication: bool = True
 
     @property
     def package(self) -> str:
@@ -99,6 +102,44 @@ EXERCISES: dict[str, Exercise] = {
             "zero1_step",
             "ZeRO-1: reduce-scatter the gradients, step your optimizer-state shard, all-gather",
             "★★★",
+        ),
+        Exercise(
+            "tp_mlp",
+            "tp_mlp",
+            "tensor parallelism: the Megatron MLP, W1 by columns, W2 by rows, one all-reduce each way",
+            "★★☆",
+        ),
+        Exercise(
+            "ring_attention_merge",
+            "ring_attention",
+            "ring attention: merge blockwise (o, lse) partials by online softmax, causal mask",
+            "★★☆",
+        ),
+        Exercise(
+            "moe_dispatch",
+            "moe_dispatch_combine",
+            "expert parallelism: all-to-all tokens to their experts' ranks, and back (combine)",
+            "★★☆",
+        ),
+        Exercise(
+            "gpipe_schedule",
+            "run_stage",
+            "pipeline parallelism: write GPipe's schedule (all forwards, then all backwards)",
+            "★☆☆",
+            writes_communication=False,
+        ),
+        Exercise(
+            "one_f_one_b",
+            "run_stage",
+            "pipeline parallelism: write 1F1B (warm-up, one forward one backward, cool-down)",
+            "★★☆",
+            writes_communication=False,
+        ),
+        Exercise(
+            "grid_groups",
+            "run_grid",
+            "process grid: your coordinates and one comm.Split communicator per axis (dp pp cp tp)",
+            "★★☆",
         ),
     )
 }

@@ -169,7 +169,7 @@ def check(
     report.checks.append(
         Check(f"runs on {n} rank{'s' if n != 1 else ''}: {len(cases)} cases, no error, "
               "no deadlock", True))
-    if data["borrowed"]:
+    if data["borrowed"] and ex.writes_communication:
         report.checks.append(Check("written by you", False, (
             "your file uses minipar.collectives, the package's own implementation: "
             "the exercise is to write the algorithm yourself from Send/Recv/Sendrecv.")))
@@ -254,6 +254,11 @@ def _deadlock_check(name: str, path: Path, errors: list[dict], n: int, out: str,
     if "Sendrecv" in (e.get("code") or ""):
         advice = ("Each waiting rank expected a message its peer never sent: check that every "
                   "rank makes the same exchanges, as many times, with matching dest and source.")
+    elif all("for Send to" in x["message"] for x in stuck):
+        advice = ("Every rank is blocked in a Send: a large blocking Send waits until its "
+                  "receive is posted, and every rank is sending first. Exchange pairwise in "
+                  "one step with comm.Sendrecv(sendbuf, dest=peer, recvbuf=buf, source=peer), "
+                  "or post Irecv before sending.")
     else:
         advice = ("Each waiting rank expected a message its peer never sent: if every rank "
                   "calls Recv before Send, all of them wait for ever. Send and receive in one "

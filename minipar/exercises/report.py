@@ -89,7 +89,8 @@ class Report:
         skipped = sum(c.ok is None for c in self.checks)
         ranks = f"{self.n} rank" + ("s" if self.n != 1 else "")
         if self.passed:
-            note = f" ({skipped} check not graded on {ranks}: see –)" if skipped else ""
+            checks = f"{skipped} check{'s' if skipped != 1 else ''}"
+            note = f" ({checks} not graded on {ranks}: see –)" if skipped else ""
             return (
                 f"PASS: {self.exercise} is correct and uses the right algorithm on {ranks}.{note}"
             )
@@ -137,7 +138,8 @@ class Report:
 
     def text(self, verbose: bool = False) -> str:
         """The report for a terminal; the ranks' output when a check failed, or ``verbose``."""
-        lines = [f"minipar exercise check {self.exercise} {self.file}  ({self.n} ranks)", ""]
+        ranks = f"{self.n} rank" + ("s" if self.n != 1 else "")
+        lines = [f"minipar exercise check {self.exercise} {self.file}  ({ranks})", ""]
         for c in self.checks:
             lines.append(f"  {c.mark} {c.name}")
             lines += [f"      {d}" for d in c.detail.splitlines() if c.detail and c.ok is not True]

@@ -38,7 +38,9 @@ PLANNED: dict[str, frozenset[str]] = {
         "03_data_parallel.ipynb", "04_zero.ipynb", "05_tensor_parallel.ipynb",
         "06_pipeline.ipynb", "07_sequence_parallel.ipynb", "08_expert_parallel.ipynb",
         "09_checkpointing_offload.ipynb", "10_hybrid.ipynb"]),
-    "exercises": frozenset(["ring_allreduce", "tree_broadcast", "dp_grad_sync", "zero1_step"]),
+    "exercises": frozenset(["ring_allreduce", "tree_broadcast", "dp_grad_sync", "zero1_step",
+                            "moe_dispatch", "tp_mlp", "ring_attention_merge", "gpipe_schedule",
+                            "one_f_one_b", "grid_groups"]),
     # `minipar VERB ...`: the verbs the architecture plans (run lands with the strategies)
     "verbs": frozenset(["run", "bench", "plan", "demo", "train", "exercise", "glossary"]),
     # `minipar run STRATEGY ...`: one per technique module of minipar.parallel (docs/ARCHITECTURE.md)

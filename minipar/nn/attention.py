@@ -17,6 +17,9 @@ tests/test_nn_layers.py):
 Tensor parallelism (Megatron) splits the heads: a rank holds the q, k and v
 columns of its heads and the matching rows of W_out; ``attention_core_*``
 works on any number of heads, so it is reused unchanged there.
+DeepSpeed-Ulysses reuses it too (full sequence, H/P heads per rank); ring
+attention takes the keys a block at a time instead, merged by the online
+softmax (:mod:`minipar.nn.blockwise_attention`, with position offsets).
 """
 
 from __future__ import annotations

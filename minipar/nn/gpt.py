@@ -34,6 +34,7 @@ finite differences in float64 (tests/test_nn_gpt.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,7 @@ __all__ = [
     "head_backward",
     "head_forward",
     "param_shapes",
+    "serial_steps",
     "sub",
 ]
 
@@ -116,19 +118,52 @@ def embed_backward(p: dict[str, Any], saved: tuple, dx: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- block
-def block_forward(p: dict[str, Any], x: Any, cfg: GPTConfig) -> tuple[Any, dict[str, Any]]:
+#: a step of the block that a parallel strategy may replace, ``(forward, backward)``:
+#: ``forward(q, h) -> (y, saved)``, ``backward(q, saved, dy) -> (dh, grads)`` (the
+#: feed-forward step's backward also gets ``daux``), with ``q`` and ``grads`` keyed without
+#: the step's prefix (``attn.``, ``mlp.`` or ``moe.``)
+Step = tuple[Callable[..., tuple[Any, Any]], Callable[..., tuple[Any, dict[str, Any]]]]
+
+
+def _ffn_prefix(p: dict[str, Any]) -> str:
+    return "moe." if "moe.router" in p else "mlp."
+
+
+def _ffn_backward(q: dict[str, Any], saved: Any, dy: Any, daux: float = 1.0) -> tuple[Any, Any]:
+    return moe_backward(q, saved, dy, daux) if "router" in q else mlp_backward(q, saved, dy)
+
+
+def serial_steps(cfg: GPTConfig) -> tuple[Step, Step]:
+    """The serial block's ``(attn, ffn)`` steps: causal self-attention, and the MLP or, in an
+    MoE block (its parameters hold a ``router``), the mixture of experts."""
+    def attn_forward(q: dict[str, Any], a: Any) -> tuple[Any, Any]:
+        return attention_forward(q, a, cfg.n_head)
+
+    def ffn_forward(q: dict[str, Any], h: Any) -> tuple[Any, Any]:
+        if "router" in q:
+            return moe_forward(q, h, cfg.n_experts, cfg.top_k, cfg.capacity_factor,
+                               cfg.aux_loss_coef)
+        return mlp_forward(q, h)
+
+    return (attn_forward, attention_backward), (ffn_forward, _ffn_backward)
+
+
+def block_forward(p: dict[str, Any], x: Any, cfg: GPTConfig, attn: Step | None = None,
+                  ffn: Step | None = None) -> tuple[Any, dict[str, Any]]:
     """One pre-LN block on x (B, T, d); ``p`` has the block's local names
     (``ln1.gamma`` … ``mlp.w_out`` or ``moe.router`` …), i.e. ``sub(params, "blocks.i.")``.
-    An MoE block's ``saved["ffn"]`` holds its routing statistics and ``aux_loss``."""
+    An MoE block's ``saved["ffn"]`` holds its routing statistics and ``aux_loss``.
+
+    ``attn`` / ``ffn`` (:data:`Step`; default :func:`serial_steps`) replace the attention or
+    the feed-forward step: tensor and expert parallelism pass theirs and reuse this walk
+    (the LayerNorms, the residuals, the order of every sum) unchanged."""
+    serial = serial_steps(cfg)
+    attn, ffn = attn or serial[0], ffn or serial[1]
     a, s_ln1 = layernorm_forward(x, p["ln1.gamma"], p["ln1.beta"])
-    a, s_attn = attention_forward(sub(p, "attn."), a, cfg.n_head)
+    a, s_attn = attn[0](sub(p, "attn."), a)
     x1 = x + a
     h, s_ln2 = layernorm_forward(x1, p["ln2.gamma"], p["ln2.beta"])
-    if "moe.router" in p:
-        h, s_ffn = moe_forward(sub(p, "moe."), h, cfg.n_experts, cfg.top_k,
-                               cfg.capacity_factor, cfg.aux_loss_coef)
-    else:
-        h, s_ffn = mlp_forward(sub(p, "mlp."), h)
+    h, s_ffn = ffn[0](sub(p, _ffn_prefix(p)), h)
     return x1 + h, {"ln1": s_ln1, "attn": s_attn, "ln2": s_ln2, "ffn": s_ffn}
 
 
@@ -138,24 +173,20 @@ def block_aux_loss(saved: dict[str, Any]) -> float:
 
 
 def block_backward(
-    p: dict[str, Any], saved: dict[str, Any], dy: Any, daux: float = 1.0
+    p: dict[str, Any], saved: dict[str, Any], dy: Any, daux: float = 1.0,
+    attn: Step | None = None, ffn: Step | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Return ``(dx, grads)``, grads keyed like ``p``.  ``daux`` = d(loss)/d(aux_loss)."""
-    g: dict[str, Any] = {}
-    if isinstance(saved["ffn"], dict):
-        dh, gf = moe_backward(sub(p, "moe."), saved["ffn"], dy, daux)
-        gf = {"moe." + k: v for k, v in gf.items()}
-    else:
-        dh, gf = mlp_backward(sub(p, "mlp."), saved["ffn"], dy)
-        gf = {"mlp." + k: v for k, v in gf.items()}
-    dx1, g["ln2.gamma"], g["ln2.beta"] = layernorm_backward(p["ln2.gamma"], saved["ln2"], dh)
+    """Return ``(dx, grads)``, grads keyed like ``p``.  ``daux`` = d(loss)/d(aux_loss).
+    ``attn`` / ``ffn``: the steps the forward was given (default: the serial ones)."""
+    pre = _ffn_prefix(p)
+    dh, gf = (ffn[1] if ffn else _ffn_backward)(sub(p, pre), saved["ffn"], dy, daux)
+    dx1, g2, b2 = layernorm_backward(p["ln2.gamma"], saved["ln2"], dh)
     dx1 += dy
-    da, ga = attention_backward(sub(p, "attn."), saved["attn"], dx1)
+    da, ga = (attn[1] if attn else attention_backward)(sub(p, "attn."), saved["attn"], dx1)
     dx, g1, b1 = layernorm_backward(p["ln1.gamma"], saved["ln1"], da)
     dx += dx1
-    grads = {"ln1.gamma": g1, "ln1.beta": b1, **{"attn." + k: v for k, v in ga.items()}}
-    grads.update({"ln2.gamma": g["ln2.gamma"], "ln2.beta": g["ln2.beta"], **gf})
-    return dx, grads
+    return dx, {"ln1.gamma": g1, "ln1.beta": b1, **{"attn." + k: v for k, v in ga.items()},
+                "ln2.gamma": g2, "ln2.beta": b2, **{pre + k: v for k, v in gf.items()}}
 
 
 # ----------------------------------------------------------------------- head

@@ -187,10 +187,12 @@ def _check_int(name: str, v: Any, least: int) -> None:
         raise ValueError(f"{_option(name)} must be {what}, got {v!r}")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     """The :class:`RunSpec` options for a ``minipar run`` strategy (``--steps``,
-    ``--seed`` and ``--precision`` belong to ``minipar run`` itself)."""
-    d = RunSpec()
+    ``--seed`` and ``--precision`` belong to ``minipar run`` itself); ``defaults``
+    replace RunSpec's where a strategy needs another model by default (a pipeline
+    of 4 stages needs 4 blocks: ``MODEL_DEFAULTS`` of :mod:`minipar.run.pp`)."""
+    d = replace(RunSpec(), **defaults)
     g = parser.add_argument_group("model and task")
     g.add_argument("--batch", type=int, default=d.batch, help=f"global batch rows (default {d.batch})")
     g.add_argument("--seq", type=int, default=d.seq, help=f"sequence length T (default {d.seq})")

@@ -216,14 +216,16 @@ class DataParallel:
     :func:`bucket_algorithm`), ``"ring"`` (ours, every bucket overlapped) or ``"mpi"``
     (MPI's Iallreduce); ``overlap``: start each bucket during backward (True) or all of
     them after backward (False); ``ring_min_bytes``: with ``"auto"`` only, the bucket
-    size in bytes from which the ring runs instead of auto's measured 8 MiB (None).
+    size in bytes from which the ring runs instead of auto's measured 8 MiB (None);
+    ``wrap_hooks(hooks, units) -> hooks``: wraps each step's DDP hooks (remat,
+    activation offload: :class:`minipar.parallel.offload.MemoryWrap`; None).
     ``bucket_algorithms[i]`` is bucket i's algorithm.  Every argument is checked on
     every rank before any message.
     """
 
     def __init__(self, comm: Any, spec: RunSpec, bucket_bytes: int = int(DEFAULT_BUCKET_MB * 2**20),
                  algorithm: str = "auto", overlap: bool = True,
-                 ring_min_bytes: int | None = None) -> None:
+                 ring_min_bytes: int | None = None, wrap_hooks: Any = None) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown data-parallel algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
         if ring_min_bytes is not None and (algorithm != "auto" or isinstance(ring_min_bytes, bool)
@@ -246,6 +248,7 @@ class DataParallel:
         self.rows = local_rows(spec.batch, self.rank, self.world)
         self.weight = loss_weight(spec.batch, self.rank, self.world)
         self.timelines: list[Timeline] = []
+        self.wrap_hooks = wrap_hooks
 
     # -- one step -------------------------------------------------------------
     def train_step(self, step: int) -> float:
@@ -255,9 +258,10 @@ class DataParallel:
         t0 = time.perf_counter()
         x, y = self.spec.local_batch(step, self.rank, self.world)
         hooks = DDPHooks(self, st.param_views())
+        units = self.model.units()
+        walk = hooks if self.wrap_hooks is None else self.wrap_hooks(hooks, units)
         records: list[tuple[str, str, float, float]] = []
-        loss = executor.loss_and_grads(self.model.units(), hooks, x, y,
-                                       self.weight * st.loss_scale, records)
+        loss = executor.loss_and_grads(units, walk, x, y, self.weight * st.loss_scale, records)
         hooks.finish()
         tl = Timeline(self.rank)
         fwd = [r for r in records if r[0] == "forward"]

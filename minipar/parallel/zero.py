@@ -113,12 +113,18 @@ class ZeRO:
     into the full buffers where those exist), ``hooks`` the executor hooks
     (:class:`~minipar.parallel.zero_hooks.ZeroHooks`), ``allreduce`` the
     all-reduce of stage 0 and of found_inf (keyword only: ``"auto"``, ``"ring"``,
-    ``"recursive_doubling"``, ``"tree"``).
+    ``"recursive_doubling"``, ``"tree"``).  Memory options (keyword only):
+    ``offload_optimizer`` ``"host"``/``"disk"`` keeps the master weights and moments
+    there and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload_optimizer`;
+    files in ``offload_dir``), ``wrap_hooks(hooks, units) -> hooks`` wraps ZeRO's hooks
+    (remat, activation offload: :class:`minipar.parallel.offload.MemoryWrap`).
     """
 
     def __init__(self, comm: Any, model: GPT, init: dict[str, Any], stage: int,
                  precision: str = "float64", optimizer: str = "adamw", *,
-                 allreduce: str = "auto", **opt_kwargs: Any) -> None:
+                 allreduce: str = "auto", offload_optimizer: str | None = None,
+                 offload_dir: str | None = None, wrap_hooks: Any = None,
+                 **opt_kwargs: Any) -> None:
         self.stage, self.policy = check_stage(stage), get(precision)
         self.allreduce = check_allreduce(allreduce)
         if str(model.cfg.dtype) != self.policy.model_dtype:
@@ -143,6 +149,13 @@ class ZeRO:
         if self.grads is not None:
             self.states.grads = self.grads[lo:hi]
         self.hooks = ZeroHooks(self)
+        self.offload = None
+        if offload_optimizer is not None:
+            from minipar.parallel.offload_optimizer import OptimizerOffload
+
+            self.offload = OptimizerOffload(self.states, offload_optimizer, offload_dir)
+        if wrap_hooks is not None:
+            self.hooks = wrap_hooks(self.hooks, self.units)
 
     # -- one training step ---------------------------------------------------
     def train_step(self, tokens: Any, targets: Any, weight: float = 1.0) -> float:
@@ -163,7 +176,7 @@ class ZeRO:
             with self.comm.operation("found_inf"):
                 flag = np.array([float(self.states.local_found_inf())])
                 found_inf = bool(allreduce(self.comm, flag, algorithm=self.allreduce)[0] > 0)
-        self.states.step(found_inf)
+        (self.offload or self.states).step(found_inf)
         if self.stage in (1, 2):
             self.params[...] = all_gather(self.comm, self.states.params)
         self.step_count += 1
@@ -184,9 +197,10 @@ class ZeRO:
         led = Ledger(self.comm.rank)
         led.add("params", "params", self.params if self.params is not None else self.states.params)
         led.add("grads", "grads", self.grads if self.grads is not None else self.states.grads)
-        led.add("optimizer states", "moments", self.states.optimizer.state_arrays())
+        where = self.offload.place if self.offload is not None else "device"
+        led.add("optimizer states", "moments", self.states.optimizer.state_arrays(), where)
         if self.states.master is not None:
-            led.add("optimizer states", "fp32 master weights", self.states.master)
+            led.add("optimizer states", "fp32 master weights", self.states.master, where)
         return led
 
     def full_params(self) -> np.ndarray:

@@ -29,11 +29,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto") -> dict[str, Any]:
+def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto",
+                  **engine: Any) -> dict[str, Any]:
     """Train ``spec.steps`` steps of ZeRO-``stage`` on ``comm``; this rank's measurements.
 
     ``allreduce``: the engine's all-reduce (stage 0 and found_inf; see
-    :class:`~minipar.parallel.zero.ZeRO`).  Returns ``engine``, local ``losses``
+    :class:`~minipar.parallel.zero.ZeRO`); other keywords go to ``ZeRO`` too
+    (``offload_optimizer``, ``wrap_hooks``, ...).  Returns ``engine``, local ``losses``
     (weighted), ``bytes_sent_per_step`` (all operations of the steps, counted),
     ``bytes_exact_per_step`` (:func:`exact_bytes_sent` for what ran),
     ``grad_allreduce`` (stage 0's algorithm, None for stages 1-3), ``ledger`` by
@@ -56,7 +58,7 @@ def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto") 
     model, init = spec.model(), spec.initial_params()
     w = loss_weight(spec.batch, c.rank, c.size)
     warm = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, allreduce=allreduce,
-                **spec.opt_kwargs())
+                **engine, **spec.opt_kwargs())
     warm.train_step(*spec.local_batch(0, c.rank, c.size), w)  # first-use caches (causal
     del warm  # masks, layout tables, NumPy's dtype caches) fill outside the measured regions
     c.stats.reset()
@@ -65,7 +67,7 @@ def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto") 
     with measure() as whole:
         with measure() as built:
             eng = ZeRO(c, model, init, stage, spec.precision, spec.optimizer,
-                       allreduce=allreduce, **spec.opt_kwargs())
+                       allreduce=allreduce, **engine, **spec.opt_kwargs())
         for s in range(spec.steps):
             with measure() as step:
                 losses[s] = eng.train_step(*spec.local_batch(s, c.rank, c.size), w)

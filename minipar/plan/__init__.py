@@ -34,6 +34,11 @@ One file per family, every function importable from here:
 - :mod:`~minipar.plan.moe` — expert capacity, load-balancing loss, all-to-all
   bytes (Switch, arXiv 2101.03961; GShard, arXiv 2006.16668).
 - :mod:`~minipar.plan.hybrid` — 3D layouts n = p·t·d (arXiv 2104.04473).
+- the layout planner (``minipar plan --cluster``), imported from its modules:
+  :mod:`~minipar.plan.cluster` (GPUs per node, memory, links, peak),
+  :mod:`~minipar.plan.layouts` (the space of d·t·p·c layouts, memory per GPU,
+  ZeRO Table 2's largest models), :mod:`~minipar.plan.step_time` (FLOPs, bubble,
+  α-β cost per axis), :mod:`~minipar.plan.search` (fit, rank).
 
 ``main(argv)`` is the ``minipar plan`` verb (:mod:`minipar.plan._cli`).
 """
@@ -45,6 +50,7 @@ from minipar.plan.activations import (
     activation_bytes_per_layer,
     activation_table,
     megatron_sp_elements_per_link,
+    minipar_activation_formula,
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
 )
@@ -53,6 +59,7 @@ from minipar.plan.checkpointing import (
     optimal_checkpoint_interval,
     recompute_forward_layers,
 )
+from minipar.plan.cluster import load_cluster
 from minipar.plan.collectives import (
     BUSBW_OPS,
     algbw,
@@ -68,6 +75,13 @@ from minipar.plan.collectives import (
     ring_allreduce_volume,
 )
 from minipar.plan.hybrid import check_3d_layout, model_state_bytes_3d
+from minipar.plan.layouts import (
+    gpt_model,
+    layout_memory,
+    layout_space,
+    model_from_params,
+    zero_max_params,
+)
 from minipar.plan.model import (
     gpt_active_param_count,
     gpt_param_breakdown,
@@ -83,6 +97,8 @@ from minipar.plan.pipeline import (
     peak_microbatches_in_flight,
     pipeline_p2p_bytes_per_rank,
 )
+from minipar.plan.search import search
+from minipar.plan.step_time import axis_traffic, estimate
 from minipar.plan.tensor import (
     TP_ALLREDUCES_BACKWARD,
     TP_ALLREDUCES_FORWARD,
@@ -109,17 +125,19 @@ __all__ = [
     "ACTIVATION_MODES", "BUSBW_OPS", "K_ADAM", "STAGE_FORMULAS", "STAGE_NAMES",
     "TP_ALLREDUCES_BACKWARD", "TP_ALLREDUCES_FORWARD", "activation_bytes",
     "activation_bytes_per_layer", "activation_table", "algbw", "all_gather_volume",
-    "all_to_all_volume", "bubble_fraction", "bubble_time_ratio", "busbw", "busbw_factor",
-    "check_3d_layout", "checkpoint_memory", "expert_capacity", "gpipe_activation_bytes",
-    "gpipe_bubble_fraction", "gpt_active_param_count", "gpt_param_breakdown", "gpt_param_count",
-    "gradient_sync", "load_balancing_loss", "main", "megatron_sp_elements_per_link",
-    "mixed_precision_bytes_per_param", "model_state_bytes_3d", "moe_alltoall_bytes_per_rank",
-    "moe_block_indices", "offload_pcie_bytes_per_step", "optimal_checkpoint_interval",
+    "all_to_all_volume", "axis_traffic", "bubble_fraction", "bubble_time_ratio", "busbw",
+    "busbw_factor", "check_3d_layout", "checkpoint_memory", "estimate", "expert_capacity",
+    "gpipe_activation_bytes", "gpipe_bubble_fraction", "gpt_active_param_count", "gpt_model",
+    "gpt_param_breakdown", "gpt_param_count", "gradient_sync", "layout_memory", "layout_space",
+    "load_balancing_loss", "load_cluster", "main", "megatron_sp_elements_per_link",
+    "minipar_activation_formula", "mixed_precision_bytes_per_param", "model_from_params",
+    "model_state_bytes_3d", "moe_alltoall_bytes_per_rank", "moe_block_indices",
+    "offload_pcie_bytes_per_step", "optimal_checkpoint_interval",
     "parameter_server_bytes_at_server", "parameter_server_bytes_per_worker",
     "peak_microbatches_in_flight", "pipeline_p2p_bytes_per_rank", "recompute_forward_layers",
     "reduce_scatter_volume", "ring_allreduce_steps", "ring_allreduce_volume",
-    "ring_attention_bytes_per_rank", "tp_allreduce_bytes", "tp_allreduces_per_layer",
+    "ring_attention_bytes_per_rank", "search", "tp_allreduce_bytes", "tp_allreduces_per_layer",
     "tp_bytes_per_rank", "tp_bytes_per_rank_per_layer", "ulysses_alltoall_elements_per_link",
-    "zero_comm_bytes_per_rank", "zero_comm_elements", "zero_model_state_breakdown",
-    "zero_model_state_bytes", "zero_offload_bytes", "zero_table",
+    "zero_comm_bytes_per_rank", "zero_comm_elements", "zero_max_params",
+    "zero_model_state_breakdown", "zero_model_state_bytes", "zero_offload_bytes", "zero_table",
 ]

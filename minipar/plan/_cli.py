@@ -23,7 +23,11 @@ from typing import Any
 
 from minipar.cli_errors import ArgumentParser, error_line, integer
 from minipar.plan._render import render
-from minipar.plan.activations import activation_table
+from minipar.plan.activations import (
+    MINIPAR_ACTIVATION_MODES,
+    activation_table,
+    minipar_activation_formula,
+)
 from minipar.plan.collectives import gradient_sync
 from minipar.plan.model import gpt_param_breakdown
 from minipar.plan.tensor import tp_allreduce_bytes, tp_bytes_per_rank_per_layer
@@ -77,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = ArgumentParser(
         prog="minipar plan",
         description="Memory and bytes per rank predicted by the papers (ZeRO, Megatron, "
-        "Korthikanti et al.), for any model size.  GB = 1e9 bytes.",
+        "Korthikanti et al.), for any model size.  GB = 1e9 bytes.  With --cluster: the "
+        "layout planner (minipar plan --cluster dgx-a100 --help).",
     )
     size = ap.add_mutually_exclusive_group(required=True)
     size.add_argument(
@@ -161,6 +166,10 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "t": t,
             "n_layer": L,
             "rows": activation_table(s, b, d, a, t, L),
+            "minipar_rows": [
+                {"mode": m, "per_layer": minipar_activation_formula(s, b, d, a, t, m),
+                 "total": L * minipar_activation_formula(s, b, d, a, t, m)}
+                for m in MINIPAR_ACTIVATION_MODES],
         }
         out["tensor_parallel"] = {
             "t": t,
@@ -197,6 +206,10 @@ def _check_gpt(L: int, d: int, a: int, t: int, args: argparse.Namespace) -> None
 def main(argv: list[str] | None = None) -> int:
     """``minipar plan``: print the tables (or ``--json``); 2 on bad input, no traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--cluster" or a.startswith("--cluster=") for a in argv):  # the layout planner
+        from minipar.plan._layouts_cli import main as layouts_main
+
+        return layouts_main(argv)
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2), one line already printed

@@ -22,6 +22,12 @@ _MODE_FORMULA = {
     "tp+sp+selective": "34sbh/t",
     "full": "2sbh",
 }
+#: minipar's block, no dropout (:func:`minipar.plan.activations.minipar_activation_formula`)
+_MINIPAR_FORMULA = {
+    "none": "sbh(40 + 2as/h) + 8sb",
+    "tp": "sbh(8 + 32/t + 2as/(ht)) + 8sb",
+    "tp+sp": "sbh(40/t + 2as/(ht)) + 8sb/t",
+}
 
 
 def _gb(x: float) -> str:
@@ -127,6 +133,13 @@ def render(p: dict[str, Any]) -> str:
                 f"  {r['mode']:<17}{_MODE_FORMULA[r['mode']]:<28}"
                 f"{_human(r['per_layer']):>12}{_human(r['total']):>13}"
             )
+        if "minipar_rows" in a:  # minipar's own block: no dropout (sequence_parallel measures it)
+            lines.append("  minipar's block (no dropout masks; keeps tanh of GELU; 1/σ in fp32):")
+            for r in a["minipar_rows"]:
+                lines.append(
+                    f"  {r['mode']:<17}{_MINIPAR_FORMULA[r['mode']]:<31}"
+                    f"{_human(r['per_layer']):>9}{_human(r['total']):>13}"
+                )
         tp = p["tensor_parallel"]
         lines += [
             "",

@@ -62,6 +62,62 @@ def activation_bytes_per_layer(
     raise ValueError(f"unknown activation mode {mode!r}; one of {', '.join(ACTIVATION_MODES)}")
 
 
+#: minipar's block (no dropout) for the modes it measures
+#: (:func:`minipar.parallel.sequence_parallel.activation_bytes_per_block`)
+MINIPAR_ACTIVATION_MODES: tuple[str, ...] = ("none", "tp", "tp+sp")
+
+
+def minipar_activation_formula(
+    s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none", itemsize: int = 2
+) -> float:
+    """Bytes of activations one minipar block saves for backward (``itemsize``-byte
+    activations; the LayerNorms' 1/σ rows in the compute dtype: fp32 for 16-bit).
+
+    The paper's 34·sbh + 5as²b (16-bit, dropout) term by term, against the arrays in
+    minipar's ``saved`` (:mod:`minipar.nn.gpt` ``block_forward``), x·sbh meaning x bytes
+    per element of b·s·h at 2 bytes:
+
+    ====================================  ==========  =========================================
+    paper's term                          paper       minipar's saved array
+    ====================================  ==========  =========================================
+    LayerNorm inputs (2 LNs)              4 sbh       x̂ of ln1 and ln2 (2 × 2sbh), + 1/σ (2×4sb)
+    QKV input                             2 sbh       ln1's output (``attn`` linear input)
+    Q, K (QKᵀ inputs)                     4 sbh       q, k: views of the fused qkv array
+    V                                     2 sbh       v: the third view of qkv
+    softmax output                        2 as²b      A (the attention probabilities)
+    softmax dropout mask                  as²b        — (no dropout)
+    dropout output (A·V input)            2 as²b      — (A itself is the A·V input)
+    output projection input               2 sbh       o, merged heads
+    attention dropout mask                sbh         — (no dropout)
+    MLP input                             2 sbh       ln2's output
+    GELU input                            8 sbh       x of gelu (the 4h pre-activation)
+    —                                     —           tanh(u) of gelu: 8 sbh (kept, not recomputed)
+    GELU output (W_out input)             8 sbh       gelu's output
+    MLP dropout mask                      sbh         — (no dropout)
+    ====================================  ==========  =========================================
+
+    Sum, 16-bit: **sbh(40 + 2as/h) + 8sb** (34 − 2 masks + 8 tanh; 5as²b − 3as²b).  With
+    tensor parallelism the LN x̂'s and the two column-parallel inputs stay replicated
+    (8 sbh + 8sb) and the rest is split t ways: **sbh(8 + 32/t + 2as/(ht)) + 8sb**.  With
+    sequence parallelism everything is split along the sequence or the heads (the
+    column-parallel layers keep their sequence shard and all-gather it again in backward):
+    **sbh(40/t + 2as/(ht)) + 8sb/t**.  For other ``itemsize`` the sbh and as²b terms scale
+    by itemsize/2 and 1/σ has 4 bytes (8 for float64).
+    """
+    s, b, h, a, t = (count(n, v) for n, v in (("s", s), ("b", b), ("h", h), ("a", a), ("t", t)))
+    e = count("itemsize", itemsize)
+    stat = 8 if e == 8 else 4  # 1/σ: the compute dtype
+    sbh, att = float(s * b * h) * e / 2, float(a * s * s * b) * e  # att: the A array, as²b·e
+    if mode == "none":
+        return 40 * sbh + att + 2 * stat * s * b
+    if mode == "tp":
+        return 8 * sbh + 32 * sbh / t + att / t + 2 * stat * s * b
+    if mode == "tp+sp":
+        return 40 * sbh / t + att / t + 2 * stat * s * b / t
+    raise ValueError(f"unknown mode {mode!r} for minipar's block; one of "
+                     f"{', '.join(MINIPAR_ACTIVATION_MODES)}")
+
+
 def activation_bytes(
     n_layer: int, s: int, b: int, h: int, a: int, t: int = 1, mode: str = "none"
 ) -> float:

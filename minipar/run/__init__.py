@@ -60,5 +60,13 @@ def main(argv: list[str]) -> int:
     printed = [ln for ln in proc.stdout.splitlines() if not ln.startswith(SUMMARY_PREFIX)]
     if printed:  # whatever the ranks printed besides the summary
         print("\n".join(printed))
+    if options.get("trace"):  # the strategy's timeline as Chrome trace events
+        from minipar import trace
+        from minipar.run.options import strategy_module
+
+        events = strategy_module(options["strategy"]).trace_events(summary)
+        trace.write(options["trace"], events, strategy=options["strategy"])
+        summary.setdefault("notes", []).append(
+            f"trace written to {options['trace']}: open it in https://ui.perfetto.dev")
     print(json.dumps(summary, indent=2) if options["json"] else format_summary(summary))
     return 1 if summary["verdict"]["status"] == "different" else 0

@@ -11,6 +11,8 @@ what each bucket ran and the ring's 2(N-1)/N x S (the paper's figure), the
 model-state bytes held and the timeline.  ``--algorithm auto`` (the default)
 runs each bucket by size: the overlapped ring from 8 MiB up on 3+ ranks,
 blocking recursive doubling below (a note lists which bucket ran which).
+``--remat [K]`` and ``--offload host|disk`` wrap each step's DDP hooks
+(:mod:`minipar.run.remat_offload`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "overlapped), mpi (MPI's Iallreduce)")
     g.add_argument("--no-overlap", action="store_true",
                    help="all-reduce every bucket after backward")
+    from minipar.run import remat_offload
+
+    remat_offload.add_arguments(parser)
 
 
 def check(options: dict[str, Any], spec: Any) -> None:
@@ -47,6 +52,9 @@ def check(options: dict[str, Any], spec: Any) -> None:
 
     check_world(spec.batch, options["ranks"])
     bucket_bytes_option(options)
+    from minipar.run import remat_offload
+
+    remat_offload.check(options, spec)
 
 
 def bucket_bytes_option(options: dict[str, Any]) -> int:
@@ -66,13 +74,17 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     """Rank side: train with DDP; rank 0 returns the measurements of every rank."""
     from minipar.comm import TracedComm
     from minipar.parallel.data_parallel import DataParallel, replica_model_state_bytes
+    from minipar.run import remat_offload
 
+    wrap = remat_offload.wrapper(options)
     dp = DataParallel(TracedComm(), spec, bucket_bytes_option(options),
-                      options.get("algorithm", "auto"), not options.get("no_overlap", False))
+                      options.get("algorithm", "auto"), not options.get("no_overlap", False),
+                      wrap_hooks=wrap)
     losses = dp.train()
     held = sum(dp.states.bytes_by_category().values())
     mine = (dp.bytes_sent_per_step(), dp.bytes_formula(), held, dp.timelines[-1].as_dict())
     everyone = dp.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
+    memory, memory_notes = remat_offload.summary_notes(wrap)
     if dp.rank != 0:
         return None
     psi, n = dp.layout.size, dp.world
@@ -98,8 +110,18 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         "bucket_algorithms": dp.bucket_algorithms,
         "notes": [(f"Ψ = {psi:,} parameters in {len(dp.buckets)} bucket(s), algorithm "
                    f"{dp.algorithm}, overlap {'on' if dp.overlap else 'off'}"),
-                  algorithm_note(dp.algorithm, dp.bucket_algorithms, n, dp.overlap)],
+                  algorithm_note(dp.algorithm, dp.bucket_algorithms, n, dp.overlap)]
+        + memory_notes,
+        **({"memory": memory} if memory else {}),
     }
+
+
+def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--trace FILE.json``: every rank's last-step timeline (backward pieces and bucket
+    all-reduces) as Chrome trace events (:mod:`minipar.trace`)."""
+    from minipar.trace import ddp_events
+
+    return ddp_events(summary["timeline"])
 
 
 def algorithm_note(algorithm: str, per_bucket: list[str], world: int, overlap: bool) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, seconds
+from minipar.cli_errors import ArgumentParser, integer, output_file, seconds
 from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
 
 PROG = "minipar run"
@@ -72,9 +72,16 @@ def parser(strategy: str | None = None) -> ArgumentParser:
                    help="hosts to run the ranks on, passed to mpiexec (see MINIPAR_MPIEXEC)")
     g.add_argument("--debug", action="store_true",
                    help="on failure, show every rank's output and traceback")
+    defaults = {}
     if strategy in STRATEGIES:
-        strategy_module(strategy).add_arguments(p)
-    add_model_arguments(p)
+        module = strategy_module(strategy)
+        module.add_arguments(p)
+        defaults = getattr(module, "MODEL_DEFAULTS", {})
+        if hasattr(module, "trace_events"):  # a strategy that records a timeline
+            g.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
+                           help="write the last step's timeline as Chrome trace events "
+                                "(Perfetto, chrome://tracing; default: none)")
+    add_model_arguments(p, **defaults)
     return p
 
 

@@ -108,7 +108,9 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
 
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as a few lines a learner reads at a glance."""
-    lines = [f"minipar run {s['strategy']}: {s['ranks']} ranks, {s['steps']} steps"]
+    ranks = f"{s['ranks']} rank{'s' if s['ranks'] != 1 else ''}"
+    steps = f"{s['steps']} step{'s' if s['steps'] != 1 else ''}"
+    lines = [f"minipar run {s['strategy']}: {ranks}, {steps}"]
     lines.append(f"{'step':>4}  {'loss (parallel)':>16}  {'loss (serial)':>16}")
     for i, (a, b) in enumerate(zip(s["losses"], s["serial_losses"])):
         lines.append(f"{i:>4}  {a:>16.10f}  {b:>16.10f}")

@@ -13,7 +13,9 @@ ways at stage 1, the gradients too at stage 2 and the parameters too at
 stage 3; and bytes sent per step, counted, next to the exact figure of what
 ran and the paper's 2Ψ(N-1)/N elements for stages 0-2 and 3Ψ(N-1)/N for
 stage 3 (the ring's figures: stage 0 under ``--allreduce auto`` runs
-recursive doubling for a small model, and a note says so).
+recursive doubling for a small model, and a note says so).  ``--remat [K]``,
+``--offload host|disk`` (activations) and ``--offload-optimizer host|disk``
+(ZeRO-Offload: master weights and moments) come from :mod:`minipar.run.remat_offload`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stage 0's gradient all-reduce (and found_inf's, the loss's): "
                              "auto (by size and N, default), ring (the paper's figure), "
                              "recursive_doubling, tree")
+    from minipar.run import remat_offload
+
+    remat_offload.add_arguments(parser, optimizer=True)
 
 
 def check(options: dict[str, Any], spec: Any) -> None:
@@ -47,6 +52,9 @@ def check(options: dict[str, Any], spec: Any) -> None:
     if options.get("allreduce", "auto") not in ALLREDUCE_CHOICES:
         raise ValueError(f"--allreduce must be one of {', '.join(ALLREDUCE_CHOICES)}, "
                          f"got {options['allreduce']!r}")
+    from minipar.run import remat_offload
+
+    remat_offload.check(options, spec)
 
 
 def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
@@ -60,7 +68,22 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
 
     stage, algorithm = options.get("stage", 1), options.get("allreduce", "auto")
     comm = TracedComm(MPI.COMM_WORLD)
-    m = measure_stage(comm, spec, stage, allreduce=algorithm)
+    from minipar.run import remat_offload
+
+    wrap = remat_offload.wrapper(options)
+    m = measure_stage(comm, spec, stage, allreduce=algorithm, wrap_hooks=wrap,
+                      **remat_offload.optimizer_keywords(options))
+    memory, memory_notes = remat_offload.summary_notes(wrap, last=1)
+    if stage == 3 and options.get("remat") is not None:
+        memory_notes.append("remat under stage 3 all-gathers each recomputed unit again: the "
+                            "bytes counted exceed the formula by those gathers")
+    off = m["engine"].offload
+    if off is not None:
+        memory_notes.append(f"optimizer states on {off.place} (ZeRO-Offload): "
+                            f"{off.offloaded_bytes:,} bytes off the device; per step "
+                            f"{off.moved['to_host'] // off.steps:,} bytes of gradients down, "
+                            f"{off.moved['to_device'] // off.steps:,} of parameters up, "
+                            f"{off.seconds / off.steps * 1e3:.2f} ms in the host step")
     with comm.operation("report"):
         losses = allreduce(comm, np.array(m["losses"], dtype=np.float64), algorithm=algorithm)
     final = m["engine"].full_params()
@@ -78,6 +101,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
              + ", ".join(f"{r[3]:,}" for r in rows)]
     if f["allreduce_note"]:
         notes.insert(1, f["allreduce_note"])
+    notes += memory_notes
     if not spec.precision.startswith("mixed"):
         notes.append("the paper's memory formulas assume mixed precision (2+2+12 bytes per "
                      "parameter); this run uses the same partitioning with this precision's "
@@ -92,4 +116,6 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
             "model_state_bytes_per_rank": [r[1] for r in rows],
             "model_state_tracemalloc_per_rank": [r[2] for r in rows],
             "model_state_formula": f["model_state"],
-            "model_state_formula_text": f["model_state_text"], "notes": notes}
+            "model_state_formula_text": f["model_state_text"], "notes": notes,
+            **({"memory": memory} if memory else {}),
+            "model_state_by_place": m["engine"].ledger().bytes_by_place()}

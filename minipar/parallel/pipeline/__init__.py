@@ -15,7 +15,17 @@ The model is cut into ``p`` stages, one per rank, and the mini-batch into
   deadlock, each problem naming the stage and the instruction;
 - :mod:`.simulate` — ``simulate(schedules, cost)``: the timeline a dedicated
   machine would have, ``bubble_fraction`` and ``bubble_time_ratio`` of it
-  (the formulas they reproduce live in :mod:`minipar.plan.pipeline`).
+  (the formulas they reproduce live in :mod:`minipar.plan.pipeline`);
+- :mod:`.partition` — which blocks each (virtual) stage holds (even or a
+  ``balance`` list) and every check of a pipeline's sizes, without MPI;
+- :mod:`.execute` — ``PipelineParallel``: the same instruction lists run over
+  the grid's pipeline neighbours on real MPI ranks, every instruction timed
+  (imports mpi4py, so it is not imported here);
+- :mod:`.stage_memory` — activation bytes a stage holds, against GPipe's
+  re-materialisation formula;
+- :mod:`.measure` — the bubble of a recorded run: wall clock, and rebuilt by
+  the simulator from each instruction's measured cost; the timeline file of
+  ``minipar run pp --timeline`` read by ``minipar bubble --from-run``.
 
     scheds = schedules("1f1b", p=4, m=8)
     tl = simulate(scheds, uniform_cost(forward=1, backward=2))

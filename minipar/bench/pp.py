@@ -1,0 +1,244 @@
+"""``minipar bench pp``: pipeline throughput against the serial run, and the bubble measured.
+
+EN pipeline-parallel throughput · RU пропускная способность конвейера · ZH 流水线并行吞吐量
+
+The same GPT and global batch, one BLAS thread per process: once as the
+serial training step, once as a pipeline of p stages on p ranks
+(:class:`minipar.parallel.pipeline.execute.PipelineParallel`, default 2
+stages, m = 8 micro-batches, 1F1B).  A stage computes half the model, so
+with no bubble the pipeline would be p times faster; GPipe and 1F1B idle the
+share (p − 1)/(m + p − 1) of the step (Huang et al. 2018, arXiv 1811.06965;
+Narayanan et al. 2021, arXiv 2104.04473), so the best a 2-stage, 8-micro-batch
+pipeline can do is
+
+    speed-up = t_serial / t_pp  ≈  p · m/(m + p − 1) = 1.78      (target >= 1.5)
+
+less what the messages and the smaller matrix products of a micro-batch cost.
+The bubble is measured on each timed step from the recorded timeline
+(:mod:`minipar.parallel.pipeline.measure`): the wall-clock trace and the
+dedicated-machine timeline rebuilt from the measured costs, next to the
+formula.  The default model (d_model 256, 4 layers, T 64, batch 32, a small
+vocabulary so that the head does not unbalance the stages) gives each stage
+well over 50 ms of compute per step.  Serial and pipeline launches alternate
+``--rounds`` times; the best time of each is compared (noise only adds time).
+
+On a machine shared with other work the wall-clock ratio measures the load as
+much as the pipeline, so a second figure is made of CPU seconds, which waiting
+for a core does not inflate: the serial step's ``process_time``, against the
+pipeline's timeline rebuilt from each instruction's ``process_time`` (what a
+dedicated core per stage would take, messages free) — the speed-up on a
+dedicated machine, measured.  The serial step is also timed as m micro-batches
+with their gradients added (the pipeline's own arithmetic): on a CPU a
+micro-batch's activations fit the caches better than the whole batch's, which
+the pipeline gains as well, and this second ratio leaves that gain out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from minipar.cli_errors import ArgumentParser, integer
+
+PROG = "minipar bench pp"
+
+
+def _spec(o: dict[str, Any]) -> Any:
+    from minipar.parallel.common import RunSpec
+
+    return RunSpec(vocab=o["vocab"], seq=o["seq"], d_model=o["d_model"], layers=o["layers"],
+                   heads=o["heads"], batch=o["batch"], steps=o["steps"] + 1, lr=1e-3,
+                   precision=o["precision"])
+
+
+def _serial(spec: Any, steps: int, m: int) -> dict[str, float]:
+    """The serial step's wall and CPU seconds, on the whole batch (``""``) and as m
+    micro-batches whose gradients are added (``"_accum"``: the pipeline's arithmetic)."""
+    from minipar import spans
+    from minipar.bench.dp import measure_step_time
+    from minipar.precision import ModelStates
+
+    model = spec.model()
+    states = ModelStates(spec.precision, spec.initial_params(), spec.optimizer,
+                         **spec.opt_kwargs())
+    out: dict[str, float] = {}
+    for name, parts in (("", 1), ("_accum", m)):
+        cpu: list[float] = []
+
+        def step(s: int, parts: int = parts, cpu: list[float] = cpu) -> None:
+            c0 = time.process_time()
+            x, y = spec.global_batch(s)
+            states.grads[...] = 0
+            for i in range(parts):
+                lo, hi = spans.span(len(x), parts, i)
+                _, g = model.loss_and_grads(states.param_views(), x[lo:hi], y[lo:hi],
+                                            (hi - lo) / len(x))
+                states.grads += states.layout.flatten(g)
+            states.step()
+            cpu.append(time.process_time() - c0)
+        out["seconds" + name] = measure_step_time(step, steps)
+        out["cpu_seconds" + name] = statistics.median(cpu[1:])
+    return out
+
+
+def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank side: time the serial step (1 rank) or the pipeline (p ranks); rank 0's figures."""
+    from minipar.bench.dp import measure_step_time
+
+    spec = _spec(o)
+    if o["mode"] == "serial":
+        return _serial(spec, o["steps"], o["micro_batches"])
+    from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
+    from minipar.parallel.pipeline.execute import PipelineParallel
+    from minipar.parallel.pipeline.measure import measured_bubble, rebuild
+
+    grid = Grid(TracedComm(), pp=o["ranks"])
+    pp = PipelineParallel(grid, spec, o["schedule"], o["micro_batches"])
+    t = measure_step_time(pp.train_step, o["steps"], grid.world)
+    bubbles, work, spans = [], [], []
+    args = (o["schedule"], o["ranks"], o["micro_batches"])
+    for s in range(1, len(pp.records)):  # the timed steps (after the warm-up)
+        recs = pp.gather_records(s)
+        b = {k: float(v) for k, v in measured_bubble(recs, *args).items()}
+        cpu = pp.gather_records(s, clock="cpu")  # durations free of waiting for a core
+        b["rebuilt_cpu"] = float(measured_bubble(cpu, *args)["rebuilt"])
+        dedicated = rebuild(cpu, *args)
+        spans.append(max(r.end for r in dedicated) - min(r.start for r in dedicated))
+        bubbles.append(b)
+        work.append([sum(r.end - r.start for r in cpu if r.stage == st
+                         and r.what in ("forward", "backward")) for st in range(o["ranks"])])
+    if grid.rank != 0:
+        return None
+    return {"seconds": t, "bubbles": bubbles, "cpu_step_seconds": statistics.median(spans),
+            "stage_compute_s": [statistics.median(w[st] for w in work)
+                                for st in range(o["ranks"])],
+            "bytes_p2p_per_step": grid.bytes_by_axis()["pp_p2p"] / len(pp.records)}
+
+
+def run_bench(o: dict[str, Any]) -> dict[str, Any]:
+    """Serial and pipeline launches, alternating ``o["rounds"]`` times; the figures."""
+    from minipar import launch
+
+    res: dict[str, list[dict[str, Any]]] = {"serial": [], "pp": []}
+    load0 = os.getloadavg()[0]
+    for _ in range(o["rounds"]):
+        for mode, n in (("serial", 1), ("pp", o["ranks"])):
+            row, _ = launch.run_json(n, "minipar.bench.pp", {**o, "mode": mode}, check=True,
+                                     timeout=o["timeout"])
+            res[mode].append(row)
+    ts = min(r["seconds"] for r in res["serial"])
+    best = min(res["pp"], key=lambda r: r["seconds"])
+    bubbles = [b for r in res["pp"] for b in r["bubbles"]]
+    med = {k: statistics.median(b[k] for b in bubbles) for k in bubbles[0]}
+    B = o["batch"]
+    return {"stages": o["ranks"], "micro_batches": o["micro_batches"],
+            "schedule": o["schedule"], "batch": B, "serial_s": ts, "pp_s": best["seconds"],
+            "serial_samples_per_s": B / ts, "pp_samples_per_s": B / best["seconds"],
+            "speedup": ts / best["seconds"],
+            "speedup_dedicated": (min(r["cpu_seconds"] for r in res["serial"])
+                                  / min(r["cpu_step_seconds"] for r in res["pp"])),
+            "speedup_dedicated_vs_accum": (min(r["cpu_seconds_accum"] for r in res["serial"])
+                                           / min(r["cpu_step_seconds"] for r in res["pp"])),
+            "round_speedups": [a["seconds"] / b["seconds"] for a, b in zip(res["serial"],
+                                                                           res["pp"])],
+            "serial_accum_s": min(r["seconds_accum"] for r in res["serial"]),
+            "serial_cpu_s": min(r["cpu_seconds"] for r in res["serial"]),
+            "serial_accum_cpu_s": min(r["cpu_seconds_accum"] for r in res["serial"]),
+            "pp_cpu_rebuilt_s": min(r["cpu_step_seconds"] for r in res["pp"]),
+            "bubble_rebuilt": med["rebuilt"], "bubble_rebuilt_median": med["rebuilt_median"],
+            "bubble_rebuilt_cpu": med["rebuilt_cpu"],
+            "bubble_wall_clock": med["wall_clock"],
+            "bubble_formula": med["formula"],
+            "stage_compute_s": best["stage_compute_s"],
+            "bytes_p2p_per_step": best["bytes_p2p_per_step"],
+            "load_average": [load0, os.getloadavg()[0]]}
+
+
+def _parser() -> ArgumentParser:
+    from minipar.bench.dp import add_bench_arguments
+    from minipar.run.pp import SCHEDULES
+
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    add_bench_arguments(p)
+    p.set_defaults(vocab=64)
+    p.add_argument("--micro-batches", type=integer(1), default=8, metavar="M",
+                   help="micro-batches per step (default %(default)s)")
+    p.add_argument("--schedule", choices=[s for s in SCHEDULES if s != "interleaved"],
+                   default="1f1b", help="pipeline schedule (default %(default)s)")
+    p.add_argument("--rounds", type=integer(1), default=2,
+                   help="alternating serial/pipeline rounds (default %(default)s)")
+    return p
+
+
+def check_options(o: dict[str, Any]) -> None:
+    """The model and the partition, before MPI starts (ValueError naming the option)."""
+    from minipar.parallel.pipeline.partition import check_pipeline
+
+    spec = _spec(o)
+    check_pipeline(spec.layers, o["ranks"], o["micro_batches"], o["schedule"], rows=spec.batch)
+
+
+def main(argv: list[str]) -> int:
+    from minipar import launch
+
+    p = _parser()
+    try:
+        a = p.parse_args(argv)
+        try:
+            check_options(vars(a))
+        except ValueError as e:
+            p.error(str(e))
+    except SystemExit as e:  # --help (0) or one line for a bad option (2)
+        return int(e.code or 0)
+    try:
+        row = run_bench(vars(a))
+    except launch.LaunchError as e:
+        return launch.report(PROG, e, a.debug)
+    if a.json:
+        print(json.dumps(row, indent=2))
+        return 0
+    p_, m = a.ranks, a.micro_batches
+    print(f"GPT d_model {a.d_model}, {a.layers} layers, T {a.seq}, global batch {a.batch}, "
+          f"vocab {a.vocab}, {a.precision}; {a.schedule}, {p_} stages, m = {m}")
+    print(f"{'':>16} {'s/step':>8} {'samples/s':>10}")
+    print(f"{'serial':>16} {row['serial_s']:>8.3f} {row['serial_samples_per_s']:>10.1f}")
+    print(f"{'serial, ' + str(m) + ' parts':>16} {row['serial_accum_s']:>8.3f} "
+          f"{a.batch / row['serial_accum_s']:>10.1f}")
+    print(f"{'pipeline, ' + str(p_) + ' ranks':>16} {row['pp_s']:>8.3f} "
+          f"{row['pp_samples_per_s']:>10.1f}")
+    print(f"speed-up {row['speedup']:.2f}x (best of {a.rounds}; ideal p·m/(m+p-1) = "
+          f"{p_ * m / (m + p_ - 1):.2f}; target >= 1.5); per round: "
+          + ", ".join(f"{x:.2f}" for x in row["round_speedups"]))
+    print(f"on a dedicated machine (CPU seconds: the serial step {row['serial_cpu_s']:.3f}, "
+          f"with {m} micro-batches accumulated {row['serial_accum_cpu_s']:.3f}; the pipeline's "
+          f"timeline rebuilt from each instruction's CPU time {row['pp_cpu_rebuilt_s']:.3f}): "
+          f"speed-up {row['speedup_dedicated']:.2f}x, {row['speedup_dedicated_vs_accum']:.2f}x "
+          f"against the same micro-batches run serially")
+    print(f"bubble (median of the timed steps): rebuilt {row['bubble_rebuilt']:.3f} (from "
+          f"median costs {row['bubble_rebuilt_median']:.3f}, from CPU times "
+          f"{row['bubble_rebuilt_cpu']:.3f}), wall clock {row['bubble_wall_clock']:.3f}, "
+          f"formula {'(p-1)/p' if a.schedule == 'naive' else '(p-1)/(m+p-1)'} = "
+          f"{row['bubble_formula']:.3f}; above it by "
+          + ", ".join(f"{row[k] - row['bubble_formula']:+.3f} {w}" for k, w in (
+              ("bubble_rebuilt", "rebuilt"), ("bubble_rebuilt_median", "from median costs"),
+              ("bubble_rebuilt_cpu", "from CPU times")))
+          + " (target: within 0.02; unequal stages and stalls add to it)")
+    print("compute per stage per step (CPU s): "
+          + ", ".join(f"{x:.3f}" for x in row["stage_compute_s"])
+          + f"; {row['bytes_p2p_per_step']:,.0f} bytes point-to-point sent by rank 0 per step; load "
+          f"average {row['load_average'][0]:.1f} before, {row['load_average'][1]:.1f} after "
+          f"(on {os.cpu_count()} cores)")
+    return 0
+
+
+if __name__ == "__main__":
+    from minipar import launch
+
+    if launch.is_worker(sys.argv[1:]):
+        sys.exit(launch.serve(_worker, sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

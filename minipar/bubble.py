@@ -1,0 +1,349 @@
+"""``minipar bubble``: a pipeline schedule's bubble, drawn and set against the papers' formula.
+
+EN pipeline bubble · RU пузырь конвейера · ZH 流水线气泡
+
+    minipar bubble --stages 4 --micro-batches 8 --schedule 1f1b
+    minipar bubble --stages 4 --micro-batches 8 --schedule interleaved --chunks 2 --json
+    minipar bubble --stages 4 --micro-batches 8 --schedule gpipe -o gpipe.png --trace gpipe.json
+    minipar bubble --from-run timeline.json        # written by minipar run pp --timeline
+
+From the theory, the schedule (:mod:`minipar.parallel.pipeline`) is replayed
+by the simulator with equal costs — a forward 1, a backward 2 per stage
+(per chunk 1/v and 2/v) — and the bubble is exact.  Over P stages, with T
+the time until the pipeline flush and C the summed forwards and backwards::
+
+    bubble fraction = (P·T − C)/(P·T) = (p − 1)/(v·m + p − 1)
+    bubble / ideal  = (P·T − C)/C     = (1/v)(p − 1)/m
+
+GPipe (Huang et al. 2018, arXiv 1811.06965): (p − 1)/(m + p − 1);
+1F1B and interleaved 1F1B (Narayanan et al. 2021, arXiv 2104.04473): the
+same with v = 1 and v chunks per rank; the naive pipeline: (p − 1)/p.
+
+From a recorded run (``--from-run FILE``: the JSON of ``minipar run pp
+--timeline``; format in :func:`load_run`), two views: the wall clock, and
+the timeline a dedicated machine would have, rebuilt by the simulator from
+each instruction's measured cost and the schedule's dependencies
+(:func:`minipar.parallel.pipeline.measure.rebuild`) — the one compared with
+the formula — and, less sensitive to a core shared with other processes,
+the same with each stage's fastest forward and backward (:func:`rebuild_fastest`).
+
+Prints the text chart, the bubble and the formula; ``--json`` the numbers
+(``bubble_fraction``, ``formula``, ``in_flight_max``, ...); ``-o FILE.png``
+the Gantt chart (:mod:`minipar.viz.pipeline`); ``--trace FILE.json`` the
+timeline as Chrome trace events for Perfetto (:mod:`minipar.trace`).  Bad
+input is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from minipar.cli_errors import ArgumentParser, error_line, integer, output_file
+
+PROG = "minipar bubble"
+KINDS = ("naive", "gpipe", "1f1b", "interleaved")
+MAX_STAGES, MAX_MICRO_BATCHES, MAX_CHUNKS = 64, 1024, 16
+#: the text chart is printed up to this many time cells (two characters each)
+MAX_CHART_CELLS = 120
+NAMES = {"naive": "naive pipeline", "gpipe": "GPipe", "1f1b": "1F1B (PipeDream-Flush)",
+         "interleaved": "interleaved 1F1B"}
+#: bubble fraction and bubble / ideal time, as the papers write them
+FORMULA = {"naive": ("(p - 1)/p", "p - 1"),
+           "gpipe": ("(p - 1)/(m + p - 1)", "(p - 1)/m"),
+           "1f1b": ("(p - 1)/(m + p - 1)", "(p - 1)/m"),
+           "interleaved": ("(p - 1)/(v*m + p - 1)", "(p - 1)/(v*m)")}
+PAPER = {"naive": "Huang et al. 2018", "gpipe": "Huang et al. 2018",
+         "1f1b": "Narayanan et al. 2021", "interleaved": "Narayanan et al. 2021"}
+
+
+def formula(kind: str, p: int, m: int, v: int = 1) -> tuple[Fraction, Fraction]:
+    """(bubble fraction, bubble / ideal time) of ``kind``, exact."""
+    ratio = Fraction(p - 1) if kind == "naive" else Fraction(p - 1, v * m)
+    return ratio / (1 + ratio), ratio
+
+
+def check_args(kind: str, p: int, m: int, v: int) -> None:
+    """ValueError naming the options and numbers, before anything is simulated."""
+    from minipar.parallel.pipeline import schedule
+
+    if kind != "interleaved" and v != 1:
+        raise ValueError(f"--chunks {v} needs --schedule interleaved (the {kind} schedule has "
+                         "one chunk per rank)")
+    if kind == "interleaved" and m % p:
+        raise ValueError(f"--micro-batches {m} is not a multiple of --stages {p}: interleaved "
+                         "1F1B sends micro-batches in groups of p")
+    schedule(kind, 0, p, m, v)  # anything else, in the schedule's own words
+
+
+def theory(kind: str, p: int, m: int, v: int = 1) -> list:
+    """The simulated timeline of ``kind`` on p stages, m micro-batches, v chunks: forward 1,
+    backward 2 per stage (checked schedules, exact integer/Fraction times)."""
+    from minipar.parallel.pipeline import schedules, simulate, uniform_cost
+
+    return simulate(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))
+
+
+def load_run(path: str | Path) -> tuple[dict[str, Any], list]:
+    """(meta, records) of a recorded pipeline step.
+
+    The file is one JSON object ``{"schedule", "p", "m", "v", "records": [{"stage", "what",
+    "micro_batch", "chunk", "start", "end"}, ...]}`` (times in seconds, any common origin;
+    ``"timeline"`` is accepted for ``"records"``; other keys are kept in meta), or a bare list
+    of records (then meta is read off the records: p stages, m micro-batches, v chunks).
+    """
+    from minipar.parallel.pipeline import Record
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--from-run {path}: cannot read it: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"--from-run {path}: not JSON ({e})") from None
+    meta = dict(data) if isinstance(data, dict) else {}
+    raw = data if isinstance(data, list) else meta.pop("records", meta.pop("timeline", None))
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"--from-run {path}: no records (a JSON object with a 'records' list "
+                         "of {stage, what, micro_batch, chunk, start, end})")
+    try:
+        recs = [Record(int(r["stage"]), str(r["what"]), r.get("micro_batch"), r.get("chunk"),
+                       float(r["start"]), float(r["end"])) for r in raw]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"--from-run {path}: a record lacks stage, what, start or end "
+                         f"({type(e).__name__}: {e})") from None
+    compute = [r for r in recs if r.what in ("forward", "backward")]
+    if not compute:
+        raise ValueError(f"--from-run {path}: no forward or backward record")
+    meta.setdefault("p", max(r.stage for r in recs) + 1)
+    meta.setdefault("m", max(r.micro_batch for r in compute) + 1)
+    meta.setdefault("v", max(r.chunk or 0 for r in compute) + 1)
+    return meta, recs
+
+
+def rebuild_fastest(records: Sequence, kind: str, p: int, m: int, v: int = 1) -> list:
+    """The dedicated machine's timeline with each stage's *fastest* forward, backward and
+    optimizer step of the recorded step, messages instantaneous: the stalls of a shared
+    machine (another process on the core: the same work, several times slower) removed,
+    uneven stages kept — the fastest run of a piece of work is its uncontended cost, as
+    ``timeit`` reports the minimum."""
+    from minipar.parallel.pipeline import run, schedules
+    from minipar.parallel.pipeline.simulate import WHAT
+
+    by: dict[tuple[int, str], list[float]] = {}
+    for r in records:
+        if r.what in ("forward", "backward", "optimizer"):
+            by.setdefault((r.stage, r.what), []).append(r.end - r.start)
+    fastest = {k: min(ts) for k, ts in by.items()}
+
+    def cost(ins: Any, stage: int) -> float:
+        what = WHAT[type(ins)]
+        if (stage, what) not in fastest:
+            raise ValueError(f"the recorded run has no {what} on stage {stage}: it is not a "
+                             f"{kind} step with p={p}, m={m}, v={v}")
+        return fastest[stage, what]
+    return run(schedules(kind, p, m, v), cost)
+
+
+def in_flight_peaks(records: Sequence) -> list[int]:
+    """Peak micro-batches (chunk-activations) held by each stage, read off the timeline."""
+    from minipar.viz.pipeline import in_flight_over_time
+
+    return [max(k for _, k in steps) for _, steps in sorted(in_flight_over_time(records).items())]
+
+
+def summary(kind: str, p: int, m: int, v: int, records: Sequence,
+            wall: Sequence | None = None) -> dict[str, Any]:
+    """The numbers ``--json`` prints.  ``records``: the timeline compared with the formula
+    (simulated, or rebuilt from a run); ``wall``: the measured wall-clock one, if any."""
+    from minipar.parallel.pipeline import bubble_fraction, bubble_time_ratio, in_flight, schedules
+
+    frac, ratio = formula(kind, p, m, v)
+    got, got_ratio = bubble_fraction(records), bubble_time_ratio(records)
+    peaks = [in_flight(s) for s in schedules(kind, p, m, v)]
+    out: dict[str, Any] = {
+        "schedule": kind, "p": p, "m": m, "v": v,
+        "source": "theory" if wall is None else "run",
+        "bubble_fraction": float(got), "bubble_time_ratio": float(got_ratio),
+        "formula": FORMULA[kind][0], "formula_value": float(frac),
+        "formula_ratio": FORMULA[kind][1], "formula_ratio_value": float(ratio),
+        "in_flight_max": max(peaks), "in_flight": peaks,
+        "makespan": float(max(r.end for r in records) - min(r.start for r in records)),
+    }
+    if isinstance(got, Fraction):
+        out["bubble_fraction_exact"] = f"{got.numerator}/{got.denominator}"
+    if wall is not None:
+        out["bubble_fraction_wall"] = float(bubble_fraction(wall))
+        out["bubble_fraction_fastest"] = float(bubble_fraction(rebuild_fastest(wall, kind, p, m, v)))
+        out["in_flight_measured"] = in_flight_peaks(wall)
+    return out
+
+
+def _chart(records: Sequence) -> str:
+    from minipar.parallel.pipeline import chart
+    from minipar.parallel.pipeline.simulate import Record
+
+    t0 = min(r.start for r in records)
+    shifted = [Record(*r[:4], r.start - t0, r.end - t0) for r in records]
+    end = max(r.end for r in shifted)
+    exact = all(isinstance(r.end, (int, Fraction)) for r in shifted)
+    short = min((r.end - r.start for r in shifted if r.what in ("forward", "backward")
+                 and r.end > r.start), default=1)
+    unit = short if exact and end / short <= MAX_CHART_CELLS else end / 60
+    if not exact and unit <= 0:
+        return "(every forward and backward took no time: nothing to draw)"
+    return chart(shifted, unit)
+
+
+def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> str:
+    """What ``minipar bubble`` prints: the chart(s), the bubble, the formula, the peaks."""
+    kind, p, m, v = s["schedule"], s["p"], s["m"], s["v"]
+    chunks = f", v = {v} chunks per rank" if kind == "interleaved" else ""
+    head = f"{NAMES[kind]}: p = {p} stages, m = {m} micro-batches{chunks}"
+    lines = []
+    if wall is None:
+        lines += [(f"{head} (simulated: forward 1, backward 2 per stage; "
+                  "F3 forward of micro-batch 3, B3 its backward, f/b an odd chunk, . idle)"), "",
+                  _chart(records), ""]
+        exact = s.get("bubble_fraction_exact", f"{s['bubble_fraction']:.4f}")
+        lines.append(f"bubble fraction (P·T − C)/(P·T) = {exact} = {s['bubble_fraction']:.1%} "
+                     "of the step")
+    else:
+        lines += [f"{head} (recorded run)", "", "measured, wall clock:", _chart(wall), "",
+                  "rebuilt by the simulator from the measured costs (a dedicated machine):",
+                  _chart(records), "",
+                  (f"bubble fraction, wall clock: {s['bubble_fraction_wall']:.1%}; rebuilt: "
+                  f"{s['bubble_fraction']:.1%}; rebuilt with each stage's fastest "
+                  f"costs (stalls removed): {s['bubble_fraction_fastest']:.1%} of the step")]
+    lines.append(f"formula ({PAPER[kind]}): {s['formula']} = {s['formula_value']:.4f}   "
+                 f"(bubble / ideal time {s['formula_ratio']} = {s['formula_ratio_value']:.4f}; "
+                 f"here {s['bubble_time_ratio']:.4f})")
+    held = " ".join(map(str, s["in_flight"]))
+    lines.append(f"micro-batches in flight, peak per stage: {held}" + (
+        " (chunk-activations)" if kind == "interleaved" else "") +
+        f"; GPipe holds m = {m}, 1F1B at most p − stage")
+    return "\n".join(lines)
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--stages", type=integer(1, MAX_STAGES), default=None,
+                   help=f"pipeline stages p, 1 to {MAX_STAGES} (default 4; with --from-run: "
+                        "the run's)")
+    p.add_argument("--micro-batches", type=integer(1, MAX_MICRO_BATCHES), default=None,
+                   help=f"micro-batches m per step, 1 to {MAX_MICRO_BATCHES} (default 8; with "
+                        "--from-run: the run's)")
+    p.add_argument("--schedule", choices=KINDS, default=None,
+                   help="gpipe, 1f1b, interleaved or naive (default 1f1b; with --from-run: "
+                        "the run's)")
+    p.add_argument("--chunks", type=integer(1, MAX_CHUNKS), default=None,
+                   help="model chunks per rank v, interleaved only (default 2 for interleaved, "
+                        "else 1)")
+    p.add_argument("-o", "--output", type=output_file, default=None,
+                   help="draw the Gantt chart into this PNG/PDF/SVG file (default: none)")
+    p.add_argument("--json", action="store_true",
+                   help="print the numbers as JSON instead of the chart (default: off)")
+    p.add_argument("--trace", type=output_file, default=None,
+                   help="write the timeline as Chrome trace events (Perfetto, chrome://tracing) "
+                        "to this JSON file (default: none)")
+    p.add_argument("--from-run", default=None, metavar="FILE",
+                   help="a recorded step (minipar run pp --timeline FILE) instead of the theory "
+                        "(default: none, the simulator)")
+    return p
+
+
+def _check_output(path: str | None) -> None:
+    """``-o FILE``: a suffix matplotlib can draw (png, pdf, svg, ...), before anything runs."""
+    if path is None:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FigureCanvasBase.get_supported_filetypes():
+        raise ValueError(f"-o {path}: cannot draw a {'.' + suffix if suffix else 'suffix-less'} "
+                         "file; name it .png, .pdf or .svg")
+
+
+def _resolve(args: Any) -> tuple[str, int, int, int, dict | None, list | None]:
+    """(kind, p, m, v, meta, recorded records) from the options and the run's file."""
+    _check_output(args.output)
+    meta, recs = (None, None)
+    if args.from_run:
+        meta, recs = load_run(args.from_run)
+        given = {"--stages": (args.stages, meta["p"]), "--micro-batches": (args.micro_batches,
+                 meta["m"]), "--chunks": (args.chunks, meta["v"]),
+                 "--schedule": (args.schedule, meta.get("schedule"))}
+        for opt, (mine, theirs) in given.items():
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ValueError(f"{opt} {mine} disagrees with the recorded run's {theirs} "
+                                 f"({args.from_run}); leave it out to use the run's")
+        kind = args.schedule or meta.get("schedule")
+        if kind not in KINDS:
+            raise ValueError(f"{args.from_run} does not say its schedule ({kind!r}): give "
+                             f"--schedule, one of {', '.join(KINDS)}")
+        return kind, int(meta["p"]), int(meta["m"]), int(meta["v"]), meta, recs
+    kind = args.schedule or "1f1b"
+    v = args.chunks if args.chunks is not None else (2 if kind == "interleaved" else 1)
+    return kind, args.stages or 4, args.micro_batches or 8, v, None, None
+
+
+def main(argv: list[str]) -> int:
+    """Exit 0 after printing; 2 for bad input (one line, nothing simulated)."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or one line for a bad option (2)
+        return int(e.code or 0)
+    try:
+        kind, p, m, v, _, wall = _resolve(args)
+        check_args(kind, p, m, v)
+        if wall is None:
+            records = theory(kind, p, m, v)
+        else:
+            from minipar.parallel.pipeline.measure import rebuild
+
+            records = rebuild(wall, kind, p, m, v)
+        s = summary(kind, p, m, v, records, wall)
+    except ValueError as e:
+        return error_line(PROG, e)
+    if args.output:
+        _draw(args.output, kind, p, m, v, records, wall)
+    if args.trace:
+        from minipar import trace
+
+        events = trace.pipeline_events(records, seconds=1e-3 if wall is None else 1.0,
+                                       name="simulated (1 unit = 1 ms)" if wall is None
+                                       else "rebuilt by the simulator", pid=1 if wall else 0)
+        if wall is not None:
+            events = trace.pipeline_events(wall, name="measured (wall clock)") + events
+        trace.write(args.trace, events, schedule=kind, p=p, m=m, v=v,
+                    bubble_fraction=s["bubble_fraction"], formula=s["formula"])
+    print(json.dumps(s) if args.json else text(s, records, wall))
+    if args.output and not args.json:
+        print(f"wrote {args.output}")
+    if args.trace and not args.json:
+        print(f"wrote {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _draw(path: str, kind: str, p: int, m: int, v: int, records: Sequence,
+          wall: Sequence | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minipar.viz import pipeline as vp
+
+    name = f"{NAMES[kind]}, p = {p}, m = {m}" + (f", v = {v}" if kind == "interleaved" else "")
+    if wall is None:
+        fig = vp.plot_gantt(records, title=name)
+    else:
+        fig = vp.plot_schedules({f"{name}: measured (wall clock)": wall,
+                                 f"{name}: rebuilt from the measured costs": records},
+                                time_unit="ms", scale=1e3)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

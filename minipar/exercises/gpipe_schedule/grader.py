@@ -1,0 +1,302 @@
+"""Grader of the pipeline-schedule exercises (GPipe here, 1F1B reuses it): checker, simulator, MPI.
+
+EN pipeline schedule grader · RU проверка расписания конвейера · ZH 流水线调度评分
+
+The learner writes ``schedule(stage, p, m)``: the list of instructions
+(:mod:`minipar.parallel.pipeline.schedule`) one stage runs.  A schedule is
+plain data, so most of the grading needs no MPI; every rank computes it, rank
+0's findings are reported:
+
+1. **correct** — for p = 1..4 (and N) stages and m = 1..8 micro-batches,
+   :func:`minipar.parallel.pipeline.check.problems`: every forward and
+   backward once, receives before the compute that needs them, every send
+   matched, no deadlock (the replay names the cycle of waiting stages);
+2. **the schedule's rule** — GPipe (Huang et al. 2018, arXiv 1811.06965):
+   all m forwards before any backward, so every stage holds m micro-batches;
+   1F1B (Narayanan et al. 2021, arXiv 2104.04473): at most p − s on stage s;
+3. **the bubble** — on the simulator with equal costs (forward 1, backward
+   2), exactly (Fractions): GPipe (p − 1)/(m + p − 1) of the step, 1F1B
+   (p − 1)/m of the ideal time;
+4. **real ranks** — on N ranks, each rank runs *its own stage's list* through
+   minipar's MPI pipeline executor
+   (:class:`minipar.parallel.pipeline.execute.PipelineParallel`, its
+   ``instructions=`` option) for two AdamW steps of a small GPT (float64);
+   the parameters must equal the serial run's within the shared parity
+   tolerance (:data:`minipar.parallel.parity.TOLERANCE` × the distance
+   trained).  Only schedules that passed check 1 for (N, m) are run: a
+   deadlock is found by the replay, not by hanging ranks.
+
+How it fits the exercise framework (:mod:`minipar.exercises.worker`, which
+calls ``FUNCTION(comm, x, **kwargs)`` and compares an array with the oracle's):
+the learner's file ends with a fixed ``run_stage(comm, x, **case)`` that
+hands the learner's ``schedule`` to :func:`run_stage` here; the case (made by
+the exercise's grader) names the schedule it is graded as.  A "rules" case
+returns ``[0.]`` when nothing was found, else ``[1.]`` and the findings, as
+JSON, through ``diagnose``; a "run" case returns the trained parameters.
+The learner writes data, not communication, so the worker's "written by you"
+check of minipar.collectives is off (``Exercise.writes_communication``: the
+grader's executor sums the loss with it); copying the package's schedule is
+caught separately (:func:`copied`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from minipar.exercises.grading import Check
+from minipar.exercises.judging import Records
+
+KIND = "gpipe"
+MS = tuple(range(1, 9))  #: micro-batch counts every rules case tries
+FIRST_STEP = (
+    "stage s's forwards: for each micro-batch i, RecvAct(i) (not on stage 0), Forward(i), "
+    "SendAct(i) (not on the last stage); then the backwards in reverse, then OptimizerStep()."
+)
+NAMES = {
+    "check": "a correct schedule for p = 1..4 stages, m = 1..8: every dependency, every "
+             "message matched, no deadlock",
+    "bubble": {"gpipe": "bubble on the simulator (forward 1, backward 2) = (p - 1)/(m + p - 1) "
+                        "of the step, exactly",
+               "1f1b": "bubble on the simulator (forward 1, backward 2) = (p - 1)/m of the "
+                       "ideal time, exactly"},
+    "rule": {"gpipe": "GPipe: all m forwards before any backward (m micro-batches in flight)",
+             "1f1b": "1F1B: at most p - s micro-batches in flight on stage s (never more than p)"},
+    "own": "written by you (not a call to minipar.parallel.pipeline.schedule)",
+}
+_notes: dict[str, str] = {}  # case label -> findings, for diagnose (same process, rank side)
+
+
+# -- the cases ----------------------------------------------------------------------
+def cases_for(kind: str, n: int, run_ms: tuple[int, ...]) -> list[dict]:
+    """The exercise's cases: the schedule ``kind`` is graded for is in every case (never
+    taken from the learner's file)."""
+    rules = [{"kind": kind, "what": "rules", "p": p} for p in sorted({1, 2, 3, 4, n})]
+    return rules + [{"kind": kind, "what": "run", "p": n, "m": m} for m in sorted(set(run_ms))]
+
+
+def cases(n: int) -> list[dict]:
+    return cases_for(KIND, n, (1, n + 1, 2 * n + 1))
+
+
+def label(case: dict) -> str:
+    if case["what"] == "rules":
+        return f"p = {case['p']} stages, m = 1..{MS[-1]} (checker and simulator)"
+    return f"{case['p']} rank{'s' if case['p'] != 1 else ''}, m = {case['m']} (MPI executor)"
+
+
+def make_input(case: dict, rank: int, size: int) -> tuple[np.ndarray, dict]:
+    return np.zeros(1), dict(case)
+
+
+# -- the rank side --------------------------------------------------------------------
+def _lists(fn: Callable, p: int, m: int) -> tuple[list[list], str | None]:
+    """Every stage's list from the learner's ``fn``; (lists, what is wrong with their type)."""
+    out = []
+    for s in range(p):
+        got = fn(s, p, m)
+        if not isinstance(got, (list, tuple)):
+            return [], (f"schedule({s}, {p}, {m}) returned {type(got).__name__}, not a list of "
+                        "instructions")
+        out.append(list(got))
+    return out, None
+
+
+def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
+    """The schedule's own rule (in flight), in words, or None."""
+    from minipar.parallel.pipeline import in_flight
+
+    for s, ins in enumerate(lists):
+        held = in_flight(ins)
+        if kind == "gpipe" and held != m:
+            return (f"p={p}, m={m}: stage {s} holds at most {held} micro-batches at once: a "
+                    f"Backward runs before all {m} Forwards. GPipe runs every forward of the "
+                    "mini-batch, then every backward (that is what makes it simple, and "
+                    "memory-hungry: m micro-batches' activations at the turn)")
+        if kind == "1f1b" and held > min(p - s, m):
+            return (f"p={p}, m={m}: stage {s} holds {held} micro-batches at once; 1F1B holds at "
+                    f"most p - s = {min(p - s, m)} there: p - s - 1 = {p - s - 1} warm-up "
+                    "forwards, then one forward, one backward (never more than p in flight; "
+                    "GPipe holds all m)")
+    return None
+
+
+def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:
+    """The simulated bubble (forward 1, backward 2) against the formula, in words, or None."""
+    from minipar.parallel.pipeline import bubble_fraction, bubble_time_ratio, run, uniform_cost
+
+    tl = run(lists, uniform_cost(1, 2))
+    if kind == "gpipe":
+        got, want, what = bubble_fraction(tl), Fraction(p - 1, m + p - 1), "of the step"
+    else:
+        got, want, what = bubble_time_ratio(tl), Fraction(p - 1, m), "of the ideal time"
+    if got == want:
+        return None
+    return (f"p={p}, m={m}: on the simulator the bubble is {got} = {float(got):.3f} {what}, "
+            f"the formula {want} = {float(want):.3f}: the stages wait for each other more than the schedule needs (e.g. "
+            "backwards in a different order on neighbouring stages"
+            + (", or too few warm-up forwards)" if kind == "1f1b" else ")"))
+
+
+def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[str, str]:
+    """A problem of each kind over m in ``ms`` on p stages: "check" at the smallest m that
+    fails it, "rule" and "bubble" at the largest."""
+    from minipar.parallel.pipeline import problems
+
+    out: dict[str, str] = {}
+    for m in ms:
+        lists, bad = _lists(fn, p, m)
+        found = [bad] if bad else problems(lists)
+        if found:
+            out.setdefault("check", f"p={p}, m={m}: " + "\n".join(found[:4]) + (
+                f"\n... and {len(found) - 4} more" if len(found) > 4 else ""))
+            continue
+        for key, said in (("rule", rule(kind, lists, p, m)), ("bubble", bubble(kind, lists, p, m))):
+            if said:  # the largest m wins: the clearest numbers
+                out[key] = said
+    return out
+
+
+def copied(fn: Callable) -> bool:
+    """Does the learner's function reach for the package's own schedule functions?"""
+    import importlib
+
+    sched = importlib.import_module("minipar.parallel.pipeline.schedule")  # the module
+    theirs = {id(f) for f in (sched.schedule, sched.schedules, sched._one_f_one_b,
+                              sched._with_comm, sched._interleaved_order)}
+    return any(id(v) in theirs for v in getattr(fn, "__globals__", {}).values())
+
+
+SPEC_ARGS = {"vocab": 10, "seq": 8, "d_model": 16, "heads": 2, "steps": 2}
+
+
+def spec(p: int) -> Any:
+    from minipar.parallel.common import RunSpec
+
+    return RunSpec(layers=max(p, 2), batch=2 * p + 1, **SPEC_ARGS)
+
+
+def execute(kind: str, fn: Callable, comm: Any, p: int, m: int) -> np.ndarray:
+    """This rank runs the learner's list for its stage through the MPI executor; the whole
+    model's parameters after two AdamW steps (on every rank)."""
+    from minipar.comm.topology import Grid
+    from minipar.parallel.pipeline.execute import PipelineParallel
+
+    raw = getattr(comm, "comm", comm)  # the grader's Dup of COMM_WORLD, untraced
+    grid = Grid(raw, dp=1, pp=p)
+    mine = fn(grid.coord("pp"), p, m)
+    pp = PipelineParallel(grid, spec(p), kind, m, 1, instructions=mine)
+    pp.train()
+    return np.asarray(pp.full_params(), dtype=np.float64)
+
+
+def run_stage(fn: Callable, comm: Any, x: np.ndarray, **case: Any) -> np.ndarray:
+    """One case on this rank (called through the learner's file's ``run_stage``); the
+    schedule's kind is the case's."""
+    key, kind = label(case), case["kind"]
+    _notes.pop(key, None)
+    if case["what"] == "rules":
+        found = findings(kind, fn, case["p"])
+        if copied(fn):
+            found["own"] = ("your schedule calls minipar.parallel.pipeline's own schedule(): "
+                            "the exercise is to write the list yourself")
+        _notes[key] = json.dumps(found)
+        return np.array([1.0 if found else 0.0])
+    p, m = case["p"], case["m"]
+    if p != comm.Get_size():
+        raise ValueError(f"case for {p} ranks run on {comm.Get_size()}")
+    lists, bad = _lists(fn, p, m)
+    found = [bad] if bad else _problems(lists)
+    if found:
+        _notes[key] = (f"not run on the ranks: the schedule for p={p}, m={m} fails the "
+                       f"checker first ({found[0]})")
+        return np.full(_size(p), np.nan)  # the expected shape: a wrong result, not a contract
+    return execute(kind, fn, comm, p, m)
+
+
+def _size(p: int) -> int:
+    return sum(int(np.asarray(v).size) for v in spec(p).initial_params().values())
+
+
+def _problems(lists: list[list]) -> list[str]:
+    from minipar.parallel.pipeline import problems
+
+    return problems(lists)
+
+
+def oracle(raw: Any, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rules: nothing found ([0.]).  Run: the serial run's parameters, within the shared
+    parity tolerance x the distance trained max|theta_serial - theta_0|."""
+    if case["what"] == "rules":
+        return np.zeros(1), None
+    from minipar.parallel.common import serial_reference
+    from minipar.parallel.parity import TOLERANCE
+
+    sp = spec(case["p"])
+    ser = np.asarray(serial_reference(sp)["params"], dtype=np.float64)
+    init = sp.initial_params()
+    theta0 = np.concatenate([np.asarray(init[k]).ravel() for k in init])
+    return ser, np.full(ser.shape, TOLERANCE * float(np.max(np.abs(ser - theta0))))
+
+
+def diagnose(case: dict, rank: int, size: int, x: np.ndarray, out: np.ndarray,
+             expected: np.ndarray) -> str | None:
+    note = _notes.get(label(case))
+    if note is not None or case["what"] == "rules":
+        return note
+    if out.shape == expected.shape:
+        gap = float(np.max(np.abs(out - expected)))
+        return (f"the parameters after two steps differ from the serial run's by up to {gap:.3g}: "
+                "a correct schedule cannot change them (the executor weighs every micro-batch)")
+    return None
+
+
+# -- the launcher side ------------------------------------------------------------------
+def judge_kind(kind: str, n: int, cases: list[dict], records: Records) -> list[Check]:
+    found: dict[str, tuple[str, str]] = {}  # key -> (case label, words)
+    rules = [(i, c) for i, c in enumerate(cases) if c["what"] == "rules"]
+    # a broken schedule is clearest on few stages; a rule or a bubble on many
+    for key, order in (("check", rules), ("own", rules), ("rule", rules[::-1]),
+                       ("bubble", rules[::-1])):
+        for i, case in order:
+            said = records[0][i]["mistake"]
+            if said and key in json.loads(said):
+                found[key] = (label(case), json.loads(said)[key])
+                break
+    checks = []
+    for key, name in (("check", NAMES["check"]), ("rule", NAMES["rule"][kind]),
+                      ("bubble", NAMES["bubble"][kind]), ("own", NAMES["own"])):
+        where, words = found.get(key, (None, ""))
+        if key in ("rule", "bubble") and key not in found and "check" in found:
+            checks.append(Check(name, None, "not graded where the schedule fails the checker "
+                                "(the ✗ above); graded on the (p, m) that pass it"))
+            continue
+        checks.append(Check(name, key not in found, words, case=where))
+    runs = [(i, c) for i, c in enumerate(cases) if c["what"] == "run"]
+    ms = ", ".join(str(c["m"]) for _, c in runs)
+    name = (f"runs on {n} real rank{'s' if n != 1 else ''} (each its own stage's list, "
+            f"MPI executor), m = {ms}: parameters equal the serial run's")
+    for i, c in runs:
+        for r in range(n):
+            rec = records[r][i]
+            if rec["mismatch"] or rec["contract"]:
+                words = rec["mistake"] or rec["contract"] or ""
+                if words.startswith("not run"):
+                    checks.append(Check(name, None, words, case=label(c)))
+                else:
+                    m = rec["mismatch"] or {}
+                    checks.append(Check(name, False, (
+                        f"{label(c)}, rank {r}: parameter {m.get('index')} is {m.get('got')!r}, "
+                        f"the serial run's {m.get('expected')!r}. {words}").strip(),
+                        case=label(c)))
+                return checks
+    checks.append(Check(name, True))
+    return checks
+
+
+def judge(n: int, cases: list[dict], records: Records) -> list[Check]:
+    return judge_kind(KIND, n, cases, records)

@@ -1,0 +1,1 @@
+"""Exercise: the process grid's coordinates and Split groups (skeleton, solution, grader)."""

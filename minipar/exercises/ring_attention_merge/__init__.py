@@ -1,0 +1,1 @@
+"""Exercise: ring attention's online-softmax merge (skeleton, reference solution, grader)."""

@@ -1,0 +1,1 @@
+"""Exercise: the Megatron tensor-parallel MLP, forward and backward (skeleton, solution, grader)."""

@@ -1,0 +1,157 @@
+"""Context parallelism, measured — контекстный параллелизм: измерения — 上下文并行的实测.
+
+EN context parallelism: bytes and activation memory, measured · RU контекстный
+параллелизм: байты и память активаций, измеренные · ZH 上下文并行：实测字节与激活内存
+
+What :mod:`minipar.parallel.context_parallel` claims, as numbers next to the
+formulas (b batch rows, s sequence, d model width, H heads, P = cp ranks,
+i bytes per element, L layers, Ψ parameters):
+
+**Bytes one rank sends per training step** (counted by the traced
+communicator, per operation):
+
+=====================  ==================================================  =======================
+operation              exact formula (P divides s, and H for Ulysses)      paper's figure
+=====================  ==================================================  =======================
+``ulysses_a2a``        L · 2 · 4·b·s·d·(P−1)/P² · i  (forward + backward)   4Nh/P per link per layer
+``ring_attention``     L · (2(P−1) + 2(P−1) + 2P) · b·s·d/P · i             2(P−1)·b·s·h/P forward
+``cp_grad_allreduce``  ring all-reduce of Ψ elements, 2(P−1)/P · Ψ · i      Patarasuk & Yuan
+``cp_loss_allreduce``  ring all-reduce of one float64
+=====================  ==================================================  =======================
+
+(Ulysses: :func:`minipar.parallel.ulysses.bytes_per_rank`; ring:
+:func:`~minipar.parallel.ring_attention.forward_bytes` /
+:func:`~minipar.parallel.ring_attention.backward_bytes`, the paper's is
+:func:`minipar.plan.activations.ring_attention_bytes_per_rank`.)
+
+**Attention activation memory per rank per layer** — the bytes of the
+distinct buffers the attention core saves for its backward (a ledger,
+:func:`minipar.memory.nbytes`; q, k and v are views of one buffer):
+
+    serial    (3·b·s·d + b·H·s²) · i                 q, k, v and the softmax A
+    Ulysses   (3·b·s·d + b·H·s²) · i / P             the same for H/P heads: 1/P
+    ring      (4·b·s·d · i + b·H·s · i_c) / P        q, k, v, o and lse: no s² term
+
+(i_c: the compute dtype's bytes, lse is kept there).  The whole layer's other
+activations (LayerNorms, projections, MLP) are per token, so they are 1/P of
+the serial layer's under both kinds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minipar import memory
+from minipar.collectives.cost import allreduce_bytes_sent
+from minipar.nn import GPT, executor
+from minipar.nn._dtype import compute_dtype
+from minipar.parallel import ulysses
+from minipar.parallel.context_parallel import OP_GRADS, OP_LOSS, ContextParallel
+from minipar.parallel.ring_attention import OP as RING_OP
+from minipar.parallel.ring_attention import backward_bytes, forward_bytes, score_elements
+from minipar.plan.activations import (
+    ring_attention_bytes_per_rank,
+    ulysses_alltoall_elements_per_link,
+)
+
+__all__ = ["attention_activation_formula", "attention_bytes_per_layer", "measure",
+           "measured_attention_activation", "paper_attention_bytes",
+           "serial_attention_activation", "step_bytes_formula"]
+
+
+def attention_activation_formula(kind: str, b: int, s: int, d: int, H: int, P: int,
+                                 itemsize: int, compute_itemsize: int | None = None) -> int:
+    """Bytes the attention core of one layer saves on one rank (``kind`` "serial" too)."""
+    ic = compute_itemsize or itemsize
+    if kind == "serial":
+        return (3 * b * s * d + b * H * s * s) * itemsize
+    if kind == "ulysses":
+        return (3 * b * s * d + b * H * s * s) * itemsize // P
+    if kind == "ring":
+        return (4 * b * s * d * itemsize + b * H * s * ic) // P
+    raise ValueError(f"unknown kind {kind!r}: serial, ulysses or ring")
+
+
+def measured_attention_activation(kept: list[Any]) -> list[int]:
+    """Per block: bytes of the distinct buffers its attention core saved (units' ``kept``)."""
+    return [memory.nbytes(k["attn"][1]) for k in kept[1:-1]]
+
+
+def serial_attention_activation(spec: Any, tokens: Any) -> list[int]:
+    """The serial GPT's per-block attention-core bytes, measured the same way."""
+    params = GPT(spec.config()).init(spec.seed)
+    _, kept = executor.forward(GPT(spec.config()).units(), executor.Hooks(params), tokens)
+    return measured_attention_activation(kept)
+
+
+def attention_bytes_per_layer(cp: ContextParallel) -> dict[str, int]:
+    """Exact bytes this rank sends per layer for attention: forward and backward."""
+    spec, P, i = cp.spec, cp.world, np.dtype(cp.cfg.dtype).itemsize
+    if cp.kind == "ulysses":
+        f = ulysses.bytes_per_rank(spec.batch, spec.seq, spec.d_model, spec.heads, P, cp.rank, i)
+        return {"forward": f, "backward": f}
+    ic = compute_dtype(cp.cfg.dtype).itemsize
+    return {"forward": forward_bytes(spec.batch, spec.seq, spec.d_model, P, i),
+            "backward": backward_bytes(spec.batch, spec.seq, spec.d_model, P, i, ic)}
+
+
+def step_bytes_formula(cp: ContextParallel) -> dict[str, int]:
+    """Exact bytes per operation this rank sends in one training step."""
+    per_layer = attention_bytes_per_layer(cp)
+    psi, gi = cp.states.layout.size, cp.states.grads.dtype.itemsize
+    op = ulysses.OP if cp.kind == "ulysses" else RING_OP
+    return {op: cp.spec.layers * (per_layer["forward"] + per_layer["backward"]),
+            OP_GRADS: allreduce_bytes_sent(psi, gi, cp.world, cp.rank, "ring"),
+            OP_LOSS: allreduce_bytes_sent(1, 8, cp.world, cp.rank, "ring")}
+
+
+def paper_attention_bytes(kind: str, b: int, s: int, d: int, P: int, itemsize: int) -> float:
+    """The paper's per-layer forward figure: Ulysses 4Nh/P per link, ring 2(P−1)·b·s·h/P."""
+    if kind == "ulysses":
+        return ulysses_alltoall_elements_per_link(b * s, d, P) * itemsize
+    return ring_attention_bytes_per_rank(s, b, d, P, itemsize)
+
+
+def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict[str, Any]:
+    """Train ``spec`` with context parallelism on ``comm``'s ranks; this rank's figures.
+
+    Returns ``losses``, ``params`` (final flat), ``bytes_by_op`` (per step, counted),
+    ``bytes_by_op_formula``, ``bytes_by_axis`` (per step), ``attention_bytes_per_layer``
+    (counted forward of one layer, and the formula), ``activation`` (measured per layer,
+    formula, serial), ``score_elements``."""
+    cp = ContextParallel(comm, spec, kind, zigzag)
+    stats = cp.grid.world.stats
+    before = {op: stats.bytes_sent(op) for op in step_bytes_formula(cp)}
+    axes0 = cp.grid.bytes_by_axis()
+    losses = cp.train()
+    steps = spec.steps
+    counted = {op: (stats.bytes_sent(op) - b0) // steps for op, b0 in before.items()}
+    axes = {a: (v - axes0[a]) // steps for a, v in cp.grid.bytes_by_axis().items() if v - axes0[a]}
+    # one more forward, counted alone: a layer's attention forward bytes
+    tokens, _ = spec.global_batch(0)
+    op = ulysses.OP if kind == "ulysses" else RING_OP
+    b0 = stats.bytes_sent(op)
+    _, kept = cp.forward(cp.states.param_views(), tokens)
+    fwd_layer = (stats.bytes_sent(op) - b0) // spec.layers
+    measured = measured_attention_activation(kept)
+    del kept
+    i = np.dtype(cp.cfg.dtype).itemsize
+    ic = compute_dtype(cp.cfg.dtype).itemsize
+    args = (spec.batch, spec.seq, spec.d_model, spec.heads, cp.world, i, ic)
+    return {
+        "losses": losses, "params": cp.states.params, "kind": kind, "zigzag": cp.zigzag,
+        "positions": [int(p) for p in cp.positions],
+        "bytes_by_op": counted, "bytes_by_op_formula": step_bytes_formula(cp),
+        "bytes_by_axis": axes,
+        "attention_forward_bytes_per_layer": fwd_layer,
+        "attention_bytes_per_layer_formula": attention_bytes_per_layer(cp),
+        "attention_paper_bytes_per_layer": paper_attention_bytes(
+            kind, spec.batch, spec.seq, spec.d_model, cp.world, i),
+        "activation_per_layer": measured,
+        "activation_formula": attention_activation_formula(kind, *args),
+        "serial_activation_formula": attention_activation_formula("serial", *args),
+        "score_elements": (score_elements(cp.layout, cp.rank) * spec.heads if kind == "ring"
+                           else spec.heads // cp.world * spec.seq * spec.seq),
+    }

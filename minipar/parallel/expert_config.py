@@ -1,0 +1,87 @@
+"""An expert-parallel configuration: its checks and arithmetic — конфигурация параллелизма
+экспертов — 专家并行配置.
+
+EN expert-parallel configuration · RU конфигурация параллелизма экспертов · ZH 专家并行配置
+
+What a run of expert parallelism (:mod:`minipar.parallel.expert_parallel`)
+can be told, and what follows from it, with no MPI (``minipar run ep``
+checks its options with :func:`check_ep` in the launching process, before
+MPI starts):
+
+* :func:`check_ep`: experts >= 1, E divisible by ep, top-k in 1..min(2, E),
+  capacity factor > 0, ep dividing the data-parallel ranks — one line naming
+  the numbers, the same on every rank;
+* :func:`expert_ids`: rank c of an ep group holds experts c·E/ep … (c+1)·E/ep − 1;
+* :func:`capacities`: C_j = ⌈n_j/E × capacity_factor⌉ per source j, its own
+  n_j tokens (Switch Transformer's expert capacity, Fedus et al. 2021, arXiv
+  2101.03961, §2.2, over GShard's local groups, arXiv 2006.16668);
+* :func:`alltoall_bytes`: the exact bytes a rank sends per MoE layer per step
+  in each of the five all-to-alls (:data:`OPS`).  E_l = E/ep, d the width, b
+  bytes per element: counts (ep−1)·E_l·8; dispatch and d(out) (ep−1)·E_l·C_r·d·b
+  each; combine and d(buffers) Σ_{j≠r} E_l·C_j·d·b each.  With one C for all,
+  the four data all-to-alls are 4·(ep−1)/ep·E·C·d·b, GShard's two all-to-alls
+  forward and two backward of the padded (E, C, d) buffer
+  (``minipar.plan.moe.moe_alltoall_bytes_per_rank``, top-1; for top-2 the plan
+  sizes C over N·k tokens as GShard does, the serial block over N).
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral
+from typing import Any
+
+#: names under which the traced communicator counts each all-to-all's bytes, in the
+#: order they run in a step: forward counts, dispatch, combine; backward d(out), d(buffers)
+OPS = ("ep_counts", "ep_dispatch", "ep_combine", "ep_combine_grad", "ep_dispatch_grad")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def check_ep(experts: Any, top_k: Any, capacity_factor: Any, ep: Any, world: int) -> None:
+    """ValueError (one line, naming the numbers) unless expert parallelism can run with
+    ``experts`` E per MoE layer, ``top_k``, ``capacity_factor``, ``ep`` ranks per
+    expert-parallel group and ``world`` data-parallel ranks."""
+    if not _int(experts) or experts < 1:
+        raise ValueError(f"expert parallelism needs a mixture of experts: --experts must be "
+                         f">= 1, got {experts!r}")
+    if not _int(top_k) or not 1 <= top_k <= min(2, experts):
+        raise ValueError(f"--top-k must be 1 (Switch){' or 2 (GShard)' if experts > 1 else ''} "
+                         f"and at most --experts {experts}, got {top_k!r}")
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
+            or not math.isfinite(capacity_factor) or not capacity_factor > 0:
+        raise ValueError(f"--capacity-factor must be > 0, got {capacity_factor!r}")
+    if not _int(ep) or ep < 1 or world % ep:
+        raise ValueError(f"--ep {ep!r} must divide the {world} data-parallel ranks "
+                         "(expert parallelism cuts them into blocks of ep ranks)")
+    if experts % ep:
+        raise ValueError(f"--experts {experts} is not divisible by --ep {ep}: each "
+                         "expert-parallel rank holds E/ep experts")
+
+
+def expert_ids(n_experts: int, ep: int, coord: int) -> list[int]:
+    """The experts rank ``coord`` of an expert-parallel group of ``ep`` ranks holds."""
+    per = n_experts // ep
+    return list(range(coord * per, (coord + 1) * per))
+
+
+def capacities(n_experts: int, capacity_factor: float, tokens: list[int]) -> list[int]:
+    """C_j = ⌈n_j / E × capacity_factor⌉ for each source's ``tokens`` n_j (its group),
+    rounded as :func:`minipar.nn.moe_steps.expert_capacity` does."""
+    from minipar.nn.moe_steps import expert_capacity
+
+    return [expert_capacity(n, n_experts, capacity_factor) for n in tokens]
+
+
+def alltoall_bytes(n_experts: int, d_model: int, caps: list[int], coord: int,
+                   itemsize: int) -> dict[str, int]:
+    """Exact bytes rank ``coord`` of an ep group (``caps`` = C_j of every rank of the
+    group) sends per MoE layer per step, by all-to-all (:data:`OPS`)."""
+    ep = len(caps)
+    per, d = n_experts // ep, d_model
+    mine = (ep - 1) * per * caps[coord] * d * itemsize
+    theirs = sum(per * c * d * itemsize for j, c in enumerate(caps) if j != coord)
+    return {OPS[0]: (ep - 1) * per * 8, OPS[1]: mine, OPS[2]: theirs, OPS[3]: mine,
+            OPS[4]: theirs}

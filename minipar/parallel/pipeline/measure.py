@@ -1,0 +1,146 @@
+"""The bubble, measured: the wall-clock trace and the dedicated-machine timeline rebuilt from it.
+
+EN pipeline bubble (measured) · RU пузырь конвейера (измеренный) · ZH 流水线气泡（实测）
+
+The MPI executor (:mod:`.execute`) records every instruction's start and end
+on every stage.  Two views of one run:
+
+* **wall clock** — the records as they are.  When 4 ranks share 2 cores, a
+  stage that waits for a core looks idle, and one that computes while its
+  neighbour is descheduled looks busy: the trace mixes the schedule with the
+  operating system;
+* **rebuilt** — the timeline a machine with one core per stage would have:
+  the simulator (:func:`~.simulate.run`) replays the schedules with each
+  instruction's *measured* cost (a forward's, a backward's, a send's own
+  duration; receives cost nothing but their wait) and the schedules'
+  dependencies.  Waiting for a message vanishes; uneven stages, slow sends and
+  the schedule's own bubble remain.  A core taken away *during* an instruction
+  still lengthens it: ``median=True`` smooths such one-off stalls (each
+  instruction costs the median of its kind on its stage), and the executor's
+  CPU-time records (``PipelineParallel.cpu_records``) leave them out.
+
+Both are read by the simulator's :func:`~.simulate.bubble_fraction` (idle share
+of P·T) and :func:`~.simulate.bubble_time_ratio` (idle over ideal time), and set
+next to the papers' formula for equal stages (GPipe, Huang et al. 2018, arXiv
+1811.06965; PTD-P, Narayanan et al. 2021, arXiv 2104.04473)::
+
+    ratio r = (1/v)(p − 1)/m   (gpipe, 1f1b: v = 1)      fraction = r/(1 + r)
+    naive: r = p − 1, fraction (p − 1)/p
+
+With equal integer costs the rebuilt bubble *is* the formula, exactly
+(``Fraction``; tests/test_pipeline_parallel.py).  A run's timeline is written
+as JSON for ``minipar bubble --from-run`` (:func:`write_timeline`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from fractions import Fraction
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+from minipar.parallel.pipeline.schedule import Instruction, schedules
+from minipar.parallel.pipeline.simulate import (
+    WHAT,
+    Record,
+    bubble_fraction,
+    bubble_time_ratio,
+    run,
+)
+
+__all__ = ["FORMAT", "formula", "measured_bubble", "read_timeline", "rebuild", "write_timeline"]
+
+FORMAT = "minipar-pipeline-timeline"
+
+
+def formula(kind: str, p: int, m: int, v: int = 1) -> dict[str, Fraction]:
+    """The papers' bubble for equal stages: ``{"ratio": r, "fraction": r/(1 + r)}``."""
+    r = Fraction(p - 1) if kind == "naive" else Fraction(p - 1, v * m)
+    return {"ratio": r, "fraction": r / (1 + r)}
+
+
+def _costs(records: Sequence[Record]) -> dict[tuple, Real]:
+    out: dict[tuple, Real] = {}
+    for r in records:
+        key = (r.stage, r.what, r.micro_batch, r.chunk)
+        if key in out:
+            raise ValueError(f"two records of {key}: pass one step of one pipeline replica")
+        out[key] = r.end - r.start
+    return out
+
+
+def _medians(cost: dict[tuple, Real]) -> dict[tuple, Real]:
+    """Each cost replaced by the median over the micro-batches of its (stage, what, chunk)."""
+    groups: dict[tuple, list[Real]] = {}
+    for (stage, what, _mb, chunk), c in cost.items():
+        groups.setdefault((stage, what, chunk), []).append(c)
+    mid = {k: statistics.median_low(v) for k, v in groups.items()}  # a cost that ran: exact
+    return {k: mid[(k[0], k[1], k[3])] for k in cost}
+
+
+def rebuild(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
+            instructions: Sequence[Sequence[Instruction]] | None = None,
+            median: bool = False) -> list[Record]:
+    """The dedicated-machine timeline: every stage's list replayed ASAP with the measured
+    cost of each compute instruction and each send (receives: their wait only).
+
+    ``instructions``: the lists that ran, if not ``schedules(kind, p, m, v)``;
+    ``median``: each instruction costs the median of its kind on its stage and chunk
+    over the micro-batches (one-off stalls of a shared machine removed)."""
+    scheds = [list(s) for s in instructions] if instructions is not None else \
+        schedules(kind, p, m, v)
+    cost = _costs(records)
+    if median:
+        cost = _medians(cost)
+
+    def measured(ins: Instruction, stage: int) -> Real:
+        key = (stage, WHAT[type(ins)], getattr(ins, "mb", None), getattr(ins, "chunk", None))
+        if key not in cost:
+            raise ValueError(f"no record of {ins} on stage {stage}: the records are not of "
+                             f"this schedule ({kind}, p={p}, m={m}, v={v})")
+        return cost[key]
+    return run(scheds, measured, measured)
+
+
+def measured_bubble(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
+                    instructions: Sequence[Sequence[Instruction]] | None = None
+                    ) -> dict[str, Any]:
+    """Both views' bubble next to the formula: ``wall_clock``, ``rebuilt`` (fractions of
+    P·T), ``rebuilt_median`` (rebuilt from median costs), ``wall_clock_ratio``,
+    ``rebuilt_ratio`` (over ideal time), ``formula``, ``formula_ratio``; exact
+    ``Fraction`` values when the times are."""
+    timeline = rebuild(records, kind, p, m, v, instructions)
+    steady = rebuild(records, kind, p, m, v, instructions, median=True)
+    f = formula(kind, p, m, v)
+    return {"wall_clock": bubble_fraction(records), "rebuilt": bubble_fraction(timeline),
+            "rebuilt_median": bubble_fraction(steady),
+            "wall_clock_ratio": bubble_time_ratio(records),
+            "rebuilt_ratio": bubble_time_ratio(timeline),
+            "formula": f["fraction"], "formula_ratio": f["ratio"]}
+
+
+def write_timeline(path: str | Path, records: Sequence[Record], schedule: str, p: int, m: int,
+                   v: int = 1) -> None:
+    """The records as one JSON object (``minipar bubble --from-run FILE`` reads it):
+    ``{"format", "version", "schedule", "p", "m", "v", "unit": "s", "records": [...]}``."""
+    doc = {"format": FORMAT, "version": 1, "schedule": schedule, "p": p, "m": m, "v": v,
+           "unit": "s", "records": [{**r._asdict(), "start": float(r.start),
+                                     "end": float(r.end)} for r in records]}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def read_timeline(path: str | Path) -> tuple[list[Record], dict[str, Any]]:
+    """(records, meta) of a file :func:`write_timeline` wrote; ValueError if it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable pipeline timeline ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a pipeline timeline (written by minipar run pp "
+                         f"--timeline FILE)")
+    fields = Record._fields
+    records = [Record(*(r[k] for k in fields)) for r in doc["records"]]
+    return records, {k: doc[k] for k in ("schedule", "p", "m", "v", "unit")}

@@ -1,0 +1,169 @@
+"""Ring attention — кольцевое внимание — 环形注意力.
+
+EN ring attention (zigzag load balancing) · RU кольцевое внимание (зигзагообразное
+разбиение) · ZH 环形注意力（之字形负载均衡）
+
+Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers for
+Near-Infinite Context", arXiv 2310.01889; the zigzag split of causal work:
+Brandon et al. 2023, "Striped Attention", arXiv 2311.09431, and Megatron-LM /
+Llama 3's context parallelism (each rank holds chunks r and 2P−1−r).
+
+Each of the P ranks of the context-parallel group holds its part of the
+sequence: its queries stay home while the key/value blocks travel around the
+ring (rank r sends to r+1, receives from r−1).  At step i = 0 … P−1 rank r
+holds the K/V block of rank j = (r − i) mod P and folds it into its running
+(o, lse) with the online-softmax merge (:mod:`minipar.nn.blockwise_attention`);
+the next block is already in flight (``Isend``/``Irecv`` posted before the
+compute, waited after: communication overlapped with computation).  No rank
+ever holds the whole sequence or an s × s score matrix.
+
+**Causal work and the zigzag split.**  With plain contiguous chunks rank r's
+queries see only the blocks j <= r: it computes (r+1)·(s/P)² scores per head,
+so rank P−1 does P times rank 0's work and everyone waits for it.  Cut the
+sequence into 2P chunks of c = s/(2P) and give rank r chunks r and 2P−1−r:
+they see r+1 and 2P−r key chunks, **(2P+1)·c² scores per head on every rank**
+(:func:`score_elements`; the positions: :class:`~minipar.parallel.cp_layout.Sharding`).
+Block pairs entirely above the diagonal are skipped
+(:func:`~minipar.nn.blockwise_attention.block_visible`).
+
+**Backward.**  Each rank keeps q, k, v, o and lse of its own tokens.  The K/V
+blocks travel the ring again, now with the accumulators dK, dV of their owner:
+at each step a rank adds its queries' contribution to the visiting block's
+dK, dV and its own dq, then passes both on; after P steps one last hop brings
+every dK, dV home.
+
+**Bytes per rank per layer** (E = b·(s/P)·d elements, one rank's K or V):
+
+    forward   2(P−1)·E                (K and V, P−1 hops)  == plan's ring_attention_bytes_per_rank
+    backward  2(P−1)·E  +  2P·E       (K, V again; dK, dV one hop more, in the compute dtype)
+
+Messages carry the tag of the blocking collective ``"ring_attention"``
+(:mod:`minipar.comm.tags`), so a rank that calls something else is named at
+once, and the counters file them under that operation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minipar.backend import xp
+from minipar.collectives import _base as B
+from minipar.nn._dtype import compute_dtype, down
+from minipar.nn.blockwise_attention import (
+    attention_block_backward,
+    attention_block_forward,
+    block_visible,
+    merge_attention,
+)
+from minipar.parallel.cp_layout import Sharding
+
+__all__ = ["OP", "Sharding", "backward_bytes", "forward_bytes", "ring_attention_backward",
+           "ring_attention_forward", "score_elements"]
+
+OP = "ring_attention"
+
+
+def _pairs(layout: Sharding, me: int, other: int) -> list[tuple[slice, slice, int, int]]:
+    """(my query slice, their key slice, q_offset, k_offset) for every block pair with work."""
+    out, qa = [], 0
+    for qs, qn in layout.chunks(me):
+        ka = 0
+        for ks, kn in layout.chunks(other):
+            if block_visible(qn, kn, qs, ks):
+                out.append((slice(qa, qa + qn), slice(ka, ka + kn), qs, ks))
+            ka += kn
+        qa += qn
+    return out
+
+
+def score_elements(layout: Sharding, rank: int) -> int:
+    """Scores q·k one rank computes per (batch row, head) in a forward: its causal work."""
+    return sum((q.stop - q.start) * (k.stop - k.start)
+               for j in range(layout.P) for q, k, _, _ in _pairs(layout, rank, j))
+
+
+def _ring(comm: Any) -> tuple[Any, int, int, int, int]:
+    c = B.traced(comm)
+    return c, c.size, c.rank, (c.rank + 1) % c.size, (c.rank - 1) % c.size
+
+
+def ring_attention_forward(comm: Any, q: Any, k: Any, v: Any,
+                           layout: Sharding) -> tuple[Any, tuple]:
+    """Causal attention of my queries over the whole sequence; ``(o, saved)``.
+
+    q, k, v: (B, H, t, d_h), my positions ``layout.positions(rank)``; o the same
+    shape, storage dtype.  ``comm``: the context-parallel group (rank order = ring)."""
+    c, P, r, right, left = _ring(comm)
+    if layout.P != P:
+        raise ValueError(f"ring attention: the sharding is for {layout.P} ranks, the "
+                         f"communicator has {P}")
+    o = xp.zeros(q.shape, dtype=compute_dtype(q.dtype))
+    lse = xp.full(q.shape[:3], -xp.inf, dtype=o.dtype)
+    kv = np.ascontiguousarray(np.stack([k, v]))  # one message: (2, B, H, t, d_h)
+    tag = B.tag_for(OP, kv.dtype)
+    with c.operation(OP):
+        for i in range(P):
+            j = (r - i) % P  # whose K/V block I hold now
+            reqs: list[Any] = []
+            if i < P - 1:  # the next block is in flight while I compute with this one
+                nxt = np.empty(kv.shape, kv.dtype)
+                reqs = [c.Irecv(nxt, left, tag), c.Isend(kv, right, tag)]
+            for qs, ks, qo, ko in _pairs(layout, r, j):
+                ob, lb = attention_block_forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
+                                                 qo, ko)
+                o[:, :, qs], lse[:, :, qs] = merge_attention(o[:, :, qs], lse[:, :, qs], ob, lb)
+            if reqs:
+                c.waitall(reqs)
+                kv = nxt
+    o = down(o, q.dtype)
+    return o, (q, k, v, o, lse, layout)
+
+
+def ring_attention_backward(comm: Any, saved: tuple, do: Any) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` of my positions for the output gradient ``do`` (B, H, t, d_h)."""
+    q, k, v, o, lse, layout = saved
+    c, P, r, right, left = _ring(comm)
+    cd = compute_dtype(q.dtype)
+    dq = xp.zeros(q.shape, dtype=cd)
+    kv = np.ascontiguousarray(np.stack([k, v]))
+    dkv = np.zeros(kv.shape, dtype=cd)  # the visiting block's dK, dV, travelling with it
+    tag, dtag = B.tag_for(OP, kv.dtype), B.tag_for(OP, dkv.dtype)
+    with c.operation(OP):
+        for i in range(P):
+            j = (r - i) % P
+            reqs: list[Any] = []
+            if i < P - 1:
+                nxt = np.empty(kv.shape, kv.dtype)
+                reqs = [c.Irecv(nxt, left, tag), c.Isend(kv, right, tag)]
+            for qs, ks, qo, ko in _pairs(layout, r, j):
+                a, b, g = attention_block_backward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
+                                                   o[:, :, qs], lse[:, :, qs], do[:, :, qs], qo, ko)
+                dq[:, :, qs] += a
+                dkv[0][:, :, ks] += b
+                dkv[1][:, :, ks] += g
+            if reqs:  # K/V first: the same tag as dK/dV when dtypes agree, matched in order
+                c.waitall(reqs)
+                kv = nxt
+            if P > 1:  # pass the accumulators on; after step P−1 this is the hop home
+                got = np.empty(dkv.shape, dkv.dtype)
+                c.Sendrecv(dkv, right, dtag, got, left, dtag)
+                dkv = got
+    dt = q.dtype
+    return down(dq, dt), down(dkv[0], dt), down(dkv[1], dt)
+
+
+def forward_bytes(b: int, s: int, d: int, P: int, itemsize: int) -> int:
+    """Bytes one rank sends in one layer's ring forward: 2(P−1)·b·(s/P)·d·itemsize."""
+    return 2 * (P - 1) * b * (s // P) * d * itemsize
+
+
+def backward_bytes(b: int, s: int, d: int, P: int, itemsize: int,
+                   acc_itemsize: int | None = None) -> int:
+    """Bytes one rank sends in one layer's ring backward: K, V P−1 hops, dK, dV P hops
+    (``acc_itemsize``: the accumulators' compute dtype; default ``itemsize``)."""
+    if P == 1:
+        return 0
+    e = b * (s // P) * d
+    return 2 * (P - 1) * e * itemsize + 2 * P * e * (acc_itemsize or itemsize)

@@ -1,0 +1,290 @@
+"""Tensor parallelism (Megatron): slicing by columns and rows — тензорный параллелизм
+(разрезание по столбцам и строкам) — 张量并行（按列与按行切分）.
+
+EN tensor parallelism, column / row parallelism · RU тензорный параллелизм, разрезание по
+столбцам / строкам · ZH 张量并行，列并行 / 行并行
+
+Shoeybi, Patwary, Puri, LeGresley, Casper & Catanzaro 2019, "Megatron-LM: Training
+Multi-Billion Parameter Language Models Using Model Parallelism", arXiv 1909.08053, §3.
+t ranks share every layer; rank r holds a slice of each weight, cut from the full,
+partition-independent initialisation (``GPT(cfg).init(seed)`` then :func:`shard_params`):
+
+* ``ColumnParallelLinear``: W = [W_0 | … | W_{t-1}] by columns, Y_r = X W_r.  The input X
+  is replicated, so it enters through **f** (identity forward, all-reduce backward:
+  every rank's dX_r = dY_r W_rᵀ is a partial sum).  ``gather_output`` all-gathers the
+  columns; Megatron leaves them split when a row-parallel layer follows.
+* ``RowParallelLinear``: W = [W_0; …; W_{t-1}] by rows, Y = Σ_r X_r W_r.  The partial
+  products leave through **g** (all-reduce forward, identity backward); the bias is added
+  once, *after* the sum.  ``input_is_parallel=False`` cuts a replicated X first.
+* ``VocabParallelEmbedding``: rank r holds the rows of vocabulary ids
+  [r·V/t, (r+1)·V/t); ids outside give zero rows, and g sums the ranks' rows.
+* vocab-parallel cross-entropy on column-parallel logits z_r (N, V/t): no rank ever
+  holds the full (N, V) logits (:mod:`minipar.parallel.vocab_parallel_loss`, re-exported).
+
+Sequence parallelism (Korthikanti et al. 2022, :mod:`minipar.parallel.sequence_parallel`)
+is an option of the same layers (``sequence_parallel=True``): f becomes an all-gather
+along the sequence (the input arrives as a sequence shard) and g a reduce-scatter along
+it; the column-parallel layer then saves only its sequence shard of X and all-gathers it
+again in backward (op ``"sp_regather"``), as Megatron does, so the saved activations are
+1/t of TP's.
+
+Every communication is one of the conjugate pairs (:mod:`minipar.comm.pairs`), counted
+under the pair's name (``tp_f``, ``tp_g``, ``sp_f``, ``sp_g``) or the ``op`` a layer is
+given (the embedding and head use their own names, so that a block's count stays
+"2 all-reduces forward + 2 backward").  Tests: tests/test_tensor_parallel.py (each layer
+against the serial one, float64; the vocab-parallel loss against the serial loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minipar.collectives import _base as B
+from minipar.collectives.ring import all_gather
+from minipar.comm.pairs import (
+    copy_to_parallel,
+    gather_from_sequence,
+    reduce_from_parallel,
+    scatter_to_sequence,
+)
+from minipar.nn._dtype import matmul
+from minipar.nn.gpt import param_shapes
+from minipar.nn.gpt_config import GPTConfig
+from minipar.nn.layers import bias_backward, bias_forward, embedding_backward
+from minipar.parallel.vocab_parallel_loss import (
+    vocab_parallel_cross_entropy_backward,
+    vocab_parallel_cross_entropy_forward,
+)
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+           "check_tp", "gather_params", "kind_of", "shard_params", "split_columns",
+           "split_rows", "unshard_params", "vocab_parallel_cross_entropy_backward",
+           "vocab_parallel_cross_entropy_forward"]
+
+
+# ---------------------------------------------------------------------------- checks, slicing
+def check_tp(cfg: GPTConfig, t: int, sequence_parallel: bool = False,
+             seq: int | None = None) -> None:
+    """ValueError naming the numbers unless ``cfg`` can be sliced ``t`` ways (local check:
+    every rank raises alike, before any message).  SP also needs ``seq`` % t == 0."""
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
+        raise ValueError(f"the tensor-parallel size must be a positive integer, got {t!r}")
+    for what, n, why in (("heads", cfg.n_head, "each rank takes heads/t whole heads"),
+                         ("d_ff", cfg.d_ff, "each rank takes d_ff/t MLP columns"),
+                         ("vocab", cfg.vocab_size, "each rank takes vocab/t embedding rows")):
+        if n % t:
+            raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel size "
+                             f"t = {t}: {why}")
+    if sequence_parallel:
+        if seq is not None and seq % t:
+            raise ValueError(f"sequence length {seq} is not divisible by the sequence-parallel "
+                             f"size t = {t}: each rank keeps seq/t positions")
+        if cfg.n_experts:
+            raise ValueError("sequence parallelism with a mixture of experts is not built: "
+                             "use tensor parallelism alone (run tp) for an MoE GPT")
+
+
+def split_columns(a: Any, t: int, r: int, parts: int = 1) -> Any:
+    """Rank r's columns (last axis) of ``a``: each of ``parts`` equal groups cut t ways and
+    rank r's pieces concatenated (``parts=3``: the q, k and v columns of its heads)."""
+    groups = np.split(a, parts, axis=-1)
+    return np.ascontiguousarray(np.concatenate([np.split(g, t, axis=-1)[r] for g in groups],
+                                               axis=-1))
+
+
+def split_rows(a: Any, t: int, r: int) -> Any:
+    """Rank r's rows (first axis) of ``a``, cut in t equal blocks."""
+    return np.ascontiguousarray(np.split(a, t, axis=0)[r])
+
+
+def kind_of(name: str) -> str:
+    """How a GPT parameter is sliced: ``"rows"``, ``"columns"``, ``"qkv"`` (columns per
+    head), or ``"replicated"`` (every rank holds all of it)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if name == "tok_emb":
+        return "rows"  # vocabulary rows
+    if name == "lm_head":
+        return "columns"  # vocabulary columns
+    if leaf in ("w_qkv", "b_qkv"):
+        return "qkv"
+    if leaf in ("w_in", "b_in"):
+        return "columns"
+    if leaf == "w_out":
+        return "rows"
+    return "replicated"  # embeddings of positions, LayerNorms, router, b_out
+
+
+def _slice(name: str, a: Any, t: int, r: int) -> Any:
+    k = kind_of(name)
+    if k == "rows":
+        return split_rows(a, t, r)
+    if k in ("columns", "qkv"):
+        return split_columns(a, t, r, 3 if k == "qkv" else 1)
+    return np.array(a, copy=True)
+
+
+def shard_params(full: dict[str, Any], cfg: GPTConfig, t: int, r: int) -> dict[str, Any]:
+    """Rank r's shard of the full parameters, same names and order (:func:`kind_of`)."""
+    check_tp(cfg, t)
+    return {n: _slice(n, full[n], t, r) for n in param_shapes(cfg)}
+
+
+def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, Any]:
+    """The full parameters from every rank's shard (rank order); replicated ones from rank 0."""
+    t, out = len(shards), {}
+    for n in param_shapes(cfg):
+        k, ps = kind_of(n), [s[n] for s in shards]
+        if k == "rows":
+            out[n] = np.concatenate(ps, axis=0)
+        elif k == "columns":
+            out[n] = np.concatenate(ps, axis=-1)
+        elif k == "qkv":
+            thirds = [np.split(p, 3, axis=-1) for p in ps]
+            out[n] = np.concatenate([np.concatenate([th[j] for th in thirds], axis=-1)
+                                     for j in range(3)], axis=-1)
+        else:
+            out[n] = ps[0]
+    assert t >= 1
+    return out
+
+
+def gather_params(comm: Any, shard: dict[str, Any], cfg: GPTConfig) -> dict[str, Any]:
+    """The full parameters on every rank of ``comm`` (pickled all-gather: reporting only)."""
+    c = B.traced(comm)
+    with c.operation("report"):
+        shards = c.comm.allgather(shard)
+    return unshard_params(shards, cfg)
+
+
+# --------------------------------------------------------------------------- helpers
+def _gather_last(comm: Any, x: Any, op: str) -> Any:
+    """All-gather along the last axis (rank order): the columns of every rank."""
+    c = B.traced(comm)
+    with c.operation(op):
+        full = all_gather(c, np.moveaxis(x, -1, 0))
+    return np.ascontiguousarray(np.moveaxis(full, 0, -1))
+
+
+def _mine_last(x: Any, t: int, r: int) -> Any:
+    """This rank's equal share of the last axis (no message)."""
+    return np.ascontiguousarray(np.split(x, t, axis=-1)[r])
+
+
+def _dw(x: Any, dy: Any) -> Any:
+    return matmul(x.reshape(-1, x.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
+
+
+# ---------------------------------------------------------------------------- layers
+class ColumnParallelLinear:
+    """Y_r = f(X) W_r (+ b_r); p = {"w": (d_in, d_out/t), "b": (d_out/t,) optional}.
+
+    ``sequence_parallel``: X is this rank's sequence shard (axis 1) and f is the
+    all-gather along the sequence; ``op``: count the input's pair under this name."""
+
+    def __init__(self, comm: Any, gather_output: bool = False,
+                 sequence_parallel: bool = False, op: str | None = None) -> None:
+        self.comm, self.gather_output, self.sp, self.op = comm, gather_output, sequence_parallel, op
+
+    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
+        if self.sp:
+            x_in = gather_from_sequence.forward(self.comm, x, op=self.op)
+        else:
+            x_in = copy_to_parallel.forward(self.comm, x, op=self.op)
+        y = matmul(x_in, p["w"])
+        if p.get("b") is not None:
+            y = bias_forward(y, p["b"])
+        if self.gather_output:
+            y = _gather_last(self.comm, y, "tp_gather")
+        return y, (x,)  # SP: only the shard is kept, gathered again in backward
+
+    def backward(self, p: dict[str, Any], saved: tuple, dy: Any) -> tuple[Any, dict[str, Any]]:
+        (x,) = saved
+        c = self.comm
+        if self.gather_output:
+            dy = _mine_last(dy, c.Get_size(), c.Get_rank())
+        grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
+        x_in = gather_from_sequence.forward(c, x, op="sp_regather") if self.sp else x
+        grads["w"] = _dw(x_in, dy)
+        del x_in
+        dx = matmul(dy, p["w"].T)
+        if self.sp:
+            return gather_from_sequence.backward(c, dx, op=self.op), grads
+        return copy_to_parallel.backward(c, dx, op=self.op), grads
+
+
+class RowParallelLinear:
+    """Y = g(Σ_r X_r W_r) + b; p = {"w": (d_in/t, d_out), "b": (d_out,) optional, replicated}.
+
+    ``input_is_parallel=False``: X is replicated and each rank takes its columns first
+    (backward all-gathers dX); ``sequence_parallel``: g is the reduce-scatter along the
+    sequence, and Y (and b's gradient) is this rank's sequence shard."""
+
+    def __init__(self, comm: Any, input_is_parallel: bool = True,
+                 sequence_parallel: bool = False, op: str | None = None) -> None:
+        self.comm, self.input_is_parallel = comm, input_is_parallel
+        self.sp, self.op = sequence_parallel, op
+
+    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
+        c = self.comm
+        if not self.input_is_parallel:
+            x = _mine_last(x, c.Get_size(), c.Get_rank())
+        partial = matmul(x, p["w"])
+        if self.sp:
+            y = scatter_to_sequence.forward(c, partial, op=self.op)
+        else:
+            y = reduce_from_parallel.forward(c, partial, op=self.op)
+        del partial
+        if p.get("b") is not None:
+            y = bias_forward(y, p["b"])  # once, after the sum
+        return y, (x,)
+
+    def backward(self, p: dict[str, Any], saved: tuple, dy: Any) -> tuple[Any, dict[str, Any]]:
+        (x,) = saved
+        c = self.comm
+        grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
+        if self.sp:
+            dy = scatter_to_sequence.backward(c, dy, op=self.op)
+        else:
+            dy = reduce_from_parallel.backward(c, dy, op=self.op)
+        grads["w"] = _dw(x, dy)
+        dx = matmul(dy, p["w"].T)
+        if not self.input_is_parallel:
+            dx = _gather_last(c, dx, "tp_gather")
+        return dx, grads
+
+
+class VocabParallelEmbedding:
+    """Rows [r·V/t, (r+1)·V/t) of the token table on rank r; p = {"table": (V/t, d)}.
+
+    y = g(E_r[ids − lo] where lo <= id < hi, else 0); SP: the reduce-scatter along the
+    sequence (y is this rank's sequence shard).  Backward scatters dy into the rows
+    this rank owns."""
+
+    def __init__(self, comm: Any, vocab_size: int, sequence_parallel: bool = False,
+                 op: str | None = None) -> None:
+        self.comm, self.vocab_size, self.sp, self.op = comm, vocab_size, sequence_parallel, op
+
+    def forward(self, p: dict[str, Any], ids: Any) -> tuple[Any, tuple]:
+        table = p["table"]
+        lo = B.traced(self.comm).rank * table.shape[0]
+        local = ids - lo
+        outside = (local < 0) | (local >= table.shape[0])
+        local[outside] = 0
+        y = table[local]
+        y[outside] = 0
+        if self.sp:
+            y = scatter_to_sequence.forward(self.comm, y, op=self.op)
+        else:
+            y = reduce_from_parallel.forward(self.comm, y, op=self.op)
+        return y, (local, outside, table.shape, table.dtype)
+
+    def backward(self, p: dict[str, Any], saved: tuple, dy: Any) -> tuple[None, dict[str, Any]]:
+        local, outside, shape, dtype = saved
+        if self.sp:
+            dy = scatter_to_sequence.backward(self.comm, dy, op=self.op)
+        else:
+            dy = np.array(reduce_from_parallel.backward(self.comm, dy, op=self.op), copy=True)
+        dy[outside] = 0
+        return None, {"table": embedding_backward((local, shape, dtype), dy)}

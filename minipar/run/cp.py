@@ -1,0 +1,114 @@
+"""``minipar run cp --kind ulysses|ring``: context parallelism, its options and its measurements.
+
+EN context parallelism · RU контекстный параллелизм · ZH 上下文并行
+
+Launcher side: ``--kind`` (``ulysses``: DeepSpeed-Ulysses, Jacobs et al.
+2023, arXiv 2309.14509; ``ring``: ring attention, Liu et al. 2023, arXiv
+2310.01889) and ``--zigzag/--no-zigzag`` (the ring's causal load balance, on
+by default), checked before MPI starts by
+:func:`minipar.parallel.cp_layout.check`: the sequence must divide by cp
+(2·cp with zigzag), the heads by cp for Ulysses.  Every rank is one rank of
+the grid's ``cp`` axis and holds the whole batch's rows, its part of the
+sequence.  Rank side: :func:`minipar.parallel.cp_measure.measure` trains and
+counts; :func:`measure` reports per rank the bytes sent per step by
+operation and by axis next to the exact formula, one layer's attention
+bytes next to the paper's figure, and the attention activation bytes per
+layer (a ledger of what the core saved) next to the formula and the serial
+layer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+KINDS = ("ulysses", "ring")  # minipar.parallel.cp_layout.KINDS (a test checks they agree)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("context parallelism")
+    g.add_argument("--kind", choices=KINDS, default="ring",
+                   help="ring (ring attention, default) or ulysses (DeepSpeed-Ulysses)")
+    g.add_argument("--zigzag", action=argparse.BooleanOptionalAction, default=None,
+                   help="ring: rank r holds chunks r and 2cp-1-r to balance causal work "
+                        "(default on for ring; Ulysses has no chunks to zigzag and "
+                        "refuses --zigzag)")
+
+
+def zigzag(options: dict[str, Any]) -> bool:
+    """``--zigzag`` as given, else on for the ring and off for Ulysses."""
+    z = options.get("zigzag")
+    return options.get("kind", "ring") == "ring" if z is None else bool(z)
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    """Launcher side: sequence (and heads, for Ulysses) divisible by the cp ranks."""
+    from minipar.parallel.cp_layout import check as cp_check
+
+    cp_check(spec.seq, spec.heads, options["ranks"], options.get("kind", "ring"),
+             zigzag(options), spec.experts)
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """Rank side: train with context parallelism; rank 0 returns every rank's figures."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.parallel.cp_measure import measure as cp_measure
+
+    comm = TracedComm(MPI.COMM_WORLD)
+    kind = options.get("kind", "ring")
+    m = cp_measure(comm, spec, kind, zigzag(options))
+    rows = comm.comm.gather({k: m[k] for k in m if k not in ("losses", "params")})
+    if comm.rank != 0:
+        return None
+    n = comm.size
+    per = [sum(r["bytes_by_op"].values()) for r in rows]
+    exact = [sum(r["bytes_by_op_formula"].values()) for r in rows]
+    att_f = rows[0]["attention_bytes_per_layer_formula"]
+    paper = rows[0]["attention_paper_bytes_per_layer"]
+    name = "DeepSpeed-Ulysses" if kind == "ulysses" else (
+        "ring attention, " + ("zigzag" if m["zigzag"] else "contiguous") + " chunks")
+    fwd = ", ".join(f"{r['attention_forward_bytes_per_layer']:,}" for r in rows)
+    act = ", ".join(f"{r['activation_per_layer'][0]:,}" for r in rows)
+    work = ", ".join(f"{r['score_elements']:,}" for r in rows)
+    paper_text = ("4Nh/P per link (N = b·s)" if kind == "ulysses"
+                  else "2(P-1)·b·s·h/P per rank")
+    paper_line = f"the paper's {paper_text} = {paper:,.0f}"
+    if kind == "ulysses":  # a rank keeps its own 1/P of what it all-to-alls
+        paper_line += (f", x (P-1)/P = {paper * (n - 1) / n:,.0f} per rank (each rank keeps "
+                       f"its own 1/P share)")
+    axes = sorted({a for r in rows for a in r["bytes_by_axis"]})
+    axis_text = "; ".join(f"{a} " + ", ".join(f"{r['bytes_by_axis'].get(a, 0):,}" for r in rows)
+                          for a in axes) or "none sent"
+    return {
+        "ranks": n, "data_parallel_ranks": 1, "losses": m["losses"], "params": m["params"],
+        "kind": kind, "zigzag": m["zigzag"], "cp": n,
+        "bytes_sent_per_rank": per, "bytes_exact_per_rank": exact,
+        "bytes_exact_text": "attention exchange + ring all-reduce of the gradients and the loss",
+        "bytes_by_op_per_rank": [r["bytes_by_op"] for r in rows],
+        "bytes_by_axis_per_rank": [r["bytes_by_axis"] for r in rows],
+        "attention_forward_bytes_per_layer_per_rank": [r["attention_forward_bytes_per_layer"]
+                                                       for r in rows],
+        "attention_bytes_per_layer_formula": att_f,
+        "attention_paper_bytes_per_layer": paper,
+        "activation_bytes_per_rank": [r["activation_per_layer"][0] for r in rows],
+        "activation_formula": rows[0]["activation_formula"],
+        "serial_activation_bytes": rows[0]["serial_activation_formula"],
+        "score_elements_per_rank": [r["score_elements"] for r in rows],
+        "positions_per_rank": [r["positions"] for r in rows],
+        "notes": [
+            (f"context parallelism over {n} rank{'s' if n != 1 else ''}: {name}; seq "
+             f"{spec.seq}, batch "
+             f"{spec.batch}, d_model {spec.d_model}, heads {spec.heads}, layers {spec.layers}"),
+            (f"attention bytes sent per rank, one layer forward (counted): {fwd}; exact "
+             f"{att_f['forward']:,} (backward {att_f['backward']:,}); {paper_line}"),
+            (f"attention activation bytes per rank per layer (ledger of the saved arrays): "
+             f"{act}; formula {rows[0]['activation_formula']:,}; the serial layer's "
+             f"{rows[0]['serial_activation_formula']:,}, / P = "
+             f"{rows[0]['serial_activation_formula'] / n:,.0f}"),
+            (f"attention scores computed per rank per batch row, all heads (causal work): "
+             f"{work}; the serial layer's H·s² = {spec.heads * spec.seq ** 2:,}"),
+            "bytes sent per rank per step by grid axis: " + axis_text,
+        ],
+    }

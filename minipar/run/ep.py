@@ -1,0 +1,136 @@
+"""``minipar run ep``: expert parallelism, its options and its measurements.
+
+EN expert parallelism · RU параллелизм экспертов · ZH 专家并行
+
+    minipar run ep -n 4 --experts 4 --top-k 2 --capacity-factor 1.0 [--ep 2] [--json]
+
+Launcher side: ``--ep`` (ranks per expert-parallel group, default ``-n``)
+and :func:`minipar.parallel.expert_config.check_ep` (a mixture of experts,
+E divisible by ep, top-k 1 or 2 and at most E, capacity factor > 0, ep
+dividing the ranks), before MPI starts.  Rank side:
+:class:`minipar.parallel.expert_parallel.ExpertParallel` trains ``--steps``
+steps (GShard, arXiv 2006.16668: tokens to their experts' ranks by
+all-to-all and back; dense gradients all-reduced over all ranks, experts'
+over their replicas) and :func:`measure` reports, besides the verdict against
+the serial run: the capacity C of each rank's group, ``tokens_per_expert``
+(per MoE block, the last step, all ranks), ``dropped`` per step, and the
+bytes each rank sent per step on each grid axis (ep: the all-to-alls, edp:
+expert gradients, dp: dense gradients), counted, next to the exact formula
+and to ``minipar.plan.moe``'s padded all-to-all figure, and the model-state
+bytes each rank holds (the dense parameters and its E/ep experts), measured,
+next to the formula and to a full replica's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minipar.cli_errors import integer
+
+AXES = ("ep", "edp", "dp")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("expert parallelism")
+    g.add_argument("--ep", type=integer(1), default=None,
+                   help="ranks per expert-parallel group: each holds E/ep experts; must divide "
+                        "-n and --experts (default: -n, every rank one share of the experts)")
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    """Launcher side: a row of the batch per rank, and :func:`check_ep`."""
+    from minipar.parallel.common import check_world
+    from minipar.parallel.expert_config import check_ep
+
+    n = options["ranks"]
+    check_world(spec.batch, n)
+    ep = options.get("ep") or n
+    try:
+        check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, n)
+    except ValueError as e:  # name where ep came from when the learner did not give it
+        if options.get("ep"):
+            raise
+        raise ValueError(str(e).replace(f"--ep {n}", f"--ep {n} (default: -n)")) from None
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """Rank side: EP x DP training; rank 0 returns every rank's figures."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.nn import GPT
+    from minipar.parallel.data_parallel import replica_model_state_bytes
+    from minipar.parallel.expert_parallel import ExpertParallel
+    from minipar.plan.moe import moe_alltoall_bytes_per_rank
+
+    comm = TracedComm(MPI.COMM_WORLD)
+    eng = ExpertParallel(comm, spec, options.get("ep"))
+    losses = eng.train()
+    final = eng.full_params()
+    lo, hi = eng.rows
+    plan = spec.layers * moe_alltoall_bytes_per_rank(
+        (hi - lo) * spec.seq, spec.d_model, eng.ep_size, spec.top_k, spec.experts,
+        spec.capacity_factor, bytes_per_elem=eng.itemsize, backward=True)
+    mine = {"counted": eng.bytes_by_axis(), "formula": eng.bytes_formula(),
+            "a2a_data": eng.alltoall_data_bytes(), "plan": plan, "experts": eng.experts,
+            "capacity": eng.caps[eng.grid.coord("ep")], "tokens": (hi - lo) * spec.seq,
+            "state": sum(eng.states.bytes_by_category().values()), "psi": eng.layout.size,
+            "stats": eng.stats}
+    rows = comm.comm.gather(mine)  # a report, not training traffic: not counted
+    if comm.rank != 0:
+        return None
+    n, ep = comm.size, eng.ep_size
+    full = GPT(spec.config()).n_params()
+    blocks = len(rows[0]["stats"][-1])
+    last = [[sum(r["stats"][-1][b]["tokens_per_expert"][e] for r in rows)
+             for e in range(spec.experts)] for b in range(blocks)]
+    routed = [[sum(r["stats"][-1][b]["routed"][e] for r in rows)
+               for e in range(spec.experts)] for b in range(blocks)]
+    dropped = [sum(s["dropped"] for r in rows for s in r["stats"][t]) for t in range(spec.steps)]
+    assignments = spec.batch * spec.seq * spec.top_k * blocks
+    notes = [f"E = {spec.experts} experts per MoE block, top-{spec.top_k}, capacity factor "
+             f"{spec.capacity_factor:g}; ep {ep} x edp {n // ep}: rank r holds experts "
+             + ", ".join(f"{r}: {rows[r]['experts']}" for r in range(n)),
+             (f"capacity C = ceil(n_r/E x {spec.capacity_factor:g}) of each rank's group, its "
+              f"own n_r = rows x {spec.seq} tokens {[r['tokens'] for r in rows]}: "
+              f"{[r['capacity'] for r in rows]}"),
+             f"dropped per step (all ranks and blocks, of {assignments} assignments): {dropped}"]
+    for b in range(blocks):
+        notes.append(f"block {b}, last step: first choices per expert {routed[b]}, "
+                     f"tokens kept per expert {last[b]}")
+    notes.append("bytes per rank per step by axis, counted (= exact formula):")
+    for r, row in enumerate(rows):
+        cells = [f"{a} {row['counted'][a]:,.0f} ({row['formula'][a]:,.0f})" for a in AXES]
+        notes.append(f"  rank {r}: " + ", ".join(cells))
+    def per_rank(key: str) -> str:
+        return ", ".join(f"{r[key]:,.0f}" for r in rows)
+
+    notes.append(f"  all-to-all data per rank per step (without the counts): "
+                 f"{per_rank('a2a_data')}; minipar.plan.moe's padded-buffer figure, "
+                 f"4(ep-1)/ep x E·C·d·b per MoE layer x {blocks} MoE layers: {per_rank('plan')}"
+                 + (" (the plan sizes C over N·k tokens as GShard does; the serial block, "
+                    "and so this run, over N)" if spec.top_k > 1 else ""))
+    return {"ranks": n, "data_parallel_ranks": n, "ep": ep, "edp": n // ep,
+            "experts": spec.experts, "top_k": spec.top_k,
+            "capacity_factor": spec.capacity_factor,
+            "capacity_per_rank": [r["capacity"] for r in rows],
+            "losses": losses, "params": final,
+            "tokens_per_expert": last, "routed": routed, "dropped": dropped,
+            "assignments_per_step": assignments,
+            "bytes_by_axis_per_rank": [r["counted"] for r in rows],
+            "bytes_formula_by_axis_per_rank": [r["formula"] for r in rows],
+            "bytes_sent_per_rank": [sum(r["counted"][a] for a in AXES) for r in rows],
+            "bytes_exact_per_rank": [sum(r["formula"][a] for a in AXES) for r in rows],
+            "bytes_exact_text": "all-to-alls on ep + expert grads on edp + dense grads on dp",
+            "alltoall_data_bytes_per_rank": [r["a2a_data"] for r in rows],
+            "alltoall_plan_bytes_per_rank": [r["plan"] for r in rows],
+            "model_state_bytes_per_rank": [r["state"] for r in rows],
+            "model_state_formula": replica_model_state_bytes(rows[0]["psi"], spec.precision,
+                                                             spec.optimizer),
+            "model_state_formula_text": (
+                f"params + grads + optimizer states ({spec.precision}) of the dense "
+                f"parameters and E/ep = {spec.experts // ep} experts per block, "
+                f"{rows[0]['psi']:,} of the model's {full:,} (a full replica: "
+                f"{replica_model_state_bytes(full, spec.precision, spec.optimizer):,} B)"),
+            "notes": notes}

@@ -1,0 +1,204 @@
+"""``minipar run hybrid``: 3D/4D parallelism on one grid, bytes and memory per axis.
+
+EN 3D parallelism (hybrid parallelism) · RU трёхмерный (гибридный) параллелизм ·
+ZH 3D 并行（混合并行）
+
+    minipar run hybrid --dp D --tp T --pp P [--cp C] [--ep E] [--zero S]
+                       [--schedule gpipe|1f1b|interleaved] [--micro-batches M]
+                       [--chunks V] [--remat [K]] [--sequence-parallel]
+                       [--no-scatter-gather] -n N
+
+Launcher side: :func:`minipar.parallel.hybrid_config.check_hybrid` before MPI starts
+(dp·pp·cp·tp = N, tp dividing heads / d_ff / vocab, pp at most the layers, ep dividing
+the experts and dp·cp, the pipeline's own checks).  Rank side:
+:class:`minipar.parallel.hybrid.HybridParallel` (PTD-P, Narayanan et al. 2021, arXiv
+2104.04473) trains ``--steps`` steps, and the summary adds, per rank: its coordinates,
+the bytes sent per step on each grid axis (counted) next to the exact formula, the
+model-state and activation bytes held next to the planner's
+(:func:`minipar.plan.layouts.layout_memory`, float64: 8-byte elements, K = 16).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minipar.cli_errors import integer
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: a model the usual grids of 8 ranks can cut (tp up to 4, pp up to 4), with a batch that
+#: dp·m divides, so the planner's layouts (even micro-batches) compare with the run
+MODEL_DEFAULTS = {"batch": 8, "layers": 4, "heads": 4, "vocab": 8}
+AXES = ("tp", "pp_p2p", "cp", "dp", "ep", "edp")
+#: what tp carries: the blocks' f and g, PTD-P's pipeline all-gather (both in the formula),
+#: then the embedding, head and vocabulary-parallel loss (not in it)
+TP_OPS = ("tp_f", "tp_g", "sp_f", "sp_g", "pp_tp_gather", "tp_embed", "tp_head", "tp_ce",
+          "sp_embed", "sp_head", "sp_regather", "sp_param_grads")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from minipar.run import remat_offload
+
+    g = parser.add_argument_group("the grid (dp x pp x cp x tp = -n; ep over dp·cp)")
+    for axis, what in (("dp", "data-parallel replicas (default: -n / (pp·cp·tp))"),
+                       ("pp", "pipeline stages (default 1)"),
+                       ("tp", "tensor-parallel size (default 1)"),
+                       ("cp", "context-parallel size (default 1)"),
+                       ("ep", "expert-parallel size over the dp·cp ranks (default 1)")):
+        g.add_argument(f"--{axis}", type=integer(1), default=None if axis == "dp" else 1,
+                       metavar=axis.upper(), help=what)
+    g.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
+                   help="context parallelism: ring attention (zigzag) or Ulysses (default ring)")
+    g.add_argument("--zero", type=integer(0, 1), default=0, metavar="S",
+                   help="ZeRO stage over the dp·cp ranks: 0 (all-reduce) or 1 (default 0)")
+    g.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                   help="pipeline schedule (default 1f1b)")
+    g.add_argument("--micro-batches", type=integer(1), default=None, metavar="M",
+                   help="micro-batches per step (default: 4, or the fewest rows of a replica)")
+    g.add_argument("--chunks", type=integer(1), default=1, metavar="V",
+                   help="model chunks per stage, with --schedule interleaved (default 1)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: sequence parallelism (Korthikanti et al.): LayerNorms on a "
+                        "sequence shard, which is what travels between stages")
+    g.add_argument("--no-scatter-gather", action="store_true",
+                   help="send whole activations between stages on every tp rank (default: "
+                        "each sends 1/t, the next stage all-gathers: PTD-P §4.1)")
+    remat_offload.add_arguments(parser)
+
+
+def sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """dp, pp, cp, tp, ep and m from the options (dp and m filled in when not given)."""
+    from minipar import spans
+
+    n = options["ranks"]
+    s = {a: options.get(a) or 1 for a in ("pp", "cp", "tp", "ep")}
+    inner = s["pp"] * s["cp"] * s["tp"]
+    dp = options.get("dp")
+    if dp is None:
+        if n % inner:
+            raise ValueError(f"-n {n} is not divisible by pp·cp·tp = {s['pp']}·{s['cp']}·"
+                             f"{s['tp']} = {inner}: give sizes whose product is {n}")
+        dp = n // inner
+    m = options.get("micro_batches")
+    if m is None:
+        m = max(1, min(4, spans.counts(spec.batch, dp)[-1] if spec.batch >= dp else 1))
+    return {"dp": dp, **s, "m": m}
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    """Launcher side: every check of the grid, the slicing, the pipeline, before MPI."""
+    from minipar.parallel.hybrid_config import check_hybrid
+    from minipar.run import remat_offload
+
+    z = sizes(options, spec)
+    remat = options.get("remat")
+    check_hybrid(options["ranks"], spec, z["dp"], z["pp"], z["tp"], z["cp"], z["ep"],
+                 options.get("zero", 0), options.get("schedule", "1f1b"), z["m"],
+                 options.get("chunks", 1), None, True if remat == 0 else remat,
+                 options.get("cp_kind", "ring"), options.get("sequence_parallel", False))
+    remat_offload.check(options, spec)
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """Rank side: train on the grid; rank 0 returns every rank's figures."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
+    from minipar.parallel.hybrid import HybridParallel
+
+    z = sizes(options, spec)
+    remat = options.get("remat")
+    grid = Grid(TracedComm(MPI.COMM_WORLD), dp=z["dp"], pp=z["pp"], tp=z["tp"], cp=z["cp"],
+                ep=z["ep"])
+    h = HybridParallel(grid, spec, options.get("schedule", "1f1b"), z["m"],
+                       options.get("chunks", 1), None, True if remat == 0 else remat,
+                       options.get("offload"), options.get("offload_dir")
+                       if options.get("offload") == "disk" else None,
+                       zero=options.get("zero", 0), cp_kind=options.get("cp_kind", "ring"),
+                       scatter_gather=not options.get("no_scatter_gather", False),
+                       sequence_parallel=options.get("sequence_parallel", False))
+    losses = h.train()
+    params = h.full_params()
+    steps = len(h.records)
+    counted = {a: b / steps for a, b in grid.bytes_by_axis().items()}
+    ops = {op: st.bytes_sent / steps for op, st in grid.world.stats.ops.items()}
+    mine = {"rank": grid.rank, "coords": {a: grid.coord(a) for a in ("dp", "pp", "cp", "tp",
+                                                                      "ep", "edp")},
+            "axes": {a: counted[a] for a in AXES},
+            "tp_ops": {op: ops.get(op, 0) for op in TP_OPS},
+            "formula": None if spec.experts else h.bytes_formula(),
+            "states": sum(h.model_state_bytes().values()), "params": h.states.layout.size,
+            "act": h.activation_peak_bytes}
+    everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather
+    grid.free()
+    if grid.rank != 0:
+        return None
+    return _summary(options, spec, z, h, losses, params, everyone)
+
+
+def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any, losses: Any,
+             params: Any, everyone: list[dict[str, Any]]) -> dict[str, Any]:
+    from minipar.plan.layouts import Layout, gpt_model, layout_memory
+
+    dp, pp, cp, tp, ep, m = (z[k] for k in ("dp", "pp", "cp", "tp", "ep", "m"))
+    zero, e = options.get("zero", 0), h.states.params.itemsize
+    plan = None
+    if not spec.experts and spec.batch % (dp * m) == 0 and spec.layers % pp == 0:
+        model = gpt_model(spec.layers, spec.d_model, spec.vocab, spec.seq, spec.heads)
+        lay = Layout(dp, tp, pp, cp, zero, "none", spec.batch // (dp * m), m)
+        plan = layout_memory(model, lay, itemsize=e, K=16 if e == 8 else 12, formula="minipar",
+                             sequence_parallel=bool(options.get("sequence_parallel")))
+    notes = [f"grid dp {dp} x pp {pp} x cp {cp} x tp {tp}" + (f", ep {ep} over dp·cp" if ep > 1
+                                                              else "")
+             + f"; {options.get('schedule', '1f1b')}, m = {m} micro-batches"
+             + (f", ZeRO-{zero} over the dp·cp ranks" if zero else ""),
+             "rank: (dp, pp, cp, tp) | bytes sent per step on each axis, counted [formula]"]
+    for r in everyone:
+        c, f = r["coords"], r["formula"]
+        cells = []
+        for a in AXES:
+            got = r["axes"][a]
+            want = None if f is None else f.get(a)
+            if a == "tp" and got:
+                o = r["tp_ops"]
+                mine = o["tp_f"] + o["tp_g"] + o["sp_f"] + o["sp_g"] + o["pp_tp_gather"]
+                cells.append(f"tp {got:,.0f} (blocks + pipeline gathers {mine:,.0f}"
+                             + (f" [{want:,}]" if want is not None else "") + ")")
+            elif got or want:
+                cells.append(f"{a} {got:,.0f}" + (f" [{want:,}]" if want is not None else ""))
+        notes.append(f"  {r['rank']:>3}: ({c['dp']}, {c['pp']}, {c['cp']}, {c['tp']}) | "
+                     + (", ".join(cells) or "nothing"))
+    notes.append("memory per rank (bytes): model states + activation peak = "
+                 + ", ".join(f"{r['states']:,} + {r['act']:,}" for r in everyone))
+    if plan is None and not spec.experts:
+        notes.append(f"planner: its layouts cut the batch evenly; --batch {spec.batch} is not "
+                     f"divisible by dp·m = {dp * m} (or --layers by pp): no comparison")
+    if plan is not None:
+        same = (options.get("schedule", "1f1b") == "1f1b" and options.get("remat") is None
+                and options.get("chunks", 1) == 1 and cp == 1)
+        notes.append(f"planner (minipar.plan.layouts.layout_memory, stage {plan['stage']}): "
+                     f"{plan['states']:,.0f} + {plan['activations']:,.0f} = "
+                     f"{plan['total']:,.0f} per GPU" + ("" if same else
+                     " (its layout: 1F1B, no remat, attention scores kept: compare the states)"))
+    if tp > 1:
+        notes.append("tp: the blocks' f and g are PTD-P's 4 all-reduces of b·s·h per block and "
+                     "micro-batch, and with pp > 1 each received activation is all-gathered "
+                     "from 1/t pieces (PTD-P's scatter/gather, §4.1); the rest is the "
+                     "embedding, head and vocab-parallel loss")
+    if spec.experts:
+        notes.append("mixture of experts: every micro-batch routes its rows as one group, so "
+                     f"the serial run accumulates dp·m = {dp * m} micro-batches; the formulas "
+                     "count dense models only")
+    return {"ranks": dp * pp * cp * tp, "data_parallel_ranks": dp * m if spec.experts else 1,
+            "losses": losses, "params": params, "dp": dp, "pp": pp, "cp": cp, "tp": tp,
+            "ep": ep, "zero": zero, "schedule": options.get("schedule", "1f1b"),
+            "micro_batches": m, "coords_per_rank": [r["coords"] for r in everyone],
+            "bytes_by_axis_per_rank": [r["axes"] for r in everyone],
+            "bytes_formula_by_axis_per_rank": [r["formula"] for r in everyone],
+            "tp_bytes_by_op_per_rank": [r["tp_ops"] for r in everyone],
+            "bytes_sent_per_rank": [sum(r["axes"].values()) for r in everyone],
+            "model_state_bytes_per_rank": [r["states"] for r in everyone],
+            "params_per_rank": [r["params"] for r in everyone],
+            "activation_peak_bytes_per_rank": [r["act"] for r in everyone],
+            "plan_memory": plan, "notes": notes}

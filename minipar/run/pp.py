@@ -1,0 +1,225 @@
+"""``minipar run pp``: pipeline parallelism, its options and its measurements.
+
+EN pipeline parallelism · RU конвейерный параллелизм · ZH 流水线并行
+
+    minipar run pp --schedule gpipe|1f1b|interleaved --micro-batches M [--chunks V]
+                   [--balance 2,2] [--dp D] [--remat [K]] [--offload host|disk]
+                   [--timeline FILE.json] -n P·D
+
+``--remat`` alone is GPipe's re-materialisation (each stage keeps only its input
+per micro-batch and recomputes its layers in backward); ``--remat K``: Chen et
+al.'s segments of K units inside each stage.
+
+Launcher side: every check of :func:`minipar.parallel.pipeline.partition.check_pipeline`
+(more stages than layers, m < 1, a balance that does not sum to the layers,
+interleaving with m not a multiple of p or layers not divisible by p·v) plus
+``-n`` divisible by ``--dp``, before MPI starts.  Rank side:
+:class:`~minipar.parallel.pipeline.execute.PipelineParallel` (GPipe, Huang et
+al. 2018, arXiv 1811.06965; 1F1B and interleaved, Narayanan et al. 2021, arXiv
+2104.04473) trains on a dp x pp grid, and the summary adds
+
+* ``bubble_measured``: the last step's bubble fraction, wall clock and rebuilt on a
+  dedicated machine from the measured costs (:mod:`minipar.parallel.pipeline.measure`;
+  ``rebuilt_median``: each cost the median of its kind; ``rebuilt_cpu``: costs in CPU
+  seconds), next to ``bubble_formula`` (r/(1 + r), r = (1/v)(p − 1)/m);
+* ``activation_peak_bytes_per_stage`` (the stage's activation ledger) and
+  ``in_flight_per_stage`` (micro-batches held at the peak);
+* ``bytes_by_axis``: bytes per step each rank sent on ``pp_p2p`` (activations and
+  their gradients) and ``dp`` (gradient all-reduce across pipeline replicas), the
+  point-to-point bytes next to their exact figure and the plan's 2·m·v·b·s·h·bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minipar.cli_errors import integer, output_file
+
+#: the schedules (:data:`minipar.parallel.pipeline.schedule.KINDS`)
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
+#: the model a pipeline needs by default: 4 blocks, so ``-n 4`` gives one block per stage
+#: (RunSpec's default of 2 would refuse more than 2 stages)
+MODEL_DEFAULTS = {"layers": 4}
+#: r, the bubble over the ideal time, as the summary line writes it
+_RATIO = {"naive": "p-1 (one micro-batch at a time)", "gpipe": "(p-1)/m", "1f1b": "(p-1)/m",
+          "interleaved": "(1/v)(p-1)/m"}
+#: how far above the formula the rebuilt bubble (median costs) may lie before a note says why
+GAP = 0.02
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from minipar.run import remat_offload
+
+    g = parser.add_argument_group("pipeline parallelism")
+    g.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                   help="gpipe (all forwards, then all backwards), 1f1b (PipeDream-Flush, "
+                        "default), interleaved (v chunks per stage), naive (one at a time)")
+    g.add_argument("--micro-batches", type=integer(1), default=4, metavar="M",
+                   help="micro-batches per step (default 4)")
+    g.add_argument("--chunks", type=integer(1), default=1, metavar="V",
+                   help="model chunks per stage, with --schedule interleaved (default 1)")
+    g.add_argument("--balance", default=None, metavar="L0,L1,...",
+                   help="transformer blocks per (virtual) stage, e.g. 2,2 (default: even)")
+    g.add_argument("--dp", type=integer(1), default=1, metavar="D",
+                   help="data-parallel pipeline replicas; stages p = ranks / D (default 1)")
+    g.add_argument("--timeline", type=output_file, default=None, metavar="FILE.json",
+                   help="write the last step's recorded timeline (minipar bubble --from-run)")
+    remat_offload.add_arguments(
+        parser, remat_alone="each stage keeps only its input per micro-batch, GPipe's")
+
+
+def _sizes(options: dict[str, Any]) -> tuple[int, int]:
+    n, dp = options["ranks"], options.get("dp", 1)
+    if n % dp:
+        raise ValueError(f"-n {n} ranks cannot hold --dp {dp} pipeline replicas of equal "
+                         f"length: use -n a multiple of {dp}")
+    return n // dp, dp
+
+
+def _cut(batch: int, dp: int, m: int) -> list[int]:
+    from minipar import spans
+
+    return [k for b in spans.counts(batch, dp) for k in spans.counts(b, m)]
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    """Launcher side: the grid, the partition, the micro-batches; MoE's serial groups."""
+    from minipar import spans
+    from minipar.parallel.common import check_world
+    from minipar.parallel.pipeline.partition import check_pipeline, parse_balance
+    from minipar.run import remat_offload
+
+    p, dp = _sizes(options)
+    check_world(spec.batch, dp)
+    m = options.get("micro_batches", 4)
+    remat = options.get("remat")
+    check_pipeline(spec.layers, p, m, options.get("schedule", "1f1b"), options.get("chunks", 1),
+                   parse_balance(options.get("balance")), spans.counts(spec.batch, dp)[-1],
+                   True if remat == 0 else remat)
+    remat_offload.check(options, spec)
+    if spec.experts and _cut(spec.batch, dp, m) != spans.counts(spec.batch, dp * m):
+        raise ValueError(f"with --experts each micro-batch routes its rows as one group, and "
+                         f"the serial run cuts --batch {spec.batch} into {dp * m} groups "
+                         f"another way: use a --batch divisible by --dp {dp}")
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """Rank side: train on the dp x pp grid; rank 0 returns every rank's figures."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
+    from minipar.parallel.pipeline import in_flight, schedule
+    from minipar.parallel.pipeline.execute import PipelineParallel
+    from minipar.parallel.pipeline.measure import measured_bubble, write_timeline
+    from minipar.parallel.pipeline.partition import chunk_units, parse_balance
+    from minipar.plan.pipeline import pipeline_p2p_bytes_per_rank
+
+    p, dp = _sizes(options)
+    kind, m, v = options.get("schedule", "1f1b"), options.get("micro_batches", 4), \
+        options.get("chunks", 1)
+    remat = options.get("remat")
+    grid = Grid(TracedComm(MPI.COMM_WORLD), dp=dp, pp=p)
+    pp = PipelineParallel(grid, spec, kind, m, v, parse_balance(options.get("balance")),
+                          True if remat == 0 else remat, options.get("offload"),
+                          options.get("offload_dir") if options.get("offload") == "disk"
+                          else None)
+    losses = pp.train()
+    params = pp.full_params()
+    records = pp.gather_records()
+    cpu = pp.gather_records(clock="cpu")  # durations in CPU seconds: free of waiting for a core
+    steps = len(pp.records)
+    mine = {"stage": pp.stage, "replica": pp.replica, "peak": pp.activation_peak_bytes,
+            "axes": {k: b / steps for k, b in grid.bytes_by_axis().items() if k in ("pp_p2p", "dp")},
+            "exact": _exact_p2p(pp), "held": sum(pp.states.bytes_by_category().values()),
+            "offload": pp.offload_stats}
+    everyone = grid.world.comm.gather(mine, root=0)
+    if grid.rank != 0:
+        return None
+    b = measured_bubble(records, kind, p, m, v)
+    b["rebuilt_cpu"] = measured_bubble(cpu, kind, p, m, v)["rebuilt"]
+    if options.get("timeline"):
+        write_timeline(options["timeline"], records, kind, p, m, v)
+    stages = sorted((e for e in everyone if e["replica"] == 0), key=lambda e: e["stage"])
+    itemsize = pp.act_dtype.itemsize
+    rows = spec.batch / dp / m
+    formula = pipeline_p2p_bytes_per_rank(1, spec.seq, spec.d_model, m, v, itemsize) * rows
+    notes = [(f"grid dp {dp} x pp {p}; schedule {kind}, m = {m} micro-batch{'es' * (m != 1)}"
+              + (f", v = {v} chunks per stage" if v > 1 else "")
+              + f"; blocks per {'virtual ' if v > 1 else ''}stage {pp.balance}"),
+             (f"bubble (last step): rebuilt from measured costs {float(b['rebuilt']):.3f} "
+              f"(from median costs {float(b['rebuilt_median']):.3f}, CPU times "
+              f"{float(b['rebuilt_cpu']):.3f}), wall clock "
+              f"{float(b['wall_clock']):.3f}, formula {float(b['formula']):.3f} "
+              f"(r/(1+r), r = {_RATIO[kind]} = {float(b['formula_ratio']):.3f})"),
+             ("activation bytes held at the peak per stage: "
+              + ", ".join(f"{s['peak']:,}" for s in stages) + " (in flight: "
+              + ", ".join(str(in_flight(schedule(kind, s, p, m, v))) for s in range(p)) + ")"
+              + (f" — with --offload, the remat ledger's count of what is kept, on the device "
+                 f"or on {options['offload']}, and unreliable: it keys buffers by id, offload frees "
+                 "them" if options.get("offload") else ""))]
+    if float(b["rebuilt_median"]) - float(b["formula"]) > GAP:
+        notes.append("the rebuilt bubble is above the formula, which assumes equal stages: "
+                     "here stage 0 also embeds the tokens and the last stage computes the loss, "
+                     "and a tiny model's steps take well under a millisecond (stalls show); "
+                     "minipar bench pp measures stages of >= 50 ms")
+    if options.get("offload"):
+        o = stages[0]["offload"]
+        notes.append(f"activation offload to {options['offload']} (stage 0): "
+                     f"{o['bytes_out']:,} bytes out, {o['bytes_back']:,} back, at most "
+                     f"{o['peak_bytes']:,} there, {o['seconds'] * 1e3:.1f} ms moving")
+    if remat == 0:
+        notes.append("remat: GPipe's re-materialisation, each stage keeps only its input per "
+                     "micro-batch and recomputes its layers in backward")
+    elif remat is not None:
+        fewest = min(chunk_units(pp.balance))
+        notes.append(f"remat: segments of {remat} unit{'s' * (remat != 1)} in each stage, each "
+                     "keeping only its input but the last, kept whole (Chen et al.)"
+                     + (f"; a stage of {fewest} unit{'s' * (fewest != 1)} is one segment: "
+                        "nothing recomputed there (--remat alone: GPipe's, keeps only its input)"
+                        if remat >= fewest else ""))
+    if spec.experts:
+        notes.append(f"mixture of experts: every micro-batch routes its rows as one group, so "
+                     f"the serial run accumulates dp·m = {dp * m} micro-batches cut the same way")
+    if options.get("timeline"):
+        notes.append(f"timeline written to {options['timeline']} (minipar bubble --from-run)")
+    return {
+        "ranks": grid.world.size, "data_parallel_ranks": dp * m if spec.experts else dp,
+        "losses": losses, "params": params, "schedule": kind, "stages": p, "dp": dp,
+        "micro_batches": m, "chunks": v, "balance": pp.balance,
+        "bubble_measured": {k: float(b[k]) for k in ("rebuilt", "rebuilt_median", "rebuilt_cpu",
+                                                      "wall_clock", "rebuilt_ratio",
+                                                      "wall_clock_ratio")},
+        "bubble_formula": float(b["formula"]), "bubble_formula_ratio": float(b["formula_ratio"]),
+        "activation_peak_bytes_per_stage": [s["peak"] for s in stages],
+        "in_flight_per_stage": [in_flight(schedule(kind, s, p, m, v)) for s in range(p)],
+        "bytes_by_axis": [e["axes"] for e in everyone],
+        "bytes_sent_per_rank": [e["axes"]["pp_p2p"] for e in everyone],
+        "bytes_exact_per_rank": [e["exact"] for e in everyone],
+        "bytes_exact_text": "activations forward + their gradients backward, every send",
+        "bytes_formula": formula,
+        "bytes_formula_text": "2·m·v·b·s·h x bytes, a middle stage's (the first and last send less)",
+        "model_state_bytes_per_rank": [e["held"] for e in everyone],
+        "records": [list(r) for r in records],
+        "notes": notes,
+    }
+
+
+def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--trace FILE.json``: the last step's records (every stage of replica 0) as
+    Chrome trace events (:mod:`minipar.trace`)."""
+    from minipar.trace import pipeline_events
+
+    return pipeline_events(summary["records"], name=f"pipeline {summary['schedule']}")
+
+
+def _exact_p2p(pp: Any) -> int:
+    """Bytes this rank's sends carry per step: its micro-batch's rows x T x d x itemsize."""
+    from minipar import spans
+    from minipar.parallel.pipeline import SendAct, SendGrad
+
+    rows = spans.counts(pp.spec.batch, pp.dp)[pp.replica]
+    per_row = pp.spec.seq * pp.spec.d_model * pp.act_dtype.itemsize
+    return sum((spans.span(rows, pp.m, i.mb)[1] - spans.span(rows, pp.m, i.mb)[0]) * per_row
+               for i in pp.instructions if isinstance(i, (SendAct, SendGrad)) and pp.p > 1)

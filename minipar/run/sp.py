@@ -1,0 +1,33 @@
+"""``minipar run sp -n N [--tp T --dp D]``: sequence parallelism (Korthikanti et al. 2022).
+
+EN sequence parallelism · RU параллелизм по последовательности · ZH 序列并行
+
+The run of :mod:`minipar.run.tp` with ``sequence_parallel=True``
+(:mod:`minipar.parallel.sequence_parallel`, arXiv 2205.05198): the LayerNorm regions keep
+a 1/t shard of the sequence, f and g become all-gather and reduce-scatter along it (the
+same bytes as TP's all-reduces), and each block's saved activations shrink to
+sbh(40/t + 2as/(ht)) + 8sb/t bytes in minipar's block (the paper's sbh(34/t + 5as/(ht))
+with dropout).  Bad input adds to tp's: ``--seq`` not divisible by t, or ``--experts``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minipar.run import tp
+from minipar.run.tp import check_sizes, measure_grid
+
+__all__ = ["add_arguments", "check", "measure"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    tp.add_arguments(parser, sequence_parallel=True)
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    check_sizes(options, spec, True)
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    return measure_grid(options, spec, True)

@@ -1,0 +1,196 @@
+"""``minipar run tp -n N [--tp T --dp D]``: tensor parallelism (Megatron), on a dp x tp grid.
+
+EN tensor parallelism · RU тензорный параллелизм · ZH 张量并行
+
+Launcher side: ``--tp`` (default: the largest t dividing N that the model cuts; a note
+says when that is 1) and ``--dp`` (default N / tp), and the
+checks that name the numbers before MPI starts: dp·tp = N, heads, the MLP width 4·d and
+the vocabulary divisible by tp (and, for ``run sp``, the sequence), a row of the batch
+for every dp rank.  Rank side: :class:`minipar.parallel.tensor_parallel_train.TensorParallel`
+trains ``--steps`` steps (Shoeybi et al. 2019, arXiv 1909.08053) and :func:`measure`
+reports, per rank, the bytes the blocks' f and g sent per step next to the ring formula
+on b·s·h elements (2 all-reduces forward + 2 backward per block:
+4L × 2(t−1)/t × b·s·h × bytes), the bytes by grid axis (tp, dp) next to their exact
+figures (:meth:`~minipar.parallel.tensor_parallel_train.TensorParallel.tp_axis_bytes_formula`,
+the dp ring all-reduce of Ψ/t), and the activations one
+block saved (a ledger of its ``saved`` arrays) next to minipar's formula and the paper's
+(:func:`minipar.plan.activations.minipar_activation_formula`).  ``minipar run sp``
+(:mod:`minipar.run.sp`) is the same run with sequence parallelism.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minipar.cli_errors import integer
+
+
+def add_arguments(parser: argparse.ArgumentParser, sequence_parallel: bool = False) -> None:
+    g = parser.add_argument_group("sequence parallelism (over the tensor-parallel ranks)"
+                                  if sequence_parallel else "tensor parallelism")
+    g.add_argument("--tp", type=integer(1), default=None,
+                   help="tensor-parallel size t (default: -n / --dp, or the largest t "
+                        "dividing -n that the model's heads, 4·d_model and vocab allow"
+                        + (", and --seq" if sequence_parallel else "") + ")")
+    g.add_argument("--dp", type=integer(1), default=None,
+                   help="data-parallel replicas (default: -n / --tp)")
+
+
+def _slices(spec: Any, t: int, sequence_parallel: bool) -> bool:
+    """Whether the model cuts t ways: heads, the MLP width 4·d, the vocabulary (SP: seq)."""
+    ok = spec.heads % t == 0 and (4 * spec.d_model) % t == 0 and spec.vocab % t == 0
+    return ok and (not sequence_parallel or spec.seq % t == 0)
+
+
+def grid_sizes(options: dict[str, Any], spec: Any = None,
+               sequence_parallel: bool = False) -> tuple[int, int]:
+    """(dp, tp) from ``-n``, ``--tp`` and ``--dp``; ValueError naming the numbers.
+
+    Neither given: the largest t dividing N that the model cuts (``spec``: heads, 4·d,
+    vocab, SP's seq) and that leaves every replica a row of the batch, dp = N / t
+    (``-n 4`` with the default 2 heads: dp 2 x tp 2)."""
+    n, tp, dp = options["ranks"], options.get("tp"), options.get("dp")
+    if tp is None and dp is None:
+        fits = [t for t in range(n, 0, -1) if n % t == 0 and (spec is None or (
+            _slices(spec, t, sequence_parallel) and spec.batch >= n // t))]
+        tp = fits[0] if fits else n
+        dp = n // tp
+    elif tp is None:
+        if n % dp:
+            raise ValueError(f"--dp {dp} does not divide -n {n}: the grid is dp x tp = N ranks")
+        tp = n // dp
+    elif dp is None:
+        if n % tp:
+            raise ValueError(f"--tp {tp} does not divide -n {n}: the grid is dp x tp = N ranks")
+        dp = n // tp
+    if dp * tp != n:
+        raise ValueError(f"--dp {dp} x --tp {tp} = {dp * tp} is not the number of ranks -n {n}")
+    return dp, tp
+
+
+def check_sizes(options: dict[str, Any], spec: Any, sequence_parallel: bool) -> None:
+    """Launcher side: the grid, the slicing, the batch (one line, naming the options)."""
+    from minipar.parallel.common import check_world
+
+    dp, t = grid_sizes(options, spec, sequence_parallel)
+    d = spec.d_model
+    if spec.heads % t:
+        raise ValueError(f"--heads {spec.heads} is not divisible by the tensor-parallel size "
+                         f"t = {t}: each rank takes heads/t whole heads (e.g. --heads {t} with "
+                         f"--d-model a multiple of {t})")
+    if (4 * d) % t:
+        raise ValueError(f"the MLP width d_ff = 4 x --d-model {d} = {4 * d} is not divisible by "
+                         f"t = {t}: each rank takes d_ff/t columns")
+    if spec.vocab % t:
+        raise ValueError(f"--vocab {spec.vocab} is not divisible by the tensor-parallel size "
+                         f"t = {t}: each rank takes vocab/t embedding rows and logits")
+    if sequence_parallel:
+        if spec.seq % t:
+            raise ValueError(f"--seq {spec.seq} is not divisible by the sequence-parallel size "
+                             f"t = {t}: each rank keeps seq/t positions")
+        if spec.experts:
+            raise ValueError("--experts: sequence parallelism with a mixture of experts is not "
+                             "built; use minipar run tp")
+    check_world(spec.batch, dp)
+
+
+def check(options: dict[str, Any], spec: Any) -> None:
+    check_sizes(options, spec, False)
+
+
+def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    return measure_grid(options, spec, False)
+
+
+def measure_grid(options: dict[str, Any], spec: Any, sp: bool) -> dict[str, Any] | None:
+    """Rank side: train on the dp x tp grid; rank 0 returns every rank's figures."""
+    from mpi4py import MPI
+
+    from minipar.comm.topology import Grid
+    from minipar.parallel.tensor_parallel_train import BLOCK_OPS, TensorParallel
+    from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
+
+    check_sizes(options, spec, sp)  # on every rank too, before the grid's Split
+    dp, t = grid_sizes(options, spec, sp)
+    grid = Grid(MPI.COMM_WORLD, dp=dp, tp=t)
+    run = TensorParallel(grid, spec, sp)
+    losses = run.train()
+    flat = run.full_params()
+    by_op = run.bytes_by_op()
+    steps = max(1, run.steps_done)
+    axes = {a: b / steps for a, b in grid.bytes_by_axis().items() if b}
+    blocks = sum(by_op.get(op, 0) for op in BLOCK_OPS)
+    dense = [b for i, b in enumerate(run.block_ledger) if not run.cfg.is_moe_block(i)]
+    mine = (blocks, run.block_bytes_formula(), axes, by_op, run.rows(),
+            dense[0] if dense else None, run.tp_axis_bytes_formula())
+    rows = grid.world.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
+    if grid.rank != 0:
+        return None
+    e, L, h, s = run.states.params.itemsize, run.cfg.n_layer, run.cfg.d_model, spec.seq
+    b = rows[0][4]
+    S = b * s * h * e
+    mode = "tp+sp" if sp else "tp"
+    act_formula = minipar_activation_formula(s, b, h, spec.heads, t, mode, e)
+    name = "sequence" if sp else "tensor"
+    split = sorted({r[4] for r in rows[::t]}, reverse=True)
+    rows_text = (f"b = {b} rows per replica" if len(split) == 1 else
+                 f"b = {b} rows on rank 0's replica (--batch {spec.batch} split "
+                 + ", ".join(str(r[4]) for r in rows[::t]) + ")")
+    notes = [(f"grid dp {dp} x tp {t}; {name} parallelism over tp; {rows_text}, "
+              f"s = {s}, h = {h}, {L} blocks, {e}-byte elements"),
+             "bytes per step by grid axis (rank 0): "
+             + (", ".join(f"{a} {v:,.0f}" for a, v in rows[0][2].items()) or "none sent"),
+             "bytes per step by operation (rank 0): "
+             + (", ".join(f"{op} {v:,.0f}" for op, v in sorted(rows[0][3].items()))
+                or "none sent")]
+    if t == 1 and dp > 1 and options.get("tp") is None and options.get("dp") is None:
+        need = "heads, 4·d_model, vocab" + (" and seq" if sp else "")
+        notes.insert(0, f"t = 1: no t > 1 dividing -n {dp} cuts this model ({need} must divide "
+                        f"by t, a batch row per replica): nothing is sliced, this is plain data parallelism; choose --tp "
+                        f"with a model that cuts, e.g. --tp {dp} --heads {dp} "
+                        f"--d-model {8 * dp} --vocab {2 * dp}"
+                        + (f" --seq {4 * dp}" if sp else ""))
+    if rows[0][6] is not None and t > 1:
+        notes.append(f"tp axis (rank 0): {rows[0][2].get('tp', 0):,.0f} bytes per step; exact "
+                     f"{rows[0][6]:,}: the blocks' f and g, the embedding's g and the head's f "
+                     f"(a ring all-reduce of b·s·h each), the loss's all-reduces of b·s and "
+                     f"2·b·s numbers")
+    if dp > 1:
+        from minipar.collectives.cost import allreduce_bytes_sent
+
+        psi_t = run.states.grads.size
+        notes.append(f"dp axis (rank 0): gradient all-reduce "
+                     f"{rows[0][3].get('dp_grad_allreduce', 0):,.0f} bytes per step; ring "
+                     f"formula 2(d-1)/d x Ψ/t x {e} B = "
+                     f"{allreduce_bytes_sent(psi_t, e, dp, 0, 'ring'):,} (Ψ/t = {psi_t:,})")
+    if sp:
+        notes.append("SP's all-gathers and reduce-scatters send TP's bytes; sp_regather (the "
+                     "saved shard gathered again in backward) and sp_param_grads are extra")
+    if rows[0][5] is not None:
+        notes.append("activations one block saved, per rank (ledger): "
+                     + ", ".join(f"{r[5]:,}" for r in rows)
+                     + f"; minipar's formula ({mode}, t = {t}, {e}-byte) {act_formula:,.0f}; "
+                     f"in 16-bit minipar's "
+                     f"{minipar_activation_formula(s, b, h, spec.heads, t, mode):,.0f} vs the "
+                     f"paper's (with dropout) "
+                     f"{activation_bytes_per_layer(s, b, h, spec.heads, t, mode):,.0f}")
+    if spec.experts:
+        notes.append("MoE blocks: the MLP's f and g carry the expert buffers (E x C x h), not "
+                     "b·s·h: the exact figure counts them, the paper's counts dense blocks only")
+    grid.free()
+    return {"ranks": dp * t, "data_parallel_ranks": dp, "tp": t, "dp": dp,
+            "sequence_parallel": sp, "losses": losses, "params": flat,
+            "bytes_sent_per_rank": [r[0] for r in rows],
+            "bytes_exact_per_rank": [r[1] for r in rows],
+            "bytes_exact_text": ("the blocks' f and g: 4 ring all-reduces per block of b·s·h"
+                                 + (", a MoE MLP's of E·C·h" if spec.experts else "")
+                                 + " elements"),
+            "bytes_formula": 4 * L * 2 * (t - 1) / t * S,
+            "bytes_formula_text": f"4L x 2(t-1)/t x b·s·h x {e} B (L = {L}, t = {t})",
+            "bytes_by_axis_per_rank": [r[2] for r in rows],
+            "bytes_by_op_per_rank": [r[3] for r in rows],
+            "tp_axis_bytes_exact_per_rank": [r[6] for r in rows],
+            "activation_bytes_per_rank": [r[5] for r in rows],
+            "activation_formula": act_formula, "activation_mode": mode,
+            "notes": notes}

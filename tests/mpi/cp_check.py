@@ -1,0 +1,192 @@
+"""All checks of context parallelism for one world size, in one launch.
+
+Run by tests/test_context_parallel.py as ``launch.run(N, this file)``; rank 0
+prints ``CP-SUMMARY N=<N> checks=<k> failures=<f>`` and the first failures; the
+job exits 1 if any check failed.  For Ulysses, ring attention (contiguous) and
+ring attention (zigzag), float64:
+
+1. the attention layer alone (ring / Ulysses forward and backward on random
+   q, k, v) against the serial core on the full sequence;
+2. the CP GPT: local logits = the serial logits at my positions, loss and every
+   gradient = the serial ones (tight assert_allclose); what the units saved
+   shares no memory with a parameter (activations only);
+3. several AdamW steps: the shared verdict (:func:`minipar.parallel.parity.compare`)
+   says "equal";
+4. bytes per operation per step, counted = the exact formula; one layer's
+   forward = the paper's figure (ring) or 4Nh/P·(P−1)/P (Ulysses);
+5. attention activation bytes per layer (ledger) = the formula; Ulysses = the
+   serial layer's / P, ring below the serial layer's;
+6. causal work per rank: zigzag equal on every rank, contiguous (r+1)(s/P)²;
+7. bad input: a ValueError on every rank, not one byte sent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from minipar.comm import TracedComm
+from minipar.nn import GPT
+from minipar.nn.attention import attention_core_backward, attention_core_forward, merge_heads
+from minipar.optim import FlatParams
+from minipar.parallel import ulysses
+from minipar.parallel.common import RunSpec, serial_reference
+from minipar.parallel.context_parallel import ContextParallel
+from minipar.parallel.cp_layout import Sharding
+from minipar.parallel.cp_measure import (
+    attention_activation_formula,
+    measure,
+    serial_attention_activation,
+)
+from minipar.parallel.parity import compare
+from minipar.parallel.ring_attention import (
+    forward_bytes,
+    ring_attention_backward,
+    ring_attention_forward,
+    score_elements,
+)
+from minipar.plan.activations import (
+    ring_attention_bytes_per_rank,
+    ulysses_alltoall_elements_per_link,
+)
+
+comm = TracedComm(MPI.COMM_WORLD)
+N, R = comm.size, comm.rank
+checks = 0
+failures: list[str] = []
+
+
+def check(ok: bool, what: str) -> None:
+    global checks
+    checks += 1
+    if not ok:
+        failures.append(f"rank {R}: {what}")
+
+
+def _arrays(tree: object) -> list[np.ndarray]:
+    """Every array in a nested tuple / list / dict (what the units saved)."""
+    if isinstance(tree, np.ndarray):
+        return [tree]
+    items = tree.values() if isinstance(tree, dict) else tree if isinstance(
+        tree, (list, tuple)) else []
+    return [a for t in items for a in _arrays(t)]
+
+
+def close(a: object, b: object, what: str, rtol: float = 1e-11, atol: float = 1e-14) -> None:
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ok = a64.shape == b64.shape and np.allclose(a64, b64, rtol=rtol, atol=atol)
+    gap = float(np.abs(a64 - b64).max()) if ok or a64.shape == b64.shape else float("nan")
+    check(ok, f"{what}: max |diff| {gap:.3g}")
+
+
+CONFIGS = [("ulysses", False), ("ring", False), ("ring", True)]
+spec = RunSpec(vocab=10, seq=16, d_model=16, layers=2, heads=4, batch=3, steps=4, lr=1e-2)
+model = GPT(spec.config())
+params = spec.initial_params()
+tokens, targets = spec.global_batch(0)
+serial_logits, _ = model.forward(params, tokens)
+serial_loss, serial_grads = model.loss_and_grads(params, tokens, targets)
+serial = serial_reference(spec)
+initial = FlatParams.like(params).flatten(params)
+serial_act = serial_attention_activation(spec, tokens)
+
+# 1. the attention layer alone, random float64 q, k, v of the full sequence
+rng = np.random.default_rng(7)
+b, H, s, dh = 2, 4, 16, 3
+q, k, v, do = (rng.standard_normal((b, H, s, dh)) for _ in range(4))
+o_ref, saved_ref = attention_core_forward(q, k, v)
+dq_ref, dk_ref, dv_ref = attention_core_backward(saved_ref, do)
+for zz in (False, True):
+    lay = Sharding(s, N, zz)
+    pos = lay.positions(R)
+    o, saved = ring_attention_forward(comm, q[:, :, pos], k[:, :, pos], v[:, :, pos], lay)
+    close(o, o_ref[:, :, pos], f"ring(zigzag={zz}) output")
+    grads = ring_attention_backward(comm, saved, do[:, :, pos])
+    for name, g, ref in zip("qkv", grads, (dq_ref, dk_ref, dv_ref)):
+        close(g, ref[:, :, pos], f"ring(zigzag={zz}) d{name}")
+lo, hi = R * s // N, (R + 1) * s // N
+qkv = np.concatenate([merge_heads(a) for a in (q, k, v)], axis=-1)  # (b, s, 3d)
+o, saved = ulysses.ulysses_attention_forward(comm, qkv[:, lo:hi], H)
+close(o, merge_heads(o_ref)[:, lo:hi], "Ulysses output")
+dqkv = ulysses.ulysses_attention_backward(comm, saved, merge_heads(do)[:, lo:hi])
+ref = np.concatenate([merge_heads(a) for a in (dq_ref, dk_ref, dv_ref)], axis=-1)
+close(dqkv, ref[:, lo:hi], "Ulysses d(qkv)")
+
+for kind, zz in CONFIGS:
+    name = f"{kind}{' zigzag' if zz else ''}"
+    # 2. one forward/backward of the CP GPT against the serial GPT
+    cp = ContextParallel(comm, spec, kind, zz)
+    logits, kept = cp.forward(params, tokens)
+    close(logits, serial_logits[:, cp.positions], f"{name}: logits at my positions")
+    shared = [n for a in _arrays(kept) for n, w in params.items() if np.shares_memory(a, w)]
+    check(not shared, f"{name}: saved activations share memory with parameters {shared}")
+    del kept
+    loss, grads = cp.loss_and_grads(params, tokens, targets)
+    check(abs(loss - serial_loss) <= 1e-13 * abs(serial_loss),
+          f"{name}: loss {loss!r} vs serial {serial_loss!r}")
+    for p in params:
+        close(grads[p], serial_grads[p], f"{name}: grad {p}", rtol=1e-9,
+              atol=1e-13 * float(np.abs(serial_grads[p]).max()))
+    cp.grid.free()
+    # 3.-6. training, counted bytes, activation ledger, work
+    m = measure(comm, spec, kind, zz)
+    v = compare(m["losses"], serial["losses"], m["params"], serial["params"], initial)
+    check(v.status == "equal", f"{name}: verdict {v.status}: {v.line}")
+    for op, want in m["bytes_by_op_formula"].items():
+        check(m["bytes_by_op"][op] == want,
+              f"{name}: {op} sent {m['bytes_by_op'][op]} per step, formula {want}")
+    total = sum(m["bytes_by_op_formula"].values())
+    check(m["bytes_by_axis"] == ({"cp": total} if total else {}),
+          f"{name}: bytes by axis {m['bytes_by_axis']}")
+    fwd = m["attention_forward_bytes_per_layer"]
+    if kind == "ring":
+        want = forward_bytes(spec.batch, s, spec.d_model, N, 8)
+        check(fwd == want == ring_attention_bytes_per_rank(s, spec.batch, spec.d_model, N, 8),
+              f"{name}: one layer forward sent {fwd}, formula {want}")
+    else:
+        per_link = ulysses_alltoall_elements_per_link(spec.batch * s, spec.d_model, N) * 8
+        check(fwd == round(per_link * (N - 1) / N),
+              f"{name}: one layer forward sent {fwd}, 4Nh/P·(P−1)/P = {per_link * (N - 1) / N}")
+    act = m["activation_per_layer"]
+    f = attention_activation_formula(kind, spec.batch, s, spec.d_model, spec.heads, N, 8)
+    check(act == [f] * spec.layers, f"{name}: attention activations {act}, formula {f}")
+    if kind == "ulysses":
+        check(all(a * N == sa for a, sa in zip(act, serial_act)),
+              f"{name}: activations {act} x {N} != serial {serial_act}")
+    else:
+        check(N == 1 or all(a < sa for a, sa in zip(act, serial_act)),
+              f"{name}: activations {act} not below the serial {serial_act}")
+    work = comm.comm.allgather(m["score_elements"])
+    if kind == "ring" and zz:
+        c = s // (2 * N)
+        check(work == [(2 * N + 1) * c * c * spec.heads] * N, f"{name}: zigzag work {work}")
+    elif kind == "ring":
+        check(work == [(r + 1) * (s // N) ** 2 * spec.heads for r in range(N)],
+              f"{name}: contiguous work {work}")
+        check(score_elements(Sharding(s, N, False), R) * spec.heads == work[R], "score_elements")
+
+# 7. bad input: a ValueError on every rank before any message
+before = comm.stats.bytes_sent()
+for kind, zz, bad, word in [("ring", True, spec.with_(seq=2 * N + 2), "2·cp"),
+                            ("ring", False, spec.with_(seq=N + 1), f"cp = {N}"),
+                            ("ulysses", False, spec.with_(heads=N + 1, d_model=16 * (N + 1)),
+                             "--heads"),
+                            ("ulysses", True, spec, "--no-zigzag")]:
+    if N == 1 and word != "--no-zigzag":
+        continue
+    try:
+        ContextParallel(comm, bad, kind, zz)
+        check(False, f"{kind} zigzag={zz}: no error for seq {bad.seq}, heads {bad.heads}")
+    except ValueError as e:
+        check(word in str(e), f"{kind}: {e}")
+check(comm.stats.bytes_sent() == before, "bytes were sent before a bad configuration was refused")
+
+everyone = comm.comm.gather((checks, failures), root=0)
+if R == 0:
+    total = sum(c for c, _ in everyone)
+    bad = [f for _, fs in everyone for f in fs]
+    print(f"CP-SUMMARY N={N} checks={total} failures={len(bad)}", flush=True)
+    for f in bad[:20]:
+        print("FAIL", f, flush=True)
+    if bad:
+        raise SystemExit(1)

@@ -1,0 +1,122 @@
+"""All checks of expert parallelism for one world size, in one launch.
+
+Run by tests/test_expert_parallel.py as ``launch.run(N, this file)``; rank 0
+prints ``EP-SUMMARY N=<N> cases=<c> checks=<k> failures=<f>`` and the first
+failures, one ``EP-CASE`` line per configuration, and the job exits 1 if any
+check failed.
+
+1. bad input first, on a fresh traced communicator: every rank raises the same
+   one-line ValueError and not one byte is sent;
+2. per configuration (E = 4 and 8 each with top-1 and top-2 at ep = N, capacity
+   factors that drop tokens, ep < N, even and uneven rows): several AdamW steps, the
+   shared verdict against ``serial_reference(spec, N)`` (float64) is "equal",
+   tokens were dropped, and the bytes counted on each grid axis equal the
+   formula exactly (and ``minipar.plan.moe``'s figure for top-1, equal C).
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from minipar.comm import TracedComm
+from minipar.optim import FlatParams
+from minipar.parallel.common import RunSpec, local_rows, serial_reference
+from minipar.parallel.expert_parallel import ExpertParallel, check_ep
+from minipar.parallel.parity import compare
+from minipar.plan.moe import moe_alltoall_bytes_per_rank
+
+world = MPI.COMM_WORLD
+N, R = world.size, world.rank
+checks = 0
+failures: list[str] = []
+
+
+def check(ok: bool, what: str) -> None:
+    global checks
+    checks += 1
+    if not ok:
+        failures.append(f"rank {R}: {what}")
+
+
+# -- 1. bad input: the same line on every rank, no message --------------------------
+fresh = TracedComm(world, name="bad-input")
+base = RunSpec(experts=4, batch=8, steps=1)
+bad = [(lambda: check_ep(0, 1, 1.25, 1, N), "--experts must be >= 1"),
+       (lambda: check_ep(4, 3, 1.25, 1, N), "--top-k must be 1"),
+       (lambda: check_ep(4, 0, 1.25, 1, N), "--top-k must be 1"),
+       (lambda: check_ep(4, 1, 0.0, 1, N), "--capacity-factor must be > 0"),
+       (lambda: check_ep(4, 1, -1.0, 1, N), "--capacity-factor must be > 0"),
+       (lambda: ExpertParallel(fresh, base, ep=N + 1), f"must divide the {N} data-parallel"),
+       (lambda: ExpertParallel(fresh, base.with_(experts=3), ep=N if N > 1 else 2),
+        "is not divisible by --ep" if N > 1 else "must divide the 1 data-parallel")]
+if N == 4:
+    bad.append((lambda: ExpertParallel(fresh, base, ep=3), "--ep 3 must divide the 4"))
+messages = []
+for fn, want in bad:
+    try:
+        fn()
+        check(False, f"no error for {want!r}")
+    except ValueError as e:
+        messages.append(str(e))
+        check(want in str(e) and "\n" not in str(e), f"message {e!r} lacks {want!r}")
+check(fresh.stats.bytes_sent() == 0, f"bad input sent {fresh.stats.bytes_sent()} bytes")
+same = world.allgather(messages)
+check(all(m == messages for m in same), f"ranks raised different messages: {same}")
+
+# -- 2. parity, drops and bytes ----------------------------------------------------
+CASES = [  # (name, ep, experts, top_k, capacity factor, global batch rows)
+    ("E4 top1 cf0.75", N, 4, 1, 0.75, 8),
+    ("E4 top2 cf1.0", N, 4, 2, 1.0, 8),
+    ("E8 top1 cf1.25", N, 8, 1, 1.25, 8),
+    ("E8 top2 cf1.0", N, 8, 2, 1.0, 8),
+]
+if N == 2:
+    CASES += [("E4 top2 cf1.25 ep1 (pure DP)", 1, 4, 2, 1.25, 8),
+              ("E4 top1 cf1.0 uneven rows", 2, 4, 1, 1.0, 7)]
+if N == 4:
+    CASES += [("E4 top2 cf1.0 ep2 x edp2", 2, 4, 2, 1.0, 8),
+              ("E8 top1 cf0.75 ep2 x edp2", 2, 8, 1, 0.75, 8),
+              ("E4 top1 cf1.25 uneven rows", 4, 4, 1, 1.25, 10)]
+
+for name, ep, experts, top_k, cf, batch in CASES:
+    spec = RunSpec(experts=experts, top_k=top_k, capacity_factor=cf, batch=batch, steps=4,
+                   d_model=16, seq=8)
+    comm = TracedComm(world, name="world")
+    eng = ExpertParallel(comm, spec, ep=ep)
+    losses = eng.train()
+    flat = eng.full_params()
+    drops = world.allreduce(sum(s["dropped"] for st in eng.stats for s in st))
+    check(drops > 0, f"{name}: no token dropped")
+    counted, formula = eng.bytes_by_axis(), eng.bytes_formula()
+    for axis in ("ep", "edp", "dp"):
+        check(counted[axis] == formula[axis],
+              f"{name}: {axis} bytes counted {counted[axis]} != formula {formula[axis]}")
+    check(counted["ep"] > 0 or ep == 1, f"{name}: nothing travelled on ep")
+    lo, hi = local_rows(spec.batch, R, N)
+    even = len(set(eng.caps)) == 1
+    if spec.top_k == 1 and even:
+        plan = spec.layers * moe_alltoall_bytes_per_rank(
+            (hi - lo) * spec.seq, spec.d_model, ep, 1, spec.experts, spec.capacity_factor,
+            bytes_per_elem=8, backward=True)
+        check(eng.alltoall_data_bytes() == plan,
+              f"{name}: a2a data bytes {eng.alltoall_data_bytes()} != plan's {plan}")
+    if R == 0:
+        ser = serial_reference(spec, N)
+        init = spec.initial_params()
+        v = compare(losses, ser["losses"], flat, ser["params"], FlatParams.like(init).flatten(init))
+        check(v.status == "equal", f"{name}: {v.line()}")
+        print(f"EP-CASE {name}: ep={ep} drops={drops} param_gap={v.param_gap:.2e} "
+              f"loss_gap={v.loss_gap:.2e} ep_bytes={counted['ep']:.0f} "
+              f"caps={eng.caps}", flush=True)
+    eng.free()
+
+all_failures = world.gather(failures)
+total_checks = world.reduce(checks)
+if R == 0:
+    flat_failures = [f for fs in all_failures for f in fs]
+    print(f"EP-SUMMARY N={N} cases={len(CASES)} checks={total_checks} "
+          f"failures={len(flat_failures)}", flush=True)
+    for f in flat_failures[:20]:
+        print("FAIL", f, flush=True)
+    if flat_failures:
+        world.Abort(1)

@@ -1,0 +1,21 @@
+"""Wrong on purpose: Split(coordinate, group) -- the colour and the key swapped."""
+
+AXES = ("dp", "pp", "cp", "tp")
+
+
+def grid_groups(comm, dp, pp, tp, cp=1):
+    sizes = {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
+    rank = comm.Get_rank()
+    stride = {"tp": 1, "cp": tp, "pp": cp * tp, "dp": pp * cp * tp}
+    coords = {a: (rank // stride[a]) % sizes[a] for a in AXES}
+    comms = {}
+    for a in AXES:
+        group = rank - coords[a] * stride[a]
+        comms[a] = comm.Split(coords[a], group)
+    return coords, comms
+
+
+def run_grid(comm, x, **case):
+    from minipar.exercises.grid_groups.grader import run_grid as grade
+
+    return grade(grid_groups, comm, x, **case)

@@ -1,0 +1,188 @@
+"""All checks of hybrid (3D/4D) parallelism for one world size, in one launch.
+
+Run by tests/test_hybrid.py as ``launch.run(N, this file)``; rank 0 prints
+``HYBRID-SUMMARY N=<N> checks=<k> runs=<r> failures=<f> refused=<...>`` and the first
+failures, then one ``HYBRID-LAYOUT`` line per layout; the job exits 1 if a check failed.
+
+For every layout (a Grid rebuilt on the same world, freed after):
+
+1. parity with the serial GPT (float64, ``parity.compare``, 3 AdamW steps);
+2. bytes per axis per step, counted, equal to :func:`minipar.parallel.hybrid_config.bytes_formula`
+   (tp: the blocks' f and g; pp_p2p; dp or edp; cp), dense models;
+3. parameters per rank equal to the planner's ``stage_param_count``, and model-state
+   bytes per rank within 5% of ``layout_memory`` (exact but for ZeRO's uneven shard);
+4. bad input: one line, a ValueError on every rank before any message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
+from minipar.parallel import parity
+from minipar.parallel.common import RunSpec, serial_reference
+from minipar.parallel.hybrid import HybridParallel
+from minipar.plan.layouts import Layout, gpt_model, layout_memory, stage_param_count
+from minipar.plan.step_time import axis_traffic
+
+world = TracedComm(MPI.COMM_WORLD)
+N, R = world.size, world.rank
+checks, runs = 0, 0
+failures: list[str] = []
+rows_out: list[str] = []
+_serial: dict[tuple[RunSpec, int], dict] = {}
+
+
+def check(ok: bool, what: str) -> None:
+    global checks
+    checks += 1
+    if not ok:
+        failures.append(f"rank {R}: {what}")
+
+
+def oracle(spec: RunSpec, groups: int) -> dict:
+    if (spec, groups) not in _serial:
+        _serial[(spec, groups)] = serial_reference(spec, groups)
+    return _serial[(spec, groups)]
+
+
+def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep: int = 1,
+          kind: str = "1f1b", m: int = 2, v: int = 1, zero: int = 0, cp_kind: str = "ring",
+          **kw) -> None:
+    global runs
+    runs += 1
+    what = (f"dp{dp} pp{pp} cp{cp} tp{tp} ep{ep} {kind} m={m} v={v} zero={zero}"
+            + (f" {cp_kind}" if cp > 1 else "") + (f" E={spec.experts}" if spec.experts else "")
+            + (f" {kw}" if kw else ""))
+    grid = Grid(world, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
+    world.stats.reset()
+    h = HybridParallel(grid, spec, kind, m, v, zero=zero, cp_kind=cp_kind, **kw)
+    losses = h.train()
+    params = h.full_params()
+    ser = oracle(spec, dp * m if spec.experts else 1)
+    init = spec.initial_params()
+    flat0 = np.concatenate([init[k].ravel() for k in init])
+    verdict = parity.compare(losses, ser["losses"], params, ser["params"], flat0)
+    check(verdict.status == "equal", f"{what}: {verdict.line()}")
+    counted = {k: b / spec.steps for k, b in grid.bytes_by_axis().items()}
+    ops = {op: s.bytes_sent / spec.steps for op, s in world.stats.ops.items()}
+    if not spec.experts:
+        f = h.bytes_formula()
+        blocks_tp = ops.get("tp_f", 0) + ops.get("tp_g", 0)  # the blocks' f and g
+        blocks_tp += ops.get("sp_f", 0) + ops.get("sp_g", 0)  # SP's pairs: the same bytes
+        tp_sum = blocks_tp + ops.get("pp_tp_gather", 0)  # + PTD-P's scatter/gather
+        check(tp_sum == f["tp"], f"{what}: tp bytes {tp_sum} != {f['tp']}")
+        for axis in ("pp_p2p", "dp", "edp", "cp"):
+            check(counted[axis] == f[axis], f"{what}: {axis} bytes {counted[axis]} != {f[axis]}")
+        model = gpt_model(spec.layers, spec.d_model, spec.vocab, spec.seq, spec.heads)
+        share = stage_param_count(model, pp, tp, grid.coord("pp"))
+        check(h.states.layout.size == share, f"{what}: {h.states.layout.size} parameters on "
+              f"this rank, the plan counts {share}")
+        lay = Layout(dp, tp, pp, cp, zero, "none", spec.batch // (dp * m), m)
+        plan = layout_memory(model, lay, itemsize=8, K=16, formula="minipar",
+                             sequence_parallel=bool(kw.get("sequence_parallel")))
+        held = sum(h.model_state_bytes().values())
+        act = h.activation_peak_bytes
+        if grid.coord("pp") == plan["stage"]:
+            check(abs(held - plan["states"]) <= 0.05 * plan["states"],
+                  f"{what}: model states {held} vs plan {plan['states']}")
+            # the plan's schedule, no remat; ring CP keeps no scores, the plan counts them
+            if kind == "1f1b" and v == 1 and cp == 1 and set(kw) <= {"sequence_parallel"}:
+                check(abs(held + act - plan["total"]) <= 0.05 * plan["total"],
+                      f"{what}: memory {held + act} vs plan {plan['total']}")
+        traffic = axis_traffic(model, lay, None, itemsize=8)
+        check(blocks_tp == traffic["tp"]["bytes"] or "remat" in kw,  # the plan: no remat here
+              f"{what}: tp bytes {blocks_tp} vs plan {traffic['tp']['bytes']}")
+        plan_pp = traffic["pp"]["bytes"] / (1 if 0 < grid.coord("pp") < pp - 1 else 2)
+        if v == 1:  # the plan has no interleaving; h/t per tp rank: PTD-P's scatter/gather
+            check(counted["pp_p2p"] == plan_pp,
+                  f"{what}: pp bytes {counted['pp_p2p']} vs plan {plan_pp}")
+        # every rank's figures, for the summary line: bytes per axis, states, activations
+        line = (f"{what} | rank {R} stage {grid.coord('pp')}: "
+                + " ".join(f"{a}={int(counted[a])}" for a in ("tp", "pp_p2p", "dp", "edp", "cp")
+                           if counted[a]) + f" states={held} act_peak={h.activation_peak_bytes}"
+                + (f" plan_states={int(plan['states'])} plan_act={int(plan['activations'])}"
+                   if grid.coord("pp") == plan["stage"] else "")
+                + " plan: " + " ".join(f"{a}={traffic[a]['bytes']:g}" for a in traffic))
+        rows_out.append(line)
+    grid.free()
+
+
+def bad_input(spec: RunSpec) -> list[str]:
+    """Each bad layout: one line, ValueError on every rank, no message sent."""
+    bad = [("product", {"dp": N + 1}), ("tp not dividing heads", {"tp": N, "dp": 1}),
+           ("pp more than layers", {"pp": N, "dp": 1}),
+           ("ep not dividing experts", {"dp": N, "ep": N}),
+           ("ep not dividing dp", {"dp": 1, "pp": N, "ep": 2})]
+    seen = []
+    for what, sizes in bad:
+        s = spec.with_(heads=3, d_model=12) if what == "tp not dividing heads" else spec
+        s = s.with_(layers=N - 1) if what == "pp more than layers" else s
+        s = s.with_(experts=3, batch=N * 2) if what == "ep not dividing experts" else s
+        s = s.with_(experts=2, batch=8) if what == "ep not dividing dp" else s
+        world.stats.reset()
+        try:
+            g = Grid(world, **sizes)  # the layout's own checks: before the Split
+        except ValueError as e:
+            check(world.stats.msgs_sent() == 0, f"{what}: messages before the error")
+            check(len(str(e).splitlines()) == 1, f"{what}: not one line: {e}")
+            seen.append(f"{what}: {e}")
+            continue
+        world.stats.reset()
+        try:
+            HybridParallel(g, s, "1f1b", 1)
+            check(False, f"bad input accepted: {what}")
+        except ValueError as e:
+            check(world.stats.msgs_sent() == 0 and world.stats.msgs_recv() == 0,
+                  f"{what}: messages before the error")
+            check(len(str(e).splitlines()) == 1, f"{what}: not one line: {e}")
+            seen.append(f"{what}: {e}")
+        finally:
+            g.free()
+    return seen
+
+
+def run_all() -> list[str]:
+    dense = RunSpec(vocab=8, seq=8, d_model=16, layers=4, heads=8, batch=8, steps=3)
+    if N == 8:  # every dp x pp x tp of 8 ranks; pp = 8 on a model of 8 layers
+        for dp, pp, tp in ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 1, 4), (2, 4, 1), (1, 4, 2),
+                           (8, 1, 1), (4, 2, 1), (1, 1, 8), (1, 8, 1)):
+            trial(dense.with_(layers=8) if pp == 8 else dense, dp, pp, tp,
+                  m=1 if dp == 8 else 2)
+        trial(dense, 2, 2, 2, zero=1)
+        trial(dense, 2, 2, 2, sequence_parallel=True)
+        trial(dense, 1, 2, 4, kind="gpipe", sequence_parallel=True)
+        trial(dense, 2, 2, 1, cp=2, m=2)
+    if N == 4:
+        trial(dense, 1, 2, 1, cp=2)
+        trial(dense, 2, 1, 1, cp=2, cp_kind="ulysses")
+        trial(dense, 1, 1, 1, cp=4, kind="gpipe", m=2)
+        trial(dense, 1, 2, 2, kind="interleaved", m=2, v=2, remat=True)
+        trial(dense, 2, 2, 1, kind="gpipe", m=2, offload="host")
+        trial(dense.with_(layers=8), 1, 2, 1, cp=2, remat=2)  # recomputed: the ring again
+        trial(dense, 2, 1, 1, cp=2, cp_kind="ulysses", kind="gpipe", remat=True)
+        trial(dense, 2, 2, 1, zero=1)
+        trial(dense, 2, 1, 1, cp=2, zero=1)
+        moe = dense.with_(experts=4, top_k=1)
+        trial(moe, 2, 2, 1, ep=2, m=2)
+        trial(moe, 4, 1, 1, ep=2, m=1)
+        trial(moe, 1, 2, 2, m=2)
+    return bad_input(dense)
+
+
+refused = run_all()  # an exception on one rank ends the job (minipar.launch.rank aborts)
+everyone = world.comm.gather((checks, runs, failures, rows_out), root=0)
+if R == 0:
+    total = sum(c for c, _, _, _ in everyone)
+    fails = [f for _, _, fs, _ in everyone for f in fs]
+    print(f"HYBRID-SUMMARY N={N} checks={total} runs={everyone[0][1]} failures={len(fails)}")
+    for f in fails[:20]:
+        print("  " + f)
+    for line in refused:
+        print("HYBRID-REFUSED " + line)
+    for _, _, _, rs in everyone:
+        for line in rs:
+            print("HYBRID-LAYOUT " + line)
+    raise SystemExit(1 if fails else 0)

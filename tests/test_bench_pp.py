@@ -1,0 +1,48 @@
+"""`minipar bench pp` on a tiny model: the figures are there and consistent; bad options exit 2.
+
+The throughput itself (target >= 1.5x on 2 ranks) is measured by the full-size
+bench, not asserted here: on a shared machine a timed assertion tests the load.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minipar.bench import pp as bench_pp
+
+TINY = ["--d-model", "16", "--layers", "2", "--heads", "2", "--seq", "8", "--batch", "8",
+        "--vocab", "10", "--steps", "1", "--rounds", "1", "--timeout", "120"]
+
+
+def test_tiny_bench_reports_speedup_and_bubbles(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_pp.main([*TINY, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["stages"] == 2 and row["micro_batches"] == 8 and row["schedule"] == "1f1b"
+    assert row["bubble_formula"] == pytest.approx(1 / 9)
+    assert 0 <= row["bubble_rebuilt"] < 1 and 0 <= row["bubble_wall_clock"] < 1
+    assert 0 <= row["bubble_rebuilt_median"] < 1 and 0 <= row["bubble_rebuilt_cpu"] < 1
+    assert row["speedup_dedicated"] == pytest.approx(row["serial_cpu_s"] / row["pp_cpu_rebuilt_s"])
+    assert row["speedup"] == pytest.approx(row["serial_s"] / row["pp_s"])
+    assert len(row["stage_compute_s"]) == 2 and min(row["stage_compute_s"]) > 0
+    # each stage sends 8 micro-batches of 1 row x T 8 x d 16 float32 one way
+    assert row["bytes_p2p_per_step"] == 8 * 8 * 16 * 4
+
+
+def test_the_text_view(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_pp.main([*TINY, "--schedule", "gpipe", "--micro-batches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "speed-up" in out and "formula (p-1)/(m+p-1) = 0.200" in out
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--layers", "1"], "2 stages but the model has only 1 layer:"),
+    (["--micro-batches", "0"], "--micro-batches"),
+    (["--micro-batches", "9", "--batch", "8"], "m=9 micro-batches"),
+])
+def test_bad_options_are_one_line_and_exit_2(args: list[str], words: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_pp.main([*TINY, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err

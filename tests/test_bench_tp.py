@@ -1,0 +1,40 @@
+"""`minipar bench tp`: runs at a tiny size and counts the bytes the formula predicts.
+
+No timing is asserted (the machine is shared); the bytes are exact: 4 ring
+all-reduces of b·s·h elements per block, 2(t-1)/t of each per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--steps", "1"]
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "minipar.cli", "bench", "tp", *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_bench_tp_times_both_and_counts_the_ring_bytes() -> None:
+    proc = _bench(*TINY, "--json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)
+    assert row["serial_s"] > 0 and row["tp_s"] > 0 and row["speedup"] > 0
+    assert row["bytes_per_block_per_rank"] == [row["bytes_formula"]] * 2 == [4 * 2 * 16 * 32 * 4] * 2
+    text = _bench(*TINY)
+    assert text.returncode == 0 and "speed-up" in text.stdout and "16,384" in text.stdout
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--heads", "3"], "--heads"), (["-n", "3"], "-n"), (["-n", "1"], "-n/--ranks"),
+])
+def test_bench_tp_refuses_bad_options_in_one_line(args: list[str], option: str) -> None:
+    proc = _bench(*TINY, *args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("minipar bench tp: ") and option in lines[0]

@@ -1,0 +1,120 @@
+"""Pipeline-schedule exercises (gpipe_schedule, one_f_one_b): references pass, wrong ones are named.
+
+Most of the grading is pure (checker and simulator on the learner's lists), so
+every wrong solution in tests/mpi/ex_wrong_gpipe_*.py / ex_wrong_1f1b_*.py is
+judged in-process first; four launches then grade through the real path
+(minipar.launch, the worker, the MPI pipeline executor on the ranks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from minipar.exercises import get
+from minipar.exercises.gpipe_schedule import grader as common
+from minipar.exercises.grading import check
+
+MPI_DIR = Path(__file__).parent / "mpi"
+
+
+def learner(path: Path):
+    spec = importlib.util.spec_from_file_location(f"_learner_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.schedule
+
+
+def failed(report) -> list:
+    return [c for c in report.checks if c.ok is False]
+
+
+@pytest.mark.parametrize("name, kind", [("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b")])
+def test_reference_schedules_pass_every_rule_up_to_six_stages(name, kind):
+    fn = learner(get(name).solution_path)
+    for p in range(1, 7):
+        assert common.findings(kind, fn, p) == {}, (name, p)
+    assert not common.copied(fn)
+
+
+def test_each_schedule_fails_the_others_rule():
+    gpipe, one_f = (learner(get(n).solution_path) for n in ("gpipe_schedule", "one_f_one_b"))
+    said = common.findings("1f1b", gpipe, 4)
+    assert set(said) == {"rule"} and "stage 0 holds 8 micro-batches at once" in said["rule"]
+    said = common.findings("gpipe", one_f, 4)
+    assert set(said) == {"rule"} and "a Backward runs before all 8 Forwards" in said["rule"]
+
+
+def test_cases_name_the_schedule_they_grade():
+    for name, kind in (("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b")):
+        cases = get(name).grader().cases(3)
+        assert {c["kind"] for c in cases} == {kind}
+        assert [c["p"] for c in cases if c["what"] == "rules"] == [1, 2, 3, 4]
+        assert {c["p"] for c in cases if c["what"] == "run"} == {3}
+    assert [c["m"] for c in get("one_f_one_b").grader().cases(4) if c["what"] == "run"] == \
+        [1, 3, 9]  # fewer micro-batches than stages too
+
+
+WRONG = [
+    # file, kind, the finding (key), words in it
+    ("ex_wrong_gpipe_no_recv_grad.py", "gpipe", "check", "RecvGrad(mb=0, chunk=0) appears 0 times"),
+    ("ex_wrong_gpipe_deadlock.py", "gpipe", "check", "cycle of waiting stages: 0 -> 1 -> 0"),
+    ("ex_wrong_gpipe_backward_order.py", "gpipe", "bubble", "the formula 3/11"),
+    ("ex_wrong_gpipe_one_by_one.py", "gpipe", "rule", "a Backward runs before all 8 Forwards"),
+    ("ex_wrong_1f1b_gpipe.py", "1f1b", "rule", "holds 8 micro-batches at once; 1F1B holds at most"),
+    ("ex_wrong_1f1b_extra_warmup.py", "1f1b", "rule", "holds 5 micro-batches at once"),
+    ("ex_wrong_1f1b_no_warmup.py", "1f1b", "bubble", "the formula 3/8"),
+    ("ex_wrong_1f1b_backward_first.py", "1f1b", "check",
+     "Backward(mb=0, chunk=0) at position 4 comes before RecvGrad(mb=0, chunk=0)"),
+]
+
+
+@pytest.mark.parametrize("file, kind, key, words", WRONG, ids=[w[0] for w in WRONG])
+def test_wrong_schedules_are_named(file, kind, key, words):
+    fn = learner(MPI_DIR / file)
+    said = {}
+    for p in ((2, 3, 4) if key == "check" else (4, 3, 2)):  # as the judge reads them
+        for k, v in common.findings(kind, fn, p).items():
+            said.setdefault(k, v)
+    assert key in said, (file, said)
+    assert words in said[key], said[key]
+
+
+def test_calling_the_packages_schedule_is_not_writing_it():
+    fn = learner(MPI_DIR / "ex_wrong_1f1b_copied.py")
+    assert common.copied(fn)
+    assert common.findings("1f1b", fn, 4) == {}  # the list itself is right
+
+
+# -- through the real path: launch, worker, the MPI executor --------------------------------------
+@pytest.mark.parametrize("name, n", [("gpipe_schedule", 3), ("one_f_one_b", 4)])
+def test_reference_solution_passes_on_real_ranks(name, n):
+    report = check(name, get(name).solution_path, n, timeout=120)
+    assert report.passed, report.text()
+    assert all(c.ok for c in report.checks)  # nothing left ungraded
+    assert "MPI executor" in report.checks[-1].name
+
+
+def test_a_deadlocking_gpipe_is_named_and_not_run():
+    report = check("gpipe_schedule", MPI_DIR / "ex_wrong_gpipe_deadlock.py", 2, timeout=120)
+    assert not report.passed
+    (bad,) = failed(report)
+    assert bad.name.startswith("a correct schedule") and "deadlock" in bad.detail
+    ungraded = [c for c in report.checks if c.ok is None]
+    assert len(ungraded) == 3 and ungraded[-1].detail.startswith("not run on the ranks")
+
+
+def test_a_copied_1f1b_fails_written_by_you_on_real_ranks():
+    report = check("one_f_one_b", MPI_DIR / "ex_wrong_1f1b_copied.py", 2, timeout=120)
+    (bad,) = failed(report)
+    assert bad.name.startswith("written by you") and "write the list yourself" in bad.detail
+
+
+def test_a_list_of_something_else_is_named():
+    said = common.findings("gpipe", lambda s, p, m: None, 2)
+    assert said == {"check": "p=2, m=1: schedule(0, 2, 1) returned NoneType, not a list of "
+                             "instructions"}
+    said = common.findings("gpipe", lambda s, p, m: ["F0", "B0"], 2)
+    assert "'F0' at position 0 is not a pipeline instruction" in said["check"]

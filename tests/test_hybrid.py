@@ -1,0 +1,106 @@
+"""Hybrid (3D/4D) parallelism: parity on every 8-rank grid, bytes per axis, memory per rank.
+
+Each world size is ONE launch of tests/mpi/hybrid_check.py, which rebuilds the Grid on
+the same ranks for every layout (and frees it): on 8 ranks every dp x pp x tp of 8 the
+model allows (heads 8, vocab 8, 4 layers; pp = 8 on 8 layers), ZeRO-1 and sequence
+parallelism on 2x2x2, SP on 1x2x4 with GPipe, and dp x pp x cp = 2x2x2; on 4 ranks ring and Ulysses context parallelism, interleaving with
+remat, ring and Ulysses attention with remat (a recomputed block sends its forward
+traffic again), GPipe with activations offloaded to the host, ZeRO-1 (with and without cp), an MoE GPT with ep = 2 (dp 2 x pp 2, dp 4) and an
+MoE under tp.  Each run: float64 parity with the serial GPT over 3 AdamW steps (the shared
+verdict), bytes per axis equal to the exact formulas and to the planner's
+(``minipar.plan.step_time.axis_traffic``, where it models the same traffic), parameters
+per rank equal to ``stage_param_count``, model states within 5% of ``layout_memory``
+(exact but for ZeRO's uneven shard), model states + activations within 5% (1F1B, no cp),
+and bad layouts refused on every rank before any message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minipar import launch, run
+from minipar.parallel.common import RunSpec
+from minipar.parallel.hybrid_config import bytes_formula, check_hybrid
+
+MPI_DIR = Path(__file__).parent / "mpi"
+
+
+@pytest.mark.parametrize(("n", "runs"), [(4, 12), (8, 14)])
+def test_parity_bytes_and_memory_on_every_grid(n: int, runs: int) -> None:
+    proc = launch.run(n, str(MPI_DIR / "hybrid_check.py"), timeout=300,
+                      env={"MINIPAR_WATCHDOG_S": "120"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("HYBRID-SUMMARY")]
+    assert line, proc.stdout
+    fields = dict(kv.split("=") for kv in line[0].split()[1:])
+    assert fields["N"] == str(n) and fields["failures"] == "0"
+    assert int(fields["runs"]) == runs
+    refused = [ln for ln in proc.stdout.splitlines() if ln.startswith("HYBRID-REFUSED")]
+    assert len(refused) == 5
+
+
+@pytest.mark.parametrize(("sizes", "says"), [
+    ({"dp": 3, "pp": 2, "tp": 2}, "dp·pp·cp·tp = 3·2·1·2 = 12 must equal the number of ranks, 8"),
+    ({"dp": 2, "pp": 1, "tp": 4}, "heads = 2 is not divisible by the tensor-parallel size t = 4"),
+    ({"dp": 1, "pp": 8, "tp": 1}, "8 stages but the model has only 2 layers"),
+    ({"dp": 8, "ep": 8, "experts": 4}, "--experts 4 is not divisible by --ep 8"),
+    ({"dp": 2, "pp": 4, "ep": 4, "experts": 4}, "ep = 4 must divide dp·cp = 2·1 = 2"),
+    ({"dp": 2, "pp": 2, "tp": 2, "zero": 2}, "--zero 2: a pipeline takes ZeRO stage 0 or 1"),
+    ({"dp": 2, "cp": 2, "tp": 2}, "cp = 2 with tp = 2"),
+])
+def test_bad_layouts_are_one_line_without_mpi(sizes: dict, says: str) -> None:
+    sizes = dict(sizes)
+    spec = RunSpec(experts=sizes.pop("experts", 0), batch=16)
+    with pytest.raises(ValueError) as e:
+        check_hybrid(8, spec, **sizes)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["-n", "8", "--dp", "3", "--tp", "2", "--pp", "2"], "must equal the number of ranks, 8"),
+    (["-n", "8", "--tp", "8"], "heads = 4 is not divisible"),
+    (["-n", "8", "--pp", "8"], "8 stages but the model has only 4 layers"),
+    (["-n", "4", "--ep", "4", "--experts", "2", "--batch", "8"], "--experts 2 is not divisible"),
+    (["-n", "4", "--ep", "3", "--experts", "3"], "ep = 3 must divide dp·cp"),
+])
+def test_the_command_refuses_bad_input_in_one_line(argv: list[str], says: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        run.options.parse(["hybrid", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("minipar run: ") and says in err
+
+
+def test_formula_of_a_2x2x2_grid_by_hand() -> None:
+    spec = RunSpec(batch=8, seq=8, d_model=16, layers=2, heads=2)
+    from minipar.comm.topology import Layout
+
+    lay = Layout(dp=2, pp=2, tp=2)
+    f = bytes_formula(spec, lay, {"dp": 1, "pp": 0, "cp": 0, "tp": 1}, m=2, blocks=1, sends=1,
+                      psi_stage=1000, itemsize=8)
+    bsh = 2 * 8 * 16  # b_i = 2 rows per micro-batch
+    assert f["tp"] == 2 * 4 * 1 * bsh * 8  # 4 all-reduces, 2(t-1)/t = 1, per micro-batch
+    assert f["pp_p2p"] == 2 * bsh * 8  # one activation per micro-batch
+    assert f["dp"] == 1000 * 8 and f["cp"] == f["edp"] == 0
+
+
+def test_the_glossary_command_runs_and_equals_the_serial_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.main(["hybrid", "--dp", "2", "--tp", "2", "--pp", "2", "-n", "8", "--steps", "2",
+                     "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["verdict"]["status"] == "equal" and (s["dp"], s["pp"], s["tp"]) == (2, 2, 2)
+    for got, want, o in zip(s["bytes_by_axis_per_rank"], s["bytes_formula_by_axis_per_rank"],
+                            s["tp_bytes_by_op_per_rank"]):
+        assert o["tp_f"] + o["tp_g"] + o["pp_tp_gather"] == want["tp"] > 0
+        assert got["pp_p2p"] == want["pp_p2p"] > 0
+        assert got["dp"] == want["dp"]
+    plan = s["plan_memory"]
+    stage = [i for i, c in enumerate(s["coords_per_rank"]) if c["pp"] == plan["stage"]]
+    for i in stage:
+        held = s["model_state_bytes_per_rank"][i] + s["activation_peak_bytes_per_rank"][i]
+        assert abs(held - plan["total"]) <= 0.05 * plan["total"]
