@@ -91,7 +91,7 @@ def test_routing_table_adds_up() -> None:
     tokens = np.arange(6 * 8).reshape(6, 8) % 10
     table = routing_table(cfg, GPT(cfg).init(0), tokens)
     for row in table:
-        assert row["capacity"] == expert_capacity(48, 4, row["capacity_factor"])
+        assert row["capacity"] == expert_capacity(2 * 48, 4, row["capacity_factor"])  # top-2
         assert row["assignments"] == 96 and len(row["routed"]) == 2
         kept = sum(map(sum, row["tokens_per_expert"]))
         assert kept + row["dropped"] == 2 * 96

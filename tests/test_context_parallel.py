@@ -4,12 +4,15 @@ In-process (float64): merging attention over key blocks equals the full causal
 softmax attention, in any block size and merge order, and the blocks'
 backward sums to the full backward; the zigzag positions and their causal
 work; the byte and activation formulas against the papers' figures in
-:mod:`minipar.plan.activations` and against the serial model's ledger.
+:mod:`minipar.plan.activations` and against the serial model's ledger; on one
+rank (``MPI.COMM_SELF``) tracemalloc's count of what an attention forward keeps
+alive, against the ledger and the formula.
 
 Multi-rank: each world size (2, 4) is ONE launch of tests/mpi/cp_check.py,
 which checks parity with the serial GPT (outputs, loss, gradients, AdamW steps
 by the shared verdict) for Ulysses and ring attention (contiguous and zigzag),
-bytes counted against the exact formulas, the activation ledger and bad input.
+bytes counted against the exact formulas, the activation ledger and tracemalloc,
+and bad input.
 The command: a bad option is one line and exit 2 before MPI starts; a good run
 prints the verdict and its JSON holds the measurements.
 """
@@ -36,7 +39,11 @@ from minipar.nn.blockwise_attention import (
 from minipar.parallel import cp_layout
 from minipar.parallel.common import RunSpec
 from minipar.parallel.cp_layout import Sharding
-from minipar.parallel.cp_measure import attention_activation_formula, serial_attention_activation
+from minipar.parallel.cp_measure import (
+    attention_activation_formula,
+    attention_activation_tracemalloc,
+    serial_attention_activation,
+)
 from minipar.parallel.ring_attention import backward_bytes, forward_bytes, score_elements
 from minipar.parallel.ulysses import bytes_per_rank
 from minipar.plan.activations import (
@@ -164,6 +171,33 @@ def test_activation_formulas_against_the_serial_ledger() -> None:
         attention_activation_formula("tp", 1, 2, 2, 1, 1, 8)
 
 
+def test_tracemalloc_of_an_attention_forward_on_one_rank() -> None:
+    """P = 1: what the core keeps alive is the serial layer's (Ulysses: q, k, v and the s²
+    softmax) or q, k, v, o and lse (ring): tracemalloc >= the ledger = the formula, within
+    2% at b 2, s 256, d 64, H 4 (the multi-rank cases are in tests/mpi/cp_check.py)."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+
+    comm = TracedComm(MPI.COMM_SELF)
+    dims = (2, 256, 64, 4)
+    serial = attention_activation_formula("serial", *dims, 1, 8)
+    got = {}
+    for kind, zz in (("ulysses", False), ("ring", True), ("ring", False)):
+        m = attention_activation_tracemalloc(comm, kind, zz, *dims)
+        f = attention_activation_formula(kind, *dims, 1, 8)
+        assert m["ledger"] == m["formula"] == f, m
+        assert f <= m["tracemalloc"] <= 1.02 * f, (kind, zz, m)
+        assert m["peak"] >= m["tracemalloc"]
+        got[kind, zz] = m["tracemalloc"]
+    assert attention_activation_formula("ulysses", *dims, 1, 8) == serial
+    assert got["ring", True] * 4 < got["ulysses", False]  # the s² softmax is not kept
+    m = attention_activation_tracemalloc(comm, "ring", True, *dims, dtype="float16")
+    assert m["ledger"] == attention_activation_formula("ring", *dims, 1, 2, 4) == (
+        (4 * 2 * 256 * 64) * 2 + 2 * 4 * 256 * 4)  # lse in float32
+    assert m["ledger"] <= m["tracemalloc"] <= 1.02 * m["ledger"], m
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_parity_bytes_and_memory_on_ranks(n: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "cp_check.py"), timeout=240,
@@ -213,6 +247,11 @@ def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None
         assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"]
         assert s["activation_bytes_per_rank"] == [s["activation_formula"]] * 2
         assert s["activation_formula"] < s["serial_activation_bytes"]
+        tm = s["activation_tracemalloc_bytes_per_rank"]
+        assert all(a <= m <= a + 4096 for a, m in zip(s["activation_bytes_per_rank"], tm)), tm
+        assert all(p >= m for p, m in zip(s["activation_peak_bytes_per_rank"], tm))
+        assert s["notes"][3].startswith("the same measured by tracemalloc") and (
+            f"{tm[0]:,} (+{tm[0] - s['activation_formula']:,})" in s["notes"][3])
         assert [set(a) for a in s["bytes_by_axis_per_rank"]] == [{"cp"}] * 2
         cp_bytes = ", ".join(f"{a['cp']:,}" for a in s["bytes_by_axis_per_rank"])
         assert s["notes"][-1] == f"bytes sent per rank per step by grid axis: cp {cp_bytes}"

@@ -90,7 +90,7 @@ def test_dp_sgd_equals_serial_and_mixed_precision_is_measured(n: int) -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_dp_on_a_mixture_of_experts_equals_the_serial_run_of_the_same_groups(n: int) -> None:
-    """4 experts, top-2, capacity 1.25: the aux loss and its gradient (daux = b_r/B) go
+    """4 experts, top-2, capacity factor 1.0: the aux loss and its gradient (daux = b_r/B) go
     through DDP's walk.  A rank routes its own rows as one group (capacity and aux loss are
     per group), so the oracle is serial training on the same N row groups, accumulated."""
     for o in _results(n):

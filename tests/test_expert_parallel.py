@@ -69,7 +69,8 @@ def test_experts_and_capacities() -> None:
     assert [expert_ids(8, 4, c) for c in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert expert_ids(4, 1, 0) == [0, 1, 2, 3]
     # B = 10 rows of T = 8 on 4 ranks: 3, 3, 2, 2 rows = 24, 24, 16, 16 tokens; E = 4, cf 1.25
-    assert capacities(4, 1.25, [24, 24, 16, 16]) == [8, 8, 5, 5]
+    assert capacities(4, 1.25, [24, 24, 16, 16], 1) == [8, 8, 5, 5]
+    assert capacities(4, 1.25, [24, 16], 2) == [15, 10]  # top-2: k·n assignments
 
 
 @pytest.mark.parametrize("args,message", [
@@ -126,7 +127,7 @@ def test_minipar_run_ep_json_has_the_routing_and_the_bytes_per_axis() -> None:
     assert sum(map(sum, s["tokens_per_expert"])) + s["dropped"][-1] == s["assignments_per_step"]
     assert s["bytes_by_axis_per_rank"] == s["bytes_formula_by_axis_per_rank"]
     assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"]
-    assert s["capacity_per_rank"] == [6, 6, 4, 4]  # 3, 3, 2, 2 rows of 8 tokens, E 4, cf 1.0
+    assert s["capacity_per_rank"] == [12, 12, 8, 8]  # k = 2 x (3, 3, 2, 2 rows of 8 tokens) / E 4
     # each rank holds the dense parameters and E/ep = 2 of the 4 experts (float64 AdamW:
     # 32 B per parameter), less than a full replica
     d, f = 16, 64

@@ -2,16 +2,19 @@
 
 Each world size is ONE launch of tests/mpi/hybrid_check.py, which rebuilds the Grid on
 the same ranks for every layout (and frees it): on 8 ranks every dp x pp x tp of 8 the
-model allows (heads 8, vocab 8, 4 layers; pp = 8 on 8 layers), ZeRO-1 and sequence
-parallelism on 2x2x2, SP on 1x2x4 with GPipe, and dp x pp x cp = 2x2x2; on 4 ranks ring and Ulysses context parallelism, interleaving with
+model allows (heads 8, vocab 8, 4 layers; pp = 8 on 8 layers), ZeRO-1, -2, -3 and
+sequence parallelism on 2x2x2, ZeRO-3 on 4x2x1, SP on 1x2x4 with GPipe, and dp x pp x cp
+= 2x2x2; on 4 ranks ring and Ulysses context parallelism, interleaving with
 remat, ring and Ulysses attention with remat (a recomputed block sends its forward
-traffic again), GPipe with activations offloaded to the host, ZeRO-1 (with and without cp), an MoE GPT with ep = 2 (dp 2 x pp 2, dp 4) and an
-MoE under tp.  Each run: float64 parity with the serial GPT over 3 AdamW steps (the shared
+traffic again), GPipe with activations offloaded to the host, ZeRO-1 (with and without
+cp), ZeRO-2 on 2x2x1, ZeRO-3 on 2x2x1 (GPipe, remat: a recomputed unit is gathered again)
+and over dp·cp (1x2 x cp 2), an MoE GPT with ep = 2 (dp 2 x pp 2, dp 4), an
+MoE under tp and one under ZeRO-3 (dp 2 x pp 2).  ZeRO's model states per rank equal its formula on the stage's share.  Each run: float64 parity with the serial GPT over 3 AdamW steps (the shared
 verdict), bytes per axis equal to the exact formulas and to the planner's
 (``minipar.plan.step_time.axis_traffic``, where it models the same traffic), parameters
 per rank equal to ``stage_param_count``, model states within 5% of ``layout_memory``
-(exact but for ZeRO's uneven shard), model states + activations within 5% (1F1B, no cp),
-and bad layouts refused on every rank before any message.
+(exact but for ZeRO's uneven shard), model states + activations within 5% (1F1B, cp
+included), and bad layouts refused on every rank before any message.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from minipar.parallel.hybrid_config import bytes_formula, check_hybrid
 MPI_DIR = Path(__file__).parent / "mpi"
 
 
-@pytest.mark.parametrize(("n", "runs"), [(4, 12), (8, 14)])
+@pytest.mark.parametrize(("n", "runs"), [(4, 16), (8, 17)])
 def test_parity_bytes_and_memory_on_every_grid(n: int, runs: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "hybrid_check.py"), timeout=300,
                       env={"MINIPAR_WATCHDOG_S": "120"})
@@ -48,7 +51,7 @@ def test_parity_bytes_and_memory_on_every_grid(n: int, runs: int) -> None:
     ({"dp": 1, "pp": 8, "tp": 1}, "8 stages but the model has only 2 layers"),
     ({"dp": 8, "ep": 8, "experts": 4}, "--experts 4 is not divisible by --ep 8"),
     ({"dp": 2, "pp": 4, "ep": 4, "experts": 4}, "ep = 4 must divide dp·cp = 2·1 = 2"),
-    ({"dp": 2, "pp": 2, "tp": 2, "zero": 2}, "--zero 2: a pipeline takes ZeRO stage 0 or 1"),
+    ({"dp": 2, "pp": 2, "tp": 2, "zero": 4}, "--zero 4: ZeRO stage must be 0, 1, 2 or 3"),
     ({"dp": 2, "cp": 2, "tp": 2}, "cp = 2 with tp = 2"),
 ])
 def test_bad_layouts_are_one_line_without_mpi(sizes: dict, says: str) -> None:
@@ -65,6 +68,7 @@ def test_bad_layouts_are_one_line_without_mpi(sizes: dict, says: str) -> None:
     (["-n", "8", "--pp", "8"], "8 stages but the model has only 4 layers"),
     (["-n", "4", "--ep", "4", "--experts", "2", "--batch", "8"], "--experts 2 is not divisible"),
     (["-n", "4", "--ep", "3", "--experts", "3"], "ep = 3 must divide dp·cp"),
+    (["-n", "4", "--ep", "2", "--experts", "2", "--zero", "3"], "--zero 3 with ep = 2"),
 ])
 def test_the_command_refuses_bad_input_in_one_line(argv: list[str], says: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

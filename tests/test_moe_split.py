@@ -58,7 +58,7 @@ def ref_moe_forward(p, x, n_experts, top_k=1, capacity_factor=1.25, aux_loss_coe
     probs = logits - logits.max(axis=1, keepdims=True)
     xp.exp(probs, out=probs)
     probs /= probs.sum(axis=1, keepdims=True)
-    cap = expert_capacity(n, n_experts, capacity_factor)
+    cap = expert_capacity(n * top_k, n_experts, capacity_factor)  # k·N assignments
     r = ref_route(probs, top_k, cap)
     y = xp.zeros((n, d), dtype=probs.dtype)
     experts = []

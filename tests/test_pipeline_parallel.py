@@ -249,3 +249,44 @@ def test_run_pp_with_offload_prints_the_verdict_and_the_bubble(
     assert "final parameters: equal to the serial run" in out
     assert "bubble (last step): rebuilt from measured costs" in out
     assert "activation offload to host" in out
+
+
+@pytest.mark.parametrize("target", ["host", "disk"])
+def test_a_stage_under_offload_counts_only_what_stays_on_the_device(target: str) -> None:
+    """StageMemory's ledger with offload: the bytes kept (anywhere) are no-offload's, the
+    device holds one unit's ``saved`` at a time (plus the batch the micro-batches are
+    views of), and nothing is left after the backwards; the gradients are the same."""
+    import numpy as np
+
+    from minipar.memory import nbytes
+    from minipar.nn import Hooks, executor
+    from minipar.parallel.common import RunSpec
+    from minipar.parallel.pipeline.stage_memory import StageMemory
+    from minipar.precision import ModelStates
+
+    spec = RunSpec(layers=4, batch=12, seq=8, d_model=16, heads=2, vocab=10)
+    units, params = spec.model().units(), spec.initial_params()
+    x = spec.global_batch(0)[0]
+    chunk = stage_units(units, [2, 2], 0, 2)[0]  # embedding, block 0, block 1
+    mbs = [x[:4], x[4:8], x[8:]]
+    largest = max(nbytes(s) for s in executor.forward(chunk, Hooks(params), mbs[0])[1])
+    got = {}
+    for off in (None, target):
+        mem = StageMemory([chunk], None, off)
+        states = ModelStates("float64", {n: params[n] for u in chunk for n in u.full_names})
+        mem.start_step(states)
+        h = mem.hooks[0]
+        held = [mem.measured(0, lambda b=b, h=h: executor.forward(chunk, h, b)) for b in mbs]
+        after_forward = (h.bytes_now, h.device_now)
+        for out, kept in reversed(held):
+            dy = np.ones_like(out)
+            mem.measured(0, lambda h=h, k=kept, dy=dy: executor.backward(chunk, h, k, dy, 1.0))
+        got[off] = (after_forward, mem.activation_peak_bytes, (h.bytes_now, h.device_now),
+                    states.grads.copy())
+        mem.end_step()
+    (kept0, dev0), peak0, end0, g0 = got[None]
+    (kept1, dev1), peak1, end1, g1 = got[target]
+    assert kept1 == kept0 == dev0 == peak0 and end0 == end1 == (0, 0)
+    assert dev1 == x.nbytes  # the batch stays (the micro-batches are its views)
+    assert peak1 == largest + x.nbytes < peak0 / 3
+    np.testing.assert_array_equal(g1, g0)

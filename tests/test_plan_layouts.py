@@ -324,6 +324,27 @@ def test_stage_params_and_bytes_per_axis_for_a_small_gpt():
     assert mem["states"] == pytest.approx((8 + 8 + 16) * mem["params_per_rank"])
 
 
+@pytest.mark.parametrize(("remat", "itemsize", "acc"), [("none", 8, 8), ("full", 8, 8),
+                                                        ("none", 2, 4)])
+def test_ring_cp_bytes_are_what_ring_attention_sends(remat: str, itemsize: int, acc: int):
+    """cp: per layer and micro-batch the forward's K, V hops (c − 1), the backward's K, V
+    hops again and dK, dV one hop more (c), as ring_attention.backward_bytes counts them."""
+    from minipar.parallel.ring_attention import backward_bytes, forward_bytes
+
+    model = gpt_model(4, 16, 8, 8, heads=4)  # minipar run hybrid's model: s 8, h 16
+    lay = Layout(1, 1, 2, 2, 0, remat, 2, 4)  # pp 2 x cp 2, b 2, m 4: 2 layers a stage
+    got = axis_traffic(model, lay, None, itemsize=itemsize)["cp"]
+    E = 2 * (8 // 2) * 16  # one rank's K (or V): b·(s/c)·h elements
+    fwd = 2 if remat == "full" else 1
+    per_layer = fwd * 2 * (2 - 1) * E * itemsize + 2 * (2 - 1) * E * itemsize + 2 * 2 * E * acc
+    assert got["bytes"] == 4 * 2 * per_layer
+    assert per_layer == fwd * forward_bytes(2, 8, 16, 2, itemsize) + backward_bytes(
+        2, 8, 16, 2, itemsize, acc)
+    if itemsize == 8 and remat == "none":
+        assert got["bytes"] == 65_536  # counted by minipar run hybrid --cp 2 --pp 2 -n 4
+    assert got["messages"] == 4 * 2 * (fwd + 1)
+
+
 # ------------------------------------------------------------------- the verb
 GPT3_ARGS = ["--gpt", "96,12288,51200,2048", "--heads", "96", "--cluster", "dgx-a100"]
 
@@ -333,7 +354,7 @@ def test_cli_table_and_takeaways(capsys):
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln[:3].strip().isdigit()]
     assert len(rows) == 5 and "tp-inner" in rows[0]
-    assert "PTD-P's takeaways" in out and "tensor across servers" in out and "× slower" in out
+    assert "PTD-P's takeaways" in out and "tensor groups across servers" in out and "× slower" in out
     assert "no communication overlap assumed" in out
 
 
@@ -375,3 +396,31 @@ def test_cli_params_needs_the_shape(capsys):
     assert "--params needs the shape too: give --hidden, --heads" in capsys.readouterr().err
     assert P.main([*argv, "--hidden", "12288", "--heads", "96", "--top", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"]["psi"] == 175e9
+
+
+def test_cli_small_model_memory_reads_in_its_unit_and_faster_says_faster(capsys):
+    """A tiny model's memory per GPU is not "0.0 GB"; a ratio below 1 reads "× faster"."""
+    from minipar.plan._layouts_cli import _mem, _than
+
+    assert P.main(["--gpt", "4,64,512,128", "--gpus", "7", "--cluster", "dgx-a100",
+                   "--top", "1"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln[:3].strip() == "1")
+    assert " MB " in row and "0.0 GB" not in row
+    assert _mem(73.1e9) == "73.1 GB" and _mem(2.54e6) == "2.54 MB"
+    assert _than(14.5, 10.0) == "1.45× slower" and _than(18.40, 18.90) == "1.03× faster"
+
+
+def test_ring_cp_activations_keep_no_scores():
+    """Ulysses keeps a/c heads × s² scores (= s/c queries × s keys); ring attention none, only
+    the log-sum-exp b·a·(s/c) (minipar run hybrid --cp 2 --pp 2 -n 4 measured 83,712 bytes on
+    stage 0, 0.3% over the ring figure: the embedding's output, not counted)."""
+    model = gpt_model(4, 16, 8, 8, heads=4)
+    lay = Layout(1, 1, 2, 2, 0, "none", 2, 4)
+    kw = {"itemsize": 8, "K": 16, "formula": "minipar", "sequence_parallel": False}
+    uly = layout_memory(model, lay, cp_kind="ulysses", **kw)["activations"]
+    ring = layout_memory(model, lay, cp_kind="ring", **kw)["activations"]
+    b, a, s_c, layers_in_flight = 2, 4, 4, 2 * 2  # min(p, m) micro-batches x L/p layers
+    assert uly - ring == layers_in_flight * (b * a * s_c * 8 * 8 - b * a * s_c * 8)
+    assert ring == 83_456 and abs(83_712 / ring - 1) < 0.005
+    with pytest.raises(ValueError, match="cp_kind must be 'ring' or 'ulysses'"):
+        layout_memory(model, lay, cp_kind="zigzag", **kw)

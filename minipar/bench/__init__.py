@@ -11,7 +11,9 @@ checked before anything is measured, one line and exit 2 on a bad one
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from typing import Any
 
 from minipar.cli_errors import EXIT_USAGE
 from minipar.registry import BENCHES
@@ -30,3 +32,17 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     return int(importlib.import_module(BENCHES[name][0]).main(argv[1:]) or 0)
+
+
+def write_json(prog: str, path: str | None, data: Any) -> int:
+    """``--json PATH`` of a benchmark that prints a table: write ``data`` there; the exit
+    status (1, with one line naming the file, when it cannot be written; 0 otherwise)."""
+    if not path:
+        return 0
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+    except OSError as e:
+        print(f"{prog}: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0

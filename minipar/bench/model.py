@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from minipar.bench import write_json
 from minipar.cli_errors import ArgumentParser, integer, output_file
 from minipar.progress import tick
 
@@ -180,14 +181,7 @@ def main(argv: list[str]) -> int:
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     print("GPT forward+backward, float32, one thread, CPU time (median of "
           f"{a.repeat}; ratio = numpy / torch)\n" + table(rows))
-    if a.json:
-        try:
-            with open(a.json, "w", encoding="utf-8") as f:
-                json.dump(rows, f, indent=1)
-        except OSError as e:
-            print(f"minipar bench model: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
-            return 1
-    return 0
+    return write_json("minipar bench model", a.json, rows)
 
 
 if __name__ == "__main__":

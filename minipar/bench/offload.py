@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+from minipar.bench import write_json
 from minipar.bench.remat import THREAD_VARS, Sink, setup
 from minipar.cli_errors import ArgumentParser, integer, output_file
 
@@ -175,14 +176,7 @@ def main(argv: list[str]) -> int:
           f"after forward (ledger), tracemalloc held after forward, median wall time of "
           f"{a.repeat} steps as a ratio to plain; optimizer: mixed-precision AdamW step "
           f"(without a GPU, device and host are the same RAM)\n" + table(acts, opts))
-    if a.json:
-        try:
-            with open(a.json, "w", encoding="utf-8") as f:
-                json.dump({"activations": acts, "optimizer": opts}, f, indent=1)
-        except OSError as e:
-            print(f"{PROG}: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
-            return 1
-    return 0
+    return write_json(PROG, a.json, {"activations": acts, "optimizer": opts})
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import sys
 import time
 from typing import Any
 
+from minipar.bench import write_json
 from minipar.cli_errors import ArgumentParser, integer, output_file
 from minipar.nn.executor import Hooks
 
@@ -178,14 +179,7 @@ def main(argv: list[str]) -> int:
           f"float32, one thread; peak = tracemalloc over one forward+backward (gradients "
           f"dropped), held = activations on the ledger, time = median CPU time of "
           f"{a.repeat} steps, remat / plain (target <= 1.45x)\n" + table(rows))
-    if a.json:
-        try:
-            with open(a.json, "w", encoding="utf-8") as f:
-                json.dump(rows, f, indent=1)
-        except OSError as e:
-            print(f"{PROG}: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
-            return 1
-    return 0
+    return write_json(PROG, a.json, rows)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,14 @@ class Exercise:
     #: the learner writes the communication (so using minipar.collectives is copying the
     #: answer); False where the learner writes data the grader's own code runs (a schedule)
     writes_communication: bool = True
+    #: the function the learner writes, where the worker calls another one (a fixed shim at
+    #: the end of the learner's file hands it to the grader); empty: ``function`` itself
+    writes: str = ""
+
+    @property
+    def learner_function(self) -> str:
+        """The function the learner fills in (what ``start`` and the diagnoses name)."""
+        return self.writes or self.function
 
     @property
     def package(self) -> str:
@@ -127,6 +135,7 @@ EXERCISES: dict[str, Exercise] = {
             "pipeline parallelism: write GPipe's schedule (all forwards, then all backwards)",
             "★☆☆",
             writes_communication=False,
+            writes="schedule",
         ),
         Exercise(
             "one_f_one_b",
@@ -134,12 +143,14 @@ EXERCISES: dict[str, Exercise] = {
             "pipeline parallelism: write 1F1B (warm-up, one forward one backward, cool-down)",
             "★★☆",
             writes_communication=False,
+            writes="schedule",
         ),
         Exercise(
             "grid_groups",
             "run_grid",
             "process grid: your coordinates and one comm.Split communicator per axis (dp pp cp tp)",
             "★★☆",
+            writes="grid_groups",
         ),
     )
 }

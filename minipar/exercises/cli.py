@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             return error_line("minipar exercise start", f"cannot write {target}: {e.strerror or e}")
         print(
-            f"wrote {target}: fill in {ex.function}(), then run\n"
+            f"wrote {target}: fill in {ex.learner_function}(), then run\n"
             f"  minipar exercise check {ex.name} {target}"
         )
         return 0

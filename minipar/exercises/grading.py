@@ -246,7 +246,7 @@ def _deadlock_check(name: str, path: Path, errors: list[dict], n: int, out: str,
         dump = Path(out, f"running-{r}.txt")
         text = dump.read_text(errors="replace") if dump.exists() else ""
         here[r] = diagnosis.stopped_at(diagnosis.last_dump(text), path)
-    said = diagnosis.absent(waits, here, path.name, get(name).function, f"{watchdog:g}")
+    said = diagnosis.absent(waits, here, path.name, get(name).learner_function, f"{watchdog:g}")
     if said:
         return Check("runs to the end without hanging", False,
                      (f"{e['case']}: " if e.get("case") else "") + said, case=e.get("case"))

@@ -14,9 +14,11 @@ uses only k of the E experts, so the model is *sparse*, not dense.
 Group and capacity.  The *group* is all N = B·T tokens of one forward call
 (one micro-batch).  Each expert takes at most
 
-    C = ceil(N / E × capacity_factor)
+    C = ceil(k·N / E × capacity_factor)
 
-tokens.  Priority is deterministic: all first choices before any second
+tokens: the group makes k·N assignments (top-1: N, Switch; top-2: 2N, GShard's
+capacity), so a capacity factor of 1 has room for all of them when the load is
+even.  Priority is deterministic: all first choices before any second
 choice (GShard), and within a choice rank by token position n (row-major
 over (B, T)).  A token beyond an expert's capacity is *dropped* for that
 choice: its expert output is 0, so it passes through the block's residual

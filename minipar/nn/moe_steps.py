@@ -36,7 +36,12 @@ from minipar.nn.mlp import mlp_backward, mlp_forward
 
 
 def expert_capacity(n_tokens: int, n_experts: int, capacity_factor: float) -> int:
-    """C = ceil(n_tokens / n_experts × capacity_factor), tokens per expert per group."""
+    """C = ceil(n_tokens / n_experts × capacity_factor), tokens per expert per group.
+
+    ``n_tokens`` counts *assignments*: a top-k router sends each of N tokens to k
+    experts, so the block asks for C over k·N (GShard, arXiv 2006.16668, and Mesh
+    TensorFlow's MoE: top-2 with capacity factor 1 has room for every assignment
+    when the load is even; over N alone, top-2 would drop at least half)."""
     return math.ceil(round(n_tokens * capacity_factor / n_experts, 9))
 
 
@@ -98,7 +103,7 @@ def dispatch_forward(
     probs = logits - logits.max(axis=1, keepdims=True)
     xp.exp(probs, out=probs)
     probs /= probs.sum(axis=1, keepdims=True)
-    cap = expert_capacity(n, n_experts, capacity_factor)
+    cap = expert_capacity(n * top_k, n_experts, capacity_factor)
     r = route(probs, top_k, cap)
     tok, j = xp.nonzero(r["kept"])  # every kept assignment, token by token
     buffers = xp.zeros((n_experts, cap, d), dtype=h.dtype)

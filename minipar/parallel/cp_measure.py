@@ -35,20 +35,32 @@ distinct buffers the attention core saves for its backward (a ledger,
 (i_c: the compute dtype's bytes, lse is kept there).  The whole layer's other
 activations (LayerNorms, projections, MLP) are per token, so they are 1/P of
 the serial layer's under both kinds.
+
+**The same, measured by tracemalloc** (:func:`attention_activation_tracemalloc`,
+:func:`minipar.memory.measure`): one attention core's forward on this rank's
+fused qkv (made inside the measured region, dropped with the output after it),
+after a warm-up call; the bytes still allocated are what the forward keeps
+alive for backward.  NumPy registers its buffers with tracemalloc, so this is
+the ledger plus the Python objects around the arrays (the saved tuple, array
+headers: a few hundred bytes, independent of b, s, d), and equals the ledger
+within 2% once a rank's share is above ~50 KB (tests/mpi/cp_check.py).
 """
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import numpy as np
 
 from minipar import memory
 from minipar.collectives.cost import allreduce_bytes_sent
+from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
 from minipar.nn._dtype import compute_dtype
 from minipar.parallel import ulysses
-from minipar.parallel.context_parallel import OP_GRADS, OP_LOSS, ContextParallel
+from minipar.parallel.context_parallel import OP_GRADS, OP_LOSS, ContextParallel, CPAttention
+from minipar.parallel.cp_layout import sharding
 from minipar.parallel.ring_attention import OP as RING_OP
 from minipar.parallel.ring_attention import backward_bytes, forward_bytes, score_elements
 from minipar.plan.activations import (
@@ -56,7 +68,8 @@ from minipar.plan.activations import (
     ulysses_alltoall_elements_per_link,
 )
 
-__all__ = ["attention_activation_formula", "attention_bytes_per_layer", "measure",
+__all__ = ["attention_activation_formula", "attention_activation_tracemalloc",
+           "attention_bytes_per_layer", "measure",
            "measured_attention_activation", "paper_attention_bytes",
            "serial_attention_activation", "step_bytes_formula"]
 
@@ -72,6 +85,41 @@ def attention_activation_formula(kind: str, b: int, s: int, d: int, H: int, P: i
     if kind == "ring":
         return (4 * b * s * d * itemsize + b * H * s * ic) // P
     raise ValueError(f"unknown kind {kind!r}: serial, ulysses or ring")
+
+
+def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int, s: int,
+                                    d: int, H: int, dtype: str = "float64",
+                                    seed: int = 0) -> dict[str, int]:
+    """What one attention core's forward keeps alive for backward on this rank, measured.
+
+    Collective over ``comm`` (the cp group: every rank calls it).  A random fused qkv of
+    the whole sequence (b, s, 3d) is cut to this rank's positions; the core runs once to
+    warm caches (the causal mask, first-call buffers), then once inside
+    :func:`minipar.memory.measure`, its qkv made inside the region and dropped with the
+    output after it.  Returns ``tracemalloc`` (bytes still held), ``peak`` (the forward's
+    high-water mark), ``ledger`` (:func:`minipar.memory.nbytes` of what it saved) and
+    ``formula`` (:func:`attention_activation_formula`), bytes on this rank."""
+    c = traced(comm)
+    P = c.size
+    layout = sharding(s, P, kind, zigzag)
+    core = CPAttention(c, kind, layout, H)
+    full = np.random.default_rng(seed).standard_normal((b, s, 3 * d)).astype(dtype)
+    mine = np.ascontiguousarray(full[:, layout.positions(c.rank)])
+    del full
+    o, saved = core.forward(mine.copy())  # warm-up
+    del o, saved
+    gc.collect()
+    with memory.measure() as region:
+        qkv = mine.copy()
+        o, saved = core.forward(qkv)
+        del o, qkv
+        gc.collect()
+    book = memory.nbytes(saved)
+    del saved
+    i, ic = np.dtype(dtype).itemsize, compute_dtype(np.dtype(dtype)).itemsize
+    return {"tracemalloc": int(region.current_bytes), "peak": int(region.peak_bytes),
+            "ledger": book,
+            "formula": attention_activation_formula(kind, b, s, d, H, P, i, ic)}
 
 
 def measured_attention_activation(kept: list[Any]) -> list[int]:
@@ -120,7 +168,8 @@ def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict
     Returns ``losses``, ``params`` (final flat), ``bytes_by_op`` (per step, counted),
     ``bytes_by_op_formula``, ``bytes_by_axis`` (per step), ``attention_bytes_per_layer``
     (counted forward of one layer, and the formula), ``activation`` (measured per layer,
-    formula, serial), ``score_elements``."""
+    formula, serial), ``activation_tracemalloc`` (one layer's attention core, the run's
+    sizes and dtype: :func:`attention_activation_tracemalloc`), ``score_elements``."""
     cp = ContextParallel(comm, spec, kind, zigzag)
     stats = cp.grid.world.stats
     before = {op: stats.bytes_sent(op) for op in step_bytes_formula(cp)}
@@ -137,6 +186,8 @@ def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict
     fwd_layer = (stats.bytes_sent(op) - b0) // spec.layers
     measured = measured_attention_activation(kept)
     del kept
+    traced_mem = attention_activation_tracemalloc(cp.comm, kind, cp.zigzag, spec.batch, spec.seq,
+                                                  spec.d_model, spec.heads, cp.cfg.dtype)
     i = np.dtype(cp.cfg.dtype).itemsize
     ic = compute_dtype(cp.cfg.dtype).itemsize
     args = (spec.batch, spec.seq, spec.d_model, spec.heads, cp.world, i, ic)
@@ -150,6 +201,7 @@ def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict
         "attention_paper_bytes_per_layer": paper_attention_bytes(
             kind, spec.batch, spec.seq, spec.d_model, cp.world, i),
         "activation_per_layer": measured,
+        "activation_tracemalloc": traced_mem,
         "activation_formula": attention_activation_formula(kind, *args),
         "serial_activation_formula": attention_activation_formula("serial", *args),
         "score_elements": (score_elements(cp.layout, cp.rank) * spec.heads if kind == "ring"

@@ -12,8 +12,8 @@ MPI starts):
   capacity factor > 0, ep dividing the data-parallel ranks — one line naming
   the numbers, the same on every rank;
 * :func:`expert_ids`: rank c of an ep group holds experts c·E/ep … (c+1)·E/ep − 1;
-* :func:`capacities`: C_j = ⌈n_j/E × capacity_factor⌉ per source j, its own
-  n_j tokens (Switch Transformer's expert capacity, Fedus et al. 2021, arXiv
+* :func:`capacities`: C_j = ⌈k·n_j/E × capacity_factor⌉ per source j, its own
+  n_j tokens routed top-k (Switch Transformer's expert capacity, Fedus et al. 2021, arXiv
   2101.03961, §2.2, over GShard's local groups, arXiv 2006.16668);
 * :func:`alltoall_bytes`: the exact bytes a rank sends per MoE layer per step
   in each of the five all-to-alls (:data:`OPS`).  E_l = E/ep, d the width, b
@@ -21,8 +21,8 @@ MPI starts):
   each; combine and d(buffers) Σ_{j≠r} E_l·C_j·d·b each.  With one C for all,
   the four data all-to-alls are 4·(ep−1)/ep·E·C·d·b, GShard's two all-to-alls
   forward and two backward of the padded (E, C, d) buffer
-  (``minipar.plan.moe.moe_alltoall_bytes_per_rank``, top-1; for top-2 the plan
-  sizes C over N·k tokens as GShard does, the serial block over N).
+  (``minipar.plan.moe.moe_alltoall_bytes_per_rank``: C over the k·N assignments,
+  as GShard and the serial block size it).
 """
 
 from __future__ import annotations
@@ -67,12 +67,13 @@ def expert_ids(n_experts: int, ep: int, coord: int) -> list[int]:
     return list(range(coord * per, (coord + 1) * per))
 
 
-def capacities(n_experts: int, capacity_factor: float, tokens: list[int]) -> list[int]:
-    """C_j = ⌈n_j / E × capacity_factor⌉ for each source's ``tokens`` n_j (its group),
-    rounded as :func:`minipar.nn.moe_steps.expert_capacity` does."""
+def capacities(n_experts: int, capacity_factor: float, tokens: list[int],
+               top_k: int) -> list[int]:
+    """C_j = ⌈k·n_j / E × capacity_factor⌉ for each source's ``tokens`` n_j (its group) routed
+    top-k, rounded as :func:`minipar.nn.moe_steps.expert_capacity` does."""
     from minipar.nn.moe_steps import expert_capacity
 
-    return [expert_capacity(n, n_experts, capacity_factor) for n in tokens]
+    return [expert_capacity(n * top_k, n_experts, capacity_factor) for n in tokens]
 
 
 def alltoall_bytes(n_experts: int, d_model: int, caps: list[int], coord: int,

@@ -34,7 +34,7 @@ filled rows and no others (``experts_forward``: a 1-row product may round
 differently from the same row inside a larger one).
 
 **Same drops as the serial block.**  Each rank routes its own micro-batch as
-one group, with capacity over its own n_r tokens — GShard's local groups — so
+one group, with capacity over its own k·n_r assignments — GShard's local groups — so
 dispatch on rank r *is* the serial block on rank r's rows, and
 ``serial_reference(spec, world)`` (one micro-batch per data-parallel rank,
 cut like the ranks' rows) drops exactly the same tokens.  An expert computes

@@ -120,7 +120,7 @@ class ExpertParallel:
         group = self.grid.ranks("ep")
         tokens = [spec.seq * (hi - lo) for lo, hi in
                   (local_rows(spec.batch, r, world) for r in group)]
-        self.caps = capacities(spec.experts, spec.capacity_factor, tokens)
+        self.caps = capacities(spec.experts, spec.capacity_factor, tokens, spec.top_k)
         units: list[Any] = [EmbedUnit(self.cfg)]
         for i in range(self.cfg.n_layer):
             if self.cfg.is_moe_block(i):

@@ -24,15 +24,33 @@ exist, composed — none of their code is repeated here:
     loss weighted by s_c/s; or
   - expert-parallel MoE blocks over ``grid.comm("ep")`` (DeepSpeed-MoE, the ep ranks
     carved out of the data-parallel ones, :class:`~minipar.parallel.expert_layer.EPMoE`);
-* between stages, with tp > 1, PTD-P's scatter/gather (§4.1): the t ranks of a tensor
+* between stages (the executor's wire hooks, :mod:`minipar.parallel.pipeline.messages`),
+  with tp > 1, PTD-P's scatter/gather (§4.1): the t ranks of a tensor
   group hold the same activation, so each sends 1/t of it and the next stage's group
   all-gathers the pieces (``scatter_gather=False``: every rank sends all of it);
 * after the flush the stage's gradients (its tensor shard's, under their serial names)
   are summed over the ranks that hold the same shard: the dp·cp ranks (one ring
   all-reduce on ``dp``, or on ``edp`` = dp·cp when cp > 1), dense and expert gradients
-  apart with ep (``dp`` and ``edp``); or ZeRO-1 (Rajbhandari et al. 2019, arXiv
-  1910.02054) over those ranks: reduce-scatter, step 1/N of the stage's optimizer states,
-  all-gather the parameters.
+  apart with ep (``dp`` and ``edp``); or ZeRO (Rajbhandari et al. 2019, arXiv
+  1910.02054) over those N = dp·cp ranks, on the stage's Ψ_p parameters (its tensor shard):
+
+  - ZeRO-1: reduce-scatter the accumulated gradients, step 1/N of the stage's optimizer
+    states, all-gather the parameters;
+  - ZeRO-2: the same messages, but the gradients of the m micro-batches accumulate in a
+    full Ψ_p buffer that lives only during the step: after the flush it is
+    reduce-scattered and dropped, the rank keeps its 1/N shard of the gradients (and of
+    the optimizer states), steps it and all-gathers the parameters.  DeepSpeed's ZeRO-2
+    instead reduce-scatters every micro-batch's gradients as backward makes them (m
+    reduce-scatters, never a full gradient buffer): here one reduce-scatter per step
+    (m−1 fewer), at the price of Ψ_p gradient bytes held from the first backward to
+    the flush (``grad_accumulation_bytes``);
+  - ZeRO-3: only the 1/N shard of the parameters is held; ZeRO's own hooks
+    (:class:`~minipar.parallel.zero_hooks.ZeroHooks` over the stage's units) all-gather
+    a unit's parameters before its forward and again before its backward, *for every
+    micro-batch*, and drop them after, and reduce-scatter its gradients, added to the
+    shard, after each backward: m× ZeRO-3's messages without pipelining (exactly
+    m·(3Ψ_p − C_r − 2C_{r+1})·e sent on the axis, C_r the shard sizes; a unit recomputed
+    by remat is all-gathered once more per micro-batch).
 
 Micro-batch i of replica d carries the weight w_i = b_i/B (times s_c/s under cp), so
 Σ_d Σ_i w_i ∇ℓ_i is the serial gradient; AdamW is element-wise, so every rank stepping
@@ -64,8 +82,8 @@ OP_GATHER = "pp_tp_gather"
 class HybridParallel(PipelineParallel):
     """This rank's part of a dp × pp × cp × tp (× ep) run of ``spec``'s GPT on ``grid``.
 
-    The pipeline arguments are :class:`PipelineParallel`'s; ``zero``: 0 (all-reduce) or 1
-    (ZeRO-1 over the dp·cp ranks); ``cp_kind``: "ring" (zigzag) or "ulysses";
+    The pipeline arguments are :class:`PipelineParallel`'s; ``zero``: 0 (all-reduce) or
+    1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring" (zigzag) or "ulysses";
     ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1).  Bad sizes
     raise ``ValueError`` on every rank before any message (:func:`check_hybrid`).
     ``train()``, ``train_step(step)`` -> the global loss; ``full_params()`` -> the whole
@@ -99,14 +117,51 @@ class HybridParallel(PipelineParallel):
                          offload_dir)
         # the ranks that hold the same shard of the same stage: dp·cp of them
         self.shard_comm = grid.comm("dp" if self.cp == 1 else "edp")
+        self.stage_layout = self.states.layout  # the stage's Ψ_p parameters, flat
+        self.grad_accumulation_bytes = 0  # ZeRO-2: the full buffer held during the step
         if zero:
-            from minipar.parallel.zero_hooks import shard_range
+            self._shard_states(spec)
 
-            params = self.states.layout.unflatten(self.states.params)
-            lo, hi = shard_range(self.states.layout.size, self.shard_comm.size,
-                                 self.shard_comm.rank)
-            self.states = ModelStates(spec.precision, params, spec.optimizer, lo=lo, hi=hi,
-                                      **spec.opt_kwargs())
+    def _shard_states(self, spec: Any) -> None:
+        """ZeRO-1: the optimizer states of my 1/N slice; ZeRO-2: also the gradients (a
+        shard buffer; the full parameters stay); ZeRO-3: everything of my shard only."""
+        from minipar.parallel.zero_hooks import shard_range
+
+        full, comm = self.states.params, self.shard_comm
+        lo, hi = shard_range(self.stage_layout.size, comm.size, comm.rank)
+        if self.zero == 1:
+            self.states = ModelStates(spec.precision, self.stage_layout.unflatten(full),
+                                      spec.optimizer, lo=lo, hi=hi, **spec.opt_kwargs())
+            return
+        self.states = ModelStates(spec.precision, {"shard": full[lo:hi]}, spec.optimizer,
+                                  **spec.opt_kwargs())
+        self.full_buf = None
+        if self.zero == 2:  # the optimizer writes my slice of the full parameters
+            self.full_buf = full.copy()
+            self.states.params = self.full_buf[lo:hi]
+            return
+        from types import SimpleNamespace
+
+        from minipar.parallel.zero_hooks import ZeroHooks, units_table
+
+        units = [u for units in self.chunk_units for u in units]
+        eng = SimpleNamespace(stage=3, comm=comm, layout=self.stage_layout, shard=(lo, hi),
+                              states=self.states, params=None, grads=None,
+                              policy=self.states.policy)
+        self.zero_hooks = ZeroHooks(eng, units_table(units, self.stage_layout),
+                                    accumulate=True)
+
+    def stage_hooks(self) -> Any:
+        """ZeRO-2: views of the full parameters, gradients added to a full buffer made for
+        this step; ZeRO-3: ZeRO's all-gathering hooks; else the executor's own."""
+        if self.zero == 2:
+            from minipar.parallel.pipeline.stage_memory import StageHooks
+
+            lay = self.stage_layout
+            self._acc = np.zeros(lay.size, self.full_buf.dtype)
+            self.grad_accumulation_bytes = int(self._acc.nbytes)
+            return StageHooks(lay.unflatten(self.full_buf), lay.unflatten(self._acc))
+        return self.zero_hooks if self.zero == 3 else None
 
     # -- the pieces the pipeline executor runs -------------------------------------------
     def units(self) -> Any:
@@ -124,7 +179,7 @@ class HybridParallel(PipelineParallel):
             from minipar.parallel.expert_layer import EPBlockUnit, EPMoE
 
             tokens = self.spec.batch // (grid.size("dp") * self._m) * self.spec.seq
-            caps = capacities(cfg.n_experts, cfg.capacity_factor, [tokens] * self.ep)
+            caps = capacities(cfg.n_experts, cfg.capacity_factor, [tokens] * self.ep, cfg.top_k)
             blocks = [EPBlockUnit(cfg, i, EPMoE(grid.comm("ep"), cfg, caps, tokens))
                       if cfg.is_moe_block(i) else BlockUnit(cfg, i) for i in range(cfg.n_layer)]
             return (EmbedUnit(cfg), *blocks, HeadUnit(cfg))
@@ -137,6 +192,9 @@ class HybridParallel(PipelineParallel):
 
             full = shard_params(full, self.cfg, self.t, self.grid.coord("tp"))
         names = [n for units in self.chunk_units for u in units for n in u.full_names]
+        if self.ep == 1:  # the units' order: ZeRO-3 gathers each unit's span
+            self.n_dense = sum(full[n].size for n in names)
+            return {n: full[n] for n in names}
         dense = [n for n in names if ".moe.experts." not in n]
         experts = [n for n in names if ".moe.experts." in n]
         self.n_dense = sum(full[n].size for n in dense)  # experts after: one span each
@@ -197,19 +255,24 @@ class HybridParallel(PipelineParallel):
                 st.grads[:nd] = allreduce(dp, st.grads[:nd], "sum", "ring")
             with edp.operation(OP_EXPERT_GRADS):
                 st.grads[nd:] = allreduce(edp, st.grads[nd:], "sum", "ring")
-        elif self.zero:
+        elif self.zero in (1, 2):  # ZeRO-3 reduce-scattered each unit after its backward
             with comm.operation(OP_ZERO_RS):
-                st.grads[st.lo:st.hi] = reduce_scatter(comm, st.grads)
-        elif comm.size > 1:
+                if self.zero == 1:
+                    st.grads[st.lo:st.hi] = reduce_scatter(comm, st.grads)
+                else:
+                    st.grads[...] = reduce_scatter(comm, self._acc)
+                    self._acc = None  # ZeRO-2 keeps only its shard of the gradients
+        elif comm.size > 1 and not self.zero:
             with comm.operation(OP_GRADS):
                 st.grads[...] = allreduce(comm, st.grads, "sum", "ring")
         found_inf = None
         if st.scaler is not None:  # every rank skips together (one flag: MPI's own max)
             found_inf = bool(self.world.comm.allreduce(st.local_found_inf(), op=MPI.LOR))
         st.step(found_inf=found_inf)
-        if self.zero:
+        if self.zero in (1, 2):
+            full = st.params if self.zero == 1 else self.full_buf
             with comm.operation(OP_ZERO_AG):
-                st.params[...] = all_gather(comm, st.params[st.lo:st.hi])
+                full[...] = all_gather(comm, st.params[st.lo:st.hi])
 
     # -- evidence ------------------------------------------------------------------------
     def full_params(self) -> Any:
@@ -217,7 +280,12 @@ class HybridParallel(PipelineParallel):
         all-gather on the world's own communicator is not counted)."""
         from minipar.parallel.tensor_parallel import unshard_params
 
-        mine = {k: np.asarray(v) for k, v in self.states.param_views().items()}
+        flat = self.states.params
+        if self.zero == 2:
+            flat = self.full_buf
+        elif self.zero == 3:  # the shards of my stage, in order (pickled, not counted)
+            flat = np.concatenate(self.shard_comm.comm.allgather(np.asarray(flat)))
+        mine = {k: np.asarray(v) for k, v in self.stage_layout.unflatten(flat).items()}
         everyone = self.world.comm.allgather((self.grid.coord("dp"), self.grid.coord("cp"),
                                               self.grid.coord("tp"), mine))
         shards: list[dict[str, Any]] = [{} for _ in range(self.t)]
@@ -242,23 +310,40 @@ class HybridParallel(PipelineParallel):
                          if self.p > 1 else 0) for k in ((SendAct, SendGrad), (RecvAct, RecvGrad)))
         return bytes_formula(self.spec, self.grid.layout, {a: self.grid.coord(a) for a in
                              ("dp", "pp", "cp", "tp")}, self.m, blocks, sends,
-                             self.states.layout.size, self.states.params.itemsize, self.zero,
+                             self.stage_layout.size, self.states.params.itemsize, self.zero,
                              self.cp_kind, recvs if self.scatter_gather else 0, self.sp,
-                             self.recomputed_blocks())
+                             self.recomputed_blocks(), self.unit_spans())
 
-    def recomputed_blocks(self) -> int:
-        """Blocks whose forward runs again in backward: remat=True recomputes each chunk as
+    def unit_spans(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """ZeRO-3's all-gathers: ([lo, hi) of each unit of my stage in its flat buffer,
+        those of the units remat recomputes in backward, gathered once more)."""
+        from minipar.nn.units import spans as unit_spans
+
+        units = [u for units in self.chunk_units for u in units]
+        at = dict(zip((u.name for u in units), unit_spans(units, self.stage_layout)))
+        return list(at.values()), [at[u.name] for u in self.recomputed_units()]
+
+    def recomputed_units(self) -> list[Any]:
+        """Units whose forward runs again in backward: remat=True recomputes each chunk as
         one segment, remat=k all but the chunk's last segment of k units (stage_memory)."""
-        remat, out = self.memory.remat, 0
+        remat, out = self.memory.remat, []
         for units in self.chunk_units:
-            n, blocks = len(units), [u.name.startswith("block") for u in units]
+            n = len(units)
             if remat is True:
-                out += sum(blocks)
+                out += list(units)
             elif remat:
                 k = min(remat, n)
-                out += sum(blocks[:(-(-n // k) - 1) * k])
+                out += list(units[:(-(-n // k) - 1) * k])
         return out
 
+    def recomputed_blocks(self) -> int:
+        """Transformer blocks among :meth:`recomputed_units`."""
+        return sum(u.name.startswith("block") for u in self.recomputed_units())
+
     def model_state_bytes(self) -> dict[str, int]:
-        """Params, grads and optimizer states this rank holds (bytes)."""
-        return self.states.bytes_by_category()
+        """Params, grads and optimizer states this rank holds between steps (bytes; ZeRO-2's
+        full gradient buffer of the step is ``grad_accumulation_bytes``)."""
+        out = self.states.bytes_by_category()
+        if self.zero == 2:
+            out["params"] = int(self.full_buf.nbytes)
+        return out

@@ -22,8 +22,11 @@ tokens of each, h = d_model, e bytes per element, L_p my stage's blocks,
   with tp > 1, PTD-P's scatter/gather (§4.1): each tp rank sends 1/t of it,
   b_i·s_c·h/t·e, and the receiving tp group all-gathers it, (t−1)/t·b_i·s_c·h·e on tp;
 * ``dp`` (``edp`` when cp > 1: the dp·cp ranks that hold the same shard): one ring
-  all-reduce of Ψ_p after the flush, 2(N−1)/N·Ψ_p·e; with ZeRO-1 a reduce-scatter and an
-  all-gather of Ψ_p instead (the same bytes, 1/N of the optimizer states kept);
+  all-reduce of Ψ_p after the flush, 2(N−1)/N·Ψ_p·e; with ZeRO-1 and ZeRO-2 a
+  reduce-scatter and an all-gather of Ψ_p instead, (2Ψ_p − C_r − C_{r+1})·e (the same
+  bytes; C_r: rank r's shard, the array_split rule); ZeRO-3 per micro-batch two
+  all-gathers (forward, backward) and a reduce-scatter of every unit of the stage,
+  m·(3Ψ_p − C_r − 2C_{r+1})·e, plus one all-gather more per unit remat recomputes;
 * ``cp``: ring attention, per micro-batch and block, 2(P−1)·b_i·s_c·h·e forward and
   2(P−1)·E·e + 2P·E·e backward (E = b_i·s_c·h); Ulysses 4·b_i·s·h·(P−1)/P²·e each way.
 """
@@ -36,8 +39,9 @@ from minipar import spans
 
 __all__ = ["ZERO_STAGES", "bytes_formula", "check_hybrid", "micro_rows"]
 
-#: the ZeRO stages a pipeline can take (DeepSpeed refuses 2 and 3 with pipeline parallelism)
-ZERO_STAGES = (0, 1)
+#: the ZeRO stages over the dp·cp ranks (DeepSpeed refuses 2 and 3 with a pipeline; here
+#: ZeRO-2 reduce-scatters after the flush and ZeRO-3 gathers per micro-batch: hybrid.py)
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1,
@@ -97,9 +101,8 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
                          f"{micro_batches} = {dp * micro_batches} (equal groups, as the serial "
                          "run cuts them)")
     if isinstance(zero, bool) or zero not in ZERO_STAGES:
-        raise ValueError(f"--zero {zero!r}: a pipeline takes ZeRO stage 0 or 1 (2 and 3 shard "
-                         "gradients and parameters per micro-batch; DeepSpeed refuses them "
-                         "with pipeline parallelism too)")
+        raise ValueError(f"--zero {zero!r}: ZeRO stage must be 0, 1, 2 or 3 (over the "
+                         "dp·cp ranks of each stage)")
     if zero and ep > 1:
         raise ValueError(f"--zero {zero} with ep = {ep}: the expert gradients reduce over edp, "
                          "not over the data-parallel ranks; use --zero 0 with ep")
@@ -113,7 +116,8 @@ def micro_rows(spec: Any, dp: int, replica: int, m: int) -> list[int]:
 def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: int,
                   sends: int, psi_stage: int, itemsize: int, zero: int = 0,
                   cp_kind: str = "ring", gathers: int = 0,
-                  sequence_parallel: bool = False, recomputed: int = 0) -> dict[str, int]:
+                  sequence_parallel: bool = False, recomputed: int = 0,
+                  units: Any = None) -> dict[str, int]:
     """Exact bytes per step rank ``coords`` sends on tp, pp_p2p, dp/edp and cp (module doc).
 
     ``lay``: the grid's :class:`~minipar.comm.topology.Layout` (sizes dp, pp, cp, tp).
@@ -125,7 +129,9 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
     ``sequence_parallel``: each send is my sequence shard, b_i·(s/t)·h, nothing gathered (the
     blocks' all-gathers and reduce-scatters send what f and g's all-reduces would);
     ``recomputed``: blocks whose forward runs again in backward (remat), each again
-    sending its forward traffic: 2 more all-reduces on tp, the forward ring on cp."""
+    sending its forward traffic: 2 more all-reduces on tp, the forward ring on cp;
+    ``units`` (ZeRO-3): ([lo, hi) of each unit of my stage in its flat buffer, those of
+    the units remat recomputes) — each unit's all-gather is cut at the shard borders."""
     from minipar.collectives import chunk_counts
     from minipar.collectives.cost import (
         all_gather_bytes,
@@ -160,7 +166,18 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
     n = lay.dp * lay.cp
     axis = "dp" if lay.cp == 1 else "edp"
     rank = coords["dp"] * lay.cp + coords["cp"]
-    if zero:
+    if zero == 3:
+        shards = [spans.span(psi_stage, n, q) for q in range(n)]
+        every, again = units
+
+        def gathered(a: int, b: int) -> int:  # one unit's ring all-gather, uneven pieces
+            cut = [max(0, min(b, hi) - max(a, lo)) for lo, hi in shards]
+            return all_gather_bytes(cut, itemsize, rank)[0]
+
+        per_mb = (2 * sum(gathered(a, b) for a, b in every) + sum(gathered(a, b) for a, b
+                  in again) + reduce_scatter_bytes(psi_stage, itemsize, n, rank)[0])
+        out[axis] = m * per_mb
+    elif zero:
         out[axis] = (reduce_scatter_bytes(psi_stage, itemsize, n, rank)[0]
                      + all_gather_bytes(chunk_counts(psi_stage, n), itemsize, rank)[0])
     else:

@@ -163,13 +163,13 @@ class TensorParallel:
     def block_bytes_formula(self) -> int:
         """Exact ring figure of the blocks' f and g for this rank: b·s·h elements each, but
         a MoE block's MLP f and g carry its expert buffers, E·C·h elements
-        (C = :func:`~minipar.nn.moe_steps.expert_capacity` of the replica's b·s tokens)."""
+        (C = :func:`~minipar.nn.moe_steps.expert_capacity` of the replica's b·s·k assignments)."""
         cfg, b, s, h = self.cfg, self.rows(), self.spec.seq, self.cfg.d_model
         t, r, e = self.tp.size, self.tp.rank, self.states.params.itemsize
         moe = sum(cfg.is_moe_block(i) for i in range(cfg.n_layer))
         dense = tp_block_bytes_formula(cfg.n_layer - moe, b, s, h, t, r, e)
         if not moe:
             return dense
-        buffers = cfg.n_experts * expert_capacity(b * s, cfg.n_experts, cfg.capacity_factor) * h
+        buffers = cfg.n_experts * expert_capacity(b * s * cfg.top_k, cfg.n_experts, cfg.capacity_factor) * h
         ring = allreduce_bytes_sent  # 2 on b·s·h (attention) + 2 on the buffers (experts)
         return dense + moe * 2 * (ring(b * s * h, e, t, r, "ring") + ring(buffers, e, t, r, "ring"))

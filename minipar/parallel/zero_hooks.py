@@ -81,7 +81,11 @@ def layout_of(cfg: GPTConfig) -> FlatParams:
 def unit_table(cfg: GPTConfig) -> tuple[tuple[Unit, int, int, FlatParams], ...]:
     """(unit, lo, hi, the unit's own layout by local name) for each unit of the GPT, in
     buffer order (cached per configuration, like :func:`layout_of`)."""
-    layout, units = layout_of(cfg), GPT(cfg).units()
+    return units_table(GPT(cfg).units(), layout_of(cfg))
+
+
+def units_table(units: Any, layout: FlatParams) -> tuple[tuple[Unit, int, int, FlatParams], ...]:
+    """:func:`unit_table` of any units that tile ``layout`` in order (a pipeline stage's)."""
     out = []
     for u, (lo, hi) in zip(units, unit_spans(units, layout)):
         shapes = {n: layout.shapes[layout.names.index(u.prefix + n)] for n in u.names}
@@ -101,12 +105,16 @@ class ZeroHooks(executor.Hooks):
     ``gathered`` holds the all-gathered parameters of the units between their
     ``fetch`` and ``release`` (stage 3; at most one unit at a time), and
     ``peak_gathered_bytes`` the most it ever held at once: the measured answer
-    to "does stage 3 free what it gathers?"."""
+    to "does stage 3 free what it gathers?".  ``table``: :func:`units_table` of other units
+    (a pipeline stage's; default the GPT's); ``accumulate=True``: stages 2-3 *add* each
+    reduce-scattered gradient to the shard (a pipeline's micro-batches; the caller zeroes
+    it each step)."""
 
-    def __init__(self, eng: ZeRO) -> None:
+    def __init__(self, eng: ZeRO, table: Any = None, accumulate: bool = False) -> None:
         super().__init__()
-        self.eng = eng
-        self.table = {u.name: (lo, hi, lay) for u, lo, hi, lay in unit_table(eng.model.cfg)}
+        self.eng, self.accumulate = eng, accumulate
+        table = unit_table(eng.model.cfg) if table is None else table
+        self.table = {u.name: (lo, hi, lay) for u, lo, hi, lay in table}
         self.gathered: dict[str, np.ndarray] = {}
         self.peak_gathered_bytes = 0
         n = eng.comm.size
@@ -140,4 +148,8 @@ class ZeroHooks(executor.Hooks):
         flat = lay.flatten({k: grads[k] for k in lay.names}, e.policy.param_dtype)
         counts = [max(0, min(b, hi) - max(a, lo)) for lo, hi in self.shards]
         i, j = overlap(a, b, *e.shard)
-        e.states.grads[i:j] = reduce_scatter(e.comm, flat, counts=counts)
+        mine = reduce_scatter(e.comm, flat, counts=counts)
+        if self.accumulate:
+            e.states.grads[i:j] += mine
+        else:
+            e.states.grads[i:j] = mine

@@ -30,8 +30,11 @@ last stage (the embedding and the head; middle stages hold less):
   (:func:`~minipar.plan.pipeline.peak_microbatches_in_flight`) × L/p layers ×
   Korthikanti's bytes per layer (:func:`~minipar.plan.activations.activation_bytes_per_layer`,
   sequence parallel when t > 1) for b sequences of s/c tokens — the attention
-  scores of a context-parallel rank cover its s/c queries against all s keys —
-  plus, under full recomputation, one layer recomputed whole during backward.
+  scores of a context-parallel rank cover its s/c queries against all s keys
+  (Ulysses: a/c heads × s², the same bytes); minipar's ring attention
+  (``cp_kind="ring"``, formula "minipar") keeps no scores, only the log-sum-exp,
+  b·a·(s/c) elements (its o is the output projection's input, already counted;
+  :mod:`minipar.parallel.cp_measure`) — plus, under full recomputation, one layer recomputed whole during backward.
   Embedding, output-layer and workspace buffers are not counted.
 
 A layout fits when that total is at most the GPU's memory.  Step time and
@@ -161,21 +164,23 @@ def activation_mode(remat: str, t: int, sequence_parallel: bool = True) -> str:
 
 
 def activation_bytes_layer(model: ModelSpec, lay: Layout, itemsize: int = 2,
-                           formula: str = "paper", sequence_parallel: bool = True) -> float:
+                           formula: str = "paper", sequence_parallel: bool = True,
+                           cp_kind: str = "ulysses") -> float:
     """Bytes one layer keeps per micro-batch on one rank of ``lay``.
 
     ``formula="paper"``: Korthikanti's 16-bit figures, scaled by itemsize/2;
     ``"minipar"``: minipar's block (no dropout;
     :func:`~minipar.plan.activations.minipar_activation_formula`), remat none only.
-    With c > 1 the rank holds s/c tokens and their scores against all s keys.
+    With c > 1 the rank holds s/c tokens and their scores against all s keys; with
+    ``cp_kind="ring"`` (formula "minipar") the log-sum-exp instead of any scores.
     """
     return _layer_bytes(model, lay.t, lay.c, lay.b, lay.remat, itemsize, formula,
-                        sequence_parallel)
+                        sequence_parallel, cp_kind)
 
 
 @lru_cache(maxsize=4096)
 def _layer_bytes(model: ModelSpec, t: int, c: int, b: int, remat: str, itemsize: int,
-                 formula: str, sequence_parallel: bool) -> float:
+                 formula: str, sequence_parallel: bool, cp_kind: str = "ulysses") -> float:
     s_loc = model.seq // c
     mode = activation_mode(remat, t, sequence_parallel)
     args = (s_loc, b, model.hidden, model.heads, t)
@@ -183,7 +188,13 @@ def _layer_bytes(model: ModelSpec, t: int, c: int, b: int, remat: str, itemsize:
         if remat != "none":
             raise ValueError("minipar's activation formula covers remat 'none' only")
         scores = b * model.heads * s_loc * s_loc * itemsize / t  # the A array
-        return minipar_activation_formula(*args, mode, itemsize) + (c - 1) * scores
+        base = minipar_activation_formula(*args, mode, itemsize)
+        if cp_kind not in ("ring", "ulysses"):
+            raise ValueError(f"cp_kind must be 'ring' or 'ulysses', got {cp_kind!r}")
+        if c == 1 or cp_kind == "ulysses":
+            return base + (c - 1) * scores
+        lse = 8 if itemsize == 8 else 4  # the compute dtype
+        return base - scores + b * model.heads * s_loc * lse / t  # lse for A; o is kept anyway
     if formula != "paper":
         raise ValueError(f"formula must be 'paper' or 'minipar', got {formula!r}")
     full = activation_bytes_per_layer(*args, mode)
@@ -192,7 +203,8 @@ def _layer_bytes(model: ModelSpec, t: int, c: int, b: int, remat: str, itemsize:
 
 
 def layout_memory(model: ModelSpec, lay: Layout, itemsize: int = 2, K: float = K_ADAM,
-                  formula: str = "paper", sequence_parallel: bool = True) -> dict[str, float]:
+                  formula: str = "paper", sequence_parallel: bool = True,
+                  cp_kind: str = "ulysses") -> dict[str, float]:
     """Bytes per GPU of ``lay``: ``states``, ``activations`` and ``total`` of the fuller of
     stage 0 and stage p−1; ``stage`` says which; ``params_per_rank`` (elements).
 
@@ -200,7 +212,7 @@ def layout_memory(model: ModelSpec, lay: Layout, itemsize: int = 2, K: float = K
     parameter); minipar's float64 runs: itemsize 8, K = 16 (Adam's m and v).
     """
     N = lay.d * lay.c
-    layer = activation_bytes_layer(model, lay, itemsize, formula, sequence_parallel)
+    layer = activation_bytes_layer(model, lay, itemsize, formula, sequence_parallel, cp_kind)
     per_stage = model.n_layer // lay.p
     best: dict[str, float] = {}
     for stage in sorted({0, lay.p - 1}):
@@ -210,7 +222,7 @@ def layout_memory(model: ModelSpec, lay: Layout, itemsize: int = 2, K: float = K
         acts = flight * per_stage * layer
         if lay.remat == "full":  # one layer recomputed whole during its backward
             acts += _layer_bytes(model, lay.t, lay.c, lay.b, "none", itemsize, formula,
-                                 sequence_parallel)
+                                 sequence_parallel, cp_kind)
         if states + acts > best.get("total", -1.0):
             best = {"states": states, "activations": acts, "total": states + acts,
                     "stage": stage, "params_per_rank": share}

@@ -37,7 +37,10 @@ node — tensor parallelism placed across servers — gets one NIC's worth):
   (:func:`~minipar.plan.tensor.tp_allreduce_bytes`, arXiv 1909.08053);
 - cp: ring attention passes K and V blocks c − 1 times per layer forward,
   (c − 1)·2·b·(s/c)·(h/t) elements (:func:`~minipar.plan.activations.ring_attention_bytes_per_rank`);
-  backward twice that (K, V and their gradients), full remat + 1 forward;
+  backward the same K, V hops plus their accumulators dK, dV, which travel
+  with them and take one hop more to come home: c·2·b·(s/c)·(h/t) elements in
+  the compute dtype (fp32 for 16-bit storage), c messages (what
+  :func:`minipar.parallel.ring_attention.backward_bytes` counts); full remat + 1 forward;
 - pp: per micro-batch the activation forward and its gradient backward,
   b·(s/c)·h/t each (PTD-P's scatter/gather: each tensor rank sends its 1/t;
   :func:`~minipar.plan.pipeline.pipeline_p2p_bytes_per_rank`);
@@ -160,14 +163,20 @@ def axis_traffic(model: ModelSpec, lay: Layout, cluster: Cluster | None, itemsiz
     n_ar = (6 if full else 4) * m * L_st if t > 1 else 0
     vol = ring_allreduce_volume(tp_allreduce_bytes(b, s_loc, h, e), t)
     put("tp", n_ar * vol, n_ar, n_ar * ring_allreduce_steps(t), True)
-    passes = ((4 if full else 3) * m * L_st) if c > 1 else 0
+    layers_mb = m * L_st if c > 1 else 0  # one ring backward per layer and micro-batch
+    fwd = (2 if full else 1) * layers_mb  # forwards: the recomputed one too
     ring = ring_attention_bytes_per_rank(model.seq, b, h // t, c, e)
-    put("cp", passes * ring, passes, passes * (c - 1), True)
+    acc = 4 if e == 2 else e  # dK, dV in the compute dtype: fp32 for 16-bit storage
+    grads = 2.0 * b * model.seq * (h // t) * acc  # dK, dV: c hops of b·(s/c)·(h/t) each
+    put("cp", (fwd + layers_mb) * ring + layers_mb * grads, fwd + layers_mb,
+        fwd * (c - 1) + layers_mb * c, True)
     p2p = 2 * m if lay.p > 1 else 0
     pp_bytes = pipeline_p2p_bytes_per_rank(b, s_loc, h // t, m, 1, e) if lay.p > 1 else 0.0
     put("pp", pp_bytes, p2p, p2p, True)
     N = lay.d * c
     share = max(stage_param_count(model, lay.p, t, i) for i in {0, lay.p - 1}) * e
+    # ZeRO-2 as DeepSpeed: a reduce-scatter per micro-batch, the gradients never whole (minipar's
+    # hybrid reduce-scatters once after the flush and holds them whole until then)
     n_rs, n_ag = {0: (1, 1), 1: (1, 1), 2: (m, 1), 3: (m, 2 * m)}[lay.zero] if N > 1 else (0, 0)
     dp_bytes = n_rs * reduce_scatter_volume(share, N) + n_ag * all_gather_volume(share, N)
     put("dp", dp_bytes, n_rs + n_ag, (n_rs + n_ag) * (N - 1), False)

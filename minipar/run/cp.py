@@ -13,8 +13,10 @@ sequence.  Rank side: :func:`minipar.parallel.cp_measure.measure` trains and
 counts; :func:`measure` reports per rank the bytes sent per step by
 operation and by axis next to the exact formula, one layer's attention
 bytes next to the paper's figure, and the attention activation bytes per
-layer (a ledger of what the core saved) next to the formula and the serial
-layer's.
+layer — a ledger of what the core saved, and tracemalloc's count of what one
+core forward keeps alive (:func:`minipar.parallel.cp_measure.attention_activation_tracemalloc`)
+— next to the formula (the serial layer's / P for Ulysses; q, k, v, o and lse
+of s/P positions for the ring) and the serial layer's.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         "ring attention, " + ("zigzag" if m["zigzag"] else "contiguous") + " chunks")
     fwd = ", ".join(f"{r['attention_forward_bytes_per_layer']:,}" for r in rows)
     act = ", ".join(f"{r['activation_per_layer'][0]:,}" for r in rows)
+    tm = [r["activation_tracemalloc"] for r in rows]
+    tm_text = ", ".join(f"{m['tracemalloc']:,} ({m['tracemalloc'] - m['ledger']:+,})" for m in tm)
+    peak_text = ", ".join(f"{m['peak']:,}" for m in tm)
+    act_formula = ("(3·b·s·d + b·H·s²)·i/P" if kind == "ulysses" else
+                   "(3·b·s·d [q, k, v] + b·s·d [o] + b·H·s [lse])·i/P, no s² term")
     work = ", ".join(f"{r['score_elements']:,}" for r in rows)
     paper_text = ("4Nh/P per link (N = b·s)" if kind == "ulysses"
                   else "2(P-1)·b·s·h/P per rank")
@@ -94,6 +101,8 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         "attention_paper_bytes_per_layer": paper,
         "activation_bytes_per_rank": [r["activation_per_layer"][0] for r in rows],
         "activation_formula": rows[0]["activation_formula"],
+        "activation_tracemalloc_bytes_per_rank": [m["tracemalloc"] for m in tm],
+        "activation_peak_bytes_per_rank": [m["peak"] for m in tm],
         "serial_activation_bytes": rows[0]["serial_activation_formula"],
         "score_elements_per_rank": [r["score_elements"] for r in rows],
         "positions_per_rank": [r["positions"] for r in rows],
@@ -104,9 +113,12 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
             (f"attention bytes sent per rank, one layer forward (counted): {fwd}; exact "
              f"{att_f['forward']:,} (backward {att_f['backward']:,}); {paper_line}"),
             (f"attention activation bytes per rank per layer (ledger of the saved arrays): "
-             f"{act}; formula {rows[0]['activation_formula']:,}; the serial layer's "
-             f"{rows[0]['serial_activation_formula']:,}, / P = "
+             f"{act}; formula {act_formula} = {rows[0]['activation_formula']:,}; the serial "
+             f"layer's {rows[0]['serial_activation_formula']:,}, / P = "
              f"{rows[0]['serial_activation_formula'] / n:,.0f}"),
+            (f"the same measured by tracemalloc (held after one attention forward, output "
+             f"dropped; vs the ledger: the Python objects around the arrays): {tm_text}; "
+             f"the forward's peak {peak_text}"),
             (f"attention scores computed per rank per batch row, all heads (causal work): "
              f"{work}; the serial layer's H·s² = {spec.heads * spec.seq ** 2:,}"),
             "bytes sent per rank per step by grid axis: " + axis_text,

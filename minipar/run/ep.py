@@ -92,7 +92,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     notes = [f"E = {spec.experts} experts per MoE block, top-{spec.top_k}, capacity factor "
              f"{spec.capacity_factor:g}; ep {ep} x edp {n // ep}: rank r holds experts "
              + ", ".join(f"{r}: {rows[r]['experts']}" for r in range(n)),
-             (f"capacity C = ceil(n_r/E x {spec.capacity_factor:g}) of each rank's group, its "
+             (f"capacity C = ceil(k·n_r/E x {spec.capacity_factor:g}) of each rank's group, its "
               f"own n_r = rows x {spec.seq} tokens {[r['tokens'] for r in rows]}: "
               f"{[r['capacity'] for r in rows]}"),
              f"dropped per step (all ranks and blocks, of {assignments} assignments): {dropped}"]
@@ -108,9 +108,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
 
     notes.append(f"  all-to-all data per rank per step (without the counts): "
                  f"{per_rank('a2a_data')}; minipar.plan.moe's padded-buffer figure, "
-                 f"4(ep-1)/ep x E·C·d·b per MoE layer x {blocks} MoE layers: {per_rank('plan')}"
-                 + (" (the plan sizes C over N·k tokens as GShard does; the serial block, "
-                    "and so this run, over N)" if spec.top_k > 1 else ""))
+                 f"4(ep-1)/ep x E·C·d·b per MoE layer x {blocks} MoE layers: {per_rank('plan')}")
     return {"ranks": n, "data_parallel_ranks": n, "ep": ep, "edp": n // ep,
             "experts": spec.experts, "top_k": spec.top_k,
             "capacity_factor": spec.capacity_factor,

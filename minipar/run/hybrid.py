@@ -49,8 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        metavar=axis.upper(), help=what)
     g.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
                    help="context parallelism: ring attention (zigzag) or Ulysses (default ring)")
-    g.add_argument("--zero", type=integer(0, 1), default=0, metavar="S",
-                   help="ZeRO stage over the dp·cp ranks: 0 (all-reduce) or 1 (default 0)")
+    g.add_argument("--zero", type=integer(0, 3), default=0, metavar="S",
+                   help="ZeRO stage over the dp·cp ranks: 0 (all-reduce), 1, 2 (gradients "
+                        "reduce-scattered after the flush) or 3 (parameters gathered per "
+                        "micro-batch) (default 0)")
     g.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="pipeline schedule (default 1f1b)")
     g.add_argument("--micro-batches", type=integer(1), default=None, metavar="M",
@@ -128,7 +130,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
             "axes": {a: counted[a] for a in AXES},
             "tp_ops": {op: ops.get(op, 0) for op in TP_OPS},
             "formula": None if spec.experts else h.bytes_formula(),
-            "states": sum(h.model_state_bytes().values()), "params": h.states.layout.size,
+            "states": sum(h.model_state_bytes().values()), "params": h.stage_layout.size,
             "act": h.activation_peak_bytes}
     everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather
     grid.free()
@@ -148,7 +150,8 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any, loss
         model = gpt_model(spec.layers, spec.d_model, spec.vocab, spec.seq, spec.heads)
         lay = Layout(dp, tp, pp, cp, zero, "none", spec.batch // (dp * m), m)
         plan = layout_memory(model, lay, itemsize=e, K=16 if e == 8 else 12, formula="minipar",
-                             sequence_parallel=bool(options.get("sequence_parallel")))
+                             sequence_parallel=bool(options.get("sequence_parallel")),
+                             cp_kind=options.get("cp_kind", "ring"))
     notes = [f"grid dp {dp} x pp {pp} x cp {cp} x tp {tp}" + (f", ep {ep} over dp·cp" if ep > 1
                                                               else "")
              + f"; {options.get('schedule', '1f1b')}, m = {m} micro-batches"
@@ -176,11 +179,19 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any, loss
                      f"divisible by dp·m = {dp * m} (or --layers by pp): no comparison")
     if plan is not None:
         same = (options.get("schedule", "1f1b") == "1f1b" and options.get("remat") is None
-                and options.get("chunks", 1) == 1 and cp == 1)
+                and options.get("offload") is None and options.get("chunks", 1) == 1)
+        ran = max(r["states"] + r["act"] for r in everyone
+                  if r["coords"]["pp"] == plan["stage"])
         notes.append(f"planner (minipar.plan.layouts.layout_memory, stage {plan['stage']}): "
                      f"{plan['states']:,.0f} + {plan['activations']:,.0f} = "
-                     f"{plan['total']:,.0f} per GPU" + ("" if same else
-                     " (its layout: 1F1B, no remat, attention scores kept: compare the states)"))
+                     f"{plan['total']:,.0f} per GPU; measured there {ran:,} "
+                     f"({ran / plan['total'] - 1:+.1%})" + ("" if same else
+                     " (its layout: 1F1B, no remat or offload: compare the states)"))
+    if cp > 1 or ep > 1:
+        notes.append("edp: the gradients' all-reduce over the dp·cp ranks that hold the same "
+                     "shard (the cp ranks of a replica hold the same weights)" if ep == 1 else
+                     "ep: the experts' all-to-all (dispatch, combine); dp: the dense gradients; "
+                     "edp: the experts' gradients over the ranks holding the same experts")
     if tp > 1:
         notes.append("tp: the blocks' f and g are PTD-P's 4 all-reduces of b·s·h per block and "
                      "micro-batch, and with pp > 1 each received activation is all-gathered "

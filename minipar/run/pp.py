@@ -156,9 +156,8 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
              ("activation bytes held at the peak per stage: "
               + ", ".join(f"{s['peak']:,}" for s in stages) + " (in flight: "
               + ", ".join(str(in_flight(schedule(kind, s, p, m, v))) for s in range(p)) + ")"
-              + (f" — with --offload, the remat ledger's count of what is kept, on the device "
-                 f"or on {options['offload']}, and unreliable: it keys buffers by id, offload frees "
-                 "them" if options.get("offload") else ""))]
+              + (f"; on the device: what is on {options['offload']} is not counted"
+                 if options.get("offload") else ""))]
     if float(b["rebuilt_median"]) - float(b["formula"]) > GAP:
         notes.append("the rebuilt bubble is above the formula, which assumes equal stages: "
                      "here stage 0 also embeds the tokens and the last stage computes the loss, "

@@ -94,7 +94,7 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
     verdict = v.as_dict()
     notes = m.pop("notes", [])
     world = serial_world
-    if spec.experts and world > 1:
+    if spec.experts and world > 1 and not any("mixture of experts" in n for n in notes):
         notes.append(f"mixture of experts: each of the {world} data-parallel ranks routes its own "
                      "rows as one group (capacity and aux loss are per group, GShard's local "
                      f"groups), so the serial run accumulates {world} micro-batches cut like the "

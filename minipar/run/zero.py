@@ -84,6 +84,9 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
                             f"{off.moved['to_host'] // off.steps:,} bytes of gradients down, "
                             f"{off.moved['to_device'] // off.steps:,} of parameters up, "
                             f"{off.seconds / off.steps * 1e3:.2f} ms in the host step")
+        places = m["engine"].ledger().bytes_by_place()
+        memory_notes.append("model-state bytes by place (this rank; the figure above counts "
+                            "every place): " + ", ".join(f"{k} {v:,}" for k, v in places.items()))
     with comm.operation("report"):
         losses = allreduce(comm, np.array(m["losses"], dtype=np.float64), algorithm=algorithm)
     final = m["engine"].full_params()

@@ -169,7 +169,7 @@ def drop_curve(curves: Mapping[str, Sequence[Mapping[str, Any]]],
     ax.axvline(mark, color="gray", lw=0.8)
     ax.axhline(100 * target, color="k", ls=":", lw=1,
                label=f"Switch: < {target:.0%} at factor {mark:g}")
-    ax.set_xlabel("capacity factor  (C = ⌈tokens / E × factor⌉)")
+    ax.set_xlabel("capacity factor  (C = ⌈k · tokens / E × factor⌉)")
     ax.set_ylabel("assignments dropped (%)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8, frameon=False)

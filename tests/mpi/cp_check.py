@@ -15,7 +15,10 @@ ring attention (zigzag), float64:
 4. bytes per operation per step, counted = the exact formula; one layer's
    forward = the paper's figure (ring) or 4Nh/P·(P−1)/P (Ulysses);
 5. attention activation bytes per layer (ledger) = the formula; Ulysses = the
-   serial layer's / P, ring below the serial layer's;
+   serial layer's / P, ring below the serial layer's; tracemalloc's count of
+   what one core forward keeps alive (:func:`attention_activation_tracemalloc`):
+   at least the ledger, and within 2% of it on a layer whose share is ~0.1-1 MB
+   (b 2, s 256, d 64, H 4); at the run's tiny sizes within ``SLACK`` bytes;
 6. causal work per rank: zigzag equal on every rank, contiguous (r+1)(s/P)²;
 7. bad input: a ValueError on every rank, not one byte sent.
 """
@@ -35,6 +38,7 @@ from minipar.parallel.context_parallel import ContextParallel
 from minipar.parallel.cp_layout import Sharding
 from minipar.parallel.cp_measure import (
     attention_activation_formula,
+    attention_activation_tracemalloc,
     measure,
     serial_attention_activation,
 )
@@ -80,6 +84,12 @@ def close(a: object, b: object, what: str, rtol: float = 1e-11, atol: float = 1e
 
 
 CONFIGS = [("ulysses", False), ("ring", False), ("ring", True)]
+BIG = (2, 256, 64, 4)  # b, s, d, H of the layer whose tracemalloc must be within 2% of the ledger
+# tracemalloc also sees the Python objects around the saved arrays (the saved tuple, the
+# ndarray headers with their shape and strides, the traced communicator's counters):
+# 1.2-2 KB measured at every b, s, d tried, on 1, 2 and 4 ranks; 2% of the run's tiny layer
+# is ~100 bytes, so there the bound is absolute
+SLACK = 4096
 spec = RunSpec(vocab=10, seq=16, d_model=16, layers=2, heads=4, batch=3, steps=4, lr=1e-2)
 model = GPT(spec.config())
 params = spec.initial_params()
@@ -150,6 +160,17 @@ for kind, zz in CONFIGS:
     act = m["activation_per_layer"]
     f = attention_activation_formula(kind, spec.batch, s, spec.d_model, spec.heads, N, 8)
     check(act == [f] * spec.layers, f"{name}: attention activations {act}, formula {f}")
+    tm = m["activation_tracemalloc"]
+    check(tm["ledger"] == tm["formula"] == f and f <= tm["tracemalloc"] <= f + SLACK,
+          f"{name}: tracemalloc {tm}, the run's ledger {act}, formula {f}")
+    big = attention_activation_tracemalloc(comm, kind, zz, *BIG)
+    fb = attention_activation_formula(kind, *BIG, N, 8)
+    check(big["ledger"] == fb <= big["tracemalloc"] <= 1.02 * fb,
+          f"{name}: tracemalloc {big['tracemalloc']} not within 2% of the ledger "
+          f"{big['ledger']} (formula {fb}), b, s, d, H = {BIG}")
+    if kind == "ring":  # no s² term: far below what Ulysses keeps for the same layer
+        check(big["tracemalloc"] * 2 < attention_activation_formula("ulysses", *BIG, N, 8),
+              f"{name}: tracemalloc {big['tracemalloc']} keeps an s² term")
     if kind == "ulysses":
         check(all(a * N == sa for a, sa in zip(act, serial_act)),
               f"{name}: activations {act} x {N} != serial {serial_act}")

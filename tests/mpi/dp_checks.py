@@ -14,7 +14,7 @@ Every rank runs every case; rank 0 gathers and prints one line
   doubling here), one bucket, and 4 KiB buckets with auto's switch lowered to
   8,704 bytes (``ring_min_bytes``) so that on 3+ ranks some buckets run the
   overlapped ring and others blocking recursive doubling in the same step;
-* DDP on a mixture of experts (4 experts, top-2, tokens dropped at capacity):
+* DDP on a mixture of experts (4 experts, top-2, tokens dropped at capacity factor 1.0):
   against the serial run that routes the same groups (each rank's rows,
   ``serial_reference(spec, N)``), and, to show why, against the full-batch run.
 """
@@ -145,7 +145,7 @@ out["mixed"] = {"sent_per_step": dp.bytes_sent_per_step(), "formula": dp.bytes_f
                 "replicas_identical": all(np.array_equal(params[0], p) for p in params)}
 
 # -- a mixture of experts: the aux loss and its gradient go through the same walk ----------
-moe = SPEC.with_(experts=4, top_k=2)
+moe = SPEC.with_(experts=4, top_k=2, capacity_factor=1.0)
 dp = DataParallel(comm, moe, bucket_bytes=4096)
 losses = dp.train()
 grouped, full = serial_reference(moe, N), serial_reference(moe)

@@ -8,9 +8,13 @@ For every layout (a Grid rebuilt on the same world, freed after):
 
 1. parity with the serial GPT (float64, ``parity.compare``, 3 AdamW steps);
 2. bytes per axis per step, counted, equal to :func:`minipar.parallel.hybrid_config.bytes_formula`
-   (tp: the blocks' f and g; pp_p2p; dp or edp; cp), dense models;
+   (tp: the blocks' f and g; pp_p2p; dp or edp; cp), dense models; and to the planner's
+   :func:`minipar.plan.step_time.axis_traffic` on tp, pp, dp and ring cp (what it models);
 3. parameters per rank equal to the planner's ``stage_param_count``, and model-state
    bytes per rank within 5% of ``layout_memory`` (exact but for ZeRO's uneven shard);
+   under ZeRO 1-3, equal to ZeRO's formula on the stage's share Ψ_p,
+   ``model_state_bytes_3d(Ψ_p·p·t, p, t, N, zero)`` (float64: 8 + 8 + 16 bytes a
+   parameter, 4x its (2 + 2 + K) with K = 4), but for the uneven shard C_r vs Ψ_p/N;
 4. bad input: one line, a ValueError on every rank before any message.
 """
 
@@ -24,6 +28,7 @@ from minipar.comm.topology import Grid
 from minipar.parallel import parity
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.hybrid import HybridParallel
+from minipar.plan.hybrid import model_state_bytes_3d
 from minipar.plan.layouts import Layout, gpt_model, layout_memory, stage_param_count
 from minipar.plan.step_time import axis_traffic
 
@@ -78,18 +83,25 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
             check(counted[axis] == f[axis], f"{what}: {axis} bytes {counted[axis]} != {f[axis]}")
         model = gpt_model(spec.layers, spec.d_model, spec.vocab, spec.seq, spec.heads)
         share = stage_param_count(model, pp, tp, grid.coord("pp"))
-        check(h.states.layout.size == share, f"{what}: {h.states.layout.size} parameters on "
-              f"this rank, the plan counts {share}")
+        psi = h.stage_layout.size
+        check(psi == share, f"{what}: {psi} parameters on this rank, the plan counts {share}")
         lay = Layout(dp, tp, pp, cp, zero, "none", spec.batch // (dp * m), m)
         plan = layout_memory(model, lay, itemsize=8, K=16, formula="minipar",
-                             sequence_parallel=bool(kw.get("sequence_parallel")))
+                             sequence_parallel=bool(kw.get("sequence_parallel")), cp_kind=cp_kind)
         held = sum(h.model_state_bytes().values())
         act = h.activation_peak_bytes
+        if zero:  # ZeRO's formula on my stage's share; exact when N divides Ψ_p
+            n_shard = dp * cp
+            want = 4 * model_state_bytes_3d(psi * pp * tp, pp, tp, n_shard, zero, K=4)["total"]
+            check(abs(held - want) <= (32 if psi % n_shard else 0),
+                  f"{what}: model states {held} vs ZeRO-{zero}'s {want}")
+            check(zero != 2 or h.grad_accumulation_bytes == psi * 8,
+                  f"{what}: ZeRO-2 accumulates {h.grad_accumulation_bytes} bytes, not Ψ_p·8")
         if grid.coord("pp") == plan["stage"]:
             check(abs(held - plan["states"]) <= 0.05 * plan["states"],
                   f"{what}: model states {held} vs plan {plan['states']}")
-            # the plan's schedule, no remat; ring CP keeps no scores, the plan counts them
-            if kind == "1f1b" and v == 1 and cp == 1 and set(kw) <= {"sequence_parallel"}:
+            # the plan's schedule, no remat (ring CP: the plan's cp_kind="ring", no scores)
+            if kind == "1f1b" and v == 1 and set(kw) <= {"sequence_parallel"}:
                 check(abs(held + act - plan["total"]) <= 0.05 * plan["total"],
                       f"{what}: memory {held + act} vs plan {plan['total']}")
         traffic = axis_traffic(model, lay, None, itemsize=8)
@@ -99,6 +111,17 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
         if v == 1:  # the plan has no interleaving; h/t per tp rank: PTD-P's scatter/gather
             check(counted["pp_p2p"] == plan_pp,
                   f"{what}: pp bytes {counted['pp_p2p']} vs plan {plan_pp}")
+        held_here = stage_param_count(model, pp, tp, grid.coord("pp"))
+        if held_here == max(stage_param_count(model, pp, tp, i) for i in {0, pp - 1}) and (
+                held_here % (dp * cp) == 0) and zero != 2 and not (zero == 3 and "remat" in kw):
+            # the plan: the fuller end stage, even ring chunks; its ZeRO-2 is DeepSpeed's (m
+            # reduce-scatters), its ZeRO-3 gathers nothing again for remat
+            red = counted["dp" if cp == 1 else "edp"]
+            check(red == traffic["dp"]["bytes"],
+                  f"{what}: dp bytes {red} vs plan {traffic['dp']['bytes']}")
+        if cp > 1 and cp_kind == "ring" and "remat" not in kw:  # the plan models ring CP
+            check(counted["cp"] == traffic["cp"]["bytes"],
+                  f"{what}: cp bytes {counted['cp']} vs plan {traffic['cp']['bytes']}")
         # every rank's figures, for the summary line: bytes per axis, states, activations
         line = (f"{what} | rank {R} stage {grid.coord('pp')}: "
                 + " ".join(f"{a}={int(counted[a])}" for a in ("tp", "pp_p2p", "dp", "edp", "cp")
@@ -152,6 +175,9 @@ def run_all() -> list[str]:
             trial(dense.with_(layers=8) if pp == 8 else dense, dp, pp, tp,
                   m=1 if dp == 8 else 2)
         trial(dense, 2, 2, 2, zero=1)
+        trial(dense, 2, 2, 2, zero=2)
+        trial(dense, 2, 2, 2, zero=3)
+        trial(dense, 4, 2, 1, zero=3)
         trial(dense, 2, 2, 2, sequence_parallel=True)
         trial(dense, 1, 2, 4, kind="gpipe", sequence_parallel=True)
         trial(dense, 2, 2, 1, cp=2, m=2)
@@ -165,10 +191,14 @@ def run_all() -> list[str]:
         trial(dense, 2, 1, 1, cp=2, cp_kind="ulysses", kind="gpipe", remat=True)
         trial(dense, 2, 2, 1, zero=1)
         trial(dense, 2, 1, 1, cp=2, zero=1)
+        trial(dense, 2, 2, 1, zero=2)
+        trial(dense, 2, 2, 1, kind="gpipe", zero=3, remat=True)
+        trial(dense, 1, 2, 1, cp=2, zero=3)
         moe = dense.with_(experts=4, top_k=1)
         trial(moe, 2, 2, 1, ep=2, m=2)
         trial(moe, 4, 1, 1, ep=2, m=1)
         trial(moe, 1, 2, 2, m=2)
+        trial(moe, 2, 2, 1, m=2, zero=3)  # ep = 1: the experts gathered with their block
     return bad_input(dense)
 
 

@@ -25,8 +25,8 @@ from minipar.parallel.zero_measure import measure_stage
 
 #: parity: a tiny GPT, 3 AdamW steps, 10 rows (uneven on 3 and 4 ranks)
 PARITY = RunSpec(vocab=10, seq=8, d_model=16, layers=2, heads=2, batch=10, steps=3)
-#: a mixture of experts: 4 experts, top-2, tokens dropped at capacity 1.25
-MOE = PARITY.with_(experts=4, top_k=2)
+#: a mixture of experts: 4 experts, top-2, tokens dropped at capacity factor 1.0
+MOE = PARITY.with_(experts=4, top_k=2, capacity_factor=1.0)
 #: memory: Ψ of ~50 thousand so the model states dominate the engine's bookkeeping
 MEMORY = RunSpec(vocab=16, seq=8, d_model=32, layers=4, heads=2, batch=8, steps=1,
                  precision="mixed")

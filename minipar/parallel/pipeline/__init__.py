@@ -20,7 +20,8 @@ The model is cut into ``p`` stages, one per rank, and the mini-batch into
   ``balance`` list) and every check of a pipeline's sizes, without MPI;
 - :mod:`.execute` — ``PipelineParallel``: the same instruction lists run over
   the grid's pipeline neighbours on real MPI ranks, every instruction timed
-  (imports mpi4py, so it is not imported here);
+  (imports mpi4py, so it is not imported here); :mod:`.messages` its sends
+  and receives (tags, non-blocking sends, a stage's hand-off to itself);
 - :mod:`.stage_memory` — activation bytes a stage holds, against GPipe's
   re-materialisation formula;
 - :mod:`.measure` — the bubble of a recorded run: wall clock, and rebuilt by

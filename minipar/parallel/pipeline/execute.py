@@ -14,10 +14,14 @@ the gradients *added* to the stage's flat buffer; ``SendAct``/``SendGrad`` a
 non-blocking ``Isend`` (Megatron's ``batch_isend_irecv``: every schedule that
 passes :func:`~.check.check` runs without deadlock); ``OptimizerStep`` waits for
 the sends, all-reduces the gradients over the ``dp`` axis (pipeline replicas)
-and steps the stage's slice.  Messages travel on the grid's ``pp_p2p``
-communicator tagged ``pipeline_tag(kind, i, receiver's chunk)``
-(:mod:`minipar.comm.tags`); a rank's message to itself (interleaving on one
-rank) is handed over locally.
+and steps the stage's slice.  The messages — where they go, their tags, the
+local hand-off of interleaving, and what travels — are :mod:`.messages`.
+
+**A composed strategy** (:class:`minipar.parallel.hybrid.HybridParallel`)
+subclasses the executor and replaces its hooks (the template-method pattern):
+the units, the stage's parameters, the batch, the loss, what travels between
+stages (:class:`~.messages.StageMessages`) and the step after the flush; the
+schedule, its dispatch and the bookkeeping stay here, written once.
 
 **Why it equals the serial run.**  Micro-batch i holds rows ``[lo_i, hi_i)``
 of the replica's rows (the ``array_split`` rule); its loss and gradients are
@@ -47,12 +51,11 @@ import numpy as np
 from mpi4py import MPI
 
 from minipar import spans
-from minipar.backend import xp
-from minipar.comm.tags import pipeline_tag
 from minipar.nn import executor
 from minipar.nn._dtype import check_model_dtype
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.parallel.common import check_world
+from minipar.parallel.pipeline.messages import OP_ACT, OP_GRAD, StageMessages
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.schedule import (
     Backward,
@@ -72,11 +75,10 @@ from minipar.precision import ModelStates
 
 __all__ = ["OP_ACT", "OP_GRAD", "PipelineParallel"]
 
-OP_ACT, OP_GRAD = "pp_send_act", "pp_send_grad"
 OP_DP, OP_LOSS = "pp_dp_grad_allreduce", "pp_loss_allreduce"
 
 
-class PipelineParallel:
+class PipelineParallel(StageMessages):
     """Stage ``grid.coord("pp")`` of a pipeline replica ``grid.coord("dp")``.
 
     ``schedule``: naive, gpipe, 1f1b or interleaved (``chunks`` v > 1);
@@ -89,7 +91,7 @@ class PipelineParallel:
     schedule's (a learner's schedule).  Every argument is checked on every rank before any message.
     A composed strategy subclasses it (:class:`minipar.parallel.hybrid.HybridParallel`) and
     replaces the units, the stage's parameters, the batch, the loss, what travels between
-    stages and the step after the flush (the methods below ``AXES``).
+    stages (:mod:`.messages`) and the step after the flush (the methods below ``AXES``).
     """
 
     def __init__(self, grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 1,
@@ -141,15 +143,10 @@ class PipelineParallel:
     def loss_share(self) -> float:  # this rank's part of the global loss (summed over ranks)
         return self._loss
 
-    # what travels to the neighbour stage for an activation (or gradient), and back
-    def to_wire(self, buf: Any) -> Any:
-        return buf
+    def stage_hooks(self) -> Any:  # the chunks' innermost hooks; None: StageHooks on states
+        return None
 
-    def wire_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return shape
-
-    def from_wire(self, buf: Any, shape: tuple[int, ...]) -> Any:
-        return buf
+    # what travels to the neighbour stage: to_wire, wire_shape, from_wire (.messages)
 
     def step_stage(self) -> None:
         """After the flush: all-reduce the gradients over ``dp``, step the stage's slice."""
@@ -183,7 +180,7 @@ class PipelineParallel:
         x, y = self.local_batch(step)
         cuts = [spans.span(len(x), self.m, i) for i in range(self.m)]
         st.grads[...] = 0
-        self.memory.start_step(st)
+        self.memory.start_step(st, self.stage_hooks())
         self._x, self._y, self._cuts = x, y, cuts
         self._held: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> (kept, loss state)
         self._box: dict[tuple[str, int, int], Any] = {}  # outputs, inputs, grads by (what, mb, c)
@@ -280,52 +277,8 @@ class PipelineParallel:
         if vs > 0:
             self._box[("din", mb, chunk)] = dx
 
-    def _peer(self, vs: int) -> tuple[int, int]:
-        """(rank in the pp communicator, its chunk) of virtual stage ``vs``."""
-        return vs % self.p, vs // self.p
-
-    def _send(self, mb: int, chunk: int, kind: str, step: int) -> None:
-        vs = self._vs(chunk)
-        to = vs + step
-        if not 0 <= to < self.p * self.v:
-            raise ValueError(f"stage {self.stage}: no virtual stage {to} to send to")
-        key = ("out" if kind == "act" else "din", mb, chunk)
-        data = self._box.pop(key, None)
-        if data is None:
-            raise ValueError(f"stage {self.stage}: Send{kind.title()}({mb}, {chunk}) before "
-                             f"the {'Forward' if kind == 'act' else 'Backward'} that makes it")
-        rank, their_chunk = self._peer(to)
-        buf = xp.ascontiguousarray(data.astype(self.act_dtype, copy=False))
-        if rank == self.stage:  # interleaving on one rank: a local hand-off
-            self._local[(kind, mb, to)] = buf
-            return
-        buf = self.to_wire(buf)
-        with self.p2p.operation(OP_ACT if kind == "act" else OP_GRAD):
-            req = self.p2p.Isend(buf, rank, pipeline_tag(kind, mb, their_chunk))
-        self._sends.append((req, buf))  # the buffer lives until the send completes
-
-    def _recv(self, mb: int, chunk: int, kind: str, step: int) -> None:
-        vs = self._vs(chunk)
-        frm = vs + step
-        if not 0 <= frm < self.p * self.v:
-            raise ValueError(f"stage {self.stage}: no virtual stage {frm} to receive from")
-        rank, _ = self._peer(frm)
-        if rank == self.stage:
-            buf = self._local.pop((kind, mb, vs), None)
-            if buf is None:
-                raise ValueError(f"stage {self.stage}: Recv{kind.title()}({mb}, {chunk}) "
-                                 f"before this rank sent it to itself")
-        else:
-            lo, hi = self._cuts[mb]
-            shape = (hi - lo, self._x.shape[1], self.spec.d_model)
-            buf = xp.empty(self.wire_shape(shape), dtype=self.act_dtype)
-            self.p2p.Recv(buf, rank, pipeline_tag(kind, mb, chunk))
-            buf = self.from_wire(buf, shape)
-        self._box[("in" if kind == "act" else "dout", mb, chunk)] = buf
-
     def _optimizer_step(self) -> None:
-        self.p2p.waitall([req for req, _ in self._sends])
-        self._sends = []
+        self._wait_sends()
         self.step_stage()
 
     # -- evidence -----------------------------------------------------------------
