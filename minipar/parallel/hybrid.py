@@ -32,25 +32,8 @@ exist, composed — none of their code is repeated here:
   are summed over the ranks that hold the same shard: the dp·cp ranks (one ring
   all-reduce on ``dp``, or on ``edp`` = dp·cp when cp > 1), dense and expert gradients
   apart with ep (``dp`` and ``edp``); or ZeRO (Rajbhandari et al. 2019, arXiv
-  1910.02054) over those N = dp·cp ranks, on the stage's Ψ_p parameters (its tensor shard):
-
-  - ZeRO-1: reduce-scatter the accumulated gradients, step 1/N of the stage's optimizer
-    states, all-gather the parameters;
-  - ZeRO-2: the same messages, but the gradients of the m micro-batches accumulate in a
-    full Ψ_p buffer that lives only during the step: after the flush it is
-    reduce-scattered and dropped, the rank keeps its 1/N shard of the gradients (and of
-    the optimizer states), steps it and all-gathers the parameters.  DeepSpeed's ZeRO-2
-    instead reduce-scatters every micro-batch's gradients as backward makes them (m
-    reduce-scatters, never a full gradient buffer): here one reduce-scatter per step
-    (m−1 fewer), at the price of Ψ_p gradient bytes held from the first backward to
-    the flush (``grad_accumulation_bytes``);
-  - ZeRO-3: only the 1/N shard of the parameters is held; ZeRO's own hooks
-    (:class:`~minipar.parallel.zero_hooks.ZeroHooks` over the stage's units) all-gather
-    a unit's parameters before its forward and again before its backward, *for every
-    micro-batch*, and drop them after, and reduce-scatter its gradients, added to the
-    shard, after each backward: m× ZeRO-3's messages without pipelining (exactly
-    m·(3Ψ_p − C_r − 2C_{r+1})·e sent on the axis, C_r the shard sizes; a unit recomputed
-    by remat is all-gathered once more per micro-batch).
+  1910.02054) over those N = dp·cp ranks, on the stage's Ψ_p parameters (its tensor shard)
+  (:mod:`minipar.parallel.hybrid_zero`: ZeRO-1, 2 and 3 inside a pipeline).
 
 Micro-batch i of replica d carries the weight w_i = b_i/B (times s_c/s under cp), so
 Σ_d Σ_i w_i ∇ℓ_i is the serial gradient; AdamW is element-wise, so every rank stepping
@@ -69,8 +52,8 @@ from minipar.collectives import all_gather, allreduce, reduce_scatter
 from minipar.nn.units import BlockUnit, EmbedUnit, HeadUnit
 from minipar.optim import FlatParams
 from minipar.parallel.hybrid_config import bytes_formula, check_hybrid, micro_rows
+from minipar.parallel.hybrid_zero import HybridZero
 from minipar.parallel.pipeline.execute import PipelineParallel
-from minipar.precision import ModelStates
 
 __all__ = ["HybridParallel"]
 
@@ -79,7 +62,7 @@ OP_ZERO_RS, OP_ZERO_AG = "hybrid_zero_reduce_scatter", "hybrid_zero_all_gather"
 OP_GATHER = "pp_tp_gather"
 
 
-class HybridParallel(PipelineParallel):
+class HybridParallel(HybridZero, PipelineParallel):
     """This rank's part of a dp × pp × cp × tp (× ep) run of ``spec``'s GPT on ``grid``.
 
     The pipeline arguments are :class:`PipelineParallel`'s; ``zero``: 0 (all-reduce) or
@@ -121,47 +104,6 @@ class HybridParallel(PipelineParallel):
         self.grad_accumulation_bytes = 0  # ZeRO-2: the full buffer held during the step
         if zero:
             self._shard_states(spec)
-
-    def _shard_states(self, spec: Any) -> None:
-        """ZeRO-1: the optimizer states of my 1/N slice; ZeRO-2: also the gradients (a
-        shard buffer; the full parameters stay); ZeRO-3: everything of my shard only."""
-        from minipar.parallel.zero_hooks import shard_range
-
-        full, comm = self.states.params, self.shard_comm
-        lo, hi = shard_range(self.stage_layout.size, comm.size, comm.rank)
-        if self.zero == 1:
-            self.states = ModelStates(spec.precision, self.stage_layout.unflatten(full),
-                                      spec.optimizer, lo=lo, hi=hi, **spec.opt_kwargs())
-            return
-        self.states = ModelStates(spec.precision, {"shard": full[lo:hi]}, spec.optimizer,
-                                  **spec.opt_kwargs())
-        self.full_buf = None
-        if self.zero == 2:  # the optimizer writes my slice of the full parameters
-            self.full_buf = full.copy()
-            self.states.params = self.full_buf[lo:hi]
-            return
-        from types import SimpleNamespace
-
-        from minipar.parallel.zero_hooks import ZeroHooks, units_table
-
-        units = [u for units in self.chunk_units for u in units]
-        eng = SimpleNamespace(stage=3, comm=comm, layout=self.stage_layout, shard=(lo, hi),
-                              states=self.states, params=None, grads=None,
-                              policy=self.states.policy)
-        self.zero_hooks = ZeroHooks(eng, units_table(units, self.stage_layout),
-                                    accumulate=True)
-
-    def stage_hooks(self) -> Any:
-        """ZeRO-2: views of the full parameters, gradients added to a full buffer made for
-        this step; ZeRO-3: ZeRO's all-gathering hooks; else the executor's own."""
-        if self.zero == 2:
-            from minipar.parallel.pipeline.stage_memory import StageHooks
-
-            lay = self.stage_layout
-            self._acc = np.zeros(lay.size, self.full_buf.dtype)
-            self.grad_accumulation_bytes = int(self._acc.nbytes)
-            return StageHooks(lay.unflatten(self.full_buf), lay.unflatten(self._acc))
-        return self.zero_hooks if self.zero == 3 else None
 
     # -- the pieces the pipeline executor runs -------------------------------------------
     def units(self) -> Any:
@@ -313,37 +255,3 @@ class HybridParallel(PipelineParallel):
                              self.stage_layout.size, self.states.params.itemsize, self.zero,
                              self.cp_kind, recvs if self.scatter_gather else 0, self.sp,
                              self.recomputed_blocks(), self.unit_spans())
-
-    def unit_spans(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """ZeRO-3's all-gathers: ([lo, hi) of each unit of my stage in its flat buffer,
-        those of the units remat recomputes in backward, gathered once more)."""
-        from minipar.nn.units import spans as unit_spans
-
-        units = [u for units in self.chunk_units for u in units]
-        at = dict(zip((u.name for u in units), unit_spans(units, self.stage_layout)))
-        return list(at.values()), [at[u.name] for u in self.recomputed_units()]
-
-    def recomputed_units(self) -> list[Any]:
-        """Units whose forward runs again in backward: remat=True recomputes each chunk as
-        one segment, remat=k all but the chunk's last segment of k units (stage_memory)."""
-        remat, out = self.memory.remat, []
-        for units in self.chunk_units:
-            n = len(units)
-            if remat is True:
-                out += list(units)
-            elif remat:
-                k = min(remat, n)
-                out += list(units[:(-(-n // k) - 1) * k])
-        return out
-
-    def recomputed_blocks(self) -> int:
-        """Transformer blocks among :meth:`recomputed_units`."""
-        return sum(u.name.startswith("block") for u in self.recomputed_units())
-
-    def model_state_bytes(self) -> dict[str, int]:
-        """Params, grads and optimizer states this rank holds between steps (bytes; ZeRO-2's
-        full gradient buffer of the step is ``grad_accumulation_bytes``)."""
-        out = self.states.bytes_by_category()
-        if self.zero == 2:
-            out["params"] = int(self.full_buf.nbytes)
-        return out
