@@ -37,17 +37,24 @@ unit again), gradients go to the wrapped ``on_grads`` — and the recomputation
 is the very same ``unit.forward``, so gradients and loss are bit-identical to
 no remat (tests/test_checkpointing.py; the MoE aux loss is read once, in the
 first forward, never from a recompute).  Its ledger counts the bytes of the
-activations it holds (each buffer once, :func:`minipar.memory.buffers`), from
-``on_saved`` until the unit's ``on_grads``: ``bytes_now``, ``bytes_peak``.
+activations it holds (each buffer once), from ``on_saved`` until the unit's
+``on_grads``: ``bytes_now``, ``bytes_peak``.  It knows a buffer by its ``id``
+*and* a weak reference to it: offloading (:mod:`minipar.parallel.offload`, wrapped
+inside or outside) frees the buffers it moves out, and a new buffer may get a
+dead one's id, which an id alone would take for the old one.  A held buffer
+that died was moved out (host or disk), one still alive is on the device:
+``device_now`` / ``device_peak`` count those (= ``bytes_now`` without offload).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from minipar.memory import buffers
+from minipar.memory import _arrays, _root
 from minipar.nn.attention import attention_core_forward
 from minipar.nn.executor import Hooks
 
@@ -111,10 +118,14 @@ class Checkpointing(Hooks):
         self._last_segment = (n - 1) // k
         self._open: _Segment | None = None
         self._expect = 0  # position of the unit the forward walk must reach next
-        self._held: dict[int, list[int]] = {}  # buffer id -> [bytes, references]
-        self._lent: dict[int, dict[int, int]] = {}  # id(unit) -> buffers restore handed out
+        self._held: dict[Any, list[int]] = {}  # buffer key -> [bytes, references]
+        self._lent: dict[int, dict[Any, int]] = {}  # id(unit) -> buffers restore handed out
+        self._alive: dict[int, tuple[Any, Any]] = {}  # id -> (weak reference, key)
+        self._refs: dict[Any, Any] = {}  # key -> weak reference (absent: no weakref)
+        self._serial = itertools.count()
         self.bytes_now = 0
         self.bytes_peak = 0
+        self.device_peak = 0
 
     def __getattr__(self, name: str) -> Any:  # only for names not found on self
         if name == "inner":
@@ -126,28 +137,51 @@ class Checkpointing(Hooks):
         return self.inner.grads
 
     # -- the ledger -----------------------------------------------------------------
-    def _hold(self, tree: Any) -> dict[int, int]:
-        """Count the buffers of ``tree`` as held; returns them ({id: bytes}) for :meth:`_drop`."""
-        bufs = buffers(tree)
+    @property
+    def device_now(self) -> int:
+        """Bytes of the held buffers still alive (not moved out by an offload)."""
+        return sum(size for key, (size, _) in self._held.items()
+                   if key not in self._refs or self._refs[key]() is not None)
+
+    def _key(self, r: Any) -> Any:
+        """The ledger's name for buffer ``r``: its id and a serial number (a new buffer at a
+        dead one's address is a new entry); its id alone if it takes no weak reference."""
+        known = self._alive.get(id(r))
+        if known is not None and known[0]() is r:
+            return known[1]
+        try:
+            ref = weakref.ref(r)
+        except TypeError:
+            return id(r)
+        key = (id(r), next(self._serial))
+        self._alive[id(r)], self._refs[key] = (ref, key), ref
+        return key
+
+    def _hold(self, tree: Any) -> dict[Any, int]:
+        """Count the buffers of ``tree`` as held; returns them ({key: bytes}) for :meth:`_drop`."""
+        bufs = {self._key(r): int(r.nbytes) for r in map(_root, _arrays(tree))}
         for b, size in bufs.items():
             entry = self._held.setdefault(b, [size, 0])
             entry[1] += 1
             if entry[1] == 1:
                 self.bytes_now += size
         self.bytes_peak = max(self.bytes_peak, self.bytes_now)
+        self.device_peak = max(self.device_peak, self.device_now)
         return bufs
 
-    def _drop(self, bufs: dict[int, int]) -> None:
+    def _drop(self, bufs: dict[Any, int]) -> None:
         for b in bufs:
             entry = self._held[b]
             entry[1] -= 1
             if entry[1] == 0:
                 self.bytes_now -= entry[0]
                 del self._held[b]
+                self._refs.pop(b, None)
 
     def reset_peak(self) -> None:
         """Start a new peak from what is held now (between measured steps)."""
         self.bytes_peak = self.bytes_now
+        self.device_peak = self.device_now
 
     # -- the hooks ------------------------------------------------------------------
     def fetch(self, unit: Any) -> dict[str, Any]:

@@ -188,8 +188,10 @@ class MemoryWrap:
         out: dict[str, Any] = {"remat": self.remat, "offload": self.offload}
         made = self.made if last is None else self.made[-last:]
         cks = [h.inner if isinstance(h, Offload) else h for h in made]
-        peaks = [c.bytes_peak for c in cks if isinstance(c, Checkpointing)]
-        if peaks and self.offload is None:  # (its ledger keys buffers by id: offload frees them)
+        # with offload, the device's share: what was moved out no longer counts
+        peaks = [c.device_peak if self.offload else c.bytes_peak
+                 for c in cks if isinstance(c, Checkpointing)]
+        if peaks:
             out["remat_activation_peak_bytes"] = max(peaks)
         offs = [h for h in made if isinstance(h, Offload)]
         if offs:

@@ -105,7 +105,9 @@ def summary_notes(wrap: Any, last: int | None = None) -> tuple[dict[str, Any], l
         k = s["remat"] or "ceil(sqrt n)"
         held = s.get("remat_activation_peak_bytes")
         notes.append(f"remat every {k} units: "
-                     + (f"activation bytes held at most {held:,}, " if held is not None else "")
+                     + (f"activation bytes held at most {held:,}"
+                        + (" on the device" if s.get("offload") else "") + ", "
+                        if held is not None else "")
                      + "one extra forward of every segment but the last")
     if s.get("offload") is not None:
         notes.append(f"activation offload to {s['offload']}: {s['offload_bytes_out']:,} bytes "

@@ -30,12 +30,9 @@ offload moved out not counted), and the same for the bytes offloaded
 
 from __future__ import annotations
 
-import itertools
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from minipar.memory import _arrays, _root
 from minipar.nn import executor
 from minipar.parallel.checkpointing import Checkpointing
 
@@ -65,63 +62,6 @@ class _End:
     name = "end of the chunk (never walked)"
 
 
-class _Ledger(Checkpointing):
-    """Checkpointing whose ledger survives offload, and counts the device apart.
-
-    Checkpointing knows a buffer by its ``id``; offload frees the buffers it moved
-    out, and a new buffer may then get a dead one's id, which the ledger would take
-    for the old one.  Here a buffer is known by its id *and* a weak reference to it:
-    a new buffer at a dead one's address is a new entry.  A kept buffer that died
-    was moved out (host or disk) and one still alive is on the device, so
-    ``device_now`` is the bytes of the live ones (= ``bytes_now`` without offload),
-    ``device_peak`` its peak."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self._alive: dict[int, tuple[Any, Any]] = {}  # id -> (weak reference, key)
-        self._refs: dict[Any, Any] = {}  # key -> weak reference (absent: no weakref)
-        self._serial = itertools.count()
-        self.device_peak = 0
-
-    @property
-    def device_now(self) -> int:
-        return sum(size for key, (size, _) in self._held.items()
-                   if key not in self._refs or self._refs[key]() is not None)
-
-    def _key(self, r: Any) -> Any:
-        known = self._alive.get(id(r))
-        if known is not None and known[0]() is r:
-            return known[1]
-        try:
-            ref = weakref.ref(r)
-        except TypeError:  # an array type without weak references: its id, as before
-            return id(r)
-        key = (id(r), next(self._serial))
-        self._alive[id(r)], self._refs[key] = (ref, key), ref
-        return key
-
-    def _hold(self, tree: Any) -> dict[Any, int]:
-        bufs = {self._key(r): int(r.nbytes) for r in map(_root, _arrays(tree))}
-        for b, size in bufs.items():
-            entry = self._held.setdefault(b, [size, 0])
-            entry[1] += 1
-            if entry[1] == 1:
-                self.bytes_now += size
-        self.bytes_peak = max(self.bytes_peak, self.bytes_now)
-        self.device_peak = max(self.device_peak, self.device_now)
-        return bufs
-
-    def _drop(self, bufs: dict[Any, int]) -> None:
-        super()._drop(bufs)
-        for b in bufs:
-            if b not in self._held:
-                self._refs.pop(b, None)
-
-    def reset_peak(self) -> None:
-        super().reset_peak()
-        self.device_peak = self.device_now
-
-
 class StageMemory:
     """The hooks of a stage's chunks and their measurements: ``StageMemory(chunk_units,
     remat=None|True|k, offload=None|"host"|"disk", offload_dir=None)`` (``True``: GPipe's
@@ -148,9 +88,9 @@ class StageMemory:
         for units in self.chunk_units:
             n = len(units)
             if self.remat is True:  # GPipe: the chunk is one checkpointed segment
-                h: Any = _Ledger(base, (*units, _End()), every=n)
+                h: Any = Checkpointing(base, (*units, _End()), every=n)
             else:  # Chen et al.'s segments of k units (k = n: everything kept whole)
-                h = _Ledger(base, units, every=min(self.remat or n, n))
+                h = Checkpointing(base, units, every=min(self.remat or n, n))
             if self.offload is not None:
                 from minipar.parallel.offload import Offload
 
