@@ -62,9 +62,12 @@ PAPER = {"naive": "Huang et al. 2018", "gpipe": "Huang et al. 2018",
 
 
 def formula(kind: str, p: int, m: int, v: int = 1) -> tuple[Fraction, Fraction]:
-    """(bubble fraction, bubble / ideal time) of ``kind``, exact."""
-    ratio = Fraction(p - 1) if kind == "naive" else Fraction(p - 1, v * m)
-    return ratio / (1 + ratio), ratio
+    """(bubble fraction, bubble / ideal time) of ``kind``, exact
+    (:func:`minipar.parallel.pipeline.measure.formula`)."""
+    from minipar.parallel.pipeline.measure import formula as papers
+
+    f = papers(kind, p, m, v)
+    return f["fraction"], f["ratio"]
 
 
 def check_args(kind: str, p: int, m: int, v: int) -> None:
