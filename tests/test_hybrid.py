@@ -3,8 +3,10 @@
 Each world size is ONE launch of tests/mpi/hybrid_check.py, which rebuilds the Grid on
 the same ranks for every layout (and frees it): on 8 ranks every dp x pp x tp of 8 the
 model allows (heads 8, vocab 8, 4 layers; pp = 8 on 8 layers), ZeRO-1, -2, -3 and
-sequence parallelism on 2x2x2, ZeRO-3 on 4x2x1, SP on 1x2x4 with GPipe, and dp x pp x cp
-= 2x2x2; on 4 ranks ring and Ulysses context parallelism, interleaving with
+sequence parallelism on 2x2x2, ZeRO-3 on 4x2x1, SP on 1x2x4 with GPipe, dp x pp x cp
+= 2x2x2, and context parallelism with tensor parallelism, dp x pp x cp x tp = 1x2x2x2
+(ring zigzag) and 2x1x2x2 (Ulysses on each tp rank's heads); on 4 ranks ring and
+Ulysses context parallelism, interleaving with
 remat, ring and Ulysses attention with remat (a recomputed block sends its forward
 traffic again), GPipe with activations offloaded to the host, ZeRO-1 (with and without
 cp), ZeRO-2 on 2x2x1, ZeRO-3 on 2x2x1 (GPipe, remat: a recomputed unit is gathered again)
@@ -31,7 +33,7 @@ from minipar.parallel.hybrid_config import bytes_formula, check_hybrid
 MPI_DIR = Path(__file__).parent / "mpi"
 
 
-@pytest.mark.parametrize(("n", "runs"), [(4, 16), (8, 17)])
+@pytest.mark.parametrize(("n", "runs"), [(4, 16), (8, 19)])
 def test_parity_bytes_and_memory_on_every_grid(n: int, runs: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "hybrid_check.py"), timeout=300,
                       env={"MINIPAR_WATCHDOG_S": "120"})
@@ -52,11 +54,13 @@ def test_parity_bytes_and_memory_on_every_grid(n: int, runs: int) -> None:
     ({"dp": 8, "ep": 8, "experts": 4}, "--experts 4 is not divisible by --ep 8"),
     ({"dp": 2, "pp": 4, "ep": 4, "experts": 4}, "ep = 4 must divide dp·cp = 2·1 = 2"),
     ({"dp": 2, "pp": 2, "tp": 2, "zero": 4}, "--zero 4: ZeRO stage must be 0, 1, 2 or 3"),
-    ({"dp": 2, "cp": 2, "tp": 2}, "cp = 2 with tp = 2"),
+    ({"dp": 2, "cp": 2, "tp": 2, "sequence_parallel": True}, "cp = 2 with sequence parallelism"),
+    ({"dp": 1, "cp": 4, "tp": 2, "cp_kind": "ulysses", "heads": 4},
+     "heads/t = 4/2 = 2 is not divisible by cp = 4"),
 ])
 def test_bad_layouts_are_one_line_without_mpi(sizes: dict, says: str) -> None:
     sizes = dict(sizes)
-    spec = RunSpec(experts=sizes.pop("experts", 0), batch=16)
+    spec = RunSpec(experts=sizes.pop("experts", 0), heads=sizes.pop("heads", 2), batch=16)
     with pytest.raises(ValueError) as e:
         check_hybrid(8, spec, **sizes)
     assert says in str(e.value) and "\n" not in str(e.value)
@@ -69,6 +73,8 @@ def test_bad_layouts_are_one_line_without_mpi(sizes: dict, says: str) -> None:
     (["-n", "4", "--ep", "4", "--experts", "2", "--batch", "8"], "--experts 2 is not divisible"),
     (["-n", "4", "--ep", "3", "--experts", "3"], "ep = 3 must divide dp·cp"),
     (["-n", "4", "--ep", "2", "--experts", "2", "--zero", "3"], "--zero 3 with ep = 2"),
+    (["-n", "8", "--cp", "2", "--tp", "2", "--sequence-parallel"],
+     "cp = 2 with sequence parallelism"),
 ])
 def test_the_command_refuses_bad_input_in_one_line(argv: list[str], says: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,6 +96,21 @@ def test_formula_of_a_2x2x2_grid_by_hand() -> None:
     assert f["tp"] == 2 * 4 * 1 * bsh * 8  # 4 all-reduces, 2(t-1)/t = 1, per micro-batch
     assert f["pp_p2p"] == 2 * bsh * 8  # one activation per micro-batch
     assert f["dp"] == 1000 * 8 and f["cp"] == f["edp"] == 0
+
+
+def test_formula_of_cp_with_tp_by_hand() -> None:
+    """cp 2 x tp 2: the blocks' all-reduces carry my s/cp tokens, the ring my h/t columns."""
+    spec = RunSpec(batch=8, seq=8, d_model=16, layers=2, heads=2)
+    from minipar.comm.topology import Layout
+
+    lay = Layout(dp=1, pp=1, cp=2, tp=2)
+    f = bytes_formula(spec, lay, {"dp": 0, "pp": 0, "cp": 1, "tp": 0}, m=2, blocks=2, sends=0,
+                      psi_stage=1000, itemsize=8)
+    e = 4 * 4 * 16 * 8  # b_i = 4 rows of s/cp = 4 tokens, h = 16, 8 bytes
+    assert f["tp"] == 2 * 4 * 2 * e  # 2 micro-batches x 4 all-reduces x 2 blocks, 2(t-1)/t = 1
+    # ring, per micro-batch and block: 2(P-1)·E/t forward, 2(P-1)·E/t + 2P·E/t backward
+    assert f["cp"] == 2 * 2 * (2 * e // 2 + 2 * e // 2 + 4 * e // 2)
+    assert f["edp"] == 1000 * 8 and f["dp"] == f["pp_p2p"] == 0
 
 
 def test_the_glossary_command_runs_and_equals_the_serial_run(

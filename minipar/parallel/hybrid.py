@@ -21,7 +21,10 @@ exist, composed — none of their code is repeated here:
     travels between stages; or
   - context-parallel units over ``grid.comm("cp")`` (ring attention or Ulysses,
     :func:`~minipar.parallel.context_parallel.cp_units`), each rank its positions, its
-    loss weighted by s_c/s; or
+    loss weighted by s_c/s; with tp > 1 too (Megatron's CP × TP), the tensor-parallel
+    units whose attention core over the local n_head/t heads is the CP core
+    (:class:`~minipar.parallel.context_parallel.CPAttention`), the embedding at the cp
+    rank's positions; or
   - expert-parallel MoE blocks over ``grid.comm("ep")`` (DeepSpeed-MoE, the ep ranks
     carved out of the data-parallel ones, :class:`~minipar.parallel.expert_layer.EPMoE`);
 * between stages (the executor's wire hooks, :mod:`minipar.parallel.pipeline.messages`),
@@ -108,6 +111,16 @@ class HybridParallel(HybridZero, PipelineParallel):
     # -- the pieces the pipeline executor runs -------------------------------------------
     def units(self) -> Any:
         cfg, grid = self.cfg, self.grid
+        if self.t > 1 and self.cp > 1:  # the TP block's attention core: the CP core
+            from minipar.parallel.context_parallel import CPAttention
+            from minipar.parallel.tensor_parallel_gpt import TPBlockUnit, TPEmbedUnit, TPHeadUnit
+
+            tp = grid.comm("tp")
+            core = CPAttention(grid.comm("cp"), self.cp_kind, self.cp_layout,
+                               cfg.n_head // self.t)
+            return (TPEmbedUnit(cfg, tp, positions=self.positions),
+                    *(TPBlockUnit(cfg, tp, i, core=core) for i in range(cfg.n_layer)),
+                    TPHeadUnit(cfg, tp))
         if self.t > 1:
             from minipar.parallel.tensor_parallel_gpt import tp_gpt_units
 

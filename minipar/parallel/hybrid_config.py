@@ -14,8 +14,9 @@ Per step, rank (d, p, c, t); micro-batch i of my replica has b_i rows, s_c = s/c
 tokens of each, h = d_model, e bytes per element, L_p my stage's blocks,
 Ψ_p my stage's parameters (my tensor shard of them):
 
-* ``tp``  blocks: 4·L_p ring all-reduces of b_i·s·h per micro-batch (Megatron's two f
-  and two g per block): Σ_i 4·L_p·(2(t−1)/t)·b_i·s·h·e (exact: uneven ring chunks);
+* ``tp``  blocks: 4·L_p ring all-reduces of b_i·s_c·h per micro-batch (Megatron's two f
+  and two g per block, on my s_c tokens): Σ_i 4·L_p·(2(t−1)/t)·b_i·s_c·h·e (exact: uneven
+  ring chunks);
   a block recomputed in backward (remat) runs its forward's 2 again (6 in all);
 * ``pp_p2p``: every send of an activation or its gradient, b_i·s_c·h·e each
   (a middle stage: 2·m·v of them, :func:`minipar.plan.pipeline.pipeline_p2p_bytes_per_rank`);
@@ -28,7 +29,8 @@ tokens of each, h = d_model, e bytes per element, L_p my stage's blocks,
   all-gathers (forward, backward) and a reduce-scatter of every unit of the stage,
   m·(3Ψ_p − C_r − 2C_{r+1})·e, plus one all-gather more per unit remat recomputes;
 * ``cp``: ring attention, per micro-batch and block, 2(P−1)·b_i·s_c·h·e forward and
-  2(P−1)·E·e + 2P·E·e backward (E = b_i·s_c·h); Ulysses 4·b_i·s·h·(P−1)/P²·e each way.
+  2(P−1)·E·e + 2P·E·e backward (E = b_i·s_c·h); Ulysses 4·b_i·s·h·(P−1)/P²·e each way;
+  with tp > 1 the cp ranks exchange only their n_head/t heads: h/t in place of h.
 """
 
 from __future__ import annotations
@@ -84,10 +86,14 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
     if cp > 1:
         from minipar.parallel.cp_layout import check
 
-        if tp > 1:
-            raise ValueError(f"cp = {cp} with tp = {tp}: no unit runs ring or Ulysses attention "
-                             "on a tensor-parallel slice of the heads yet; use tp = 1 with cp")
-        check(spec.seq, spec.heads, cp, cp_kind, cp_kind == "ring", spec.experts)
+        if sequence_parallel and tp > 1:
+            raise ValueError(f"cp = {cp} with sequence parallelism (tp = {tp}): both cut the "
+                             "sequence; use --cp or --sequence-parallel, not both")
+        if cp_kind == "ulysses" and tp > 1 and (spec.heads // tp) % cp:
+            raise ValueError(f"DeepSpeed-Ulysses under tp: heads/t = {spec.heads}/{tp} = "
+                             f"{spec.heads // tp} is not divisible by cp = {cp}: each cp rank "
+                             "takes a whole number of its tensor slice's heads")
+        check(spec.seq, spec.heads // tp, cp, cp_kind, cp_kind == "ring", spec.experts)
     if ep > 1:
         from minipar.parallel.expert_config import check_ep
 
@@ -144,7 +150,7 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
     out = {"tp": 0, "pp_p2p": 0, "dp": 0, "edp": 0, "cp": 0}
     for b in rows:
         out["tp"] += (4 * blocks + 2 * recomputed) * allreduce_bytes_sent(
-            b * s * h, itemsize, t, coords["tp"], "ring")
+            b * (s // P) * h, itemsize, t, coords["tp"], "ring")
         act = b * (s // P) * h
         if sequence_parallel:
             out["pp_p2p"] += sends * act // t * itemsize
@@ -156,13 +162,13 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
         if P > 1 and cp_kind == "ring":
             from minipar.parallel.ring_attention import backward_bytes, forward_bytes
 
-            out["cp"] += ((blocks + recomputed) * forward_bytes(b, s, h, P, itemsize)
-                          + blocks * backward_bytes(b, s, h, P, itemsize))
+            out["cp"] += ((blocks + recomputed) * forward_bytes(b, s, h // t, P, itemsize)
+                          + blocks * backward_bytes(b, s, h // t, P, itemsize))
         elif P > 1:
             from minipar.parallel.ulysses import bytes_per_rank
 
-            out["cp"] += (2 * blocks + recomputed) * bytes_per_rank(b, s, h, spec.heads, P,
-                                                                    coords["cp"], itemsize)
+            out["cp"] += (2 * blocks + recomputed) * bytes_per_rank(
+                b, s, h // t, spec.heads // t, P, coords["cp"], itemsize)
     n = lay.dp * lay.cp
     axis = "dp" if lay.cp == 1 else "edp"
     rank = coords["dp"] * lay.cp + coords["cp"]

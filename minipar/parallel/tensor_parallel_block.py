@@ -84,28 +84,37 @@ def tp_mlp_backward(comm: Any, p: dict[str, Any], saved: tuple,
 
 # ------------------------------------------------------------------------- attention
 def tp_attention_forward(comm: Any, p: dict[str, Any], x: Any, n_head: int,
-                         sequence_parallel: bool = False) -> tuple[Any, tuple]:
-    """Self-attention with this rank's n_head/t heads (``n_head``: the model's heads)."""
+                         sequence_parallel: bool = False, core: Any = None) -> tuple[Any, tuple]:
+    """Self-attention with this rank's n_head/t heads (``n_head``: the model's heads).
+    ``core``: another attention core on the local fused qkv (b, s, 3h/t) -> o (b, s, h/t),
+    e.g. context parallelism's :class:`~minipar.parallel.context_parallel.CPAttention`."""
     _, t = _rank_size(comm)
     h_local = n_head // t
     col = ColumnParallelLinear(comm, sequence_parallel=sequence_parallel)
     qkv, s_qkv = col.forward({"w": p["w_qkv"], "b": p["b_qkv"]}, x)
-    q, k, v = (split_heads(a, h_local) for a in xp.split(qkv, 3, axis=-1))
+    if core is not None:
+        o, s_core = core.forward(qkv)
+    else:
+        q, k, v = (split_heads(a, h_local) for a in xp.split(qkv, 3, axis=-1))
+        o, s_core = attention_core_forward(q, k, v)
+        o = merge_heads(o)
     del qkv
-    o, s_core = attention_core_forward(q, k, v)
     row = RowParallelLinear(comm, sequence_parallel=sequence_parallel)
-    y, s_out = row.forward({"w": p["w_out"], "b": p["b_out"]}, merge_heads(o))
+    y, s_out = row.forward({"w": p["w_out"], "b": p["b_out"]}, o)
     return y, (s_qkv, s_core, s_out, h_local, sequence_parallel)
 
 
-def tp_attention_backward(comm: Any, p: dict[str, Any], saved: tuple,
-                          dy: Any) -> tuple[Any, dict[str, Any]]:
-    """Return ``(dx, {w_qkv, b_qkv, w_out, b_out})``."""
+def tp_attention_backward(comm: Any, p: dict[str, Any], saved: tuple, dy: Any,
+                          core: Any = None) -> tuple[Any, dict[str, Any]]:
+    """Return ``(dx, {w_qkv, b_qkv, w_out, b_out})`` (``core``: the forward's)."""
     s_qkv, s_core, s_out, h_local, sp = saved
     do, g_out = RowParallelLinear(comm, sequence_parallel=sp).backward(
         {"w": p["w_out"], "b": p["b_out"]}, s_out, dy)
-    dq, dk, dv = attention_core_backward(s_core, split_heads(do, h_local))
-    dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+    if core is not None:
+        dqkv = core.backward(s_core, do)
+    else:
+        dq, dk, dv = attention_core_backward(s_core, split_heads(do, h_local))
+        dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
     dx, g_qkv = ColumnParallelLinear(comm, sequence_parallel=sp).backward(
         {"w": p["w_qkv"], "b": p["b_qkv"]}, s_qkv, dqkv)
     return dx, {"w_qkv": g_qkv["w"], "b_qkv": g_qkv["b"], "w_out": g_out["w"],
@@ -142,17 +151,19 @@ def tp_moe_backward(comm: Any, p: dict[str, Any], saved: dict, dy: Any,
 
 
 # --------------------------------------------------------------------- the block's steps
-def tp_steps(comm: Any, cfg: GPTConfig, sequence_parallel: bool = False) -> tuple[Step, Step]:
+def tp_steps(comm: Any, cfg: GPTConfig, sequence_parallel: bool = False,
+             core: Any = None) -> tuple[Step, Step]:
     """The ``(attn, ffn)`` steps (:data:`minipar.nn.gpt.Step`) of a Megatron-sliced block:
     :func:`minipar.nn.gpt.block_forward` / ``block_backward`` with these is the
-    tensor-parallel block (the LayerNorms and residuals are the serial code)."""
+    tensor-parallel block (the LayerNorms and residuals are the serial code); ``core``:
+    the attention core of the local heads (default: the serial one; context parallelism's)."""
     sp = sequence_parallel
 
     def attn_forward(q: dict[str, Any], a: Any) -> tuple[Any, Any]:
-        return tp_attention_forward(comm, q, a, cfg.n_head, sp)
+        return tp_attention_forward(comm, q, a, cfg.n_head, sp, core)
 
     def attn_backward(q: dict[str, Any], s: Any, dy: Any) -> tuple[Any, dict[str, Any]]:
-        return tp_attention_backward(comm, q, s, dy)
+        return tp_attention_backward(comm, q, s, dy, core)
 
     def ffn_forward(q: dict[str, Any], h: Any) -> tuple[Any, Any]:
         if "router" in q:

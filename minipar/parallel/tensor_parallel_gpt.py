@@ -99,10 +99,13 @@ def _sum_param_grads(comm: Any, grads: dict[str, Any], names: list[str]) -> None
 
 
 class TPEmbedUnit(Unit):
-    """x = VocabParallelEmbedding(tokens) + pos_emb (SP: my sequence positions only)."""
+    """x = VocabParallelEmbedding(tokens) + pos_emb (SP: my sequence positions only;
+    ``positions``: a context-parallel rank's positions, as
+    :class:`~minipar.parallel.context_parallel.CPEmbedUnit` looks them up)."""
 
-    def __init__(self, cfg: GPTConfig, comm: Any, sequence_parallel: bool = False) -> None:
-        self.cfg, self.comm, self.sp = cfg, comm, sequence_parallel
+    def __init__(self, cfg: GPTConfig, comm: Any, sequence_parallel: bool = False,
+                 positions: Any = None) -> None:
+        self.cfg, self.comm, self.sp, self.positions = cfg, comm, sequence_parallel, positions
         self.name, self.names = "embed", ("tok_emb", "pos_emb")
         self.emb = VocabParallelEmbedding(comm, cfg.vocab_size, sequence_parallel,
                                           op="sp_embed" if sequence_parallel else "tp_embed")
@@ -110,6 +113,9 @@ class TPEmbedUnit(Unit):
     def forward(self, p: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
         self.cfg.check_tokens(tokens)
         y, s = self.emb.forward({"table": p["tok_emb"]}, tokens)
+        if self.positions is not None:  # context parallelism: distinct, maybe zigzag
+            y += p["pos_emb"][self.positions]
+            return y, (s, self.positions, None, p["pos_emb"].shape)
         r, t = _rank_size(self.comm)
         lo, hi = spans.span(tokens.shape[1], t, r) if self.sp else (0, tokens.shape[1])
         y += p["pos_emb"][lo:hi]
@@ -119,7 +125,7 @@ class TPEmbedUnit(Unit):
                  daux: float = 1.0) -> tuple[None, dict[str, Any]]:
         s, lo, hi, shape = saved
         dpos = xp.zeros(shape, dtype=dx.dtype)
-        dpos[lo:hi] = up(dx).sum(axis=0)
+        dpos[lo if hi is None else slice(lo, hi)] = up(dx).sum(axis=0)
         _, g = self.emb.backward({"table": p["tok_emb"]}, s, dx)
         grads = {"tok_emb": g["table"], "pos_emb": dpos}
         if self.sp:
@@ -130,13 +136,14 @@ class TPEmbedUnit(Unit):
 class TPBlockUnit(Unit):
     """Block ``i``: x + attention(LN1 x) then + MLP (or MoE)(LN2 ·), Megatron-sliced."""
 
-    def __init__(self, cfg: GPTConfig, comm: Any, i: int, sequence_parallel: bool = False) -> None:
+    def __init__(self, cfg: GPTConfig, comm: Any, i: int, sequence_parallel: bool = False,
+                 core: Any = None) -> None:
         from minipar.nn.units import BlockUnit
 
         self.cfg, self.comm, self.sp = cfg, comm, sequence_parallel
         serial = BlockUnit(cfg, i)
         self.name, self.prefix, self.names = serial.name, serial.prefix, serial.names
-        self.steps = tp_steps(comm, cfg, sequence_parallel)
+        self.steps = tp_steps(comm, cfg, sequence_parallel, core)
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
         return block_forward(p, x, self.cfg, *self.steps)

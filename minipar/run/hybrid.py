@@ -10,7 +10,8 @@ ZH 3D 并行（混合并行）
 
 Launcher side: :func:`minipar.parallel.hybrid_config.check_hybrid` before MPI starts
 (dp·pp·cp·tp = N, tp dividing heads / d_ff / vocab, pp at most the layers, ep dividing
-the experts and dp·cp, the pipeline's own checks).  Rank side:
+the experts and dp·cp, the pipeline's own checks; cp with tp: Megatron's CP × TP, ring or
+Ulysses attention on each tp rank's n_head/t heads, not with --sequence-parallel).  Rank side:
 :class:`minipar.parallel.hybrid.HybridParallel` (PTD-P, Narayanan et al. 2021, arXiv
 2104.04473) trains ``--steps`` steps, and the summary adds, per rank: its coordinates,
 the bytes sent per step on each grid axis (counted) next to the exact formula, the
@@ -196,7 +197,10 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any, loss
         notes.append("tp: the blocks' f and g are PTD-P's 4 all-reduces of b·s·h per block and "
                      "micro-batch, and with pp > 1 each received activation is all-gathered "
                      "from 1/t pieces (PTD-P's scatter/gather, §4.1); the rest is the "
-                     "embedding, head and vocab-parallel loss")
+                     "embedding, head and vocab-parallel loss"
+                     + (f"; with cp the tokens are each rank's s/cp = {spec.seq // cp} and "
+                        "the cp ranks exchange only their n_head/t heads (h/t)"
+                        if cp > 1 else ""))
     if spec.experts:
         notes.append("mixture of experts: every micro-batch routes its rows as one group, so "
                      f"the serial run accumulates dp·m = {dp * m} micro-batches; the formulas "

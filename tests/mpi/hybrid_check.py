@@ -181,6 +181,8 @@ def run_all() -> list[str]:
         trial(dense, 2, 2, 2, sequence_parallel=True)
         trial(dense, 1, 2, 4, kind="gpipe", sequence_parallel=True)
         trial(dense, 2, 2, 1, cp=2, m=2)
+        trial(dense, 1, 2, 2, cp=2)  # cp x tp: ring zigzag on each tp rank's 4 heads
+        trial(dense, 2, 1, 2, cp=2, cp_kind="ulysses")  # Ulysses: heads/t = 4 over cp 2
     if N == 4:
         trial(dense, 1, 2, 1, cp=2)
         trial(dense, 2, 1, 1, cp=2, cp_kind="ulysses")
