@@ -91,66 +91,6 @@ def theory(kind: str, p: int, m: int, v: int = 1) -> list:
     return simulate(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))
 
 
-def load_run(path: str | Path) -> tuple[dict[str, Any], list]:
-    """(meta, records) of a recorded pipeline step.
-
-    The file is one JSON object ``{"schedule", "p", "m", "v", "records": [{"stage", "what",
-    "micro_batch", "chunk", "start", "end"}, ...]}`` (times in seconds, any common origin;
-    ``"timeline"`` is accepted for ``"records"``; other keys are kept in meta), or a bare list
-    of records (then meta is read off the records: p stages, m micro-batches, v chunks).
-    """
-    from minipar.parallel.pipeline import Record
-
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ValueError(f"--from-run {path}: cannot read it: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ValueError(f"--from-run {path}: not JSON ({e})") from None
-    meta = dict(data) if isinstance(data, dict) else {}
-    raw = data if isinstance(data, list) else meta.pop("records", meta.pop("timeline", None))
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"--from-run {path}: no records (a JSON object with a 'records' list "
-                         "of {stage, what, micro_batch, chunk, start, end})")
-    try:
-        recs = [Record(int(r["stage"]), str(r["what"]), r.get("micro_batch"), r.get("chunk"),
-                       float(r["start"]), float(r["end"])) for r in raw]
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ValueError(f"--from-run {path}: a record lacks stage, what, start or end "
-                         f"({type(e).__name__}: {e})") from None
-    compute = [r for r in recs if r.what in ("forward", "backward")]
-    if not compute:
-        raise ValueError(f"--from-run {path}: no forward or backward record")
-    meta.setdefault("p", max(r.stage for r in recs) + 1)
-    meta.setdefault("m", max(r.micro_batch for r in compute) + 1)
-    meta.setdefault("v", max(r.chunk or 0 for r in compute) + 1)
-    return meta, recs
-
-
-def rebuild_fastest(records: Sequence, kind: str, p: int, m: int, v: int = 1) -> list:
-    """The dedicated machine's timeline with each stage's *fastest* forward, backward and
-    optimizer step of the recorded step, messages instantaneous: the stalls of a shared
-    machine (another process on the core: the same work, several times slower) removed,
-    uneven stages kept — the fastest run of a piece of work is its uncontended cost, as
-    ``timeit`` reports the minimum."""
-    from minipar.parallel.pipeline import run, schedules
-    from minipar.parallel.pipeline.simulate import WHAT
-
-    by: dict[tuple[int, str], list[float]] = {}
-    for r in records:
-        if r.what in ("forward", "backward", "optimizer"):
-            by.setdefault((r.stage, r.what), []).append(r.end - r.start)
-    fastest = {k: min(ts) for k, ts in by.items()}
-
-    def cost(ins: Any, stage: int) -> float:
-        what = WHAT[type(ins)]
-        if (stage, what) not in fastest:
-            raise ValueError(f"the recorded run has no {what} on stage {stage}: it is not a "
-                             f"{kind} step with p={p}, m={m}, v={v}")
-        return fastest[stage, what]
-    return run(schedules(kind, p, m, v), cost)
-
-
 def in_flight_peaks(records: Sequence) -> list[int]:
     """Peak micro-batches (chunk-activations) held by each stage, read off the timeline."""
     from minipar.viz.pipeline import in_flight_over_time
@@ -163,6 +103,7 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
     """The numbers ``--json`` prints.  ``records``: the timeline compared with the formula
     (simulated, or rebuilt from a run); ``wall``: the measured wall-clock one, if any."""
     from minipar.parallel.pipeline import bubble_fraction, bubble_time_ratio, in_flight, schedules
+    from minipar.parallel.pipeline.measure import rebuild_fastest
 
     frac, ratio = formula(kind, p, m, v)
     got, got_ratio = bubble_fraction(records), bubble_time_ratio(records)
@@ -275,6 +216,8 @@ def _resolve(args: Any) -> tuple[str, int, int, int, dict | None, list | None]:
     _check_output(args.output)
     meta, recs = (None, None)
     if args.from_run:
+        from minipar.parallel.pipeline.measure import load_run
+
         meta, recs = load_run(args.from_run)
         given = {"--stages": (args.stages, meta["p"]), "--micro-batches": (args.micro_batches,
                  meta["m"]), "--chunks": (args.chunks, meta["v"]),

@@ -15,7 +15,15 @@ import pytest
 
 from minipar import bubble, cli, trace
 from minipar.cli_errors import ArgumentParser
-from minipar.parallel.pipeline import chart, in_flight, run, schedules, simulate, uniform_cost
+from minipar.parallel.pipeline import (
+    chart,
+    in_flight,
+    measure,
+    run,
+    schedules,
+    simulate,
+    uniform_cost,
+)
 from minipar.parallel.pipeline.measure import write_timeline
 from minipar.registry import VERBS
 
@@ -133,16 +141,16 @@ def test_fastest_costs_remove_the_stalls():
     from minipar.parallel.pipeline.measure import rebuild
 
     assert bubble_fraction(rebuild(stalled, "gpipe", 2, 4)) == Fraction(53, 115)  # the stalls
-    assert bubble_fraction(bubble.rebuild_fastest(stalled, "gpipe", 2, 4)) == Fraction(1, 5)
+    assert bubble_fraction(measure.rebuild_fastest(stalled, "gpipe", 2, 4)) == Fraction(1, 5)
     with pytest.raises(ValueError, match="no backward on stage 1"):
-        bubble.rebuild_fastest([r for r in recs if r[:2] != (1, "backward")], "gpipe", 2, 4)
+        measure.rebuild_fastest([r for r in recs if r[:2] != (1, "backward")], "gpipe", 2, 4)
 
 
 def test_a_bare_list_of_records_is_read_too(tmp_path):
     recs = simulate(schedules("gpipe", 2, 3), uniform_cost(1, 2))
     path = tmp_path / "bare.json"
     path.write_text(json.dumps([r._asdict() for r in recs]))
-    meta, got = bubble.load_run(path)
+    meta, got = measure.load_run(path)
     assert (meta["p"], meta["m"], meta["v"]) == (2, 3, 1) and len(got) == len(recs)
 
 

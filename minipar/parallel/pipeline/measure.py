@@ -29,7 +29,9 @@ next to the papers' formula for equal stages (GPipe, Huang et al. 2018, arXiv
 
 With equal integer costs the rebuilt bubble *is* the formula, exactly
 (``Fraction``; tests/test_pipeline_parallel.py).  A run's timeline is written
-as JSON for ``minipar bubble --from-run`` (:func:`write_timeline`).
+as JSON for ``minipar bubble --from-run`` (:func:`write_timeline`; read back by
+:func:`read_timeline`, or any list of records by :func:`load_run`); a third view,
+:func:`rebuild_fastest`, replays each stage's fastest forward and backward.
 """
 
 from __future__ import annotations
@@ -141,6 +143,61 @@ def read_timeline(path: str | Path) -> tuple[list[Record], dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path}: not a pipeline timeline (written by minipar run pp "
                          f"--timeline FILE)")
-    fields = Record._fields
-    records = [Record(*(r[k] for k in fields)) for r in doc["records"]]
-    return records, {k: doc[k] for k in ("schedule", "p", "m", "v", "unit")}
+    meta, records = load_run(path)
+    return records, {k: meta[k] for k in ("schedule", "p", "m", "v", "unit")}
+
+
+def load_run(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
+    """(meta, records) of a recorded pipeline step.
+
+    The file is one JSON object ``{"schedule", "p", "m", "v", "records": [{"stage", "what",
+    "micro_batch", "chunk", "start", "end"}, ...]}`` (times in seconds, any common origin;
+    ``"timeline"`` is accepted for ``"records"``; other keys are kept in meta), or a bare list
+    of records (then meta is read off the records: p stages, m micro-batches, v chunks).
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--from-run {path}: cannot read it: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"--from-run {path}: not JSON ({e})") from None
+    meta = dict(data) if isinstance(data, dict) else {}
+    raw = data if isinstance(data, list) else meta.pop("records", meta.pop("timeline", None))
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"--from-run {path}: no records (a JSON object with a 'records' list "
+                         "of {stage, what, micro_batch, chunk, start, end})")
+    try:
+        recs = [Record(int(r["stage"]), str(r["what"]), r.get("micro_batch"), r.get("chunk"),
+                       float(r["start"]), float(r["end"])) for r in raw]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"--from-run {path}: a record lacks stage, what, start or end "
+                         f"({type(e).__name__}: {e})") from None
+    compute = [r for r in recs if r.what in ("forward", "backward")]
+    if not compute:
+        raise ValueError(f"--from-run {path}: no forward or backward record")
+    meta.setdefault("p", max(r.stage for r in recs) + 1)
+    meta.setdefault("m", max(r.micro_batch for r in compute) + 1)
+    meta.setdefault("v", max(r.chunk or 0 for r in compute) + 1)
+    return meta, recs
+
+
+def rebuild_fastest(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1
+                    ) -> list[Record]:
+    """The dedicated machine's timeline with each stage's *fastest* forward, backward and
+    optimizer step of the recorded step, messages instantaneous: the stalls of a shared
+    machine (another process on the core: the same work, several times slower) removed,
+    uneven stages kept — the fastest run of a piece of work is its uncontended cost, as
+    ``timeit`` reports the minimum."""
+    by: dict[tuple[int, str], list[float]] = {}
+    for r in records:
+        if r.what in ("forward", "backward", "optimizer"):
+            by.setdefault((r.stage, r.what), []).append(r.end - r.start)
+    fastest = {k: min(ts) for k, ts in by.items()}
+
+    def cost(ins: Any, stage: int) -> float:
+        what = WHAT[type(ins)]
+        if (stage, what) not in fastest:
+            raise ValueError(f"the recorded run has no {what} on stage {stage}: it is not a "
+                             f"{kind} step with p={p}, m={m}, v={v}")
+        return fastest[stage, what]
+    return run(schedules(kind, p, m, v), cost)
