@@ -39,7 +39,7 @@ def measure(payload: dict[str, Any]) -> dict[str, Any] | None:
     from mpi4py import MPI
 
     from minipar import collectives
-    from minipar.comm import traced
+    from minipar.comm.traced import traced
 
     elems = payload["elems"]
     comm = traced(MPI.COMM_WORLD)

@@ -104,7 +104,6 @@ KNOWN: set[str] = {
     'private: minipar.plan._layouts_cli imports _param_count from minipar.plan._cli',
     'private: minipar.plan.search imports _human from minipar.plan._render',
     'registry: minipar.registry names minipar.plan, which is not a front end (layer 8)',
-    'shadow: minipar.comm.traced is a module and, in minipar.comm, another object',
     'shadow: minipar.parallel.pipeline.check is a module and, in minipar.parallel.pipeline, another object',
     'shadow: minipar.parallel.pipeline.schedule is a module and, in minipar.parallel.pipeline, another object',
     'shadow: minipar.parallel.pipeline.simulate is a module and, in minipar.parallel.pipeline, another object',

@@ -72,26 +72,30 @@ def test_names_shared_stats_free_traced_once_counted_once(n: int) -> None:
 
 
 # -- in-process (one rank) ------------------------------------------------------------
-#: every public name minipar.comm.traced exported before it was split in four files
-TRACED_NAMES = ["WATCHDOG_ENV", "POLL_MAX_ENV", "DEFAULT_WATCHDOG_S", "DEFAULT_POLL_MAX_S",
-                "SPIN_ENV", "YIELD_ENV", "SPIN_S", "NAP_MIN_S", "ANY_SOURCE", "ANY_TAG",
-                "DeadlockError", "CommUsageError", "OpStats", "Stats", "as_bytes",
-                "TracedRequest", "TracedComm", "install_excepthook", "traced"]
+#: where each public name of the communication layer lives (no re-exports between them)
+HOMES = {"waiting": ["WATCHDOG_ENV", "POLL_MAX_ENV", "DEFAULT_WATCHDOG_S", "DEFAULT_POLL_MAX_S",
+                     "SPIN_ENV", "YIELD_ENV", "SPIN_S", "NAP_MIN_S", "ANY_SOURCE", "ANY_TAG",
+                     "TracedRequest"],
+         "errors": ["DeadlockError", "CommUsageError", "CollectiveMismatchError",
+                    "install_excepthook"],
+         "stats": ["OpStats", "Stats"], "traced": ["as_bytes", "TracedComm", "traced"]}
 COMM_NAMES = ["CommUsageError", "DeadlockError", "OpStats", "Stats", "TracedComm",
-              "TracedRequest", "install_excepthook", "traced"]
+              "TracedRequest", "install_excepthook"]
 
 
-def test_the_split_keeps_every_name_and_every_file_short() -> None:
+def test_every_name_in_one_home_and_every_file_short() -> None:
     import importlib
 
     import minipar.comm
 
-    tr = importlib.import_module("minipar.comm.traced")  # (minipar.comm.traced is also a function)
-
-    for name in TRACED_NAMES:
-        assert hasattr(tr, name), name
+    tr = importlib.import_module("minipar.comm.traced")
+    assert minipar.comm.traced is tr  # the module: no function of the same name shadows it
+    for home, names in HOMES.items():
+        mod = importlib.import_module(f"minipar.comm.{home}")
+        for name in names:
+            assert hasattr(mod, name), (home, name)
     for name in COMM_NAMES:
-        assert getattr(minipar.comm, name) is getattr(tr, name), name
+        assert hasattr(minipar.comm, name), name
     for f in ("traced", "stats", "waiting", "errors", "tags"):
         lines = (Path(tr.__file__).parent / f"{f}.py").read_text().count("\n")
         assert lines <= 310, (f, lines)
@@ -164,7 +168,8 @@ def test_traced_wraps_a_plain_communicator_once() -> None:
     from mpi4py import MPI
 
     import minipar.collectives as C
-    from minipar.comm import TracedComm, traced
+    from minipar.comm import TracedComm
+    from minipar.comm.traced import traced
 
     t = traced(MPI.COMM_WORLD)
     assert traced(None) is t and traced(MPI.Comm(MPI.COMM_WORLD)) is t and traced(t) is t
@@ -202,3 +207,22 @@ def test_mpi_spec_uses_dtlib_not_the_private_typedict() -> None:
     _, dt, op = B.mpi_spec(x)
     MPI.COMM_WORLD.Allreduce(B.mpi_buf(x, dt), B.mpi_buf(out, dt), op)
     assert np.array_equal(out, x)
+
+
+def test_mpi_methods_pass_through_by_name_and_are_counted() -> None:
+    """No ``__getattr__``: MPI's own methods are passed through by name, each counted;
+    anything else is an AttributeError instead of silent, uncounted MPI."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from minipar.comm.traced import PASSED_THROUGH, TracedComm
+
+    c = TracedComm(MPI.COMM_SELF)
+    out = np.zeros(3)
+    c.Allreduce(np.ones(3), out)
+    assert out.tolist() == [1.0, 1.0, 1.0]
+    assert c.stats.as_dict()["ops"]["mpi.Allreduce"]["calls"] == 1
+    assert c.allgather(5) == [5]
+    assert "Send_init" not in PASSED_THROUGH
+    with pytest.raises(AttributeError):
+        c.Send_init  # noqa: B018 (not passed through: refused, not forwarded uncounted)

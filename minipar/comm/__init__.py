@@ -1,6 +1,8 @@
 """Communication: the traced communicator, its counters, the tag registry, the rank grid.
 
-``from minipar.comm import TracedComm, traced, DeadlockError, install_excepthook``
+``from minipar.comm import TracedComm, DeadlockError, install_excepthook``; the function
+``minipar.comm.traced.traced`` (wrap a plain communicator once) lives in its module
+only, so ``minipar.comm.traced`` is the module.
 
 * :mod:`minipar.comm.traced`: the communicator wrapper (counts, waits, names);
 * :mod:`minipar.comm.stats`: the counters it keeps (by operation, communicator, peer);
@@ -10,17 +12,15 @@
 * :mod:`minipar.comm.topology`: the rank grid (one communicator per axis).
 """
 
-from minipar.comm.errors import CollectiveMismatchError
-from minipar.comm.traced import (
+from minipar.comm.errors import (
+    CollectiveMismatchError,
     CommUsageError,
     DeadlockError,
-    OpStats,
-    Stats,
-    TracedComm,
-    TracedRequest,
     install_excepthook,
-    traced,
 )
+from minipar.comm.stats import OpStats, Stats
+from minipar.comm.traced import TracedComm
+from minipar.comm.waiting import TracedRequest
 
 __all__ = [
     "CollectiveMismatchError",
@@ -31,5 +31,4 @@ __all__ = [
     "TracedComm",
     "TracedRequest",
     "install_excepthook",
-    "traced",
 ]

@@ -45,36 +45,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minipar.comm.errors import (
-    CollectiveMismatchError,
-    CommUsageError,
-    DeadlockError,
-    install_excepthook,
-)
-from minipar.comm.stats import OpStats, Stats
+from minipar.comm.errors import CommUsageError, install_excepthook
+from minipar.comm.stats import Stats
 from minipar.comm.waiting import (
     ANY_SOURCE,
     ANY_TAG,
-    DEFAULT_POLL_MAX_S,
-    DEFAULT_WATCHDOG_S,
-    NAP_MIN_S,
-    POLL_MAX_ENV,
-    SPIN_ENV,
-    SPIN_S,
-    WATCHDOG_ENV,
-    YIELD_ENV,
     PendingProbe,
     TracedRequest,
     poll,
     wait_settings,
 )
-
-__all__ = [
-    "ANY_SOURCE", "ANY_TAG", "DEFAULT_POLL_MAX_S", "DEFAULT_WATCHDOG_S", "NAP_MIN_S",
-    "POLL_MAX_ENV", "SPIN_ENV", "SPIN_S", "WATCHDOG_ENV", "YIELD_ENV",
-    "CollectiveMismatchError", "CommUsageError", "DeadlockError", "OpStats", "Stats",
-    "TracedComm", "TracedRequest", "as_bytes", "install_excepthook", "traced",
-]
 
 
 def as_bytes(buf: Any, *, what: str = "buffer") -> np.ndarray:
@@ -101,10 +81,11 @@ class TracedComm:
     """An mpi4py communicator wrapper with counters, polite waits and a watchdog.
 
     ``name`` labels this communicator's traffic in the shared :class:`Stats`
-    ("world" for COMM_WORLD unless given).  Anything not defined here
-    (``Allreduce``, ``Bcast``, ... MPI's own collectives, used as oracles) is
-    passed through to the wrapped communicator uncounted; use
-    ``operation()`` around it to time it.
+    ("world" for COMM_WORLD unless given).  MPI's own methods that minipar uses
+    (its collectives as the oracle of tests and benchmarks, ``Get_group``, ...)
+    are passed through by name (:data:`PASSED_THROUGH`), each call counted under
+    ``"mpi." + name`` with its time; anything else is an ``AttributeError``, so
+    no MPI traffic goes past the counters unseen.
     """
 
     def __init__(self, comm: Any = None, *, timeout: float | None = None,
@@ -132,11 +113,6 @@ class TracedComm:
 
     def Get_size(self) -> int:
         return self.size
-
-    def __getattr__(self, name: str) -> Any:  # MPI's own collectives, Get_group, ...
-        if name == "comm":  # not yet set (during unpickling): avoid recursion
-            raise AttributeError(name)
-        return getattr(self.comm, name)
 
     def _child_name(self, kind: str, name: str | None) -> str:
         k, self._children = self._children, self._children + 1
@@ -302,3 +278,30 @@ def traced(comm: Any = None, **kwargs: Any) -> TracedComm:
         cached = TracedComm(plain)
         plain.Set_attr(_KEYVAL[0], cached)
     return cached
+
+
+#: MPI's own methods a TracedComm passes through, each call counted (``record_call``
+#: under ``"mpi." + name``): the collectives are the oracle of tests and benchmarks
+PASSED_THROUGH = (
+    "Allgather", "Allgatherv", "Allreduce", "Alltoall", "Alltoallv", "Bcast", "Gather",
+    "Reduce", "Reduce_scatter", "Scatter", "Iallreduce", "Ibarrier", "Iprobe",
+    "allgather", "allreduce", "alltoall", "bcast", "gather", "reduce", "scatter",
+    "Abort", "Get_group", "Get_name", "Set_name", "Get_attr", "Set_attr",
+)
+
+
+def _passed_through(name: str) -> Any:
+    def call(self: TracedComm, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return getattr(self.comm, name)(*args, **kwargs)
+        finally:
+            self.stats.record_call("mpi." + name, self.name, time.perf_counter() - t0)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"MPI's ``{name}`` on the wrapped communicator; the call is counted."
+    return call
+
+
+for _name in PASSED_THROUGH:
+    setattr(TracedComm, _name, _passed_through(_name))

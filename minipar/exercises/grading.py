@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from minipar import launch
-from minipar.comm.traced import ANY_SOURCE, ANY_TAG, WATCHDOG_ENV, TracedComm
+from minipar.comm.traced import ANY_SOURCE, ANY_TAG, TracedComm
+from minipar.comm.waiting import WATCHDOG_ENV
 from minipar.exercises import diagnosis, get
 from minipar.exercises.report import Check, Report
 
@@ -75,7 +76,9 @@ class GradingComm(TracedComm):
 
     ``calls`` maps a method name (``"Allreduce"``, ``"bcast"``, ``"send"``)
     to how many times this rank called it.  The call still goes through to
-    MPI, so the learner's result can be right while the algorithm is not.
+    MPI, so the learner's result can be right while the algorithm is not.  Each of
+    :data:`COLLECTIVES` and :data:`UNCOUNTED` is a method of its own (:func:`_spied`),
+    not a ``__getattr__``: what the learner may call is listed, not guessed.
     """
 
     def __init__(self, comm: Any = None, *, calls: Counter[str] | None = None,
@@ -85,13 +88,6 @@ class GradingComm(TracedComm):
         #: the receive posted last (``source``, ``nbytes``, ``itemsize``): what a
         #: "Message truncated" error is about (:func:`minipar.exercises.diagnosis.truncation`)
         self.last: dict = {} if last is None else last
-
-    def __getattr__(self, name: str) -> Any:
-        if name in COLLECTIVES or name in UNCOUNTED:
-            calls = self.__dict__.get("calls")
-            if calls is not None:
-                calls[name] += 1
-        return super().__getattr__(name)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
         self.last.clear()
@@ -106,6 +102,20 @@ class GradingComm(TracedComm):
     def Dup(self) -> GradingComm:
         return GradingComm(self.comm.Dup(), timeout=self.timeout, stats=self.stats,
                            calls=self.calls, last=self.last)
+
+
+def _spied(name: str) -> Any:
+    """``GradingComm.<name>``: count the call, then pass it to MPI unchanged."""
+    def call(self: GradingComm, *args: Any, **kwargs: Any) -> Any:
+        self.calls[name] += 1
+        return getattr(self.comm, name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+for _name in sorted(COLLECTIVES | UNCOUNTED):
+    setattr(GradingComm, _name, _spied(_name))
 
 
 # -- comparing arrays (rank side) ------------------------------------------------

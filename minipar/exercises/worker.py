@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minipar.comm.traced import DEFAULT_WATCHDOG_S, WATCHDOG_ENV
+from minipar.comm.waiting import DEFAULT_WATCHDOG_S, WATCHDOG_ENV
 from minipar.exercises import diagnosis, get
 from minipar.exercises.grading import GradingComm, first_mismatch
 from minipar.exercises.report import CASE_MARK, IMPORT_CASE

@@ -47,7 +47,7 @@ def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto",
     """
     import gc
 
-    from minipar.comm import traced
+    from minipar.comm.traced import traced
     from minipar.memory import measure
     from minipar.parallel.common import loss_weight
     from minipar.parallel.zero import ZeRO, check_allreduce, check_stage

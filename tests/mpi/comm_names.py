@@ -7,7 +7,8 @@ import numpy as np
 from mpi4py import MPI
 
 import minipar.collectives as C
-from minipar.comm import TracedComm, traced
+from minipar.comm import TracedComm
+from minipar.comm.traced import traced
 
 world = TracedComm()
 n, r = world.size, world.rank
