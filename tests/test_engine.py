@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.engine import (
-    Batch, Engine, Piece, SerialEngine, Shard, State, assemble, flat_pieces, load_pieces,
-    read_region, routing_spans, whole)
+    Batch,
+    Engine,
+    Piece,
+    SerialEngine,
+    Shard,
+    State,
+    assemble,
+    flat_pieces,
+    load_pieces,
+    read_region,
+    routing_spans,
+    whole,
+)
 
 
 def _flat_state(g: np.ndarray, cuts: list[int], place: Shard | None = None) -> list[State]:
@@ -16,7 +29,7 @@ def _flat_state(g: np.ndarray, cuts: list[int], place: Shard | None = None) -> l
     place = place or whole("w", g.shape)
     flat = g.reshape(-1)
     out = []
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         st = State()
         st.arrays[("param", "w")] = (Shard("w", g.shape, flat_pieces(place, g.shape, a, b)),
                                      flat[a:b])

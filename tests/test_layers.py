@@ -115,7 +115,6 @@ KNOWN: set[str] = {
     'upward: minipar.comm.pairs imports minipar.collectives._base (layer 1 -> 2)',
     'upward: minipar.comm.pairs imports minipar.collectives.cost (layer 1 -> 2)',
     'upward: minipar.comm.pairs imports minipar.collectives.ring (layer 1 -> 2)',
-    'upward: minipar.parallel.common imports minipar.train (layer 4 -> 8)',
     'upward: minipar.parallel.dp_overlap imports minipar.launch (layer 5 -> 8)',
     'upward: minipar.parallel.expert_load imports minipar.train (layer 5 -> 8)',
     'upward: minipar.plan imports minipar.plan._cli (layer 3 -> 8)',

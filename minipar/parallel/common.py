@@ -36,6 +36,8 @@ import numpy as np
 
 from minipar import data, spans
 from minipar.nn import GPT, GPTConfig
+from minipar.parallel.engine import Batch
+from minipar.parallel.engine import build as engine_build
 from minipar.parallel.parity import PARITY_ATOL, PARITY_RTOL  # noqa: F401 (tests' bounds)
 from minipar.precision import POLICIES
 from minipar.precision import get as get_policy
@@ -98,6 +100,9 @@ class RunSpec:
     experts: int = 0
     top_k: int = 1
     capacity_factor: float = 1.25
+    #: the MoE routing groups of a layout (:func:`minipar.parallel.engine.routing_spans`):
+    #: ``(dp,)`` for data-parallel ranks, ``(dp, m)`` with micro-batches; () = one group
+    routing: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab", "seq"):  # the modular-sum task needs two tokens and two values
@@ -128,6 +133,11 @@ class RunSpec:
                              f"got {self.top_k}")
         if not _real(self.capacity_factor) or not self.capacity_factor > 0:
             raise ValueError(f"--capacity-factor must be > 0, got {self.capacity_factor!r}")
+        if not isinstance(self.routing, tuple) or any(
+                isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1
+                for g in self.routing):
+            raise ValueError(f"routing groups must be a tuple of positive integers, "
+                             f"got {self.routing!r}")
         self.config()  # anything GPTConfig still refuses
 
     @classmethod
@@ -159,6 +169,10 @@ class RunSpec:
     def global_batch(self, step: int) -> tuple[Any, Any]:
         """(tokens, targets) of the whole global batch of ``step``."""
         return data.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab)
+
+    def batch_at(self, step: int) -> Batch:
+        """The global :class:`~minipar.parallel.engine.Batch` of ``step`` (a loop's source)."""
+        return Batch(step, *self.global_batch(step))
 
     def local_batch(self, step: int, rank: int, world: int) -> tuple[Any, Any]:
         """(tokens, targets): rank ``rank``'s rows of the global batch of ``step``."""
@@ -217,22 +231,22 @@ def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> Non
 
 
 def serial_reference(spec: RunSpec, world: int = 1) -> dict[str, Any]:
-    """The serial oracle: ``minipar.train.train`` on the same global batches.
+    """The serial oracle: the serial engine (:class:`minipar.parallel.engine.SerialEngine`)
+    trained on the same global batches.
 
     ``world``: the data-parallel ranks of the run it is compared with.  A
     dense model's oracle is the full batch.  A mixture of experts routes the
     tokens of one forward call as one group (capacity and aux loss are per
     group, :mod:`minipar.nn.moe`), and a rank's group is its own rows, so its
     oracle accumulates ``world`` micro-batches cut like the ranks' rows
-    (``train(micro_batches=world)``): the same groups, computed serially.
+    (routing groups ``(world,)``, or ``spec.routing`` when the spec names them).
     Returns ``{"losses": [float], "params": flat array (param dtype), "states": ModelStates}``.
     """
-    from minipar.train import train
-
     check_world(spec.batch, world)
-    out = train(spec.model(), spec.global_batch, spec.steps, spec.precision, spec.optimizer,
-                spec.seed, micro_batches=world if spec.experts else 1, **spec.opt_kwargs())
-    return {"losses": out["losses"], "params": out["states"].params, "states": out["states"]}
+    routing = spec.routing or ((world,) if spec.experts and world > 1 else ())
+    eng = engine_build(spec, routing=routing if spec.experts else ())
+    losses = [eng.step(spec.batch_at(s)).loss for s in range(spec.steps)]
+    return {"losses": losses, "params": eng.states.params, "states": eng.states}
 
 
 def max_abs_diff(a: Any, b: Any) -> float:

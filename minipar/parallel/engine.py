@@ -56,9 +56,11 @@ serial engine, told the groups a layout makes, routes exactly as it does).
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -167,7 +169,7 @@ def _blocks(a: int, b: int, shape: tuple[int, ...], cuts: list[list[int]]
         return []
     if len(shape) == 1:
         edges = [a] + [c for c in cuts[0] if a < c < b] + [b]
-        return [(lo, hi, (slice(lo, hi),)) for lo, hi in zip(edges, edges[1:])]
+        return [(lo, hi, (slice(lo, hi),)) for lo, hi in itertools.pairwise(edges)]
     inner = math.prod(shape[1:])
     inner_cut = any(c not in ([], [0, n]) for c, n in zip(cuts[1:], shape[1:]))
     out: list[tuple[int, int, tuple[slice, ...]]] = []
@@ -191,7 +193,7 @@ def _blocks(a: int, b: int, shape: tuple[int, ...], cuts: list[list[int]]
         partial(r0, a, first * inner)
     edges = [first] + [c for c in cuts[0] if first < c < last] + [last]
     rest = tuple(slice(0, n) for n in shape[1:])
-    for lo, hi in zip(edges, edges[1:]):
+    for lo, hi in itertools.pairwise(edges):
         out.append((lo * inner, hi * inner, (slice(lo, hi),) + rest))
     if b % inner:
         partial(last, last * inner, b)
@@ -440,3 +442,13 @@ class SerialEngine:
 
     def close(self) -> None:
         pass
+
+
+def build(spec: Any, grid: Any = None, **options: Any) -> SerialEngine:
+    """The serial engine of ``spec`` (:mod:`minipar.parallel.strategies`' row "serial"):
+    the routing groups are ``spec.routing`` (a layout's MoE groups) unless given."""
+    if options.keys() - {"routing"}:
+        raise ValueError(f"the serial engine takes no options {sorted(options.keys() - {'routing'})}")
+    return SerialEngine(spec.model(), spec.precision, spec.optimizer, spec.seed,
+                        routing=options.get("routing", getattr(spec, "routing", ())),
+                        **spec.opt_kwargs())
