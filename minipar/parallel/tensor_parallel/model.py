@@ -144,7 +144,7 @@ def tp_attention_forward(comm: Any, p: dict[str, Any], x: Any, n_head: int,
                          sequence_parallel: bool = False, core: Any = None) -> tuple[Any, tuple]:
     """Self-attention with this rank's n_head/t heads (``n_head``: the model's heads).
     ``core``: another attention core on the local fused qkv (b, s, 3h/t) -> o (b, s, h/t),
-    e.g. context parallelism's :class:`~minipar.parallel.context_parallel.CPAttention`."""
+    e.g. context parallelism's ``CPAttention`` (an object handed in, the hybrid's CP x TP)."""
     _, t = _rank_size(comm)
     h_local = n_head // t
     col = ColumnParallelLinear(comm, sequence_parallel=sequence_parallel)
@@ -254,8 +254,8 @@ def _sum_param_grads(comm: Any, grads: dict[str, Any], names: list[str]) -> None
 
 class TPEmbedUnit(Unit):
     """x = VocabParallelEmbedding(tokens) + pos_emb (SP: my sequence positions only;
-    ``positions``: a context-parallel rank's positions, as
-    :class:`~minipar.parallel.context_parallel.CPEmbedUnit` looks them up)."""
+    ``positions``: a context-parallel rank's positions, as context parallelism's
+    ``CPEmbedUnit`` looks them up)."""
 
     def __init__(self, cfg: GPTConfig, comm: Any, sequence_parallel: bool = False,
                  positions: Any = None) -> None:
