@@ -1,4 +1,4 @@
-"""minipar.comm.pairs: the four conjugate pairs, each backward the adjoint of its forward.
+"""minipar.parallel.mappings: the four conjugate pairs, each backward the adjoint of its forward.
 
 Each world size 1-4 is ONE launch of tests/mpi/pairs_check.py, which runs the
 adjoint (dot-product) test for every pair (float64, lengths divisible by N and
@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from minipar import launch
 from minipar.comm import TracedComm
-from minipar.comm import pairs as P
+from minipar.parallel import mappings as P
 from minipar.plan.collectives import (
     all_gather_volume,
     all_to_all_volume,

@@ -23,7 +23,7 @@ import pytest
 
 from minipar import launch
 from minipar.nn import GPT, GPTConfig
-from minipar.parallel.tensor_parallel import (
+from minipar.parallel.tensor_parallel.layers import (
     check_tp,
     kind_of,
     shard_params,

@@ -10,7 +10,8 @@ friends) times the forward+backward of one block (default d_model 1024, 16 heads
 
 * serial: rank 0 runs the whole block (:class:`minipar.nn.units.BlockUnit`) while the
   others wait;
-* tensor-parallel: every rank runs its slice (:class:`~minipar.parallel.tensor_parallel_gpt.TPBlockUnit`).
+* tensor-parallel: every rank runs its slice
+  (:class:`~minipar.parallel.tensor_parallel.model.TPBlockUnit`).
 
 The two alternate ``--steps`` times after a warm-up (drift on a shared machine hits both
 alike); each figure is the median of the slowest rank's wall-clock seconds, and
@@ -40,8 +41,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.comm import TracedComm
     from minipar.nn import GPT, GPTConfig
     from minipar.nn.units import BlockUnit
-    from minipar.parallel.tensor_parallel import shard_params
-    from minipar.parallel.tensor_parallel_gpt import TPBlockUnit
+    from minipar.parallel.tensor_parallel.layers import shard_params
+    from minipar.parallel.tensor_parallel.model import TPBlockUnit
 
     comm = TracedComm()
     t, r = comm.size, comm.rank

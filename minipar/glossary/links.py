@@ -26,11 +26,11 @@ KINDS = ("modules", "notebooks", "exercises", "commands")
 #: in the data must either exist now or be named here (tests/test_glossary_data.py).
 PLANNED: dict[str, frozenset[str]] = {
     "modules": frozenset(
-        ["minipar.collectives", "minipar.comm.traced", "minipar.comm.topology", "minipar.comm.pairs",
+        ["minipar.collectives", "minipar.comm.traced", "minipar.comm.topology",
          "minipar.launch", "minipar.nn", "minipar.nn.moe", "minipar.optim", "minipar.precision",
          "minipar.memory", "minipar.plan"]
         + [f"minipar.parallel.{m}" for m in (
-            "data_parallel", "parameter_server", "zero", "tensor_parallel", "sequence_parallel",
+            "mappings", "data_parallel", "parameter_server", "zero", "tensor_parallel",
             "expert_parallel", "pipeline", "checkpointing", "offload", "hybrid")]
     ),
     "notebooks": frozenset([

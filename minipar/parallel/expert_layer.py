@@ -15,7 +15,7 @@ of the group: experts c·E/ep … (c+1)·E/ep − 1) and their own tokens:
     a2a #2     combine      (E/ep, Σ_j C_j, d) → (E, C_r, d)   the reverse all-to-all
     combine    (local)      y[n] = Σ_j kept · g_j · out[e_j, slot_j]
 
-The all-to-all is :data:`minipar.comm.pairs.all_to_all` with the expert axis
+The all-to-all is :data:`minipar.parallel.mappings.all_to_all` with the expert axis
 split and the capacity axis concatenated (the (E_local, G·C, d) layout of
 GShard's einsums); combine is that pair's backward, the reverse permutation.
 Backward mirrors it: d(out) (E, C_r, d) goes to the experts' ranks by the
@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 
 from minipar import spans
-from minipar.comm.pairs import all_to_all
 from minipar.nn.gpt import block_backward, block_forward, param_shapes
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_steps import (
@@ -64,6 +63,7 @@ from minipar.nn.moe_steps import (
 )
 from minipar.nn.units import Unit
 from minipar.parallel.expert_config import OPS, expert_ids
+from minipar.parallel.mappings import all_to_all
 
 
 class EPMoE:

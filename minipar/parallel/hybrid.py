@@ -15,7 +15,7 @@ exist, composed — none of their code is repeated here:
   GPipe / 1F1B / interleaved, remat and offload) runs this rank's stage, and its
   units are not the serial ones but
   - tensor-parallel units over ``grid.comm("tp")`` (Megatron's f/g,
-    :func:`~minipar.parallel.tensor_parallel_gpt.tp_gpt_units`), the loss the
+    :func:`~minipar.parallel.tensor_parallel.model.tp_gpt_units`), the loss the
     vocabulary-parallel cross-entropy; ``sequence_parallel=True`` (Korthikanti et al.
     2022, arXiv 2205.05198): the blocks' input is a sequence shard, so that is also what
     travels between stages; or
@@ -113,7 +113,7 @@ class HybridParallel(HybridZero, PipelineParallel):
         cfg, grid = self.cfg, self.grid
         if self.t > 1 and self.cp > 1:  # the TP block's attention core: the CP core
             from minipar.parallel.context_parallel import CPAttention
-            from minipar.parallel.tensor_parallel_gpt import TPBlockUnit, TPEmbedUnit, TPHeadUnit
+            from minipar.parallel.tensor_parallel.model import TPBlockUnit, TPEmbedUnit, TPHeadUnit
 
             tp = grid.comm("tp")
             core = CPAttention(grid.comm("cp"), self.cp_kind, self.cp_layout,
@@ -122,7 +122,7 @@ class HybridParallel(HybridZero, PipelineParallel):
                     *(TPBlockUnit(cfg, tp, i, core=core) for i in range(cfg.n_layer)),
                     TPHeadUnit(cfg, tp))
         if self.t > 1:
-            from minipar.parallel.tensor_parallel_gpt import tp_gpt_units
+            from minipar.parallel.tensor_parallel.model import tp_gpt_units
 
             return tp_gpt_units(cfg, grid.comm("tp"), self.sp)
         if self.cp > 1:
@@ -143,7 +143,7 @@ class HybridParallel(HybridZero, PipelineParallel):
     def stage_params(self) -> dict[str, Any]:
         full = self.spec.initial_params()
         if self.t > 1:
-            from minipar.parallel.tensor_parallel import shard_params
+            from minipar.parallel.tensor_parallel.layers import shard_params
 
             full = shard_params(full, self.cfg, self.t, self.grid.coord("tp"))
         names = [n for units in self.chunk_units for u in units for n in u.full_names]
@@ -165,14 +165,14 @@ class HybridParallel(HybridZero, PipelineParallel):
     def loss_forward(self, logits: Any, targets: Any) -> tuple[float, Any]:
         if self.t == 1:
             return super().loss_forward(logits, targets)
-        from minipar.parallel.vocab_parallel_loss import vocab_parallel_cross_entropy_forward
+        from minipar.parallel.tensor_parallel.layers import vocab_parallel_cross_entropy_forward
 
         return vocab_parallel_cross_entropy_forward(self.grid.comm("tp"), logits, targets)
 
     def loss_backward(self, saved: Any, scale: float) -> Any:
         if self.t == 1:
             return super().loss_backward(saved, scale)
-        from minipar.parallel.vocab_parallel_loss import vocab_parallel_cross_entropy_backward
+        from minipar.parallel.tensor_parallel.layers import vocab_parallel_cross_entropy_backward
 
         return vocab_parallel_cross_entropy_backward(saved, scale)
 
@@ -233,7 +233,7 @@ class HybridParallel(HybridZero, PipelineParallel):
     def full_params(self) -> Any:
         """The whole model, flat in the serial order, on every rank (a report: the pickled
         all-gather on the world's own communicator is not counted)."""
-        from minipar.parallel.tensor_parallel import unshard_params
+        from minipar.parallel.tensor_parallel.layers import unshard_params
 
         flat = self.states.params
         if self.zero == 2:

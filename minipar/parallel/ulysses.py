@@ -16,7 +16,7 @@ full sequence), and the reverse all-to-all trades back:
     qkv (b, s/P, 3, H, d_h)  --a2a-->  (b, s, 3, H/P, d_h)   attention of my heads
     o   (b, s, H/P, d_h)     --a2a⁻¹-> (b, s/P, H, d_h)      back to my positions
 
-Both are :data:`minipar.comm.pairs.all_to_all` (split the heads, join the
+Both are :data:`minipar.parallel.mappings.all_to_all` (split the heads, join the
 sequence; the output goes the other way, i.e. the pair's ``backward``), and
 the layer's backward runs the same two in reverse order, each as its
 adjoint.  Q, K and V travel in one message (the fused QKV projection's
@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from minipar.comm.pairs import all_to_all
 from minipar.nn.attention import attention_core_backward, attention_core_forward
+from minipar.parallel.mappings import all_to_all
 
 __all__ = ["OP", "bytes_per_rank", "ulysses_attention_backward",
            "ulysses_attention_forward"]

@@ -63,7 +63,7 @@ def activation_bytes_per_layer(
 
 
 #: minipar's block (no dropout) for the modes it measures
-#: (:func:`minipar.parallel.sequence_parallel.activation_bytes_per_block`)
+#: (:func:`minipar.parallel.tensor_parallel.measure.activation_bytes_per_block`)
 MINIPAR_ACTIVATION_MODES: tuple[str, ...] = ("none", "tp", "tp+sp")
 
 

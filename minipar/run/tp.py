@@ -6,12 +6,12 @@ Launcher side: ``--tp`` (default: the largest t dividing N that the model cuts; 
 says when that is 1) and ``--dp`` (default N / tp), and the
 checks that name the numbers before MPI starts: dp·tp = N, heads, the MLP width 4·d and
 the vocabulary divisible by tp (and, for ``run sp``, the sequence), a row of the batch
-for every dp rank.  Rank side: :class:`minipar.parallel.tensor_parallel_train.TensorParallel`
+for every dp rank.  Rank side: :class:`minipar.parallel.tensor_parallel.engine.TensorParallel`
 trains ``--steps`` steps (Shoeybi et al. 2019, arXiv 1909.08053) and :func:`measure`
 reports, per rank, the bytes the blocks' f and g sent per step next to the ring formula
 on b·s·h elements (2 all-reduces forward + 2 backward per block:
 4L × 2(t−1)/t × b·s·h × bytes), the bytes by grid axis (tp, dp) next to their exact
-figures (:meth:`~minipar.parallel.tensor_parallel_train.TensorParallel.tp_axis_bytes_formula`,
+figures (:func:`~minipar.parallel.tensor_parallel.measure.tp_axis_bytes_formula`,
 the dp ring all-reduce of Ψ/t), and the activations one
 block saved (a ledger of its ``saved`` arrays) next to minipar's formula and the paper's
 (:func:`minipar.plan.activations.minipar_activation_formula`).  ``minipar run sp``
@@ -108,22 +108,31 @@ def measure_grid(options: dict[str, Any], spec: Any, sp: bool) -> dict[str, Any]
     from mpi4py import MPI
 
     from minipar.comm.topology import Grid
-    from minipar.parallel.tensor_parallel_train import BLOCK_OPS, TensorParallel
+    from minipar.parallel.tensor_parallel.engine import TensorParallel
+    from minipar.parallel.tensor_parallel.measure import (
+        BLOCK_OPS,
+        BlockLedger,
+        block_bytes_formula,
+        bytes_by_op,
+        tp_axis_bytes_formula,
+    )
     from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
 
     check_sizes(options, spec, sp)  # on every rank too, before the grid's Split
     dp, t = grid_sizes(options, spec, sp)
     grid = Grid(MPI.COMM_WORLD, dp=dp, tp=t)
-    run = TensorParallel(grid, spec, sp)
+    book = BlockLedger()
+    run = TensorParallel(grid, spec, sp, hooks=book.hooks)
     losses = run.train()
     flat = run.full_params()
-    by_op = run.bytes_by_op()
+    by_op = bytes_by_op(grid.world.stats, run.steps_done)
     steps = max(1, run.steps_done)
     axes = {a: b / steps for a, b in grid.bytes_by_axis().items() if b}
     blocks = sum(by_op.get(op, 0) for op in BLOCK_OPS)
-    dense = [b for i, b in enumerate(run.block_ledger) if not run.cfg.is_moe_block(i)]
-    mine = (blocks, run.block_bytes_formula(), axes, by_op, run.rows(),
-            dense[0] if dense else None, run.tp_axis_bytes_formula())
+    dense = [b for i, b in enumerate(book.blocks) if not run.cfg.is_moe_block(i)]
+    sizes = (run.cfg, run.rows(), spec.seq, t, run.tp.rank, run.states.params.itemsize)
+    mine = (blocks, block_bytes_formula(*sizes), axes, by_op, run.rows(),
+            dense[0] if dense else None, None if sp else tp_axis_bytes_formula(*sizes))
     rows = grid.world.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
     if grid.rank != 0:
         return None

@@ -7,13 +7,13 @@ weight W1 (h x d_ff) is cut by **columns**, the second W2 (d_ff x h) by
 **rows**, so GELU stays local and one all-reduce (g) sums the row-parallel
 outputs; f (identity forward, all-reduce backward) sits before the block.
 :func:`ownership` is who holds which entry (rank r: columns / rows
-r·d_ff/t … (r+1)·d_ff/t, the slices :mod:`minipar.parallel.tensor_parallel`
+r·d_ff/t … (r+1)·d_ff/t, the slices :mod:`minipar.parallel.tensor_parallel.layers`
 cuts); :func:`slicing` draws it, :func:`fg_diagram` places f and g.
 
 :func:`traffic_bars` sets counted bytes next to a formula (input: rows of
 ``{"what", "measured", "formula"}``); :func:`activation_lines` draws the
 activation memory per block measured by
-:func:`minipar.parallel.sequence_parallel.activation_bytes_per_block` against
+:func:`minipar.parallel.tensor_parallel.measure.activation_bytes_per_block` against
 minipar's formula and Korthikanti et al.'s (2022, arXiv 2205.05198, Table 2):
 sbh(34 + 5as/h), sbh(10 + 24/t + 5as/(ht)), sbh(34/t + 5as/(ht)).
 """

@@ -1,4 +1,4 @@
-"""All checks of minipar.comm.pairs for one world size, in one launch.
+"""All checks of minipar.parallel.mappings for one world size, in one launch.
 
 Run by tests/test_pairs.py as ``launch.run(N, this file)``; rank 0 prints
 ``PAIRS-SUMMARY N=<N> checks=<k> failures=<f>`` and the first failures, and
@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from minipar import spans
 from minipar.comm import TracedComm
-from minipar.comm import pairs as P
+from minipar.parallel import mappings as P
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank

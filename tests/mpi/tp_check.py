@@ -31,19 +31,25 @@ from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.parity import compare
-from minipar.parallel.sequence_parallel import split_sequence
-from minipar.parallel.tensor_parallel import (
+from minipar.parallel.tensor_parallel.engine import TensorParallel
+from minipar.parallel.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
     gather_params,
     split_columns,
     split_rows,
+    split_sequence,
     vocab_parallel_cross_entropy_backward,
     vocab_parallel_cross_entropy_forward,
 )
-from minipar.parallel.tensor_parallel_gpt import TensorParallelGPT
-from minipar.parallel.tensor_parallel_train import TensorParallel
+from minipar.parallel.tensor_parallel.measure import (
+    BLOCK_OPS,
+    block_bytes_formula,
+    bytes_by_op,
+    tp_axis_bytes_formula,
+)
+from minipar.parallel.tensor_parallel.model import TensorParallelGPT
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
@@ -198,14 +204,17 @@ def train(spec: RunSpec, dp: int, sp: bool, what: str) -> None:
     init = spec.initial_params()
     v = compare(losses, ser["losses"], flat, ser["params"], FlatParams.like(init).flatten(init))
     check(v.status == "equal", f"{what}: {v.line()}")
-    by_op = run.bytes_by_op()
-    blocks = sum(by_op.get(op, 0) for op in ("tp_f", "tp_g", "sp_f", "sp_g"))
-    check(blocks == run.block_bytes_formula(), f"{what}: blocks' f and g sent {blocks} bytes "
-          f"per step, exact formula {run.block_bytes_formula()}")
+    by_op = bytes_by_op(grid.world.stats, run.steps_done)
+    blocks = sum(by_op.get(op, 0) for op in BLOCK_OPS)
+    sizes = (run.cfg, run.rows(), spec.seq, run.tp.size, run.tp.rank, run.states.params.itemsize)
+    exact = block_bytes_formula(*sizes)
+    check(blocks == exact, f"{what}: blocks' f and g sent {blocks} bytes "
+          f"per step, exact formula {exact}")
     if not sp and N // dp > 1:  # the whole tp axis: blocks, embedding, head, the loss
         tp_axis = grid.bytes_by_axis()["tp"] / run.steps_done
-        check(tp_axis == run.tp_axis_bytes_formula(), f"{what}: tp axis sent {tp_axis} bytes "
-              f"per step, exact formula {run.tp_axis_bytes_formula()}")
+        exact = tp_axis_bytes_formula(*sizes)
+        check(tp_axis == exact, f"{what}: tp axis sent {tp_axis} bytes "
+              f"per step, exact formula {exact}")
     grid.free()
 
 

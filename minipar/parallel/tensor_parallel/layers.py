@@ -19,16 +19,16 @@ partition-independent initialisation (``GPT(cfg).init(seed)`` then :func:`shard_
 * ``VocabParallelEmbedding``: rank r holds the rows of vocabulary ids
   [r·V/t, (r+1)·V/t); ids outside give zero rows, and g sums the ranks' rows.
 * vocab-parallel cross-entropy on column-parallel logits z_r (N, V/t): no rank ever
-  holds the full (N, V) logits (:mod:`minipar.parallel.vocab_parallel_loss`, re-exported).
+  holds the full (N, V) logits (the last section of this file).
 
-Sequence parallelism (Korthikanti et al. 2022, :mod:`minipar.parallel.sequence_parallel`)
+Sequence parallelism (Korthikanti et al. 2022, :mod:`minipar.parallel.tensor_parallel.model`)
 is an option of the same layers (``sequence_parallel=True``): f becomes an all-gather
 along the sequence (the input arrives as a sequence shard) and g a reduce-scatter along
 it; the column-parallel layer then saves only its sequence shard of X and all-gathers it
 again in backward (op ``"sp_regather"``), as Megatron does, so the saved activations are
-1/t of TP's.
+1/t of TP's; :func:`split_sequence` cuts a rank's positions.
 
-Every communication is one of the conjugate pairs (:mod:`minipar.comm.pairs`), counted
+Every communication is one of the conjugate pairs (:mod:`minipar.parallel.mappings`), counted
 under the pair's name (``tp_f``, ``tp_g``, ``sp_f``, ``sp_g``) or the ``op`` a layer is
 given (the embedding and head use their own names, so that a block's count stays
 "2 all-reduces forward + 2 backward").  Tests: tests/test_tensor_parallel.py (each layer
@@ -41,27 +41,26 @@ from typing import Any
 
 import numpy as np
 
-from minipar.collectives import _base as B
+from minipar import spans
+from minipar.backend import xp
+from minipar.collectives import allreduce
 from minipar.collectives.ring import all_gather
-from minipar.comm.pairs import (
+from minipar.comm import traced
+from minipar.nn._dtype import down, matmul, up
+from minipar.nn.gpt import param_shapes
+from minipar.nn.gpt_config import GPTConfig
+from minipar.nn.layers import bias_backward, bias_forward, embedding_backward
+from minipar.parallel.mappings import (
     copy_to_parallel,
     gather_from_sequence,
     reduce_from_parallel,
     scatter_to_sequence,
 )
-from minipar.nn._dtype import matmul
-from minipar.nn.gpt import param_shapes
-from minipar.nn.gpt_config import GPTConfig
-from minipar.nn.layers import bias_backward, bias_forward, embedding_backward
-from minipar.parallel.vocab_parallel_loss import (
-    vocab_parallel_cross_entropy_backward,
-    vocab_parallel_cross_entropy_forward,
-)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
            "check_tp", "gather_params", "kind_of", "shard_params", "split_columns",
-           "split_rows", "unshard_params", "vocab_parallel_cross_entropy_backward",
-           "vocab_parallel_cross_entropy_forward"]
+           "split_rows", "split_sequence", "unshard_params",
+           "vocab_parallel_cross_entropy_backward", "vocab_parallel_cross_entropy_forward"]
 
 
 # ---------------------------------------------------------------------------- checks, slicing
@@ -97,6 +96,12 @@ def split_columns(a: Any, t: int, r: int, parts: int = 1) -> Any:
 def split_rows(a: Any, t: int, r: int) -> Any:
     """Rank r's rows (first axis) of ``a``, cut in t equal blocks."""
     return np.ascontiguousarray(np.split(a, t, axis=0)[r])
+
+
+def split_sequence(x: Any, t: int, r: int, axis: int = 1) -> Any:
+    """Rank r's positions of ``x`` along ``axis`` (the ``numpy.array_split`` rule)."""
+    lo, hi = spans.span(x.shape[axis], t, r)
+    return np.ascontiguousarray(np.take(x, np.arange(lo, hi), axis=axis))
 
 
 def kind_of(name: str) -> str:
@@ -152,7 +157,7 @@ def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, An
 
 def gather_params(comm: Any, shard: dict[str, Any], cfg: GPTConfig) -> dict[str, Any]:
     """The full parameters on every rank of ``comm`` (pickled all-gather: reporting only)."""
-    c = B.traced(comm)
+    c = traced(comm)
     with c.operation("report"):
         shards = c.comm.allgather(shard)
     return unshard_params(shards, cfg)
@@ -161,7 +166,7 @@ def gather_params(comm: Any, shard: dict[str, Any], cfg: GPTConfig) -> dict[str,
 # --------------------------------------------------------------------------- helpers
 def _gather_last(comm: Any, x: Any, op: str) -> Any:
     """All-gather along the last axis (rank order): the columns of every rank."""
-    c = B.traced(comm)
+    c = traced(comm)
     with c.operation(op):
         full = all_gather(c, np.moveaxis(x, -1, 0))
     return np.ascontiguousarray(np.moveaxis(full, 0, -1))
@@ -268,7 +273,7 @@ class VocabParallelEmbedding:
 
     def forward(self, p: dict[str, Any], ids: Any) -> tuple[Any, tuple]:
         table = p["table"]
-        lo = B.traced(self.comm).rank * table.shape[0]
+        lo = traced(self.comm).rank * table.shape[0]
         local = ids - lo
         outside = (local < 0) | (local >= table.shape[0])
         local[outside] = 0
@@ -288,3 +293,49 @@ class VocabParallelEmbedding:
             dy = np.array(reduce_from_parallel.backward(self.comm, dy, op=self.op), copy=True)
         dy[outside] = 0
         return None, {"table": embedding_backward((local, shape, dtype), dy)}
+
+
+# ------------------------------------------------------------ vocab-parallel cross-entropy
+# Megatron-LM (Shoeybi et al. 2019, §3: "fuse the output embedding GEMM with the
+# cross-entropy loss", ``vocab_parallel_cross_entropy``).  Rank r of t holds the
+# column-parallel logits z_r (N, V/t) of vocabulary ids [r·V/t, (r+1)·V/t).  With
+# m = max over ranks of max_j z (all-reduce max), then one all-reduce sum of
+# (S_r, z_target,r) -- S = Σ_r Σ_j e^{z−m}, z_target from the one rank that owns the id:
+#
+#     loss = mean_n [ log S_n − (z_{n,target} − m_n) ],   dz_r = (e^{z_r−m}/S − onehot_r)/N,
+#
+# the serial minipar.nn.loss exactly.  Messages: N + 2N numbers, counted under ``tp_ce``.
+def vocab_parallel_cross_entropy_forward(comm: Any, logits: Any, targets: Any,
+                                         op: str = "tp_ce") -> tuple[float, tuple]:
+    """Mean cross-entropy from this rank's vocabulary columns ``logits`` (..., V/t) and the
+    full ``targets`` (...); two all-reduces of N and 2N numbers (N = targets.size)."""
+    c = traced(comm)
+    vl = logits.shape[-1]
+    lo = c.rank * vl
+    z = up(logits).reshape(-1, vl)
+    t = targets.reshape(-1)
+    n = z.shape[0]
+    with c.operation(op):
+        m = allreduce(c, z.max(axis=-1), "max", "ring")
+    e = z - m[:, None]
+    xp.exp(e, out=e)
+    mine = (t >= lo) & (t < lo + vl)
+    rows = xp.arange(n)
+    zt = xp.where(mine, z[rows, xp.where(mine, t - lo, 0)] - m, 0.0)
+    with c.operation(op):
+        s_zt = allreduce(c, xp.stack([e.sum(axis=-1), zt]), "sum", "ring")
+    s, zt = s_zt[0], s_zt[1]
+    loss = float((xp.log(s) - zt).mean())
+    e /= s[:, None]  # this rank's columns of the softmax
+    return loss, (e, t - lo, mine, logits.shape, logits.dtype)
+
+
+def vocab_parallel_cross_entropy_backward(saved: tuple, dloss: float = 1.0) -> Any:
+    """dL/dz on this rank's columns: dloss · (softmax_r − onehot_r) / N (no message)."""
+    p, local, mine, shape, dtype = saved
+    n = p.shape[0]
+    g = p.copy()
+    rows = xp.nonzero(mine)[0]
+    g[rows, local[rows]] -= 1.0
+    g *= float(dloss) / n
+    return down(g.reshape(shape), dtype)

@@ -1,0 +1,232 @@
+"""Measuring tensor and sequence parallelism: bytes sent and activations kept — измерение
+тензорного параллелизма и параллелизма по последовательности — 张量并行与序列并行的测量.
+
+EN tensor / sequence parallelism, measured · RU тензорный параллелизм и параллелизм по
+последовательности: измерения · ZH 张量并行与序列并行：测量
+
+The formulas the tests check against the counters, and the activation ledger
+(Shoeybi et al. 2019, arXiv 1909.08053; Korthikanti et al. 2022, arXiv 2205.05198).
+Bytes per rank per step (ring, b = my rows, s = sequence, h = d_model, L blocks,
+e = bytes per element):
+
+    tp axis, blocks:  L × 4 all-reduces of b·s·h elements  ≈ 4L × 2(t−1)/t × b·s·h·e
+                      (exact: :func:`tp_block_bytes_formula`; a MoE block's MLP f and g
+                      carry its E·C·h expert buffers instead: :func:`block_bytes_formula`)
+    tp axis, whole:   the blocks, the embedding's g and the head's f (b·s·h each), the
+                      vocab-parallel loss's b·s and 2·b·s numbers (:func:`tp_axis_bytes_formula`)
+    dp axis:          one all-reduce of my slice's Ψ/t gradients ≈ 2(d−1)/d × (Ψ/t)·e
+
+(SP moves the blocks' same bytes as all-gathers and reduce-scatters, plus the re-gather
+of the saved shard in backward and the small all-reduce of the sequence-split parameters'
+gradients.)
+
+Activation memory per block, 16-bit (Korthikanti et al., Table 2, with dropout) against
+minipar's own formula (no dropout; :func:`minipar.plan.activations.minipar_activation_formula`,
+which lists which saved array is which term):
+
+    mode     paper                   minipar
+    none     sbh(34 + 5as/h)         sbh(40 + 2as/h) + 8sb
+    tp       sbh(10 + 24/t + 5as/(ht))   sbh(8 + 32/t + 2as/(ht)) + 8sb
+    tp+sp    sbh(34/t + 5as/(ht))    sbh(40/t + 2as/(ht)) + 8sb/t
+
+:func:`activation_bytes_per_block` measures one block on each rank two ways: a *ledger*
+(the bytes of the distinct arrays its ``saved`` keeps alive, a view counted as its base)
+and *tracemalloc* (memory still allocated after the forward, its output dropped);
+tests/test_sequence_parallel.py checks both against minipar's formula within 2%.
+
+:class:`BlockLedger` takes the same ledger of every block during a training step (hand
+its ``hooks`` to :class:`~minipar.parallel.tensor_parallel.engine.TensorParallel`).
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from typing import Any
+
+import numpy as np
+
+from minipar.collectives.cost import allreduce_bytes_sent
+from minipar.comm import traced
+from minipar.nn import GPT, executor
+from minipar.nn._dtype import compute_dtype
+from minipar.nn.gpt_config import GPTConfig
+from minipar.nn.moe_steps import expert_capacity
+from minipar.nn.units import BlockUnit
+from minipar.parallel.tensor_parallel.layers import shard_params, split_sequence
+from minipar.parallel.tensor_parallel.model import TPBlockUnit
+from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
+
+__all__ = ["BLOCK_OPS", "MODES", "BlockLedger", "activation_bytes_per_block",
+           "block_bytes_formula", "bytes_by_op", "calls_by_op", "ledger", "saved_arrays",
+           "tp_axis_bytes_formula", "tp_block_bytes_formula"]
+
+#: the blocks' collectives: TP's f and g, SP's all-gather and reduce-scatter
+BLOCK_OPS = ("tp_f", "tp_g", "sp_f", "sp_g")
+#: what :func:`activation_bytes_per_block` measures
+MODES = ("none", "tp", "tp+sp")
+
+
+# ----------------------------------------------------------------------------- bytes sent
+def tp_block_bytes_formula(n_layer: int, b: int, s: int, h: int, t: int, rank: int,
+                           itemsize: int) -> int:
+    """Exact bytes rank ``rank`` of ``t`` sends per step in the blocks' f and g:
+    n_layer × 4 ring all-reduces of b·s·h elements (the SP pairs send the same)."""
+    return 4 * n_layer * allreduce_bytes_sent(b * s * h, itemsize, t, rank, "ring")
+
+
+def block_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int,
+                        itemsize: int) -> int:
+    """Exact ring figure of the blocks' f and g for rank ``rank`` of ``t`` (b rows, s
+    positions): b·s·h elements each, but a MoE block's MLP f and g carry its expert
+    buffers, E·C·h elements (C = :func:`~minipar.nn.moe_steps.expert_capacity` of the
+    replica's b·s·k assignments)."""
+    h = cfg.d_model
+    moe = sum(cfg.is_moe_block(i) for i in range(cfg.n_layer))
+    dense = tp_block_bytes_formula(cfg.n_layer - moe, b, s, h, t, rank, itemsize)
+    if not moe:
+        return dense
+    buffers = cfg.n_experts * expert_capacity(b * s * cfg.top_k, cfg.n_experts,
+                                              cfg.capacity_factor) * h
+    ring = allreduce_bytes_sent  # 2 on b·s·h (attention) + 2 on the buffers (experts)
+    return dense + moe * 2 * (ring(b * s * h, itemsize, t, rank, "ring")
+                              + ring(buffers, itemsize, t, rank, "ring"))
+
+
+def tp_axis_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int,
+                          itemsize: int) -> int:
+    """Exact bytes rank ``rank`` of ``t`` sends per step over ``tp`` under TP (not SP):
+    the blocks' f and g, the embedding's g and the head's f (one ring all-reduce of
+    b·s·h each), and the vocab-parallel loss's all-reduces of b·s and 2·b·s numbers in
+    the compute dtype."""
+    h, ic = cfg.d_model, compute_dtype(cfg.dtype).itemsize
+    ring = allreduce_bytes_sent
+    return (block_bytes_formula(cfg, b, s, t, rank, itemsize)
+            + 2 * ring(b * s * h, itemsize, t, rank, "ring")
+            + ring(b * s, ic, t, rank, "ring") + ring(2 * b * s, ic, t, rank, "ring"))
+
+
+def bytes_by_op(stats: Any, steps: int) -> dict[str, float]:
+    """Bytes sent per step, by operation, from a communicator's counters (``stats``)."""
+    n = max(1, steps)
+    return {op: s.bytes_sent / n for op, s in stats.ops.items() if s.bytes_sent}
+
+
+def calls_by_op(stats: Any, steps: int) -> dict[str, float]:
+    """Calls per step, by operation (an all-reduce, all-gather, ... is one call)."""
+    n = max(1, steps)
+    return {op: s.calls / n for op, s in stats.ops.items() if s.calls}
+
+
+# ----------------------------------------------------------------------- activations kept
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def saved_arrays(saved: Any) -> list[np.ndarray]:
+    """The distinct arrays ``saved`` keeps alive: every array in it (dicts, tuples, lists
+    walked), each replaced by the array that owns its memory, each counted once."""
+    out: dict[int, np.ndarray] = {}
+    stack = [saved]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, np.ndarray):
+            if s.dtype != object:
+                r = _root(s)
+                out[id(r)] = r
+        elif isinstance(s, dict):
+            stack.extend(s.values())
+        elif isinstance(s, (tuple, list)):
+            stack.extend(s)
+    return list(out.values())
+
+
+def ledger(saved: Any) -> int:
+    """Bytes of the arrays a block's ``saved`` keeps for its backward (views counted once)."""
+    return sum(int(a.nbytes) for a in saved_arrays(saved))
+
+
+class _LedgerHooks(executor.Hooks):
+    """The serial hooks, and the bytes each block's ``saved`` holds (its activations)."""
+
+    def __init__(self, params: dict[str, Any], book: list[int]) -> None:
+        super().__init__(params)
+        self.book = book
+
+    def on_saved(self, unit: Any, saved: Any, x: Any) -> Any:
+        if unit.name.startswith("block"):
+            self.book.append(ledger(saved))
+        return saved
+
+
+class BlockLedger:
+    """The bytes each block's ``saved`` held in the last step, in block order (``blocks``).
+
+    ``TensorParallel(grid, spec, hooks=book.hooks)``: every step builds its executor
+    hooks through :meth:`hooks`, which starts a new list."""
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []
+
+    def hooks(self, params: dict[str, Any]) -> executor.Hooks:
+        """The serial hooks on ``params`` that also note each block's saved bytes."""
+        self.blocks = []
+        return _LedgerHooks(params, self.blocks)
+
+
+def activation_bytes_per_block(comm: Any, cfg: GPTConfig, batch: int,
+                               mode: str = "tp+sp", seed: int = 0) -> dict[str, Any]:
+    """Measure the activations one block keeps on this rank (t = the size of ``comm``).
+
+    Runs block 0 of ``GPT(cfg)`` (its parameters sliced for this rank) on a random
+    input of ``batch`` x ``cfg.block_size`` positions (this rank's shard under SP), once
+    to warm caches, then once measured.  Returns ``{"ledger", "tracemalloc", "formula",
+    "paper", "s", "b", "h", "a", "t", "mode"}``, bytes on this rank.  ``mode`` "none" is
+    the serial block (t must be 1).  Collective for "tp" and "tp+sp": every rank calls it.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+    c = traced(comm)
+    t, r = c.size, c.rank
+    if mode == "none" and t != 1:
+        raise ValueError(f"mode 'none' is the serial block: run it on 1 rank, not {t}")
+    if cfg.n_experts:
+        raise ValueError("activation_bytes_per_block measures a dense block (n_experts = 0)")
+    s, h, a = cfg.block_size, cfg.d_model, cfg.n_head
+    one = GPTConfig(**{**cfg.__dict__, "n_layer": 1})
+    full = GPT(GPTConfig(**{**one.__dict__, "dtype": "float64"})).init(seed)
+    if mode == "none":
+        unit: Any = BlockUnit(one, 0)
+        p = {k: v.astype(one.dtype) for k, v in unit.params(full).items()}
+    else:
+        unit = TPBlockUnit(one, c, 0, sequence_parallel=mode == "tp+sp")
+        p = {k: v.astype(one.dtype) for k, v in
+             unit.params(shard_params(full, one, t, r)).items()}
+    x = np.random.default_rng(seed).standard_normal((batch, s, h)).astype(one.dtype)
+    if mode == "tp+sp":
+        x = split_sequence(x, t, r)
+    y, saved = unit.forward(p, x)  # warm-up: the causal mask cache, first-call allocations
+    del y, saved
+    gc.collect()
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        y, saved = unit.forward(p, x)
+        del y
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+        book = ledger(saved)
+        del saved
+    finally:
+        if started:
+            tracemalloc.stop()
+    tt = 1 if mode == "none" else t
+    return {"ledger": book, "tracemalloc": int(held),
+            "formula": minipar_activation_formula(s, batch, h, a, tt, mode,
+                                                  np.dtype(one.dtype).itemsize),
+            "paper": activation_bytes_per_layer(s, batch, h, a, tt, mode),
+            "s": s, "b": batch, "h": h, "a": a, "t": tt, "mode": mode}
