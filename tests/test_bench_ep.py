@@ -6,7 +6,7 @@ The study's drop rates are checked against what capacity means: a higher capacit
 factor never drops more, C = ceil(N/E x cf), and at cf 0.5 (E x C = N/2 slots) at
 least half of the assignments are dropped.  The drop rates themselves (Switch's
 "typically < 1%" at cf 1.25 once balanced) are measured, not asserted: they are in
-minipar/parallel/expert_load.py's docstring and notebook 08.
+minipar/parallel/expert_parallel/measure.py's docstring and notebook 08.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_routing_table_adds_up() -> None:
     never drops more; a dense model is refused."""
     from minipar.nn import GPT, GPTConfig
     from minipar.nn.moe_steps import expert_capacity
-    from minipar.parallel.expert_load import routing_table
+    from minipar.parallel.expert_parallel.measure import routing_table
 
     cfg = GPTConfig(vocab_size=10, block_size=8, n_layer=2, n_head=2, d_model=16,
                     n_experts=4, top_k=2)

@@ -36,16 +36,18 @@ from minipar.nn.blockwise_attention import (
     blockwise_attention,
     merge_attention,
 )
-from minipar.parallel import cp_layout
 from minipar.parallel.common import RunSpec
-from minipar.parallel.cp_layout import Sharding
-from minipar.parallel.cp_measure import (
+from minipar.parallel.context_parallel import layout as cp_layout
+from minipar.parallel.context_parallel.layout import Sharding
+from minipar.parallel.context_parallel.measure import (
     attention_activation_formula,
     attention_activation_tracemalloc,
+    ring_backward_bytes,
+    ring_forward_bytes,
+    score_elements,
     serial_attention_activation,
+    ulysses_bytes_per_rank,
 )
-from minipar.parallel.ring_attention import backward_bytes, forward_bytes, score_elements
-from minipar.parallel.ulysses import bytes_per_rank
 from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
@@ -144,13 +146,14 @@ def test_zigzag_positions_and_balanced_causal_work() -> None:
 @pytest.mark.parametrize("P", [1, 2, 3, 4, 8])
 def test_byte_formulas_match_the_papers(P: int) -> None:
     b, s, d, H = 3, 48, 24, 24
-    assert forward_bytes(b, s, d, P, 2) == ring_attention_bytes_per_rank(s, b, d, P, 2)
-    assert backward_bytes(b, s, d, P, 2, 4) == (0 if P == 1 else
-                                                2 * (P - 1) * b * s * d // P * 2
-                                                + 2 * P * b * s * d // P * 4)
+    assert ring_forward_bytes(b, s, d, P, 2) == ring_attention_bytes_per_rank(s, b, d, P, 2)
+    assert ring_backward_bytes(b, s, d, P, 2, 4) == (0 if P == 1 else
+                                                     2 * (P - 1) * b * s * d // P * 2
+                                                     + 2 * P * b * s * d // P * 4)
     per_link = ulysses_alltoall_elements_per_link(b * s, d, P)  # 4Nh/P
     for r in range(P):
-        assert bytes_per_rank(b, s, d, H, P, r, 2) == pytest.approx(per_link * (P - 1) / P * 2)
+        want = per_link * (P - 1) / P * 2
+        assert ulysses_bytes_per_rank(b, s, d, H, P, r, 2) == pytest.approx(want)
 
 
 def test_activation_formulas_against_the_serial_ledger() -> None:

@@ -8,7 +8,7 @@ data parallelism ep = 1, uneven rows), each judged by the shared verdict
 against ``serial_reference(spec, N)`` (GShard's local groups: one micro-batch
 per data-parallel rank), with drops > 0 asserted and the bytes counted on the
 ep, edp and dp communicators equal to the exact formula
-(:mod:`minipar.parallel.expert_config`; ``minipar.plan.moe``'s figure for
+(:func:`minipar.parallel.expert_parallel.measure.alltoall_bytes`; ``minipar.plan.moe``'s figure for
 top-1).  In-process: the formula by hand, the checks' sentences, and one
 rank's EP block bit-identical to the serial block.
 """
@@ -28,7 +28,8 @@ from mpi4py import MPI
 from minipar import launch
 from minipar.nn import GPT
 from minipar.parallel.common import RunSpec
-from minipar.parallel.expert_config import OPS, alltoall_bytes, capacities, check_ep, expert_ids
+from minipar.parallel.expert_parallel.layout import OPS, capacities, check_ep, expert_ids
+from minipar.parallel.expert_parallel.measure import alltoall_bytes
 
 SCRIPT = str(Path(__file__).parent / "mpi" / "ep_check.py")
 
@@ -95,7 +96,7 @@ def test_one_rank_ep_block_is_the_serial_block_bit_for_bit() -> None:
     """On one rank the all-to-alls are copies: the EP GPT's loss and every gradient equal
     the serial GPT's exactly (the same functions, the same order)."""
     from minipar.nn import executor
-    from minipar.parallel.expert_parallel import EPHooks, ExpertParallel
+    from minipar.parallel.expert_parallel.engine import EPHooks, ExpertParallel
 
     spec = RunSpec(experts=4, top_k=2, capacity_factor=0.75, batch=4, steps=1)
     eng = ExpertParallel(MPI.COMM_SELF, spec)
@@ -170,7 +171,7 @@ def test_saved_holds_activations_only_and_a_rank_holds_only_its_experts() -> Non
     """No array the EP units save shares memory with the rank's flat parameter buffer
     (the contract of minipar.nn: backward is handed its parameters again)."""
     from minipar.nn import executor
-    from minipar.parallel.expert_parallel import EPHooks, ExpertParallel
+    from minipar.parallel.expert_parallel.engine import EPHooks, ExpertParallel
 
     spec = RunSpec(experts=4, top_k=2, capacity_factor=1.0, batch=4, steps=1)
     eng = ExpertParallel(MPI.COMM_SELF, spec)

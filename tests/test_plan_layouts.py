@@ -328,8 +328,9 @@ def test_stage_params_and_bytes_per_axis_for_a_small_gpt():
                                                         ("none", 2, 4)])
 def test_ring_cp_bytes_are_what_ring_attention_sends(remat: str, itemsize: int, acc: int):
     """cp: per layer and micro-batch the forward's K, V hops (c − 1), the backward's K, V
-    hops again and dK, dV one hop more (c), as ring_attention.backward_bytes counts them."""
-    from minipar.parallel.ring_attention import backward_bytes, forward_bytes
+    hops again and dK, dV one hop more (c), as context_parallel.measure's
+    ring_backward_bytes counts them."""
+    from minipar.parallel.context_parallel.measure import ring_backward_bytes, ring_forward_bytes
 
     model = gpt_model(4, 16, 8, 8, heads=4)  # minipar run hybrid's model: s 8, h 16
     lay = Layout(1, 1, 2, 2, 0, remat, 2, 4)  # pp 2 x cp 2, b 2, m 4: 2 layers a stage
@@ -338,7 +339,7 @@ def test_ring_cp_bytes_are_what_ring_attention_sends(remat: str, itemsize: int, 
     fwd = 2 if remat == "full" else 1
     per_layer = fwd * 2 * (2 - 1) * E * itemsize + 2 * (2 - 1) * E * itemsize + 2 * 2 * E * acc
     assert got["bytes"] == 4 * 2 * per_layer
-    assert per_layer == fwd * forward_bytes(2, 8, 16, 2, itemsize) + backward_bytes(
+    assert per_layer == fwd * ring_forward_bytes(2, 8, 16, 2, itemsize) + ring_backward_bytes(
         2, 8, 16, 2, itemsize, acc)
     if itemsize == 8 and remat == "none":
         assert got["bytes"] == 65_536  # counted by minipar run hybrid --cp 2 --pp 2 -n 4

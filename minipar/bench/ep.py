@@ -12,7 +12,7 @@ a shared machine hits all alike; median of ``--steps``, after a warm-up):
   experts — equal *active* parameters per token for top-1 (a token passes
   through one expert of the same shape as the MLP; the MoE holds E times the
   FFN parameters but computes about the same per token, plus the router);
-* **MoE, EP on N ranks**: :class:`~minipar.parallel.expert_parallel.ExpertParallel`
+* **MoE, EP on N ranks**: :class:`~minipar.parallel.expert_parallel.engine.ExpertParallel`
   with ep = N (E/N experts per rank, tokens by all-to-all; the dense layers
   data-parallel), the slowest rank's step;
 * **MoE, DP on N ranks**: the same with ep = 1, every rank all E experts
@@ -34,7 +34,7 @@ elements); EP on 2 ranks 1.16-1.51 s wall, 0.45-0.52 s CPU: **1.96-2.20x
 wall, 1.99-2.10x CPU**.  A third run (19:15 UTC, --steps 3, with the DP row): MoE 1 rank
 1.72 s wall / 1.07 s CPU, EP 2 ranks 1.29 / 0.55 (1.33x wall, 1.93x CPU), DP 2
 ranks 1.93 / 0.67: EP 1.49x wall, 1.20x CPU faster than DP.  Then, in this process, the capacity
-table of :func:`minipar.parallel.expert_load.load_study`: dropped tokens per
+table of :func:`minipar.parallel.expert_parallel.measure.load_study`: dropped tokens per
 capacity factor 0.5 … 2.0 at initialisation and after training with each
 auxiliary-loss coefficient (``--capacity-steps 0`` skips it).
 
@@ -57,7 +57,7 @@ PROG = "minipar bench ep"
 
 
 def _traffic(comm: Any, spec: Any, ep: int | None) -> dict[str, Any] | None:
-    from minipar.parallel.expert_parallel import ExpertParallel
+    from minipar.parallel.expert_parallel.engine import ExpertParallel
     from minipar.plan.moe import moe_alltoall_bytes_per_rank
 
     eng = ExpertParallel(comm, spec, ep)
@@ -81,7 +81,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
     from minipar.comm import TracedComm
     from minipar.parallel.common import RunSpec
-    from minipar.parallel.expert_parallel import ExpertParallel
+    from minipar.parallel.expert_parallel.engine import ExpertParallel
 
     comm = TracedComm()
     spec = RunSpec(**o["spec"])
@@ -160,7 +160,7 @@ def measure_traffic(n: int, ep: int | None = None, experts: int = 4, top_k: int 
     step.  ``spec``: other :class:`~minipar.parallel.common.RunSpec` fields."""
     from minipar import launch
     from minipar.parallel.common import RunSpec
-    from minipar.parallel.expert_config import check_ep
+    from minipar.parallel.expert_parallel.layout import check_ep
 
     s = RunSpec(**{"batch": max(8, n), **spec, "experts": experts, "top_k": top_k,
                    "capacity_factor": capacity_factor, "steps": steps})
@@ -194,7 +194,7 @@ def main(argv: list[str]) -> int:
         try:
             spec = check_bench_options(vars(a)).with_(
                 experts=a.experts, top_k=a.top_k, capacity_factor=a.capacity_factor)
-            from minipar.parallel.expert_config import check_ep
+            from minipar.parallel.expert_parallel.layout import check_ep
 
             check_ep(a.experts, a.top_k, a.capacity_factor, a.ranks, a.ranks)
         except ValueError as e:
@@ -212,7 +212,7 @@ def main(argv: list[str]) -> int:
         return launch.report(PROG, e, a.debug)
     study = None
     if a.capacity_steps:
-        from minipar.parallel.expert_load import load_study
+        from minipar.parallel.expert_parallel.measure import load_study
 
         study = load_study(a.experts, a.top_k, a.capacity_steps,
                            aux_loss_coefs=(0.0, 0.01, 0.1))
@@ -248,7 +248,7 @@ def main(argv: list[str]) -> int:
           f"tokens instead of all-reducing the experts' gradients, and each rank holds and "
           f"updates 1/{a.ranks} of the experts")
     if study is not None:
-        from minipar.parallel.expert_load import format_study
+        from minipar.parallel.expert_parallel.measure import format_study
 
         print(f"\nserial MoE GPT (d 32, {a.capacity_steps} steps per router, E = {a.experts}, "
               f"top-{a.top_k}), a held-out batch of 512 tokens as one group:")

@@ -110,7 +110,7 @@ PS_HEADER, PS_GRAD, PS_PARAM = (PARAMETER_SERVER.tag(i) for i in range(3))
 COLLECTIVES = [
     "ring_allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
     "all_to_all", "naive_allreduce", "recursive_doubling_allreduce", "tree_allreduce",
-    "ring_attention",  # K/V blocks around the context-parallel ring (parallel/ring_attention.py)
+    "ring_attention",  # K/V blocks around the cp ring (parallel/context_parallel/ring_attention.py)
 ]
 MAX_COLLECTIVES = 16  # signatures have room for this many
 #: reduction ops, in signature order

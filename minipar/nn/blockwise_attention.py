@@ -7,7 +7,7 @@ Milakov & Gimelshein 2018, "Online normalizer calculation for softmax",
 arXiv 1805.02867; Rabe & Staats 2021, "Self-attention does not need O(n²)
 memory", arXiv 2112.05682; Dao et al. 2022, FlashAttention, arXiv 2205.14135
 (its backward: FlashAttention-2, Dao 2023, arXiv 2307.08691).  Ring attention
-(Liu et al. 2023, arXiv 2310.01889; :mod:`minipar.parallel.ring_attention`)
+(Liu et al. 2023, arXiv 2310.01889; :mod:`minipar.parallel.context_parallel.ring_attention`)
 is this module with the key blocks on other ranks.
 
 Attention of one query over *all* keys is a softmax over their scores

@@ -94,7 +94,7 @@ class HybridParallel(HybridZero, PipelineParallel):
         self.cfg = spec.config()
         self.positions = np.arange(spec.seq)
         if self.cp > 1:
-            from minipar.parallel.cp_layout import sharding
+            from minipar.parallel.context_parallel.layout import sharding
 
             self.cp_layout = sharding(spec.seq, self.cp, cp_kind, cp_kind == "ring")
             self.positions = self.cp_layout.positions(grid.coord("cp"))
@@ -112,7 +112,7 @@ class HybridParallel(HybridZero, PipelineParallel):
     def units(self) -> Any:
         cfg, grid = self.cfg, self.grid
         if self.t > 1 and self.cp > 1:  # the TP block's attention core: the CP core
-            from minipar.parallel.context_parallel import CPAttention
+            from minipar.parallel.context_parallel.model import CPAttention
             from minipar.parallel.tensor_parallel.model import TPBlockUnit, TPEmbedUnit, TPHeadUnit
 
             tp = grid.comm("tp")
@@ -126,12 +126,12 @@ class HybridParallel(HybridZero, PipelineParallel):
 
             return tp_gpt_units(cfg, grid.comm("tp"), self.sp)
         if self.cp > 1:
-            from minipar.parallel.context_parallel import cp_units
+            from minipar.parallel.context_parallel.model import cp_units
 
             return cp_units(cfg, grid.comm("cp"), self.cp_kind, self.cp_layout)
         if self.ep > 1:
-            from minipar.parallel.expert_config import capacities
-            from minipar.parallel.expert_layer import EPBlockUnit, EPMoE
+            from minipar.parallel.expert_parallel.layer import EPBlockUnit, EPMoE
+            from minipar.parallel.expert_parallel.layout import capacities
 
             tokens = self.spec.batch // (grid.size("dp") * self._m) * self.spec.seq
             caps = capacities(cfg.n_experts, cfg.capacity_factor, [tokens] * self.ep, cfg.top_k)

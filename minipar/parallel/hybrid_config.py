@@ -84,7 +84,7 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
     check_pipeline(spec.layers, pp, micro_batches, schedule, chunks, balance,
                    spans.counts(spec.batch, dp)[-1], remat)
     if cp > 1:
-        from minipar.parallel.cp_layout import check
+        from minipar.parallel.context_parallel.layout import check
 
         if sequence_parallel and tp > 1:
             raise ValueError(f"cp = {cp} with sequence parallelism (tp = {tp}): both cut the "
@@ -95,7 +95,7 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
                              "takes a whole number of its tensor slice's heads")
         check(spec.seq, spec.heads // tp, cp, cp_kind, cp_kind == "ring", spec.experts)
     if ep > 1:
-        from minipar.parallel.expert_config import check_ep
+        from minipar.parallel.expert_parallel.layout import check_ep
 
         check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, dp * cp)
         if tp > 1:
@@ -160,12 +160,19 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
         else:
             out["pp_p2p"] += sends * act * itemsize
         if P > 1 and cp_kind == "ring":
-            from minipar.parallel.ring_attention import backward_bytes, forward_bytes
+            from minipar.parallel.context_parallel.measure import (
+                ring_backward_bytes as backward_bytes,
+            )
+            from minipar.parallel.context_parallel.measure import (
+                ring_forward_bytes as forward_bytes,
+            )
 
             out["cp"] += ((blocks + recomputed) * forward_bytes(b, s, h // t, P, itemsize)
                           + blocks * backward_bytes(b, s, h // t, P, itemsize))
         elif P > 1:
-            from minipar.parallel.ulysses import bytes_per_rank
+            from minipar.parallel.context_parallel.measure import (
+                ulysses_bytes_per_rank as bytes_per_rank,
+            )
 
             out["cp"] += (2 * blocks + recomputed) * bytes_per_rank(
                 b, s, h // t, spec.heads // t, P, coords["cp"], itemsize)

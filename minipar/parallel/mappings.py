@@ -76,8 +76,8 @@ from minipar import spans
 from minipar.collectives import allreduce, cost
 from minipar.collectives.alltoall import all_to_all as _all_to_all
 from minipar.collectives.ring import all_gather, reduce_scatter
-from minipar.comm import traced
 from minipar.comm.tags import dtype_code
+from minipar.comm.traced import traced
 
 __all__ = ["PAIRS", "PER_RANK", "REPLICATED", "AllToAll", "CopyToParallel", "GatherFromSequence",
            "Pair", "ReduceFromParallel", "ScatterToSequence", "adjoint_sides", "all_to_all",

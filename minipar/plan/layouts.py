@@ -34,7 +34,8 @@ last stage (the embedding and the head; middle stages hold less):
   (Ulysses: a/c heads × s², the same bytes); minipar's ring attention
   (``cp_kind="ring"``, formula "minipar") keeps no scores, only the log-sum-exp,
   b·a·(s/c) elements (its o is the output projection's input, already counted;
-  :mod:`minipar.parallel.cp_measure`) — plus, under full recomputation, one layer recomputed whole during backward.
+  :mod:`minipar.parallel.context_parallel.measure`) — plus, under full recomputation,
+  one layer recomputed whole during backward.
   Embedding, output-layer and workspace buffers are not counted.
 
 A layout fits when that total is at most the GPU's memory.  Step time and

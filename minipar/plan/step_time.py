@@ -40,7 +40,8 @@ node — tensor parallelism placed across servers — gets one NIC's worth):
   backward the same K, V hops plus their accumulators dK, dV, which travel
   with them and take one hop more to come home: c·2·b·(s/c)·(h/t) elements in
   the compute dtype (fp32 for 16-bit storage), c messages (what
-  :func:`minipar.parallel.ring_attention.backward_bytes` counts); full remat + 1 forward;
+  :func:`minipar.parallel.context_parallel.measure.ring_backward_bytes` counts);
+  full remat + 1 forward;
 - pp: per micro-batch the activation forward and its gradient backward,
   b·(s/c)·h/t each (PTD-P's scatter/gather: each tensor rank sends its 1/t;
   :func:`~minipar.plan.pipeline.pipeline_p2p_bytes_per_rank`);

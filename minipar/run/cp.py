@@ -6,15 +6,16 @@ Launcher side: ``--kind`` (``ulysses``: DeepSpeed-Ulysses, Jacobs et al.
 2023, arXiv 2309.14509; ``ring``: ring attention, Liu et al. 2023, arXiv
 2310.01889) and ``--zigzag/--no-zigzag`` (the ring's causal load balance, on
 by default), checked before MPI starts by
-:func:`minipar.parallel.cp_layout.check`: the sequence must divide by cp
+:func:`minipar.parallel.context_parallel.layout.check`: the sequence must divide by cp
 (2·cp with zigzag), the heads by cp for Ulysses.  Every rank is one rank of
 the grid's ``cp`` axis and holds the whole batch's rows, its part of the
-sequence.  Rank side: :func:`minipar.parallel.cp_measure.measure` trains and
+sequence.  Rank side: :func:`minipar.parallel.context_parallel.measure.measure` trains and
 counts; :func:`measure` reports per rank the bytes sent per step by
 operation and by axis next to the exact formula, one layer's attention
 bytes next to the paper's figure, and the attention activation bytes per
 layer — a ledger of what the core saved, and tracemalloc's count of what one
-core forward keeps alive (:func:`minipar.parallel.cp_measure.attention_activation_tracemalloc`)
+core forward keeps alive
+(:func:`minipar.parallel.context_parallel.measure.attention_activation_tracemalloc`)
 — next to the formula (the serial layer's / P for Ulysses; q, k, v, o and lse
 of s/P positions for the ring) and the serial layer's.
 """
@@ -24,7 +25,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-KINDS = ("ulysses", "ring")  # minipar.parallel.cp_layout.KINDS (a test checks they agree)
+#: minipar.parallel.context_parallel.layout.KINDS (a test checks they agree)
+KINDS = ("ulysses", "ring")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +47,7 @@ def zigzag(options: dict[str, Any]) -> bool:
 
 def check(options: dict[str, Any], spec: Any) -> None:
     """Launcher side: sequence (and heads, for Ulysses) divisible by the cp ranks."""
-    from minipar.parallel.cp_layout import check as cp_check
+    from minipar.parallel.context_parallel.layout import check as cp_check
 
     cp_check(spec.seq, spec.heads, options["ranks"], options.get("kind", "ring"),
              zigzag(options), spec.experts)
@@ -56,7 +58,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     from mpi4py import MPI
 
     from minipar.comm import TracedComm
-    from minipar.parallel.cp_measure import measure as cp_measure
+    from minipar.parallel.context_parallel.measure import measure as cp_measure
 
     comm = TracedComm(MPI.COMM_WORLD)
     kind = options.get("kind", "ring")

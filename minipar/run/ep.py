@@ -5,10 +5,10 @@ EN expert parallelism · RU параллелизм экспертов · ZH 专�
     minipar run ep -n 4 --experts 4 --top-k 2 --capacity-factor 1.0 [--ep 2] [--json]
 
 Launcher side: ``--ep`` (ranks per expert-parallel group, default ``-n``)
-and :func:`minipar.parallel.expert_config.check_ep` (a mixture of experts,
+and :func:`minipar.parallel.expert_parallel.layout.check_ep` (a mixture of experts,
 E divisible by ep, top-k 1 or 2 and at most E, capacity factor > 0, ep
 dividing the ranks), before MPI starts.  Rank side:
-:class:`minipar.parallel.expert_parallel.ExpertParallel` trains ``--steps``
+:class:`minipar.parallel.expert_parallel.engine.ExpertParallel` trains ``--steps``
 steps (GShard, arXiv 2006.16668: tokens to their experts' ranks by
 all-to-all and back; dense gradients all-reduced over all ranks, experts'
 over their replicas) and :func:`measure` reports, besides the verdict against
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(options: dict[str, Any], spec: Any) -> None:
     """Launcher side: a row of the batch per rank, and :func:`check_ep`."""
     from minipar.parallel.common import check_world
-    from minipar.parallel.expert_config import check_ep
+    from minipar.parallel.expert_parallel.layout import check_ep
 
     n = options["ranks"]
     check_world(spec.batch, n)
@@ -61,7 +61,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     from minipar.comm import TracedComm
     from minipar.nn import GPT
     from minipar.parallel.data_parallel import replica_model_state_bytes
-    from minipar.parallel.expert_parallel import ExpertParallel
+    from minipar.parallel.expert_parallel.engine import ExpertParallel
     from minipar.plan.moe import moe_alltoall_bytes_per_rank
 
     comm = TracedComm(MPI.COMM_WORLD)

@@ -18,7 +18,7 @@ while the total grows with E.  The functions:
   computed, seconds timed (best of ``repeats``);
 * :func:`sparsity` — total vs active parameters per token as E grows;
 * :func:`compute_per_token` — :func:`layer_costs`' rows as bars;
-* :func:`moe_stats` — one row of ``minipar.parallel.expert_load.routing_table``
+* :func:`moe_stats` — one row of ``minipar.parallel.expert_parallel.measure.routing_table``
   as ``GPT.moe_stats``-like dicts, for :func:`minipar.viz.model.expert_load`;
 * :func:`drop_curve` — dropped share of assignments against the capacity factor,
   before and after training, with Switch's "< 1 %" at factor 1.25 marked;

@@ -32,23 +32,23 @@ from minipar.comm import TracedComm
 from minipar.nn import GPT
 from minipar.nn.attention import attention_core_backward, attention_core_forward, merge_heads
 from minipar.optim import FlatParams
-from minipar.parallel import ulysses
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.context_parallel import ContextParallel
-from minipar.parallel.cp_layout import Sharding
-from minipar.parallel.cp_measure import (
+from minipar.parallel.context_parallel import ulysses
+from minipar.parallel.context_parallel.engine import ContextParallel
+from minipar.parallel.context_parallel.layout import Sharding
+from minipar.parallel.context_parallel.measure import (
     attention_activation_formula,
     attention_activation_tracemalloc,
     measure,
+    ring_forward_bytes,
+    score_elements,
     serial_attention_activation,
 )
-from minipar.parallel.parity import compare
-from minipar.parallel.ring_attention import (
-    forward_bytes,
+from minipar.parallel.context_parallel.ring_attention import (
     ring_attention_backward,
     ring_attention_forward,
-    score_elements,
 )
+from minipar.parallel.parity import compare
 from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
@@ -150,7 +150,7 @@ for kind, zz in CONFIGS:
           f"{name}: bytes by axis {m['bytes_by_axis']}")
     fwd = m["attention_forward_bytes_per_layer"]
     if kind == "ring":
-        want = forward_bytes(spec.batch, s, spec.d_model, N, 8)
+        want = ring_forward_bytes(spec.batch, s, spec.d_model, N, 8)
         check(fwd == want == ring_attention_bytes_per_rank(s, spec.batch, spec.d_model, N, 8),
               f"{name}: one layer forward sent {fwd}, formula {want}")
     else:

@@ -45,7 +45,7 @@ from minipar import spans
 from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.collectives.ring import all_gather
-from minipar.comm import traced
+from minipar.comm.traced import traced
 from minipar.nn._dtype import down, matmul, up
 from minipar.nn.gpt import param_shapes
 from minipar.nn.gpt_config import GPTConfig

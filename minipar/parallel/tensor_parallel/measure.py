@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from minipar.collectives.cost import allreduce_bytes_sent
-from minipar.comm import traced
+from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
 from minipar.nn._dtype import compute_dtype
 from minipar.nn.gpt_config import GPTConfig

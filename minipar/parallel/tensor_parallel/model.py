@@ -70,7 +70,7 @@ import numpy as np
 from minipar import spans
 from minipar.backend import xp
 from minipar.collectives import allreduce
-from minipar.comm import traced
+from minipar.comm.traced import traced
 from minipar.nn import executor
 from minipar.nn._dtype import up
 from minipar.nn.attention import (

@@ -3,7 +3,7 @@
 EN context parallelism: bytes and activation memory, measured · RU контекстный
 параллелизм: байты и память активаций, измеренные · ZH 上下文并行：实测字节与激活内存
 
-What :mod:`minipar.parallel.context_parallel` claims, as numbers next to the
+What :mod:`minipar.parallel.context_parallel.engine` claims, as numbers next to the
 formulas (b batch rows, s sequence, d model width, H heads, P = cp ranks,
 i bytes per element, L layers, Ψ parameters):
 
@@ -19,10 +19,13 @@ operation              exact formula (P divides s, and H for Ulysses)      paper
 ``cp_loss_allreduce``  ring all-reduce of one float64
 =====================  ==================================================  =======================
 
-(Ulysses: :func:`minipar.parallel.ulysses.bytes_per_rank`; ring:
-:func:`~minipar.parallel.ring_attention.forward_bytes` /
-:func:`~minipar.parallel.ring_attention.backward_bytes`, the paper's is
+(Ulysses: :func:`ulysses_bytes_per_rank`; ring: :func:`ring_forward_bytes` /
+:func:`ring_backward_bytes`, the paper's is
 :func:`minipar.plan.activations.ring_attention_bytes_per_rank`.)
+
+**Causal work per rank** (:func:`score_elements`): the scores q·k a rank
+computes per (row, head) in a forward; zigzag gives every rank (2P+1)·c².
+
 
 **Attention activation memory per rank per layer** — the bytes of the
 distinct buffers the attention core saves for its backward (a ledger,
@@ -58,11 +61,13 @@ from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
 from minipar.nn._dtype import compute_dtype
-from minipar.parallel import ulysses
-from minipar.parallel.context_parallel import OP_GRADS, OP_LOSS, ContextParallel, CPAttention
-from minipar.parallel.cp_layout import sharding
-from minipar.parallel.ring_attention import OP as RING_OP
-from minipar.parallel.ring_attention import backward_bytes, forward_bytes, score_elements
+from minipar.parallel.context_parallel import ulysses
+from minipar.parallel.context_parallel.engine import OP_GRADS, OP_LOSS, ContextParallel
+from minipar.parallel.context_parallel.layout import Sharding, sharding
+from minipar.parallel.context_parallel.model import CPAttention
+from minipar.parallel.context_parallel.ring_attention import OP as RING_OP
+from minipar.parallel.context_parallel.ring_attention import block_pairs
+from minipar.parallel.mappings import all_to_all
 from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
@@ -71,8 +76,44 @@ from minipar.plan.activations import (
 __all__ = ["attention_activation_formula", "attention_activation_tracemalloc",
            "attention_bytes_per_layer", "measure",
            "measured_attention_activation", "paper_attention_bytes",
-           "serial_attention_activation", "step_bytes_formula"]
+           "ring_backward_bytes", "ring_forward_bytes", "score_elements",
+           "serial_attention_activation", "step_bytes_formula", "ulysses_bytes_per_rank"]
 
+
+
+def ring_forward_bytes(b: int, s: int, d: int, P: int, itemsize: int) -> int:
+    """Bytes one rank sends in one layer's ring forward: 2(P−1)·b·(s/P)·d·itemsize."""
+    return 2 * (P - 1) * b * (s // P) * d * itemsize
+
+
+def ring_backward_bytes(b: int, s: int, d: int, P: int, itemsize: int,
+                        acc_itemsize: int | None = None) -> int:
+    """Bytes one rank sends in one layer's ring backward: K, V P−1 hops, dK, dV P hops
+    (``acc_itemsize``: the accumulators' compute dtype; default ``itemsize``)."""
+    if P == 1:
+        return 0
+    e = b * (s // P) * d
+    return 2 * (P - 1) * e * itemsize + 2 * P * e * (acc_itemsize or itemsize)
+
+
+def ulysses_bytes_per_rank(b: int, s: int, d: int, n_head: int, P: int, rank: int,
+                           itemsize: int) -> int:
+    """Bytes ``rank`` sends in one layer's Ulysses forward (the backward sends the same),
+    exactly: the QKV all-to-all plus the output's reverse one (``AllToAll.bytes_sent``)."""
+    dh = d // n_head
+    qkv = all_to_all.bytes_sent((b, s, 3, n_head, dh), itemsize, P, rank,
+                                split_axis=3, concat_axis=1)[0]
+    out = all_to_all.bytes_sent((b, s, n_head, dh), itemsize, P, rank,
+                                split_axis=2, concat_axis=1)[1]
+    return qkv + out
+
+
+def score_elements(layout: Sharding, rank: int) -> int:
+    """Scores q·k one rank computes per (batch row, head) in a ring forward: its causal work
+    (the block pairs :func:`~minipar.parallel.context_parallel.ring_attention.block_pairs`
+    gives it, over every rank's keys)."""
+    return sum((q.stop - q.start) * (k.stop - k.start)
+               for j in range(layout.P) for q, k, _, _ in block_pairs(layout, rank, j))
 
 def attention_activation_formula(kind: str, b: int, s: int, d: int, H: int, P: int,
                                  itemsize: int, compute_itemsize: int | None = None) -> int:
@@ -138,11 +179,11 @@ def attention_bytes_per_layer(cp: ContextParallel) -> dict[str, int]:
     """Exact bytes this rank sends per layer for attention: forward and backward."""
     spec, P, i = cp.spec, cp.world, np.dtype(cp.cfg.dtype).itemsize
     if cp.kind == "ulysses":
-        f = ulysses.bytes_per_rank(spec.batch, spec.seq, spec.d_model, spec.heads, P, cp.rank, i)
+        f = ulysses_bytes_per_rank(spec.batch, spec.seq, spec.d_model, spec.heads, P, cp.rank, i)
         return {"forward": f, "backward": f}
     ic = compute_dtype(cp.cfg.dtype).itemsize
-    return {"forward": forward_bytes(spec.batch, spec.seq, spec.d_model, P, i),
-            "backward": backward_bytes(spec.batch, spec.seq, spec.d_model, P, i, ic)}
+    return {"forward": ring_forward_bytes(spec.batch, spec.seq, spec.d_model, P, i),
+            "backward": ring_backward_bytes(spec.batch, spec.seq, spec.d_model, P, i, ic)}
 
 
 def step_bytes_formula(cp: ContextParallel) -> dict[str, int]:

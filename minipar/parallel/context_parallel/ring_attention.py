@@ -22,9 +22,10 @@ queries see only the blocks j <= r: it computes (r+1)·(s/P)² scores per head,
 so rank P−1 does P times rank 0's work and everyone waits for it.  Cut the
 sequence into 2P chunks of c = s/(2P) and give rank r chunks r and 2P−1−r:
 they see r+1 and 2P−r key chunks, **(2P+1)·c² scores per head on every rank**
-(:func:`score_elements`; the positions: :class:`~minipar.parallel.cp_layout.Sharding`).
-Block pairs entirely above the diagonal are skipped
-(:func:`~minipar.nn.blockwise_attention.block_visible`).
+(:func:`~minipar.parallel.context_parallel.measure.score_elements`; the positions:
+:class:`~minipar.parallel.context_parallel.layout.Sharding`).
+Block pairs entirely above the diagonal are skipped (:func:`block_pairs`,
+:func:`~minipar.nn.blockwise_attention.block_visible`).
 
 **Backward.**  Each rank keeps q, k, v, o and lse of its own tokens.  The K/V
 blocks travel the ring again, now with the accumulators dK, dV of their owner:
@@ -36,6 +37,9 @@ every dK, dV home.
 
     forward   2(P−1)·E                (K and V, P−1 hops)  == plan's ring_attention_bytes_per_rank
     backward  2(P−1)·E  +  2P·E       (K, V again; dK, dV one hop more, in the compute dtype)
+
+(:func:`~minipar.parallel.context_parallel.measure.ring_forward_bytes`,
+:func:`~minipar.parallel.context_parallel.measure.ring_backward_bytes`).
 
 Messages carry the tag of the blocking collective ``"ring_attention"``
 (:mod:`minipar.comm.tags`), so a rank that calls something else is named at
@@ -49,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from minipar.backend import xp
-from minipar.collectives import _base as B
+from minipar.comm.tags import collective_tag
+from minipar.comm.traced import traced
 from minipar.nn._dtype import compute_dtype, down
 from minipar.nn.blockwise_attention import (
     attention_block_backward,
@@ -57,15 +62,14 @@ from minipar.nn.blockwise_attention import (
     block_visible,
     merge_attention,
 )
-from minipar.parallel.cp_layout import Sharding
+from minipar.parallel.context_parallel.layout import Sharding
 
-__all__ = ["OP", "Sharding", "backward_bytes", "forward_bytes", "ring_attention_backward",
-           "ring_attention_forward", "score_elements"]
+__all__ = ["OP", "block_pairs", "ring_attention_backward", "ring_attention_forward"]
 
 OP = "ring_attention"
 
 
-def _pairs(layout: Sharding, me: int, other: int) -> list[tuple[slice, slice, int, int]]:
+def block_pairs(layout: Sharding, me: int, other: int) -> list[tuple[slice, slice, int, int]]:
     """(my query slice, their key slice, q_offset, k_offset) for every block pair with work."""
     out, qa = [], 0
     for qs, qn in layout.chunks(me):
@@ -78,14 +82,8 @@ def _pairs(layout: Sharding, me: int, other: int) -> list[tuple[slice, slice, in
     return out
 
 
-def score_elements(layout: Sharding, rank: int) -> int:
-    """Scores q·k one rank computes per (batch row, head) in a forward: its causal work."""
-    return sum((q.stop - q.start) * (k.stop - k.start)
-               for j in range(layout.P) for q, k, _, _ in _pairs(layout, rank, j))
-
-
 def _ring(comm: Any) -> tuple[Any, int, int, int, int]:
-    c = B.traced(comm)
+    c = traced(comm)
     return c, c.size, c.rank, (c.rank + 1) % c.size, (c.rank - 1) % c.size
 
 
@@ -102,7 +100,7 @@ def ring_attention_forward(comm: Any, q: Any, k: Any, v: Any,
     o = xp.zeros(q.shape, dtype=compute_dtype(q.dtype))
     lse = xp.full(q.shape[:3], -xp.inf, dtype=o.dtype)
     kv = np.ascontiguousarray(np.stack([k, v]))  # one message: (2, B, H, t, d_h)
-    tag = B.tag_for(OP, kv.dtype)
+    tag = collective_tag(OP, kv.dtype)
     with c.operation(OP):
         for i in range(P):
             j = (r - i) % P  # whose K/V block I hold now
@@ -110,7 +108,7 @@ def ring_attention_forward(comm: Any, q: Any, k: Any, v: Any,
             if i < P - 1:  # the next block is in flight while I compute with this one
                 nxt = np.empty(kv.shape, kv.dtype)
                 reqs = [c.Irecv(nxt, left, tag), c.Isend(kv, right, tag)]
-            for qs, ks, qo, ko in _pairs(layout, r, j):
+            for qs, ks, qo, ko in block_pairs(layout, r, j):
                 ob, lb = attention_block_forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
                                                  qo, ko)
                 o[:, :, qs], lse[:, :, qs] = merge_attention(o[:, :, qs], lse[:, :, qs], ob, lb)
@@ -129,7 +127,7 @@ def ring_attention_backward(comm: Any, saved: tuple, do: Any) -> tuple[Any, Any,
     dq = xp.zeros(q.shape, dtype=cd)
     kv = np.ascontiguousarray(np.stack([k, v]))
     dkv = np.zeros(kv.shape, dtype=cd)  # the visiting block's dK, dV, travelling with it
-    tag, dtag = B.tag_for(OP, kv.dtype), B.tag_for(OP, dkv.dtype)
+    tag, dtag = collective_tag(OP, kv.dtype), collective_tag(OP, dkv.dtype)
     with c.operation(OP):
         for i in range(P):
             j = (r - i) % P
@@ -137,7 +135,7 @@ def ring_attention_backward(comm: Any, saved: tuple, do: Any) -> tuple[Any, Any,
             if i < P - 1:
                 nxt = np.empty(kv.shape, kv.dtype)
                 reqs = [c.Irecv(nxt, left, tag), c.Isend(kv, right, tag)]
-            for qs, ks, qo, ko in _pairs(layout, r, j):
+            for qs, ks, qo, ko in block_pairs(layout, r, j):
                 a, b, g = attention_block_backward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
                                                    o[:, :, qs], lse[:, :, qs], do[:, :, qs], qo, ko)
                 dq[:, :, qs] += a
@@ -153,17 +151,3 @@ def ring_attention_backward(comm: Any, saved: tuple, do: Any) -> tuple[Any, Any,
     dt = q.dtype
     return down(dq, dt), down(dkv[0], dt), down(dkv[1], dt)
 
-
-def forward_bytes(b: int, s: int, d: int, P: int, itemsize: int) -> int:
-    """Bytes one rank sends in one layer's ring forward: 2(P−1)·b·(s/P)·d·itemsize."""
-    return 2 * (P - 1) * b * (s // P) * d * itemsize
-
-
-def backward_bytes(b: int, s: int, d: int, P: int, itemsize: int,
-                   acc_itemsize: int | None = None) -> int:
-    """Bytes one rank sends in one layer's ring backward: K, V P−1 hops, dK, dV P hops
-    (``acc_itemsize``: the accumulators' compute dtype; default ``itemsize``)."""
-    if P == 1:
-        return 0
-    e = b * (s // P) * d
-    return 2 * (P - 1) * e * itemsize + 2 * P * e * (acc_itemsize or itemsize)

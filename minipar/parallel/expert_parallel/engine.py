@@ -10,7 +10,7 @@ b_r / B (:mod:`minipar.parallel.common`).  The grid
 (:class:`minipar.comm.topology.Grid` ``(comm, dp=N, ep=ep)``) cuts them into
 blocks of ``ep`` ranks; inside a block each rank holds E/ep of every MoE
 layer's experts and tokens travel to them by all-to-all
-(:mod:`minipar.parallel.expert_layer`: dispatch → a2a → experts → a2a →
+(:mod:`minipar.parallel.expert_parallel.layer`: dispatch → a2a → experts → a2a →
 combine, fixed-capacity (E, C, d) buffers, and why); ``edp`` groups the ranks
 that hold the same experts in the other blocks.  4 ranks, ep = 2, E = 4::
 
@@ -26,7 +26,8 @@ to do when ep = N).  Both with :func:`minipar.collectives.allreduce` (auto).
 Each rank's parameters and optimizer states are the dense ones and its own
 experts' only: (dense + expert/ep) instead of the whole model, in one flat
 buffer with the dense parameters first and the rank's experts after them, so
-that each all-reduce takes one contiguous span.
+that each all-reduce takes one contiguous span (:func:`dense_then_experts`,
+:func:`sync_grads`: public, so the hybrid engine's EP stages can share them).
 
 **Same drops as the serial run** (issue 11): every rank routes its own
 micro-batch as one group, capacity C_r = ⌈n_r/E × capacity_factor⌉ over its
@@ -39,19 +40,22 @@ functions; tests/test_expert_parallel.py checks float64 parity with drops on
 
 **Bytes per step the tests check** (counted per grid axis,
 :meth:`ExpertParallel.bytes_formula`): on ``ep``, per MoE layer, the exact
-all-to-all figures of :func:`~minipar.parallel.expert_layer.alltoall_bytes`
-in :mod:`minipar.parallel.expert_config` (4·(ep−1)/ep·E·C·d·b for the data when every rank
-has the same C, plus the counts); on ``dp`` one all-reduce of the dense gradients, on ``edp`` one of
+all-to-all figures of
+:func:`~minipar.parallel.expert_parallel.measure.alltoall_bytes`
+(4·(ep−1)/ep·E·C·d·b for the data when every rank has the same C, plus the
+counts); on ``dp`` one all-reduce of the dense gradients, on ``edp`` one of
 this rank's experts' gradients, each the exact figure of the algorithm auto
 picks (:func:`minipar.collectives.cost.allreduce_bytes_sent`).
 
-Bad input (:func:`~minipar.parallel.expert_config.check_ep`): no experts, E not divisible by ep, top-k
-outside 1..min(2, E), capacity factor <= 0, ep not dividing the N
-data-parallel ranks: one ``ValueError`` on every rank before any message.
+Bad input (:func:`~minipar.parallel.expert_parallel.layout.check_ep`): no
+experts, E not divisible by ep, top-k outside 1..min(2, E), capacity factor
+<= 0, ep not dividing the N data-parallel ranks: one ``ValueError`` on every
+rank before any message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -62,16 +66,43 @@ from minipar.comm.topology import Grid
 from minipar.comm.traced import traced
 from minipar.nn import executor
 from minipar.nn.gpt import param_shapes
-from minipar.nn.units import BlockUnit, EmbedUnit, HeadUnit
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, check_world, local_rows, loss_weight
-from minipar.parallel.expert_config import OPS, alltoall_bytes, capacities, check_ep
-from minipar.parallel.expert_layer import EPBlockUnit, EPMoE
+from minipar.parallel.expert_parallel.layer import EPBlockUnit, ep_units
+from minipar.parallel.expert_parallel.layout import OPS, capacities, check_ep
+from minipar.parallel.expert_parallel.measure import alltoall_bytes
 from minipar.precision import ModelStates
 
-__all__ = ["ExpertParallel", "check_ep"]
+__all__ = ["OP_DENSE", "OP_EXPERT", "OP_LOSS", "EPHooks", "ExpertParallel",
+           "dense_then_experts", "is_expert", "sync_grads"]
 
 OP_DENSE, OP_EXPERT, OP_LOSS = "ep_dense_allreduce", "ep_expert_allreduce", "ep_loss_allreduce"
+
+
+def is_expert(name: str) -> bool:
+    """Whether the serial parameter ``name`` belongs to an expert (``blocks.i.moe.experts.e.*``)."""
+    return ".moe.experts." in name
+
+
+def dense_then_experts(names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``names`` cut in two, each in the given order: the dense parameters (replicated on
+    every data-parallel rank) and the experts' (held by one rank of each ep group).  A flat
+    buffer of the first then the second gives each gradient all-reduce one span."""
+    names = list(names)
+    return ([n for n in names if not is_expert(n)], [n for n in names if is_expert(n)])
+
+
+def sync_grads(grid: Any, grads: Any, n_dense: int, algorithm: str = "auto",
+               ops: tuple[str, str] = (OP_DENSE, OP_EXPERT)) -> None:
+    """Sum a flat gradient buffer laid out by :func:`dense_then_experts`, in place: its first
+    ``n_dense`` elements over ``grid``'s ``dp`` axis (every data-parallel rank), the rest over
+    ``edp`` (the ranks holding the same experts).  ``ops``: the names the two all-reduces are
+    counted under; ``algorithm``: :func:`minipar.collectives.allreduce`'s."""
+    dp, edp = grid.comm("dp"), grid.comm("edp")
+    with dp.operation(ops[0]):
+        grads[:n_dense] = allreduce(dp, grads[:n_dense], "sum", algorithm)
+    with edp.operation(ops[1]):
+        grads[n_dense:] = allreduce(edp, grads[n_dense:], "sum", algorithm)
 
 
 class EPHooks(executor.Hooks):
@@ -121,20 +152,13 @@ class ExpertParallel:
         tokens = [spec.seq * (hi - lo) for lo, hi in
                   (local_rows(spec.batch, r, world) for r in group)]
         self.caps = capacities(spec.experts, spec.capacity_factor, tokens, spec.top_k)
-        units: list[Any] = [EmbedUnit(self.cfg)]
-        for i in range(self.cfg.n_layer):
-            if self.cfg.is_moe_block(i):
-                moe = EPMoE(self.grid.comm("ep"), self.cfg, self.caps,
-                            tokens[self.grid.coord("ep")])
-                units.append(EPBlockUnit(self.cfg, i, moe))
-            else:
-                units.append(BlockUnit(self.cfg, i))
-        self.units = tuple(units + [HeadUnit(self.cfg)])
-        self.experts = units[1].moe.ids if isinstance(units[1], EPBlockUnit) else []
+        self.units = ep_units(self.cfg, self.grid.comm("ep"), self.caps,
+                              tokens[self.grid.coord("ep")])
+        first = self.units[1]
+        self.experts = first.moe.ids if isinstance(first, EPBlockUnit) else []
         init = spec.initial_params()
         mine = {n for u in self.units for n in u.full_names}
-        dense = [n for n in init if n in mine and ".moe.experts." not in n]
-        own = [n for n in init if n in mine and ".moe.experts." in n]
+        dense, own = dense_then_experts(n for n in init if n in mine)
         self.n_dense = sum(init[n].size for n in dense)
         self.states = ModelStates(spec.precision, {n: init[n] for n in dense + own},
                                   spec.optimizer, **spec.opt_kwargs())
@@ -151,11 +175,8 @@ class ExpertParallel:
         hooks = EPHooks(st.param_views(), self.layout.unflatten(st.grads))
         loss = executor.loss_and_grads(self.units, hooks, x, y, self.weight * st.loss_scale)
         self.stats.append(hooks.stats)
-        g, nd = st.grads, self.n_dense
-        with self.grid.comm("dp").operation(OP_DENSE):
-            g[:nd] = allreduce(self.grid.comm("dp"), g[:nd])
-        with self.grid.comm("edp").operation(OP_EXPERT):
-            g[nd:] = allreduce(self.grid.comm("edp"), g[nd:])
+        g = st.grads
+        sync_grads(self.grid, g, self.n_dense)
         found_inf = None
         if st.scaler is not None:  # every rank must skip the step alike
             inf = np.array([float(not np.isfinite(g).all())])
@@ -178,11 +199,11 @@ class ExpertParallel:
         """The whole model's flat parameters in the serial layout, on rank 0 (None elsewhere):
         rank 0's dense parameters and every expert from the rank holding it."""
         views = self.states.param_views()
-        experts = {n: np.array(v) for n, v in views.items() if ".moe.experts." in n}
+        experts = {n: np.array(v) for n, v in views.items() if is_expert(n)}
         got = self.comm.comm.gather(experts)  # not counted: a report, not training traffic
         if self.rank != 0:
             return None
-        full = {n: views[n] for n in views if ".moe.experts." not in n}
+        full = {n: views[n] for n in views if not is_expert(n)}
         for part in got:
             full.update(part)
         shapes = param_shapes(self.cfg)

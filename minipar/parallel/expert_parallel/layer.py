@@ -6,7 +6,8 @@ GShard (Lepikhin et al. 2020, arXiv 2006.16668, §2.2-3) and Switch
 Transformer (Fedus et al. 2021, arXiv 2101.03961, §2.2): the serial block's
 three steps (:mod:`minipar.nn.moe_steps`) with an all-to-all between them.
 The ``ep`` ranks of one expert-parallel group each hold E/ep experts (rank c
-of the group: experts c·E/ep … (c+1)·E/ep − 1) and their own tokens:
+of the group: experts c·E/ep … (c+1)·E/ep − 1,
+:mod:`~minipar.parallel.expert_parallel.layout`) and their own tokens:
 
     dispatch   (local)      router, top-k, capacity C_r  →  buffers (E, C_r, d), counts (E,)
     a2a #0     counts       (E,) → (E/ep, ep)             how many rows each source filled
@@ -42,6 +43,9 @@ each source's rows as its own matrix (a loop over experts and sources, never
 over tokens), the very product the serial block computes for that
 micro-batch, so the forward is bit-identical; its weight gradient sums the
 sources in rank order, as gradient accumulation sums the micro-batches.
+
+:func:`ep_units` builds one rank's GPT from these blocks (the EP engine and
+the hybrid engine's EP stages can share it).
 """
 
 from __future__ import annotations
@@ -61,9 +65,11 @@ from minipar.nn.moe_steps import (
     experts_backward,
     experts_forward,
 )
-from minipar.nn.units import Unit
-from minipar.parallel.expert_config import OPS, expert_ids
+from minipar.nn.units import BlockUnit, EmbedUnit, HeadUnit, Unit
+from minipar.parallel.expert_parallel.layout import OPS, expert_ids
 from minipar.parallel.mappings import all_to_all
+
+__all__ = ["EPBlockUnit", "EPMoE", "ep_units"]
 
 
 class EPMoE:
@@ -152,3 +158,14 @@ class EPBlockUnit(Unit):
 
     def aux_loss(self, saved: Any) -> float:
         return float(saved["ffn"]["aux_loss"])
+
+
+def ep_units(cfg: GPTConfig, comm: Any, caps: list[int], tokens: int) -> tuple[Unit, ...]:
+    """embed, block 0 … L-1, head of the GPT whose MoE blocks run across ``comm`` (the ep
+    group; this rank is ``comm.rank`` of it): an :class:`EPBlockUnit` where
+    ``cfg.is_moe_block(i)``, the serial block elsewhere.  ``caps``: C_j of every rank of the
+    group (:func:`~minipar.parallel.expert_parallel.layout.capacities`); ``tokens``: the
+    n_r tokens this rank routes per forward call (its rows × the sequence)."""
+    blocks = [EPBlockUnit(cfg, i, EPMoE(comm, cfg, caps, tokens)) if cfg.is_moe_block(i)
+              else BlockUnit(cfg, i) for i in range(cfg.n_layer)]
+    return (EmbedUnit(cfg), *blocks, HeadUnit(cfg))

@@ -1,8 +1,19 @@
-"""Expert load and dropped tokens against the capacity factor — нагрузка экспертов и
-отброшенные токены — 专家负载与丢弃的 token.
+"""Expert parallelism, measured — параллелизм экспертов: измерения — 专家并行的实测.
 
-EN expert load, token dropping · RU нагрузка экспертов, отбрасывание токенов · ZH 专家负载、token 丢弃
+EN all-to-all bytes, expert load, token dropping · RU байты all-to-all, нагрузка экспертов,
+отбрасывание токенов · ZH 全交换字节、专家负载、token 丢弃
 
+**All-to-all bytes.**  :func:`alltoall_bytes`: the exact bytes a rank sends
+per MoE layer per step in each of the five all-to-alls
+(:data:`~minipar.parallel.expert_parallel.layout.OPS`).  E_l = E/ep, d the
+width, b bytes per element: counts (ep−1)·E_l·8; dispatch and d(out)
+(ep−1)·E_l·C_r·d·b each; combine and d(buffers) Σ_{j≠r} E_l·C_j·d·b each.
+With one C for all, the four data all-to-alls are 4·(ep−1)/ep·E·C·d·b,
+GShard's two all-to-alls forward and two backward of the padded (E, C, d)
+buffer (``minipar.plan.moe.moe_alltoall_bytes_per_rank``: C over the k·N
+assignments, as GShard and the serial block size it).
+
+**Expert load and dropped tokens against the capacity factor.**
 Switch Transformer (Fedus, Zoph & Shazeer 2021, arXiv 2101.03961, §2.2):
 each expert takes at most C = ⌈N/E × capacity_factor⌉ of a group's N tokens;
 a token past it is *dropped* (its expert output is 0, the residual carries
@@ -47,12 +58,25 @@ from typing import Any
 
 from minipar import data
 from minipar.nn import GPT, GPTConfig
+from minipar.parallel.expert_parallel.layout import OPS
 
-__all__ = ["CAPACITY_FACTORS", "load_study", "routing_table"]
+__all__ = ["CAPACITY_FACTORS", "alltoall_bytes", "format_study", "load_study", "routing_table"]
 
 #: the capacity factors the issue asks about: 0.5 … 2.0
 CAPACITY_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 
+
+def alltoall_bytes(n_experts: int, d_model: int, caps: list[int], coord: int,
+                   itemsize: int) -> dict[str, int]:
+    """Exact bytes rank ``coord`` of an ep group (``caps`` = C_j of every rank of the
+    group) sends per MoE layer per step, by all-to-all
+    (:data:`~minipar.parallel.expert_parallel.layout.OPS`)."""
+    ep = len(caps)
+    per, d = n_experts // ep, d_model
+    mine = (ep - 1) * per * caps[coord] * d * itemsize
+    theirs = sum(per * c * d * itemsize for j, c in enumerate(caps) if j != coord)
+    return {OPS[0]: (ep - 1) * per * 8, OPS[1]: mine, OPS[2]: theirs, OPS[3]: mine,
+            OPS[4]: theirs}
 
 def routing_table(cfg: GPTConfig, params: dict[str, Any], tokens: Any,
                   factors: tuple[float, ...] = CAPACITY_FACTORS) -> list[dict[str, Any]]:

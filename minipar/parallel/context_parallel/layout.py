@@ -3,7 +3,7 @@
 EN sequence sharding (contiguous and zigzag) · RU разбиение последовательности
 (сплошное и зигзагом) · ZH 序列切分（连续与之字形）
 
-Context parallelism (:mod:`minipar.parallel.context_parallel`) cuts the s
+Context parallelism (:mod:`minipar.parallel.context_parallel.engine`) cuts the s
 positions of every row over P ranks.  *Contiguous*: rank r holds chunk r of
 s/P positions.  *Zigzag* (ring attention's load balance; Brandon et al. 2023,
 "Striped Attention", arXiv 2311.09431; Megatron-LM's context parallelism):

@@ -1,12 +1,12 @@
-"""An expert-parallel configuration: its checks and arithmetic — конфигурация параллелизма
-экспертов — 专家并行配置.
+"""Which experts each rank holds, its capacity, the checks — размещение экспертов — 专家的分布.
 
-EN expert-parallel configuration · RU конфигурация параллелизма экспертов · ZH 专家并行配置
+EN expert placement, capacity, checks · RU размещение экспертов, ёмкость, проверки ·
+ZH 专家分布、容量与检查
 
-What a run of expert parallelism (:mod:`minipar.parallel.expert_parallel`)
+What a run of expert parallelism (:mod:`minipar.parallel.expert_parallel.engine`)
 can be told, and what follows from it, with no MPI (``minipar run ep``
 checks its options with :func:`check_ep` in the launching process, before
-MPI starts):
+MPI starts; this module imports no MPI for that reason):
 
 * :func:`check_ep`: experts >= 1, E divisible by ep, top-k in 1..min(2, E),
   capacity factor > 0, ep dividing the data-parallel ranks — one line naming
@@ -14,15 +14,13 @@ MPI starts):
 * :func:`expert_ids`: rank c of an ep group holds experts c·E/ep … (c+1)·E/ep − 1;
 * :func:`capacities`: C_j = ⌈k·n_j/E × capacity_factor⌉ per source j, its own
   n_j tokens routed top-k (Switch Transformer's expert capacity, Fedus et al. 2021, arXiv
-  2101.03961, §2.2, over GShard's local groups, arXiv 2006.16668);
-* :func:`alltoall_bytes`: the exact bytes a rank sends per MoE layer per step
-  in each of the five all-to-alls (:data:`OPS`).  E_l = E/ep, d the width, b
-  bytes per element: counts (ep−1)·E_l·8; dispatch and d(out) (ep−1)·E_l·C_r·d·b
-  each; combine and d(buffers) Σ_{j≠r} E_l·C_j·d·b each.  With one C for all,
-  the four data all-to-alls are 4·(ep−1)/ep·E·C·d·b, GShard's two all-to-alls
-  forward and two backward of the padded (E, C, d) buffer
-  (``minipar.plan.moe.moe_alltoall_bytes_per_rank``: C over the k·N assignments,
-  as GShard and the serial block size it).
+  2101.03961, §2.2, over GShard's local groups, arXiv 2006.16668): the rows of
+  the (E, C_j, d) buffer source j sends, known to every rank before any message;
+* :data:`OPS`: the five all-to-alls those buffers travel by in a step
+  (:mod:`~minipar.parallel.expert_parallel.layer`), by the names they are counted under.
+
+The exact bytes of the all-to-alls these sizes fix are in
+:func:`minipar.parallel.expert_parallel.measure.alltoall_bytes`.
 """
 
 from __future__ import annotations
@@ -30,6 +28,10 @@ from __future__ import annotations
 import math
 from numbers import Integral
 from typing import Any
+
+from minipar.nn.moe_steps import expert_capacity
+
+__all__ = ["OPS", "capacities", "check_ep", "expert_ids"]
 
 #: names under which the traced communicator counts each all-to-all's bytes, in the
 #: order they run in a step: forward counts, dispatch, combine; backward d(out), d(buffers)
@@ -71,18 +73,5 @@ def capacities(n_experts: int, capacity_factor: float, tokens: list[int],
                top_k: int) -> list[int]:
     """C_j = ⌈k·n_j / E × capacity_factor⌉ for each source's ``tokens`` n_j (its group) routed
     top-k, rounded as :func:`minipar.nn.moe_steps.expert_capacity` does."""
-    from minipar.nn.moe_steps import expert_capacity
-
     return [expert_capacity(n * top_k, n_experts, capacity_factor) for n in tokens]
 
-
-def alltoall_bytes(n_experts: int, d_model: int, caps: list[int], coord: int,
-                   itemsize: int) -> dict[str, int]:
-    """Exact bytes rank ``coord`` of an ep group (``caps`` = C_j of every rank of the
-    group) sends per MoE layer per step, by all-to-all (:data:`OPS`)."""
-    ep = len(caps)
-    per, d = n_experts // ep, d_model
-    mine = (ep - 1) * per * caps[coord] * d * itemsize
-    theirs = sum(per * c * d * itemsize for j, c in enumerate(caps) if j != coord)
-    return {OPS[0]: (ep - 1) * per * 8, OPS[1]: mine, OPS[2]: theirs, OPS[3]: mine,
-            OPS[4]: theirs}

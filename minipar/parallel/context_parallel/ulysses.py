@@ -30,12 +30,13 @@ Counted exactly, a rank holds Nh/P of each and keeps 1/P of that, so it sends
 
     4·b·s·d·(P−1)/P²  elements per layer forward (the same backward)
 
-= the paper's 4Nh/P × (P−1)/P (:func:`bytes_per_rank`, exact also when P does
-not divide; ``AllToAll.bytes_sent``).  Requires H divisible by P (each rank a
-whole number of heads) and s by P (:func:`minipar.parallel.cp_layout.check`).  Activation memory of attention per rank:
-q, k, v of all positions for H/P heads and the H/P·s² softmax, 1/P of the
-serial layer's (the s² term stays: Ulysses divides it by P, ring attention
-removes it).
+= the paper's 4Nh/P × (P−1)/P
+(:func:`~minipar.parallel.context_parallel.measure.ulysses_bytes_per_rank`, exact also
+when P does not divide; ``AllToAll.bytes_sent``).  Requires H divisible by P (each rank
+a whole number of heads) and s by P (:func:`minipar.parallel.context_parallel.layout.check`).
+Activation memory of attention per rank: q, k, v of all positions for H/P
+heads and the H/P·s² softmax, 1/P of the serial layer's (the s² term stays:
+Ulysses divides it by P, ring attention removes it).
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ import numpy as np
 from minipar.nn.attention import attention_core_backward, attention_core_forward
 from minipar.parallel.mappings import all_to_all
 
-__all__ = ["OP", "bytes_per_rank", "ulysses_attention_backward",
-           "ulysses_attention_forward"]
+__all__ = ["OP", "ulysses_attention_backward", "ulysses_attention_forward"]
 
 OP = "ulysses_a2a"
 
@@ -77,14 +77,3 @@ def ulysses_attention_backward(comm: Any, saved: tuple, do: Any) -> Any:
     dx = all_to_all.backward(comm, d_full, split_axis=3, concat_axis=1, op=OP)  # (b, t, 3, H, dh)
     return dx.reshape(b, t, 3 * n_head * dh)
 
-
-def bytes_per_rank(b: int, s: int, d: int, n_head: int, P: int, rank: int,
-                   itemsize: int) -> int:
-    """Bytes ``rank`` sends in one layer's forward (the backward sends the same), exactly:
-    the QKV all-to-all plus the output's reverse one (``AllToAll.bytes_sent``)."""
-    dh = d // n_head
-    qkv = all_to_all.bytes_sent((b, s, 3, n_head, dh), itemsize, P, rank,
-                                split_axis=3, concat_axis=1)[0]
-    out = all_to_all.bytes_sent((b, s, n_head, dh), itemsize, P, rank,
-                                split_axis=2, concat_axis=1)[1]
-    return qkv + out

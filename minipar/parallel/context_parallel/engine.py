@@ -10,12 +10,12 @@ LayerNorms, projections, MLP, head, the loss); attention needs the other
 ranks' keys and values, by one of two routes:
 
 * **DeepSpeed-Ulysses** (Jacobs et al. 2023, arXiv 2309.14509;
-  :mod:`minipar.parallel.ulysses`): all-to-all from sequence-sharded to
+  :mod:`minipar.parallel.context_parallel.ulysses`): all-to-all from sequence-sharded to
   head-sharded, full-sequence attention of H/P heads, all-to-all back.
   4·b·s·d·(P−1)/P² elements per rank per layer each way (paper: 4Nh/P per
   link); attention activations 1/P of the serial layer's, s² term included.
 * **Ring attention** (Liu et al. 2023, arXiv 2310.01889;
-  :mod:`minipar.parallel.ring_attention`): K/V blocks travel around the ring,
+  :mod:`minipar.parallel.context_parallel.ring_attention`): K/V blocks travel around the ring,
   each rank folds them into its queries' output with the online softmax
   (:mod:`minipar.nn.blockwise_attention`); zigzag chunks balance causal work.
   2(P−1)·b·s·d/P elements per rank per layer forward; attention activations
@@ -32,11 +32,12 @@ so the full gradient is their sum: one all-reduce over ``cp`` (the ring,
 The embedding looks up each rank's own positions in ``pos_emb``.
 
 The CP GPT is the serial model's units with the attention core swapped
-(:func:`cp_units`): :class:`minipar.nn.executor` walks them unchanged.
+(:func:`~minipar.parallel.context_parallel.model.cp_units`):
+:mod:`minipar.nn.executor` walks them unchanged.
 Parity with the serial GPT (float64: outputs, loss, gradients, AdamW steps)
 is tested for both kinds on 2 and 4 ranks (tests/test_context_parallel.py);
 the measurements and the formulas they are checked against are in
-:mod:`minipar.parallel.cp_measure`.
+:mod:`minipar.parallel.context_parallel.measure`.
 """
 
 from __future__ import annotations
@@ -45,126 +46,18 @@ from typing import Any
 
 import numpy as np
 
-from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.comm.topology import Grid
-from minipar.comm.traced import traced
 from minipar.nn import executor
-from minipar.nn._dtype import up
-from minipar.nn.attention import merge_heads, split_heads
-from minipar.nn.gpt import block_backward, block_forward
-from minipar.nn.gpt_config import GPTConfig
-from minipar.nn.layers import (
-    bias_backward,
-    bias_forward,
-    embedding_backward,
-    embedding_forward,
-    linear_backward,
-    linear_forward,
-)
-from minipar.nn.units import BlockUnit, HeadUnit, Unit
-from minipar.parallel import ulysses
 from minipar.parallel.common import RunSpec
-from minipar.parallel.cp_layout import KINDS, Sharding, check, sharding
-from minipar.parallel.ring_attention import ring_attention_backward, ring_attention_forward
+from minipar.parallel.context_parallel.layout import check, sharding
+from minipar.parallel.context_parallel.model import cp_units
 from minipar.precision import ModelStates
 from minipar.precision import get as get_policy
 
-__all__ = ["KINDS", "OP_GRADS", "OP_LOSS", "CPAttention", "ContextParallel", "check", "cp_units",
-           "sharding"]
+__all__ = ["OP_GRADS", "OP_LOSS", "ContextParallel"]
 
 OP_GRADS, OP_LOSS = "cp_grad_allreduce", "cp_loss_allreduce"
-
-
-class CPAttention:
-    """The attention core over a sequence shard: fused ``qkv`` (b, t, 3d) in, o (b, t, d) out."""
-
-    def __init__(self, comm: Any, kind: str, layout: Sharding, n_head: int) -> None:
-        self.comm, self.kind, self.layout, self.n_head = comm, kind, layout, n_head
-
-    def forward(self, qkv: Any) -> tuple[Any, Any]:
-        if self.kind == "ulysses":
-            return ulysses.ulysses_attention_forward(self.comm, qkv, self.n_head)
-        q, k, v = (split_heads(a, self.n_head) for a in xp.split(qkv, 3, axis=-1))
-        o, saved = ring_attention_forward(self.comm, q, k, v, self.layout)
-        o = merge_heads(o)
-        return o, (*saved[:3], split_heads(o, self.n_head), *saved[4:])  # o saved as a view
-
-    def backward(self, saved: Any, do: Any) -> Any:
-        if self.kind == "ulysses":
-            return ulysses.ulysses_attention_backward(self.comm, saved, do)
-        dq, dk, dv = ring_attention_backward(self.comm, saved, split_heads(do, self.n_head))
-        return xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
-
-
-def attention_forward(p: dict[str, Any], x: Any, core: CPAttention) -> tuple[Any, tuple]:
-    """:func:`minipar.nn.attention.attention_forward` on a shard, with the CP core."""
-    qkv, s_qkv = linear_forward(x, p["w_qkv"])
-    qkv = bias_forward(qkv, p["b_qkv"])
-    o, s_core = core.forward(qkv)
-    y, s_out = linear_forward(o, p["w_out"])
-    return bias_forward(y, p["b_out"]), (s_qkv, s_core, s_out)
-
-
-def attention_backward(p: dict[str, Any], saved: tuple, dy: Any,
-                       core: CPAttention) -> tuple[Any, dict[str, Any]]:
-    s_qkv, s_core, s_out = saved
-    db_out = bias_backward(dy)
-    do, dw_out = linear_backward(p["w_out"], s_out, dy)
-    dqkv = core.backward(s_core, do)
-    db_qkv = bias_backward(dqkv)
-    dx, dw_qkv = linear_backward(p["w_qkv"], s_qkv, dqkv)
-    return dx, {"w_qkv": dw_qkv, "b_qkv": db_qkv, "w_out": dw_out, "b_out": db_out}
-
-
-class CPEmbedUnit(Unit):
-    """x = tok_emb[tokens] + pos_emb[my positions] (zigzag positions are not contiguous)."""
-
-    def __init__(self, cfg: GPTConfig, positions: np.ndarray) -> None:
-        self.cfg, self.name, self.names = cfg, "embed", ("tok_emb", "pos_emb")
-        self.positions = positions
-
-    def forward(self, p: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
-        self.cfg.check_tokens(tokens)
-        if tokens.shape[1] != len(self.positions):
-            raise ValueError(f"this rank holds {len(self.positions)} positions, got "
-                             f"{tokens.shape[1]} tokens per row")
-        x, s_tok = embedding_forward(p["tok_emb"], tokens)
-        x += p["pos_emb"][self.positions]
-        return x, (s_tok, p["pos_emb"].shape)
-
-    def backward(self, p: dict[str, Any], saved: Any, dx: Any,
-                 daux: float = 1.0) -> tuple[None, dict[str, Any]]:
-        s_tok, shape = saved
-        dpos = xp.zeros(shape, dtype=dx.dtype)
-        dpos[self.positions] = up(dx).sum(axis=0)  # positions are distinct: no add.at needed
-        return None, {"tok_emb": embedding_backward(s_tok, dx), "pos_emb": dpos}
-
-
-class CPBlockUnit(BlockUnit):
-    """Block i on a shard: the serial block walk (:func:`minipar.nn.gpt.block_forward`:
-    LayerNorms, MLP and residuals per token) with attention through ``core``."""
-
-    def __init__(self, cfg: GPTConfig, i: int, core: CPAttention) -> None:
-        super().__init__(cfg, i)
-        self.core = core
-        self.attn = (lambda q, a: attention_forward(q, a, core),
-                     lambda q, saved, dy: attention_backward(q, saved, dy, core))
-
-    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
-        return block_forward(p, x, self.cfg, attn=self.attn)
-
-    def backward(self, p: dict[str, Any], saved: Any, dy: Any,
-                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        return block_backward(p, saved, dy, daux, attn=self.attn)
-
-
-def cp_units(cfg: GPTConfig, comm: Any, kind: str, layout: Sharding) -> tuple[Unit, ...]:
-    """embed, block 0 … L-1, head of the CP GPT for this rank (of ``comm``, the cp group)."""
-    core = CPAttention(comm, kind, layout, cfg.n_head)
-    rank = traced(comm).rank
-    return (CPEmbedUnit(cfg, layout.positions(rank)),
-            *(CPBlockUnit(cfg, i, core) for i in range(cfg.n_layer)), HeadUnit(cfg))
 
 
 class ContextParallel:
