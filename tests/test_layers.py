@@ -334,9 +334,11 @@ def _with(tmp_path: Path, files: dict[str, str]) -> list[str]:
     ({"__init__.py": "", "parallel/__init__.py": "", "parallel/pipeline/__init__.py":
       "from minipar.parallel.pipeline.check import check\n", "parallel/pipeline/check.py": "def check(): pass\n"},
      "shadow: minipar.parallel.pipeline.check is a module and, in minipar.parallel.pipeline, another object"),
-    ({"__init__.py": "", "parallel/__init__.py": "", "parallel/ulysses.py": "import minipar.parallel.zero\n",
-      "parallel/zero.py": ""},
-     "family: minipar.parallel.ulysses:1 imports minipar.parallel.zero (context_parallel -> zero)"),
+    ({"__init__.py": "", "parallel/__init__.py": "", "parallel/context_parallel/__init__.py": "",
+      "parallel/context_parallel/ulysses.py": "import minipar.parallel.zero\n",
+      "parallel/zero/__init__.py": ""},
+     "family: minipar.parallel.context_parallel.ulysses:1 imports minipar.parallel.zero "
+     "(context_parallel -> zero)"),
     ({"__init__.py": "", "registry.py": "VERBS = {'x': ('minipar.nn.gpt', 'help')}\n",
       "nn/__init__.py": "", "nn/gpt.py": ""},
      "registry: minipar.registry:1 names minipar.nn.gpt, which is not a front end (layer 8)"),

@@ -1,10 +1,16 @@
 """What every rank of ``minipar run`` runs: ``python -m minipar.run.worker --worker OPTIONS``.
 
 The launcher (:func:`minipar.run.main`) has checked the options; each rank
-builds the same :class:`~minipar.parallel.common.RunSpec`, runs the strategy's
-``measure(options, spec)`` (:mod:`minipar.run.dp`, ...) and rank 0 turns its
-measurements into the summary (:func:`minipar.run.summary.build`), printed as
-one ``MINIPAR_SUMMARY {json}`` line (:func:`minipar.launch.serve`).
+builds the same :class:`~minipar.parallel.common.RunSpec`, the strategy's grid
+and engine (:func:`minipar.parallel.strategies.build`), trains it with the one
+loop (:func:`minipar.parallel.loop.train`) and takes its final parameters from
+``engine.full_params()`` — the same for every strategy.  The strategy's module
+(:mod:`minipar.run.dp`, ...) adds only what is its own: ``grid_sizes(options,
+spec)`` (the grid's axes), ``engine_options(options, spec)`` (the keyword
+arguments of its engine) and ``report(engine, grid, options, spec, history)``
+(its measurements and notes, on rank 0).  Rank 0 turns them into the summary
+(:func:`minipar.run.summary.build`), printed as one ``MINIPAR_SUMMARY {json}``
+line (:func:`minipar.launch.serve`).
 """
 
 from __future__ import annotations
@@ -20,8 +26,33 @@ def work(options: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.run.summary import build
 
     spec = RunSpec.from_options(options)
-    m = strategy_module(options["strategy"]).measure(options, spec)
+    module = strategy_module(options["strategy"])
+    if not hasattr(module, "report"):  # a strategy not yet on the engine interface
+        m = module.measure(options, spec)
+        return None if m is None else build(options, spec, m)
+    m = run_engine(options, spec, module)
     return None if m is None else build(options, spec, m)
+
+
+def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any] | None:
+    """Build the strategy's engine, train it, and gather what the summary needs."""
+    from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
+    from minipar.optim import FlatParams
+    from minipar.parallel import loop, strategies
+
+    grid = Grid(TracedComm(), **module.grid_sizes(options, spec))
+    engine = strategies.build(options["strategy"], spec, grid,
+                              **module.engine_options(options, spec))
+    try:
+        history = loop.train(engine, spec.batch_at, spec.steps)
+        params = engine.full_params()
+        m = module.report(engine, grid, options, spec, history)
+    finally:
+        engine.close()
+    if m is None:
+        return None
+    return {"losses": history.losses, "params": FlatParams.like(params).flatten(params), **m}
 
 
 if __name__ == "__main__":

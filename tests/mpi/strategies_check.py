@@ -1,0 +1,125 @@
+"""Every strategy through ``strategies.build`` on this world size: the engine interface.
+
+For each case whose grid fills the world: 3 steps against the serial engine (the parity
+verdict on losses and ``full_params``), ``full_params`` the same on every rank,
+``memory()`` a dict of byte counts, ``traffic()`` equal to what the traced communicator
+counted, and ``state_dict`` -> a fresh engine -> ``load_state_dict``: its next step's
+loss and the parameters after it equal, to the bit, those of the engine that went on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks  # noqa: E402
+
+from minipar.comm import TracedComm  # noqa: E402
+from minipar.comm.topology import Grid  # noqa: E402
+from minipar.parallel import strategies  # noqa: E402
+from minipar.parallel.common import RunSpec  # noqa: E402
+from minipar.parallel.engine import State  # noqa: E402
+from minipar.parallel.parity import compare  # noqa: E402
+
+N = MPI.COMM_WORLD.Get_size()
+c = Checks("STRATEGIES")
+
+#: strategy -> cases: (grid sizes, the strategy's options, RunSpec changes); a case runs
+#: on the world size its grid's product gives (no sizes: on every world size, each rank
+#: alone, as the serial engine does)
+CASES: dict[str, list[tuple[dict, dict, dict]]] = {
+    "serial": [({}, {}, {}), ({}, {}, {"precision": "mixed"}),
+               ({}, {"routing": (2,)}, {"experts": 4, "top_k": 2, "capacity_factor": 1.0})],
+    # data parallelism (DDP)
+    "dp": [],
+    # the parameter server
+    "ps": [],
+    # ZeRO 0-3
+    "zero": [],
+    # tensor parallelism
+    "tp": [],
+    # tensor + sequence parallelism
+    "sp": [],
+    # context parallelism
+    "cp": [],
+    # pipeline parallelism
+    "pp": [],
+    # expert parallelism
+    "ep": [],
+    # hybrid
+    "hybrid": [],
+}
+
+
+def digest(params: dict) -> str:
+    h = hashlib.sha256()
+    for k, v in params.items():
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(v).tobytes())
+    return h.hexdigest()
+
+
+def copy_state(st: State) -> State:
+    return State({k: (sh, np.array(a, copy=True)) for k, (sh, a) in st.arrays.items()},
+                 dict(st.scalars))
+
+
+def run(name: str, sizes: dict, options: dict, changes: dict) -> None:
+    what = f"{name} {sizes or ''} {options or ''} {changes or ''}".strip()
+    spec = RunSpec(**{"steps": 3, **changes})
+    world = TracedComm(MPI.COMM_WORLD.Dup(), name="world")
+    grid = Grid(world, **sizes) if sizes else None
+    stats = world.stats
+    eng = strategies.build(name, spec, grid, **options)
+    eng.traffic()  # bytes since the last call: from here on
+    sent = stats.bytes_sent()
+    losses = [eng.step(spec.batch_at(0)).loss]
+    t = eng.traffic()
+    c.check(isinstance(t, dict) and sum(t.values()) == stats.bytes_sent() - sent,
+            f"{what}: traffic {t} != counted {stats.bytes_sent() - sent}")
+    saved = copy_state(eng.state_dict())
+    fresh = strategies.build(name, spec, grid, **options)
+    fresh.load_state_dict(saved)
+    a, b = eng.step(spec.batch_at(1)), fresh.step(spec.batch_at(1))
+    c.check(a.loss == b.loss, f"{what}: loss after load_state_dict {b.loss!r} != {a.loss!r}")
+    pa, pb = eng.full_params(), fresh.full_params()
+    c.check(digest(pa) == digest(pb), f"{what}: params after load_state_dict differ")
+    losses.append(a.loss)
+    losses += [eng.step(spec.batch_at(s)).loss for s in range(2, spec.steps)]
+    params = eng.full_params()
+    everyone = MPI.COMM_WORLD.allgather(digest(params))
+    c.check(len(set(everyone)) == 1, f"{what}: full_params differ between ranks")
+    serial = strategies.build("serial", spec, None,
+                              **({"routing": options["routing"]} if "routing" in options else {}))
+    ref = [serial.step(spec.batch_at(s)).loss for s in range(spec.steps)]
+    sp = serial.full_params()
+    c.check(list(params) == list(sp), f"{what}: full_params names/order differ from serial")
+    init = spec.initial_params()
+    flat = lambda d: np.concatenate([np.asarray(d[k], np.float64).ravel() for k in sp])  # noqa: E731
+    v = compare(losses, ref, flat(params), flat(sp), flat(init))
+    c.check(v.status == "equal" or (spec.precision != "float64" and v.status == "not comparable"),
+            f"{what}: parity {v.status}: {v}")
+    ev, ev_ref = eng.evaluate(spec.batch_at(9)), serial.evaluate(spec.batch_at(9))
+    c.check(abs(ev - ev_ref) <= 1e-12 * abs(ev_ref) or (spec.precision != "float64"
+                                                      and abs(ev - ev_ref) <= 1e-2 * abs(ev_ref)),
+            f"{what}: evaluate {ev!r} != serial {ev_ref!r}")
+    m = eng.memory()
+    c.check(isinstance(m, dict) and m and all(isinstance(x, int) and x >= 0 for x in m.values()),
+            f"{what}: memory() {m}")
+    for e in (eng, fresh, serial):
+        e.close()
+    if grid is not None:
+        grid.free()
+    world.Free()
+
+
+for name, cases in CASES.items():
+    for sizes, options, changes in cases:
+        if not sizes or int(np.prod(list(sizes.values()))) == N:
+            run(name, sizes, options, changes)
+c.summary()

@@ -1,0 +1,23 @@
+"""Every strategy behind one interface: tests/mpi/strategies_check.py, one launch per world
+size (a matrix of cases inside each launch: a launch costs 0.7-2.9 s here)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import MPI_DIR, summary_of
+
+from minipar import launch
+from minipar.parallel import strategies
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_every_strategy_steps_saves_loads_and_equals_the_serial_run(n: int) -> None:
+    proc = launch.run(n, str(MPI_DIR / "strategies_check.py"), timeout=600,
+                      env={"MINIPAR_WATCHDOG_S": "120"})
+    fields = summary_of(proc, "STRATEGIES")
+    assert fields["failures"] == "0" and int(fields["checks"]) > 0
+
+
+def test_an_unknown_strategy_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown strategy 'nope'; one of serial, dp"):
+        strategies.build("nope", None)
