@@ -7,9 +7,10 @@ EN pipeline bubble · RU пузырь конвейера · ZH 流水线气泡
     minipar bubble --stages 4 --micro-batches 8 --schedule gpipe -o gpipe.png --trace gpipe.json
     minipar bubble --from-run timeline.json        # written by minipar run pp --timeline
 
-From the theory, the schedule (:mod:`minipar.parallel.pipeline`) is replayed
-by the simulator with equal costs — a forward 1, a backward 2 per stage
-(per chunk 1/v and 2/v) — and the bubble is exact.  Over P stages, with T
+From the theory, the schedule (:mod:`minipar.parallel.pipeline.schedule`) is
+replayed by the simulator (:mod:`minipar.parallel.pipeline.simulate`) with
+equal costs — a forward 1, a backward 2 per stage (per chunk 1/v and 2/v) —
+and the bubble is exact.  Over P stages, with T
 the time until the pipeline flush and C the summed forwards and backwards::
 
     bubble fraction = (P·T − C)/(P·T) = (p − 1)/(v·m + p − 1)
@@ -44,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from minipar.cli_errors import ArgumentParser, error_line, integer, output_file
+from minipar.parallel.pipeline.schedule import KINDS
 
 PROG = "minipar bubble"
-KINDS = ("naive", "gpipe", "1f1b", "interleaved")
 MAX_STAGES, MAX_MICRO_BATCHES, MAX_CHUNKS = 64, 1024, 16
 #: the text chart is printed up to this many time cells (two characters each)
 MAX_CHART_CELLS = 120
@@ -63,16 +64,16 @@ PAPER = {"naive": "Huang et al. 2018", "gpipe": "Huang et al. 2018",
 
 def formula(kind: str, p: int, m: int, v: int = 1) -> tuple[Fraction, Fraction]:
     """(bubble fraction, bubble / ideal time) of ``kind``, exact
-    (:func:`minipar.parallel.pipeline.measure.formula`)."""
-    from minipar.parallel.pipeline.measure import formula as papers
+    (:func:`minipar.plan.pipeline.bubble_formula`)."""
+    from minipar.plan.pipeline import bubble_formula
 
-    f = papers(kind, p, m, v)
+    f = bubble_formula(kind, p, m, v)
     return f["fraction"], f["ratio"]
 
 
 def check_args(kind: str, p: int, m: int, v: int) -> None:
     """ValueError naming the options and numbers, before anything is simulated."""
-    from minipar.parallel.pipeline import schedule
+    from minipar.parallel.pipeline.schedule import stage_schedule
 
     if kind != "interleaved" and v != 1:
         raise ValueError(f"--chunks {v} needs --schedule interleaved (the {kind} schedule has "
@@ -80,15 +81,19 @@ def check_args(kind: str, p: int, m: int, v: int) -> None:
     if kind == "interleaved" and m % p:
         raise ValueError(f"--micro-batches {m} is not a multiple of --stages {p}: interleaved "
                          "1F1B sends micro-batches in groups of p")
-    schedule(kind, 0, p, m, v)  # anything else, in the schedule's own words
+    stage_schedule(kind, 0, p, m, v)  # anything else, in the schedule's own words
 
 
 def theory(kind: str, p: int, m: int, v: int = 1) -> list:
     """The simulated timeline of ``kind`` on p stages, m micro-batches, v chunks: forward 1,
     backward 2 per stage (checked schedules, exact integer/Fraction times)."""
-    from minipar.parallel.pipeline import schedules, simulate, uniform_cost
+    from minipar.parallel.pipeline.check import check_schedules
+    from minipar.parallel.pipeline.schedule import schedules
+    from minipar.parallel.pipeline.simulate import replay, uniform_cost
 
-    return simulate(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))
+    scheds = schedules(kind, p, m, v)
+    check_schedules(scheds)
+    return replay(scheds, uniform_cost(1, 2, v=v))
 
 
 def in_flight_peaks(records: Sequence) -> list[int]:
@@ -102,8 +107,12 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
             wall: Sequence | None = None) -> dict[str, Any]:
     """The numbers ``--json`` prints.  ``records``: the timeline compared with the formula
     (simulated, or rebuilt from a run); ``wall``: the measured wall-clock one, if any."""
-    from minipar.parallel.pipeline import bubble_fraction, bubble_time_ratio, in_flight, schedules
-    from minipar.parallel.pipeline.measure import rebuild_fastest
+    from minipar.parallel.pipeline.measure import (
+        bubble_fraction,
+        bubble_time_ratio,
+        rebuild_fastest,
+    )
+    from minipar.parallel.pipeline.schedule import in_flight, schedules
 
     frac, ratio = formula(kind, p, m, v)
     got, got_ratio = bubble_fraction(records), bubble_time_ratio(records)
@@ -127,7 +136,7 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
 
 
 def _chart(records: Sequence) -> str:
-    from minipar.parallel.pipeline import chart
+    from minipar.parallel.pipeline.measure import chart
     from minipar.parallel.pipeline.simulate import Record
 
     t0 = min(r.start for r in records)

@@ -15,16 +15,10 @@ import pytest
 
 from minipar import bubble, cli, trace
 from minipar.cli_errors import ArgumentParser
-from minipar.parallel.pipeline import (
-    chart,
-    in_flight,
-    measure,
-    run,
-    schedules,
-    simulate,
-    uniform_cost,
-)
-from minipar.parallel.pipeline.measure import write_timeline
+from minipar.parallel.pipeline import measure
+from minipar.parallel.pipeline.measure import chart, write_timeline
+from minipar.parallel.pipeline.schedule import in_flight, schedules
+from minipar.parallel.pipeline.simulate import replay, uniform_cost
 from minipar.registry import VERBS
 
 
@@ -41,7 +35,7 @@ def test_the_verb_is_registered():
 def test_text_shows_the_simulators_chart_and_the_exact_bubble(capsys):
     code, out, err = call(capsys, "--stages", 4, "--micro-batches", 6, "--schedule", "gpipe")
     assert code == 0 and err == ""
-    drawn = chart(simulate(schedules("gpipe", 4, 6), uniform_cost(1, 2)))
+    drawn = chart(replay(schedules("gpipe", 4, 6), uniform_cost(1, 2)))
     assert drawn in out  # the docstring's GPipe drawing, from the simulator
     assert "bubble fraction (P·T − C)/(P·T) = 1/3 = 33.3% of the step" in out
     assert "formula (Huang et al. 2018): (p - 1)/(m + p - 1) = 0.3333" in out
@@ -87,7 +81,7 @@ def test_png_and_trace_files(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(tr.read_text())
     assert trace.problems(data) == []
-    n = len(simulate(schedules("gpipe", 3, 4), uniform_cost(1, 2)))
+    n = len(replay(schedules("gpipe", 3, 4), uniform_cost(1, 2)))
     assert sum(e["ph"] == "X" for e in data["traceEvents"]) == n
     assert data["otherData"]["bubble_fraction"] == pytest.approx(2 / 6)
 
@@ -99,7 +93,7 @@ def _recorded(tmp_path, kind="1f1b", p=3, m=6, jitter=0.0):
     def cost(ins, stage):
         base = {"Forward": 0.010, "Backward": 0.020}.get(type(ins).__name__, 0.0001)
         return base * (1 + jitter * rng.random())
-    recs = run(schedules(kind, p, m), cost, comm_cost=cost)
+    recs = replay(schedules(kind, p, m), cost, comm_cost=cost)
     path = tmp_path / "run.json"
     write_timeline(path, recs, kind, p, m)
     return path, recs
@@ -134,11 +128,10 @@ def test_from_run_writes_both_timelines_to_the_trace(capsys, tmp_path):
 def test_fastest_costs_remove_the_stalls():
     """Two forwards stalled 50 units (another process took the core): the rebuilt timeline
     keeps them, the fastest-cost one does not: equal stages give the formula exactly."""
-    recs = run(schedules("gpipe", 2, 4), uniform_cost(1, 2))
+    recs = replay(schedules("gpipe", 2, 4), uniform_cost(1, 2))
     stalled = [r._replace(end=r.end + 50) if (r.what, r.micro_batch) == ("forward", 1) else r
                for r in recs]
-    from minipar.parallel.pipeline import bubble_fraction
-    from minipar.parallel.pipeline.measure import rebuild
+    from minipar.parallel.pipeline.measure import bubble_fraction, rebuild
 
     assert bubble_fraction(rebuild(stalled, "gpipe", 2, 4)) == Fraction(53, 115)  # the stalls
     assert bubble_fraction(measure.rebuild_fastest(stalled, "gpipe", 2, 4)) == Fraction(1, 5)
@@ -147,7 +140,7 @@ def test_fastest_costs_remove_the_stalls():
 
 
 def test_a_bare_list_of_records_is_read_too(tmp_path):
-    recs = simulate(schedules("gpipe", 2, 3), uniform_cost(1, 2))
+    recs = replay(schedules("gpipe", 2, 3), uniform_cost(1, 2))
     path = tmp_path / "bare.json"
     path.write_text(json.dumps([r._asdict() for r in recs]))
     meta, got = measure.load_run(path)

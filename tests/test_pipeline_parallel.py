@@ -24,16 +24,16 @@ import pytest
 
 from minipar import launch
 from minipar.nn import GPTConfig, gpt_units
-from minipar.parallel.pipeline import schedules, simulate, uniform_cost
 from minipar.parallel.pipeline.measure import (
-    formula,
     measured_bubble,
     read_timeline,
     rebuild,
     write_timeline,
 )
 from minipar.parallel.pipeline.partition import check_pipeline, parse_balance, stage_units
-from minipar.parallel.pipeline.simulate import Record
+from minipar.parallel.pipeline.schedule import schedules
+from minipar.parallel.pipeline.simulate import Record, replay, uniform_cost
+from minipar.plan.pipeline import bubble_formula
 
 MPI_DIR = Path(__file__).parent / "mpi"
 
@@ -58,9 +58,9 @@ CASES = [("naive", p, m, 1) for p in (1, 2, 4) for m in (1, 3)] + \
 @pytest.mark.parametrize("kind,p,m,v", CASES)
 def test_rebuilt_bubble_of_equal_costs_is_the_formula_exactly(kind: str, p: int, m: int,
                                                               v: int) -> None:
-    records = simulate(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))
+    records = replay(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))
     b = measured_bubble(records, kind, p, m, v)
-    f = formula(kind, p, m, v)
+    f = bubble_formula(kind, p, m, v)
     assert isinstance(b["rebuilt"], Fraction | int)
     assert b["rebuilt"] == b["wall_clock"] == b["rebuilt_median"] == f["fraction"]
     assert b["rebuilt_ratio"] == f["ratio"]
@@ -71,7 +71,7 @@ def test_rebuilt_bubble_of_equal_costs_is_the_formula_exactly(kind: str, p: int,
 def test_waits_in_the_wall_clock_do_not_change_the_rebuilt_timeline() -> None:
     # a shared machine: stage 1 starts 7 units late and every record after a wait is shifted
     p, m = 3, 6
-    exact = simulate(schedules("1f1b", p, m), uniform_cost(1, 2))
+    exact = replay(schedules("1f1b", p, m), uniform_cost(1, 2))
     late = [r._replace(start=r.start + 7 * (r.stage == 1) + r.micro_batch % 2 * (r.stage == 2)
                        if r.micro_batch is not None else r.start,
                        end=r.end + 7 * (r.stage == 1) + r.micro_batch % 2 * (r.stage == 2)
@@ -83,7 +83,7 @@ def test_waits_in_the_wall_clock_do_not_change_the_rebuilt_timeline() -> None:
 
 def test_median_costs_remove_a_one_off_stall() -> None:
     # one backward on stage 0 took 10 units instead of 2 (the OS ran something else)
-    recs = simulate(schedules("1f1b", 2, 4), uniform_cost(1, 2))
+    recs = replay(schedules("1f1b", 2, 4), uniform_cost(1, 2))
     stalled = [r._replace(end=r.end + 8) if (r.stage, r.what, r.micro_batch) ==
                (0, "backward", 1) else r for r in recs]
     b = measured_bubble(stalled, "1f1b", 2, 4)
@@ -94,18 +94,18 @@ def test_unequal_stages_make_a_larger_bubble_than_the_formula() -> None:
     # the last stage twice as slow: the rebuilt bubble is the schedule's, not the formula's
     def cost(ins, stage):
         return uniform_cost(1, 2)(ins, stage) * (2 if stage == 1 else 1)
-    recs = simulate(schedules("gpipe", 2, 4), cost)
+    recs = replay(schedules("gpipe", 2, 4), cost)
     assert measured_bubble(recs, "gpipe", 2, 4)["rebuilt"] > Fraction(1, 5)
 
 
 def test_records_of_another_schedule_are_refused() -> None:
-    recs = simulate(schedules("gpipe", 2, 2), uniform_cost())
+    recs = replay(schedules("gpipe", 2, 2), uniform_cost())
     with pytest.raises(ValueError, match="not of this schedule"):
         rebuild(recs, "gpipe", 2, 3)
 
 
 def test_timeline_json_round_trips(tmp_path: Path) -> None:
-    recs = simulate(schedules("interleaved", 2, 2, 2), uniform_cost(1, 2, v=2))
+    recs = replay(schedules("interleaved", 2, 2, 2), uniform_cost(1, 2, v=2))
     recs = [r._replace(start=float(r.start), end=float(r.end)) for r in recs]
     path = tmp_path / "t.json"
     write_timeline(path, recs, "interleaved", 2, 2, 2)
@@ -212,7 +212,7 @@ def test_run_pp_refuses_before_mpi_starts(tmp_path: Path) -> None:
 def test_run_pp_json_on_a_2x2_grid_with_interleaving_remat_and_a_timeline(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from minipar import run
-    from minipar.parallel.pipeline import KINDS
+    from minipar.parallel.pipeline.schedule import KINDS
     from minipar.run import pp as run_pp
 
     assert run_pp.SCHEDULES == KINDS  # the launcher's copy
@@ -261,7 +261,7 @@ def test_a_stage_under_offload_counts_only_what_stays_on_the_device(target: str)
     from minipar.memory import nbytes
     from minipar.nn import Hooks, executor
     from minipar.parallel.common import RunSpec
-    from minipar.parallel.pipeline.stage_memory import StageMemory
+    from minipar.parallel.pipeline.stage import StageMemory
     from minipar.precision import ModelStates
 
     spec = RunSpec(layers=4, batch=12, seq=8, d_model=16, heads=2, vocab=10)

@@ -17,27 +17,22 @@ from fractions import Fraction
 
 import pytest
 
-from minipar.parallel import pipeline as pp
-from minipar.parallel.pipeline import (
+from minipar.parallel.pipeline.check import check_schedules, problems
+from minipar.parallel.pipeline.measure import bubble_fraction, bubble_time_ratio, chart
+from minipar.parallel.pipeline.schedule import (
+    KINDS,
     Backward,
-    Deadlock,
     Forward,
     OptimizerStep,
     RecvAct,
     RecvGrad,
     SendAct,
     SendGrad,
-    bubble_fraction,
-    bubble_time_ratio,
-    chart,
-    check,
     in_flight,
-    problems,
-    schedule,
     schedules,
-    simulate,
-    uniform_cost,
+    stage_schedule,
 )
+from minipar.parallel.pipeline.simulate import Deadlock, replay, uniform_cost
 from minipar.plan import pipeline as formulas
 
 
@@ -61,7 +56,7 @@ def _grid(kind: str, every: bool = False) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("kind", pp.KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_dependency_holds_and_nothing_deadlocks(kind: str) -> None:
     for p, m, v in _grid(kind, every=True):
         scheds = schedules(kind, p, m, v)
@@ -84,22 +79,22 @@ def test_interleaving_around_the_ring_needs_nonblocking_sends() -> None:
 def test_micro_batches_in_flight(p: int) -> None:
     for m in (1, p, 2 * p + 1, 32):
         for s in range(p):
-            assert in_flight(schedule("gpipe", s, p, m)) == m
-            assert in_flight(schedule("naive", s, p, m)) == 1
-            assert in_flight(schedule("1f1b", s, p, m)) == min(p - s, m) <= p
+            assert in_flight(stage_schedule("gpipe", s, p, m)) == m
+            assert in_flight(stage_schedule("naive", s, p, m)) == 1
+            assert in_flight(stage_schedule("1f1b", s, p, m)) == min(p - s, m) <= p
     for m in range(p, 33, p):  # Megatron-LM's warm-up + 1, in chunk-activations
         for v in range(1, 5):
             for s in range(p):
                 want = m * v if m == p else min(2 * (p - s - 1) + (v - 1) * p + 1, m * v)
-                assert in_flight(schedule("interleaved", s, p, m, v)) == want, (p, m, v, s)
+                assert in_flight(stage_schedule("interleaved", s, p, m, v)) == want, (p, m, v, s)
 
 
-@pytest.mark.parametrize("kind", pp.KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_bubble_equals_the_papers_formulas_exactly(kind: str) -> None:
     """Forward 1, backward 2 per stage (per chunk: 1/v, 2/v); the schedules were checked
-    above, so the timeline is rebuilt with run() directly."""
+    above, so the timeline is rebuilt with replay() directly."""
     for p, m, v in _grid(kind):
-        tl = pp.run(schedules(kind, p, m, v), uniform_cost(forward=1, backward=2, v=v))
+        tl = replay(schedules(kind, p, m, v), uniform_cost(forward=1, backward=2, v=v))
         fraction, ratio = bubble_fraction(tl), bubble_time_ratio(tl)
         assert fraction == ratio / (1 + ratio)
         if kind == "naive":
@@ -114,13 +109,13 @@ def test_bubble_equals_the_papers_formulas_exactly(kind: str) -> None:
 
 def test_rendezvous_sends_give_the_same_bubble() -> None:
     for kind in ("gpipe", "1f1b"):
-        tl = simulate(schedules(kind, 4, 8), uniform_cost(1, 2), sends="rendezvous")
+        tl = replay(schedules(kind, 4, 8), uniform_cost(1, 2), sends="rendezvous")
         assert bubble_fraction(tl) == Fraction(3, 11)
 
 
 def test_records_and_communication_cost() -> None:
     """Naive, 2 stages, 1 micro-batch, forward 1, backward 2, every send 1 unit (by hand)."""
-    tl = simulate(schedules("naive", 2, 1), uniform_cost(1, 2), comm_cost=lambda ins, s: 1)
+    tl = replay(schedules("naive", 2, 1), uniform_cost(1, 2), comm_cost=lambda ins, s: 1)
     got = sorted((r.stage, r.what, r.micro_batch, r.chunk, r.start, r.end) for r in tl)
     assert got == [
         (0, "backward", 0, 0, 6, 8), (0, "forward", 0, 0, 0, 1), (0, "optimizer", None, None, 8, 8),
@@ -139,7 +134,7 @@ def test_docstring_drawings_are_the_simulators() -> None:
     for kind, m, v, cost in (("gpipe", 6, 1, uniform_cost(1, 2)),
                              ("1f1b", 6, 1, uniform_cost(1, 2)),
                              ("interleaved", 4, 2, uniform_cost(2, 4, v=2))):
-        drawn = chart(simulate(schedules(kind, 4, m, v), cost))
+        drawn = chart(replay(schedules(kind, 4, m, v), cost))
         assert "\n".join("    " + line for line in drawn.splitlines()) in doc, kind
 
 
@@ -149,20 +144,20 @@ def test_a_missing_receive_is_named() -> None:
     scheds[1] = [x for x in scheds[1] if x != RecvAct(1)]
     needle = "stage 1: RecvAct(mb=1, chunk=0) appears 0 times, needs exactly once"
     with pytest.raises(ValueError, match=re.escape(needle)):
-        check(scheds)
+        check_schedules(scheds)
 
 
 def test_two_stages_both_receiving_first_is_a_deadlock() -> None:
     stage0 = [RecvGrad(0), Forward(0), SendAct(0), Backward(0), OptimizerStep()]
     stage1 = [RecvAct(0), Forward(0), Backward(0), SendGrad(0), OptimizerStep()]
     with pytest.raises(ValueError) as e:
-        check([stage0, stage1])
+        check_schedules([stage0, stage1])
     msg = str(e.value)
     assert "stage 0 waits at RecvGrad(mb=0, chunk=0) for stage 1" in msg
     assert "stage 1 waits at RecvAct(mb=0, chunk=0) for stage 0" in msg
     assert "cycle of waiting stages: 0 -> 1 -> 0" in msg
     with pytest.raises(Deadlock):
-        pp.run([stage0, stage1], uniform_cost())
+        replay([stage0, stage1], uniform_cost())
 
 
 def test_sending_before_receiving_deadlocks_only_with_blocking_sends() -> None:
@@ -194,7 +189,7 @@ def test_broken_schedules_are_named(edit, needle: str) -> None:
     scheds = schedules("gpipe", 2, 2)
     edit(scheds)
     with pytest.raises(ValueError, match=re.escape(needle)):
-        check(scheds)
+        check_schedules(scheds)
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -207,4 +202,20 @@ def test_broken_schedules_are_named(edit, needle: str) -> None:
 ])
 def test_bad_input_is_one_clear_error(args: tuple, needle: str) -> None:
     with pytest.raises(ValueError, match=re.escape(needle)):
-        schedule(*args)
+        stage_schedule(*args)
+
+
+def test_every_module_name_of_the_package_is_the_module() -> None:
+    """``import minipar.parallel.pipeline.simulate as s`` gives the module, never a function
+    of the same name: the package's ``__init__`` binds nothing but its submodules."""
+    import types
+
+    import minipar.parallel.pipeline as package
+
+    names = ("schedule", "check", "simulate", "partition", "stage", "p2p", "measure")
+    for name in names:
+        module = importlib.import_module(f"minipar.parallel.pipeline.{name}")
+        assert getattr(package, name) is module, name
+        assert not hasattr(module, name) or isinstance(getattr(module, name), types.ModuleType)
+    own = {k for k in vars(package) if not k.startswith("__")}
+    assert own <= {*names, "engine"}, own

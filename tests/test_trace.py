@@ -7,7 +7,8 @@ import json
 import pytest
 
 from minipar import trace
-from minipar.parallel.pipeline import schedules, simulate, uniform_cost
+from minipar.parallel.pipeline.schedule import schedules
+from minipar.parallel.pipeline.simulate import replay, uniform_cost
 
 
 def _x(events):
@@ -15,7 +16,7 @@ def _x(events):
 
 
 def test_pipeline_events_one_complete_event_per_record_in_microseconds():
-    tl = simulate(schedules("1f1b", 2, 3), uniform_cost(1, 2))
+    tl = replay(schedules("1f1b", 2, 3), uniform_cost(1, 2))
     events = trace.pipeline_events(tl, seconds=1e-3, name="1F1B")
     assert trace.problems({"traceEvents": events}) == []
     x = _x(events)
@@ -35,7 +36,7 @@ def test_pipeline_events_one_complete_event_per_record_in_microseconds():
 
 
 def test_odd_chunks_are_lower_case_and_times_start_at_zero():
-    tl = simulate(schedules("interleaved", 2, 2, 2), uniform_cost(1, 2, v=2))
+    tl = replay(schedules("interleaved", 2, 2, 2), uniform_cost(1, 2, v=2))
     shifted = [r._replace(start=r.start + 100, end=r.end + 100) for r in tl]
     events = _x(trace.pipeline_events(shifted, seconds=1e-3))
     assert min(e["ts"] for e in events) == 0
@@ -62,7 +63,7 @@ def test_ddp_timelines_one_process_per_rank_two_lanes():
 
 
 def test_write_gives_a_json_file_with_trace_events_and_metadata(tmp_path):
-    tl = simulate(schedules("gpipe", 3, 4), uniform_cost(1, 2))
+    tl = replay(schedules("gpipe", 3, 4), uniform_cost(1, 2))
     path = trace.write(tmp_path / "t.json", trace.pipeline_events(tl), schedule="gpipe", p=3)
     data = json.loads(path.read_text())
     assert set(data) == {"traceEvents", "displayTimeUnit", "otherData"}
@@ -82,7 +83,7 @@ def test_problems_name_what_a_viewer_would_refuse():
 
 
 def test_bad_input_is_one_clear_error():
-    tl = simulate(schedules("gpipe", 2, 1), uniform_cost(1, 2))
+    tl = replay(schedules("gpipe", 2, 1), uniform_cost(1, 2))
     with pytest.raises(ValueError, match="seconds per time unit must be > 0"):
         trace.pipeline_events(tl, seconds=0)
     broken = [tl[0]._replace(end=tl[0].start - 1)]

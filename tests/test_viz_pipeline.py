@@ -17,20 +17,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from minipar.parallel.pipeline import (
-    bubble_fraction,
-    in_flight,
-    run,
-    schedules,
-    simulate,
-    uniform_cost,
-)
+from minipar.parallel.pipeline.measure import bubble_fraction
+from minipar.parallel.pipeline.schedule import in_flight, schedules
+from minipar.parallel.pipeline.simulate import replay, uniform_cost
 from minipar.plan.pipeline import bubble_fraction as formula
 from minipar.viz import pipeline as vp
 
 
 def timeline(kind: str, p: int, m: int, v: int = 1):
-    return simulate(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))
+    return replay(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))
 
 
 def measured(kind: str, p: int, m: int, seed: int = 0):
@@ -40,7 +35,7 @@ def measured(kind: str, p: int, m: int, seed: int = 0):
     def cost(ins, stage):
         nominal = {"Forward": 0.010, "Backward": 0.020}.get(type(ins).__name__, 0.001)
         return nominal * (1 + 0.1 * rng.random())
-    return run(schedules(kind, p, m), cost, comm_cost=lambda ins, s: 2e-4)
+    return replay(schedules(kind, p, m), cost, comm_cost=lambda ins, s: 2e-4)
 
 
 @pytest.fixture(autouse=True)

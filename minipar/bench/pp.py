@@ -4,7 +4,7 @@ EN pipeline-parallel throughput · RU пропускная способност�
 
 The same GPT and global batch, one BLAS thread per process: once as the
 serial training step, once as a pipeline of p stages on p ranks
-(:class:`minipar.parallel.pipeline.execute.PipelineParallel`, default 2
+(:class:`minipar.parallel.pipeline.engine.PipelineParallel`, default 2
 stages, m = 8 micro-batches, 1F1B).  A stage computes half the model, so
 with no bubble the pipeline would be p times faster; GPipe and 1F1B idle the
 share (p − 1)/(m + p − 1) of the step (Huang et al. 2018, arXiv 1811.06965;
@@ -94,7 +94,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
         return _serial(spec, o["steps"], o["micro_batches"])
     from minipar.comm import TracedComm
     from minipar.comm.topology import Grid
-    from minipar.parallel.pipeline.execute import PipelineParallel
+    from minipar.parallel.pipeline.engine import PipelineParallel
     from minipar.parallel.pipeline.measure import measured_bubble, rebuild
 
     grid = Grid(TracedComm(), pp=o["ranks"])

@@ -11,7 +11,7 @@ innermost) gives every rank one tensor-parallel shard of one pipeline stage of
 one context slice of one data-parallel replica.  The step is the pieces that
 exist, composed — none of their code is repeated here:
 
-* the pipeline executor (:class:`~minipar.parallel.pipeline.execute.PipelineParallel`,
+* the pipeline executor (:class:`~minipar.parallel.pipeline.engine.PipelineParallel`,
   GPipe / 1F1B / interleaved, remat and offload) runs this rank's stage, and its
   units are not the serial ones but
   - tensor-parallel units over ``grid.comm("tp")`` (Megatron's f/g,
@@ -27,7 +27,7 @@ exist, composed — none of their code is repeated here:
     rank's positions; or
   - expert-parallel MoE blocks over ``grid.comm("ep")`` (DeepSpeed-MoE, the ep ranks
     carved out of the data-parallel ones, :class:`~minipar.parallel.expert_layer.EPMoE`);
-* between stages (the executor's wire hooks, :mod:`minipar.parallel.pipeline.messages`),
+* between stages (the executor's wire hooks, :mod:`minipar.parallel.pipeline.p2p`),
   with tp > 1, PTD-P's scatter/gather (§4.1): the t ranks of a tensor
   group hold the same activation, so each sends 1/t of it and the next stage's group
   all-gathers the pieces (``scatter_gather=False``: every rank sends all of it);
@@ -56,7 +56,7 @@ from minipar.nn.units import BlockUnit, EmbedUnit, HeadUnit
 from minipar.optim import FlatParams
 from minipar.parallel.hybrid_config import bytes_formula, check_hybrid, micro_rows
 from minipar.parallel.hybrid_zero import HybridZero
-from minipar.parallel.pipeline.execute import PipelineParallel
+from minipar.parallel.pipeline.engine import PipelineParallel
 
 __all__ = ["HybridParallel"]
 
@@ -258,7 +258,7 @@ class HybridParallel(HybridZero, PipelineParallel):
     def bytes_formula(self) -> dict[str, int]:
         """Exact bytes per step this rank sends on each axis (dense GPT; module
         :mod:`minipar.parallel.hybrid_config`)."""
-        from minipar.parallel.pipeline import RecvAct, RecvGrad, SendAct, SendGrad
+        from minipar.parallel.pipeline.schedule import RecvAct, RecvGrad, SendAct, SendGrad
 
         blocks = sum(u.name.startswith("block") for units in self.chunk_units for u in units)
         sends, recvs = ((sum(isinstance(i, k) for i in self.instructions) // self.m

@@ -81,7 +81,7 @@ class HybridZero:
         """ZeRO-2: views of the full parameters, gradients added to a full buffer made for
         this step; ZeRO-3: ZeRO's all-gathering hooks; else the executor's own."""
         if self.zero == 2:
-            from minipar.parallel.pipeline.stage_memory import StageHooks
+            from minipar.parallel.pipeline.stage import StageHooks
 
             lay = self.stage_layout
             self._acc = np.zeros(lay.size, self.full_buf.dtype)
@@ -100,7 +100,7 @@ class HybridZero:
 
     def recomputed_units(self) -> list[Any]:
         """Units whose forward runs again in backward: remat=True recomputes each chunk as
-        one segment, remat=k all but the chunk's last segment of k units (stage_memory)."""
+        one segment, remat=k all but the chunk's last segment of k units (pipeline.stage)."""
         remat, out = self.memory.remat, []
         for units in self.chunk_units:
             n = len(units)

@@ -20,7 +20,25 @@ device: (1/v)(p − 1)/m, at v × the point-to-point communication.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from minipar.plan._check import count, non_negative, positive
+
+
+def bubble_formula(kind: str, p: int, m: int, v: int = 1) -> dict[str, Fraction]:
+    """The papers' bubble of schedule ``kind`` for p equal stages, exact:
+    ``{"ratio": r, "fraction": r/(1 + r)}`` — bubble over ideal time, and idle share of
+    the step.
+
+    ``naive`` (one micro-batch in the pipeline at a time): r = p − 1, fraction
+    (p − 1)/p; ``gpipe`` and ``1f1b``: r = (p − 1)/m, fraction (p − 1)/(m + p − 1)
+    (Huang et al. 2018; Narayanan et al. 2021); ``interleaved`` with v chunks per
+    rank: r = (1/v)(p − 1)/m.  The one home of the formula: the simulator's exact
+    bubble is checked against it, and every float below is this ``Fraction`` rounded.
+    """
+    p, m, v = count("p", p), count("m", m), count("v", v)
+    r = Fraction(p - 1) if kind == "naive" else Fraction(p - 1, v * m)
+    return {"ratio": r, "fraction": r / (1 + r)}
 
 
 def gpipe_bubble_fraction(K: int, M: int) -> float:
@@ -29,7 +47,7 @@ def gpipe_bubble_fraction(K: int, M: int) -> float:
     Bubble time over *total* time, for K stages and M micro-batches.
     """
     K, M = count("K", K), count("M", M)
-    return (K - 1) / (M + K - 1)
+    return float(bubble_formula("gpipe", K, M)["fraction"])
 
 
 def bubble_time_ratio(p: int, m: int, v: int = 1) -> float:
@@ -39,14 +57,12 @@ def bubble_time_ratio(p: int, m: int, v: int = 1) -> float:
     v = 1 it is the GPipe bubble measured against the ideal time instead of
     the total: r/(1 + r) = (p − 1)/(m + p − 1).
     """
-    p, m, v = count("p", p), count("m", m), count("v", v)
-    return (p - 1) / (v * m)
+    return float(bubble_formula("interleaved" if v != 1 else "1f1b", p, m, v)["ratio"])
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """Idle share of the total step time for any of the schedules: r / (1 + r), r = bubble_time_ratio."""
-    r = bubble_time_ratio(p, m, v)
-    return r / (1 + r)
+    return float(bubble_formula("interleaved" if v != 1 else "1f1b", p, m, v)["fraction"])
 
 
 def peak_microbatches_in_flight(p: int, m: int, schedule: str = "1f1b") -> int:

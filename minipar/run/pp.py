@@ -14,7 +14,7 @@ Launcher side: every check of :func:`minipar.parallel.pipeline.partition.check_p
 (more stages than layers, m < 1, a balance that does not sum to the layers,
 interleaving with m not a multiple of p or layers not divisible by p·v) plus
 ``-n`` divisible by ``--dp``, before MPI starts.  Rank side:
-:class:`~minipar.parallel.pipeline.execute.PipelineParallel` (GPipe, Huang et
+:class:`~minipar.parallel.pipeline.engine.PipelineParallel` (GPipe, Huang et
 al. 2018, arXiv 1811.06965; 1F1B and interleaved, Narayanan et al. 2021, arXiv
 2104.04473) trains on a dp x pp grid, and the summary adds
 
@@ -110,10 +110,10 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
 
     from minipar.comm import TracedComm
     from minipar.comm.topology import Grid
-    from minipar.parallel.pipeline import in_flight, schedule
-    from minipar.parallel.pipeline.execute import PipelineParallel
+    from minipar.parallel.pipeline.engine import PipelineParallel
     from minipar.parallel.pipeline.measure import measured_bubble, write_timeline
     from minipar.parallel.pipeline.partition import chunk_units, parse_balance
+    from minipar.parallel.pipeline.schedule import in_flight, stage_schedule
     from minipar.plan.pipeline import pipeline_p2p_bytes_per_rank
 
     p, dp = _sizes(options)
@@ -155,7 +155,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
               f"(r/(1+r), r = {_RATIO[kind]} = {float(b['formula_ratio']):.3f})"),
              ("activation bytes held at the peak per stage: "
               + ", ".join(f"{s['peak']:,}" for s in stages) + " (in flight: "
-              + ", ".join(str(in_flight(schedule(kind, s, p, m, v))) for s in range(p)) + ")"
+              + ", ".join(str(in_flight(stage_schedule(kind, s, p, m, v))) for s in range(p)) + ")"
               + (f"; on the device: what is on {options['offload']} is not counted"
                  if options.get("offload") else ""))]
     if float(b["rebuilt_median"]) - float(b["formula"]) > GAP:
@@ -192,7 +192,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
                                                       "wall_clock_ratio")},
         "bubble_formula": float(b["formula"]), "bubble_formula_ratio": float(b["formula_ratio"]),
         "activation_peak_bytes_per_stage": [s["peak"] for s in stages],
-        "in_flight_per_stage": [in_flight(schedule(kind, s, p, m, v)) for s in range(p)],
+        "in_flight_per_stage": [in_flight(stage_schedule(kind, s, p, m, v)) for s in range(p)],
         "bytes_by_axis": [e["axes"] for e in everyone],
         "bytes_sent_per_rank": [e["axes"]["pp_p2p"] for e in everyone],
         "bytes_exact_per_rank": [e["exact"] for e in everyone],
@@ -216,7 +216,7 @@ def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def _exact_p2p(pp: Any) -> int:
     """Bytes this rank's sends carry per step: its micro-batch's rows x T x d x itemsize."""
     from minipar import spans
-    from minipar.parallel.pipeline import SendAct, SendGrad
+    from minipar.parallel.pipeline.schedule import SendAct, SendGrad
 
     rows = spans.counts(pp.spec.batch, pp.dp)[pp.replica]
     per_row = pp.spec.seq * pp.spec.d_model * pp.act_dtype.itemsize

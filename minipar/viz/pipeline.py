@@ -4,8 +4,9 @@ EN pipeline bubble · RU пузырь конвейера · ZH 流水线气泡
 
 Every function takes a timeline: a list of
 :class:`~minipar.parallel.pipeline.simulate.Record` ``(stage, what,
-micro_batch, chunk, start, end)``, simulated (:func:`minipar.parallel.pipeline.simulate`)
-or measured by the MPI executor — the same records, so the same figures.
+micro_batch, chunk, start, end)``, simulated
+(:func:`minipar.parallel.pipeline.simulate.replay`) or measured by the MPI
+executor — the same records, so the same figures.
 
 * :func:`plot_gantt` — stage × time: each forward and backward a bar coloured
   by micro-batch (forward light, backward dark, odd chunks hatched), the idle
@@ -23,7 +24,7 @@ or measured by the MPI executor — the same records, so the same figures.
 A stage is idle when it runs no forward or backward: waiting for a message is
 idle, and so is the time after its last backward until the flush (the end of
 the last backward of any stage), exactly what
-:func:`~minipar.parallel.pipeline.simulate.bubble_fraction` counts.
+:func:`~minipar.parallel.pipeline.measure.bubble_fraction` counts.
 Figures are returned, never shown (headless, Agg).
 """
 
@@ -36,7 +37,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from minipar.parallel.pipeline.simulate import Record, bubble_fraction
+from minipar.parallel.pipeline.measure import bubble_fraction
+from minipar.parallel.pipeline.simulate import Record
 
 COMPUTE = ("forward", "backward")
 SCHEDULE_NAMES = {"naive": "naive", "gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
@@ -127,9 +129,10 @@ def plot_gantt(timeline: Sequence[Record], title: str = "", time_unit: str = "ti
 def simulated_bubble(kind: str, p: int, m: int, v: int = 1) -> float:
     """The bubble fraction of ``kind`` on the simulator with equal costs (forward 1,
     backward 2 per stage), exact (a Fraction turned into a float)."""
-    from minipar.parallel.pipeline import run, schedules, uniform_cost
+    from minipar.parallel.pipeline.schedule import schedules
+    from minipar.parallel.pipeline.simulate import replay, uniform_cost
 
-    return float(bubble_fraction(run(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))))
+    return float(bubble_fraction(replay(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))))
 
 
 def plot_bubble_vs_m(p: int, ms: Iterable[int] = range(1, 33),
@@ -140,7 +143,7 @@ def plot_bubble_vs_m(p: int, ms: Iterable[int] = range(1, 33),
 
     Interleaved uses ``v`` chunks per rank and only the m that are multiples of p.
     """
-    from minipar.plan.pipeline import bubble_fraction as formula
+    from minipar.plan.pipeline import bubble_formula
 
     ms = sorted(set(ms))
     if not ms or ms[0] < 1 or p < 1:
@@ -155,7 +158,7 @@ def plot_bubble_vs_m(p: int, ms: Iterable[int] = range(1, 33),
             continue
         colour, line, marker = styles.get(kind, ("C4", "-", "^"))
         name = SCHEDULE_NAMES.get(kind, kind) + (f", v = {vk}" if kind == "interleaved" else "")
-        theory = [(p - 1) / p if kind == "naive" else formula(p, m, vk) for m in xs]
+        theory = [float(bubble_formula(kind, p, m, vk)["fraction"]) for m in xs]
         ax.plot(xs, theory, color=colour, linestyle=line, linewidth=1.3,
                 label=f"{name}: formula")
         ax.scatter(xs, [simulated_bubble(kind, p, m, vk) for m in xs], color=colour,

@@ -1,6 +1,6 @@
 """Wrong 1F1B: GPipe's schedule (all forwards, then all backwards): m in flight, not p - s."""
 
-from minipar.parallel.pipeline import (
+from minipar.parallel.pipeline.schedule import (
     Backward,
     Forward,
     OptimizerStep,

@@ -1,6 +1,6 @@
 """Wrong GPipe: every stage but the last waits for a gradient before sending any activation."""
 
-from minipar.parallel.pipeline import (
+from minipar.parallel.pipeline.schedule import (
     Backward,
     Forward,
     OptimizerStep,

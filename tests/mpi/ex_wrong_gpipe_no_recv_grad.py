@@ -1,6 +1,6 @@
 """Wrong GPipe: the backwards never receive the gradient of their output (no RecvGrad)."""
 
-from minipar.parallel.pipeline import (
+from minipar.parallel.pipeline.schedule import (
     Backward,
     Forward,
     OptimizerStep,

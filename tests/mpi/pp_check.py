@@ -28,9 +28,9 @@ from minipar.comm.topology import Grid
 from minipar.memory import nbytes
 from minipar.parallel import parity
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.pipeline import SendAct, SendGrad, schedule
-from minipar.parallel.pipeline.execute import PipelineParallel
+from minipar.parallel.pipeline.engine import PipelineParallel
 from minipar.parallel.pipeline.measure import measured_bubble
+from minipar.parallel.pipeline.schedule import SendAct, SendGrad, stage_schedule
 from minipar.parallel.pipeline.simulate import WHAT
 from minipar.plan.pipeline import gpipe_activation_bytes, pipeline_p2p_bytes_per_rank
 
@@ -128,7 +128,7 @@ def run_all() -> None:
     trial(g, inter, "interleaved", p, 2)
     trial(g, inter, "interleaved", 2 * p, 2, remat=True)
     trial(g, base.with_(experts=2, top_k=1), "1f1b", 2)
-    mine = schedule("1f1b", g.coord("pp"), p, 3)  # a learner's list: the executor runs it
+    mine = stage_schedule("1f1b", g.coord("pp"), p, 3)  # a learner's list: the executor runs it
     trial(g, base, "1f1b", 3, instructions=mine)
     if N == 3:  # the middle stage sends the plan's 2·m·v·b·s·h·bytes
         pp = trial(g, base, "1f1b", 5)

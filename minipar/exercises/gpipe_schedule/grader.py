@@ -19,7 +19,7 @@ plain data, so most of the grading needs no MPI; every rank computes it, rank
    (p − 1)/m of the ideal time;
 4. **real ranks** — on N ranks, each rank runs *its own stage's list* through
    minipar's MPI pipeline executor
-   (:class:`minipar.parallel.pipeline.execute.PipelineParallel`, its
+   (:class:`minipar.parallel.pipeline.engine.PipelineParallel`, its
    ``instructions=`` option) for two AdamW steps of a small GPT (float64);
    the parameters must equal the serial run's within the shared parity
    tolerance (:data:`minipar.parallel.parity.TOLERANCE` × the distance
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -108,7 +107,7 @@ def _lists(fn: Callable, p: int, m: int) -> tuple[list[list], str | None]:
 
 def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
     """The schedule's own rule (in flight), in words, or None."""
-    from minipar.parallel.pipeline import in_flight
+    from minipar.parallel.pipeline.schedule import in_flight
 
     for s, ins in enumerate(lists):
         held = in_flight(ins)
@@ -127,13 +126,16 @@ def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
 
 def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:
     """The simulated bubble (forward 1, backward 2) against the formula, in words, or None."""
-    from minipar.parallel.pipeline import bubble_fraction, bubble_time_ratio, run, uniform_cost
+    from minipar.parallel.pipeline.measure import bubble_fraction, bubble_time_ratio
+    from minipar.parallel.pipeline.simulate import replay, uniform_cost
+    from minipar.plan.pipeline import bubble_formula
 
-    tl = run(lists, uniform_cost(1, 2))
+    tl = replay(lists, uniform_cost(1, 2))
+    formula = bubble_formula(kind, p, m)
     if kind == "gpipe":
-        got, want, what = bubble_fraction(tl), Fraction(p - 1, m + p - 1), "of the step"
+        got, want, what = bubble_fraction(tl), formula["fraction"], "of the step"
     else:
-        got, want, what = bubble_time_ratio(tl), Fraction(p - 1, m), "of the ideal time"
+        got, want, what = bubble_time_ratio(tl), formula["ratio"], "of the ideal time"
     if got == want:
         return None
     return (f"p={p}, m={m}: on the simulator the bubble is {got} = {float(got):.3f} {what}, "
@@ -145,7 +147,7 @@ def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:
 def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[str, str]:
     """A problem of each kind over m in ``ms`` on p stages: "check" at the smallest m that
     fails it, "rule" and "bubble" at the largest."""
-    from minipar.parallel.pipeline import problems
+    from minipar.parallel.pipeline.check import problems
 
     out: dict[str, str] = {}
     for m in ms:
@@ -162,12 +164,16 @@ def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[
 
 
 def copied(fn: Callable) -> bool:
-    """Does the learner's function reach for the package's own schedule functions?"""
-    import importlib
+    """Does the learner's function reach for the package's own schedule functions (any
+    function of :mod:`minipar.parallel.pipeline.schedule` but the two helpers a learner may
+    use, ``virtual_stage`` and ``in_flight``)?"""
+    import inspect
 
-    sched = importlib.import_module("minipar.parallel.pipeline.schedule")  # the module
-    theirs = {id(f) for f in (sched.schedule, sched.schedules, sched._one_f_one_b,
-                              sched._with_comm, sched._interleaved_order)}
+    from minipar.parallel.pipeline import schedule as sched
+
+    helpers = (sched.virtual_stage, sched.in_flight)
+    theirs = {id(f) for f in vars(sched).values() if inspect.isfunction(f)
+              and f.__module__ == sched.__name__ and f not in helpers}
     return any(id(v) in theirs for v in getattr(fn, "__globals__", {}).values())
 
 
@@ -184,7 +190,7 @@ def execute(kind: str, fn: Callable, comm: Any, p: int, m: int) -> np.ndarray:
     """This rank runs the learner's list for its stage through the MPI executor; the whole
     model's parameters after two AdamW steps (on every rank)."""
     from minipar.comm.topology import Grid
-    from minipar.parallel.pipeline.execute import PipelineParallel
+    from minipar.parallel.pipeline.engine import PipelineParallel
 
     raw = getattr(comm, "comm", comm)  # the grader's Dup of COMM_WORLD, untraced
     grid = Grid(raw, dp=1, pp=p)
@@ -202,7 +208,8 @@ def run_stage(fn: Callable, comm: Any, x: np.ndarray, **case: Any) -> np.ndarray
     if case["what"] == "rules":
         found = findings(kind, fn, case["p"])
         if copied(fn):
-            found["own"] = ("your schedule calls minipar.parallel.pipeline's own schedule(): "
+            found["own"] = ("your schedule calls minipar.parallel.pipeline.schedule's own "
+                            "stage_schedule() (or its helpers): "
                             "the exercise is to write the list yourself")
         _notes[key] = json.dumps(found)
         return np.array([1.0 if found else 0.0])
@@ -223,7 +230,7 @@ def _size(p: int) -> int:
 
 
 def _problems(lists: list[list]) -> list[str]:
-    from minipar.parallel.pipeline import problems
+    from minipar.parallel.pipeline.check import problems
 
     return problems(lists)
 

@@ -15,7 +15,7 @@ learner writes.
 
 from __future__ import annotations
 
-from minipar.parallel.pipeline import (
+from minipar.parallel.pipeline.schedule import (
     Backward,
     Forward,
     OptimizerStep,

@@ -4,7 +4,7 @@ EN pipeline schedule check · RU проверка расписания конв�
 
 Given every stage's list of instructions (:mod:`.schedule`, or a learner's
 own), :func:`problems` lists what is wrong, each problem naming the stage and
-the instruction, and :func:`check` raises them as one ``ValueError``.  A
+the instruction, and :func:`check_schedules` raises them as one ``ValueError``.  A
 schedule of p stages, m micro-batches and v chunks per stage is correct when
 
 1. every stage forwards and backwards each (micro-batch, chunk) exactly once,
@@ -17,7 +17,8 @@ schedule of p stages, m micro-batches and v chunks per stage is correct when
 3. every send is matched by exactly one receive on the neighbour;
 4. replayed with blocking receives (and, with ``sends="rendezvous"``, sends
    that wait for their receive, as ``MPI_Ssend``), no stage waits forever: a
-   stuck replay is reported with the cycle of stages waiting for each other.
+   stuck replay (the simulator's own, :func:`~.simulate.replay`) is reported with
+   the cycle of stages waiting for each other.
 
 The number of stages is ``len(schedules)``; micro-batches and chunks are read
 from the Forward instructions.
@@ -41,7 +42,7 @@ from minipar.parallel.pipeline.schedule import (
     SendGrad,
     virtual_stage,
 )
-from minipar.parallel.pipeline.simulate import Deadlock, message_key, run, uniform_cost
+from minipar.parallel.pipeline.simulate import Deadlock, message_key, replay, uniform_cost
 
 _TYPES = (Forward, Backward, SendAct, RecvAct, SendGrad, RecvGrad, OptimizerStep)
 
@@ -121,13 +122,13 @@ def problems(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered"
         return [f"message {k} sent {posted[k]} times, received {taken[k]} times"
                 for k in sorted(set(posted) | set(taken)) if posted[k] != taken[k]]
     try:
-        run(schedules, uniform_cost(1, 1, 0), sends=sends)
+        replay(schedules, uniform_cost(1, 1, 0), sends=sends)
     except Deadlock as e:
         return [str(e)]
     return []
 
 
-def check(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered") -> None:
+def check_schedules(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered") -> None:
     """Raise ``ValueError`` listing :func:`problems` (every one names the stage and the
     instruction); return None when the schedules are correct."""
     found = problems(schedules, sends)

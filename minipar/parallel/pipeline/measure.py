@@ -1,16 +1,34 @@
-"""The bubble, measured: the wall-clock trace and the dedicated-machine timeline rebuilt from it.
+"""What a pipeline timeline shows: its bubble, its chart, and a measured run's timeline rebuilt.
 
-EN pipeline bubble (measured) · RU пузырь конвейера (измеренный) · ZH 流水线气泡（实测）
+EN pipeline bubble · RU пузырь конвейера · ZH 流水线气泡
 
-The MPI executor (:mod:`.execute`) records every instruction's start and end
-on every stage.  Two views of one run:
+**The bubble** (GPipe, Huang et al. 2018, arXiv 1811.06965; PTD-P, Narayanan
+et al. 2021, arXiv 2104.04473), over the P stages of a timeline (a list of
+:class:`~.simulate.Record`, simulated or measured), with makespan T = the end
+of the last forward or backward (the pipeline flush; the optimizer step is
+after it and not counted) and C = the summed durations of every forward and
+backward (the work)::
+
+    idle                 = P·T − C
+    bubble_fraction      = idle / (P·T)      GPipe: (p − 1)/(m + p − 1)
+    bubble_time_ratio    = idle / C          1F1B: (p − 1)/m;  interleaved: (1/v)(p − 1)/m
+
+``bubble_time_ratio`` is the paper's "bubble time over ideal time": C/P is
+the time of one stage's share of the work with no bubble (the ideal), and
+idle/P the bubble per stage.  The two are the same number seen twice:
+fraction = ratio/(1 + ratio).  With integer or ``Fraction`` costs both are
+exact ``Fraction`` values.  :func:`chart` draws a timeline as text (the
+drawings in :mod:`.schedule`'s docstring are its output).
+
+**The bubble, measured.**  The MPI executor (:mod:`.engine`) records every
+instruction's start and end on every stage.  Two views of one run:
 
 * **wall clock** — the records as they are.  When 4 ranks share 2 cores, a
   stage that waits for a core looks idle, and one that computes while its
   neighbour is descheduled looks busy: the trace mixes the schedule with the
   operating system;
 * **rebuilt** — the timeline a machine with one core per stage would have:
-  the simulator (:func:`~.simulate.run`) replays the schedules with each
+  the simulator (:func:`~.simulate.replay`) replays the schedules with each
   instruction's *measured* cost (a forward's, a backward's, a send's own
   duration; receives cost nothing but their wait) and the schedules'
   dependencies.  Waiting for a message vanishes; uneven stages, slow sends and
@@ -19,10 +37,10 @@ on every stage.  Two views of one run:
   instruction costs the median of its kind on its stage), and the executor's
   CPU-time records (``PipelineParallel.cpu_records``) leave them out.
 
-Both are read by the simulator's :func:`~.simulate.bubble_fraction` (idle share
-of P·T) and :func:`~.simulate.bubble_time_ratio` (idle over ideal time), and set
-next to the papers' formula for equal stages (GPipe, Huang et al. 2018, arXiv
-1811.06965; PTD-P, Narayanan et al. 2021, arXiv 2104.04473)::
+Both are read by :func:`bubble_fraction` (idle share of P·T) and
+:func:`bubble_time_ratio` (idle over ideal time), and set next to the papers'
+formula for equal stages, written once in
+:func:`minipar.plan.pipeline.bubble_formula`::
 
     ratio r = (1/v)(p − 1)/m   (gpipe, 1f1b: v = 1)      fraction = r/(1 + r)
     naive: r = p − 1, fraction (p − 1)/p
@@ -45,23 +63,62 @@ from pathlib import Path
 from typing import Any
 
 from minipar.parallel.pipeline.schedule import Instruction, schedules
-from minipar.parallel.pipeline.simulate import (
-    WHAT,
-    Record,
-    bubble_fraction,
-    bubble_time_ratio,
-    run,
-)
+from minipar.parallel.pipeline.simulate import WHAT, Record, replay
+from minipar.plan.pipeline import bubble_formula
 
-__all__ = ["FORMAT", "formula", "measured_bubble", "read_timeline", "rebuild", "write_timeline"]
+__all__ = ["FORMAT", "bubble_fraction", "bubble_time_ratio", "chart", "load_run",
+           "measured_bubble", "read_timeline", "rebuild", "rebuild_fastest", "write_timeline"]
 
 FORMAT = "minipar-pipeline-timeline"
 
 
-def formula(kind: str, p: int, m: int, v: int = 1) -> dict[str, Fraction]:
-    """The papers' bubble for equal stages: ``{"ratio": r, "fraction": r/(1 + r)}``."""
-    r = Fraction(p - 1) if kind == "naive" else Fraction(p - 1, v * m)
-    return {"ratio": r, "fraction": r / (1 + r)}
+# -- the bubble of a timeline, and its chart ------------------------------------------------
+def _exact(a: Real, b: Real) -> Real:
+    if isinstance(a, (int, Fraction)) and isinstance(b, (int, Fraction)):
+        return Fraction(a) / b
+    return a / b
+
+
+def _work(timeline: Sequence[Record]) -> tuple[int, Real, Real]:
+    """(stages P, makespan T, work C) of a timeline's forwards and backwards."""
+    compute = [r for r in timeline if r.what in ("forward", "backward")]
+    if not compute:
+        raise ValueError("the timeline has no forward or backward record")
+    stages = len({r.stage for r in timeline})
+    t0 = min(r.start for r in timeline)
+    return stages, max(r.end for r in compute) - t0, sum(r.end - r.start for r in compute)
+
+
+def bubble_fraction(timeline: Sequence[Record]) -> Real:
+    """Idle share of the pipeline's time: (P·T − C)/(P·T) (see the module docstring)."""
+    P, T, C = _work(timeline)
+    return _exact(P * T - C, P * T)
+
+
+def bubble_time_ratio(timeline: Sequence[Record]) -> Real:
+    """Bubble over ideal time: (P·T − C)/C, i.e. idle per stage over work per stage."""
+    P, T, C = _work(timeline)
+    return _exact(P * T - C, C)
+
+
+def chart(timeline: Sequence[Record], unit: Real = 1) -> str:
+    """The timeline as text, one row per stage and two characters per ``unit`` of time:
+    ``F3`` forward of micro-batch 3 (``f3`` on an odd chunk), ``B3``/``b3`` its backward,
+    ``. `` idle or communicating.  Durations should be multiples of ``unit``."""
+    end = max(r.end for r in timeline)
+    width = int(_exact(end, unit))
+    stages = sorted({r.stage for r in timeline})
+    rows = {s: [". "] * width for s in stages}
+    for r in timeline:
+        if r.what in ("forward", "backward"):
+            letter = "F" if r.what == "forward" else "B"
+            cell = (letter if not r.chunk % 2 else letter.lower()) + str(r.micro_batch % 10)
+            for i in range(int(_exact(r.start, unit)), int(_exact(r.end, unit))):
+                rows[r.stage][i] = cell
+    return "\n".join(f"stage {s}  " + "".join(rows[s]).rstrip() for s in stages)
+
+
+# -- a measured run's timeline, rebuilt ----------------------------------------------------
 
 
 def _costs(records: Sequence[Record]) -> dict[tuple, Real]:
@@ -104,7 +161,7 @@ def rebuild(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
             raise ValueError(f"no record of {ins} on stage {stage}: the records are not of "
                              f"this schedule ({kind}, p={p}, m={m}, v={v})")
         return cost[key]
-    return run(scheds, measured, measured)
+    return replay(scheds, measured, measured)
 
 
 def measured_bubble(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
@@ -116,7 +173,7 @@ def measured_bubble(records: Sequence[Record], kind: str, p: int, m: int, v: int
     ``Fraction`` values when the times are."""
     timeline = rebuild(records, kind, p, m, v, instructions)
     steady = rebuild(records, kind, p, m, v, instructions, median=True)
-    f = formula(kind, p, m, v)
+    f = bubble_formula(kind, p, m, v)
     return {"wall_clock": bubble_fraction(records), "rebuilt": bubble_fraction(timeline),
             "rebuilt_median": bubble_fraction(steady),
             "wall_clock_ratio": bubble_time_ratio(records),
@@ -200,4 +257,4 @@ def rebuild_fastest(records: Sequence[Record], kind: str, p: int, m: int, v: int
             raise ValueError(f"the recorded run has no {what} on stage {stage}: it is not a "
                              f"{kind} step with p={p}, m={m}, v={v}")
         return fastest[stage, what]
-    return run(schedules(kind, p, m, v), cost)
+    return replay(schedules(kind, p, m, v), cost)

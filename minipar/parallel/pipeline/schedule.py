@@ -13,7 +13,7 @@ drives the MPI executor, the timeline simulator
 design as DeepSpeed's ``pipe/schedule.py``, ShallowSpeed and torchgpipe's
 ``clock_cycles``).
 
-Kinds, drawn by :func:`~minipar.parallel.pipeline.simulate.chart` from the
+Kinds, drawn by :func:`~minipar.parallel.pipeline.measure.chart` from the
 simulated timeline (4 stages, 6 micro-batches; ``F3`` = one time unit of the
 forward of micro-batch 3, ``B3B3`` its backward, twice as long; ``.`` idle;
 the test suite checks these drawings against the code):
@@ -67,7 +67,7 @@ the compute that produced it.  In 1F1B's steady state the gradient from the
 next stage is received *before* the activation is sent to it, so the two
 neighbours meet their messages in the same order and even synchronous
 (rendezvous) sends cannot deadlock (Megatron's ``send_forward_recv_backward``):
-naive, gpipe and 1f1b pass :func:`~minipar.parallel.pipeline.check.check` with
+naive, gpipe and 1f1b pass :func:`~minipar.parallel.pipeline.check.check_schedules` with
 ``sends="rendezvous"``.  Interleaving sends round a *ring* (the last rank
 feeds the first rank's next chunk), where every rank may be sending at once:
 it needs non-blocking sends (``Isend``, Megatron's ``batch_isend_irecv``),
@@ -220,7 +220,7 @@ def _interleaved_order(stage: int, p: int, m: int, v: int) -> list[tuple[str, in
     return order
 
 
-def schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[Instruction]:
+def stage_schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[Instruction]:
     """The instructions rank ``stage`` of ``p`` runs for one step of ``m`` micro-batches.
 
     ``kind``: ``naive``, ``gpipe``, ``1f1b`` or ``interleaved`` (``v`` model chunks
@@ -240,8 +240,8 @@ def schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[Instruct
 
 
 def schedules(kind: str, p: int, m: int, v: int = 1) -> list[list[Instruction]]:
-    """Every stage's list: ``[schedule(kind, s, p, m, v) for s in range(p)]``."""
-    return [schedule(kind, s, p, m, v) for s in range(p)]
+    """Every stage's list: ``[stage_schedule(kind, s, p, m, v) for s in range(p)]``."""
+    return [stage_schedule(kind, s, p, m, v) for s in range(p)]
 
 
 def in_flight(stage_schedule: list[Instruction]) -> int:

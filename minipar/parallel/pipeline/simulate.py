@@ -1,6 +1,6 @@
 """The timeline a dedicated machine would have: pipeline schedules replayed with given costs.
 
-EN pipeline bubble · RU пузырь конвейера · ZH 流水线气泡
+EN pipeline simulation · RU моделирование конвейера · ZH 流水线模拟
 
 When 4 ranks share 2 cores, the wall-clock trace of a pipeline says more
 about the operating system than about the schedule.  The simulator rebuilds
@@ -23,21 +23,10 @@ executor's); ``what`` is ``forward``, ``backward``, ``send_act``,
 ``recv_act``, ``send_grad``, ``recv_grad`` or ``optimizer`` (micro_batch and
 chunk None).  A receive's record spans the wait for its message.
 
-The bubble (GPipe, Huang et al. 2018, arXiv 1811.06965; PTD-P, Narayanan
-et al. 2021, arXiv 2104.04473), over the P stages of a timeline, with
-makespan T = the end of the last forward or backward (the pipeline flush; the
-optimizer step is after it and not counted) and C = the summed durations of
-every forward and backward (the work)::
-
-    idle                 = P·T − C
-    bubble_fraction      = idle / (P·T)      GPipe: (p − 1)/(m + p − 1)
-    bubble_time_ratio    = idle / C          1F1B: (p − 1)/m;  interleaved: (1/v)(p − 1)/m
-
-``bubble_time_ratio`` is the paper's "bubble time over ideal time": C/P is
-the time of one stage's share of the work with no bubble (the ideal), and
-idle/P the bubble per stage.  The two are the same number seen twice:
-fraction = ratio/(1 + ratio).  With integer or ``Fraction`` costs both are
-exact ``Fraction`` values.
+What the timeline shows — its bubble and its text chart — is
+:mod:`.measure`'s (:func:`~.measure.bubble_fraction`, :func:`~.measure.chart`);
+the checker (:mod:`.check`) replays with :func:`replay` to find deadlocks, so
+this module imports neither.
 """
 
 from __future__ import annotations
@@ -124,13 +113,15 @@ def _peer(key: tuple[str, int, int, int], p: int, sending: bool) -> int:
     return (key[3] if sending else key[2]) % p
 
 
-def run(schedules: Sequence[Sequence[Instruction]], cost: Cost,
-        comm_cost: Cost | None = None, sends: str = "buffered") -> Timeline:
+def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
+           comm_cost: Cost | None = None, sends: str = "buffered") -> Timeline:
     """Replay every stage's list ASAP; return the timeline sorted by (start, stage).
 
     ``cost(ins, stage)`` times Forward, Backward and OptimizerStep; ``comm_cost(ins,
     stage)`` a send's transfer (default 0: instantaneous).  Raises :class:`Deadlock`
-    when no stage can move and some have instructions left.
+    when no stage can move and some have instructions left.  The lists are replayed as
+    given: :func:`~.check.check_schedules` first tells whether they are a correct
+    schedule at all (each forward and backward once, every message matched).
     """
     if sends not in ("buffered", "rendezvous"):
         raise ValueError(f"sends must be 'buffered' or 'rendezvous', got {sends!r}")
@@ -198,57 +189,3 @@ def _cycle(waits_for: dict[int, int | None]) -> list[int]:
         if s is not None:
             return seen[seen.index(s):]
     return []
-
-
-def simulate(schedules: Sequence[Sequence[Instruction]], cost: Cost,
-             comm_cost: Cost | None = None, sends: str = "buffered") -> Timeline:
-    """The timeline of ``schedules`` on a dedicated machine with these costs (see :func:`run`);
-    the schedules are checked first (:func:`~minipar.parallel.pipeline.check.check`)."""
-    from minipar.parallel.pipeline.check import check
-    check(schedules, sends=sends)
-    return run(schedules, cost, comm_cost, sends)
-
-
-def _exact(a: Real, b: Real) -> Real:
-    if isinstance(a, (int, Fraction)) and isinstance(b, (int, Fraction)):
-        return Fraction(a) / b
-    return a / b
-
-
-def _work(timeline: Sequence[Record]) -> tuple[int, Real, Real]:
-    """(stages P, makespan T, work C) of a timeline's forwards and backwards."""
-    compute = [r for r in timeline if r.what in ("forward", "backward")]
-    if not compute:
-        raise ValueError("the timeline has no forward or backward record")
-    stages = len({r.stage for r in timeline})
-    t0 = min(r.start for r in timeline)
-    return stages, max(r.end for r in compute) - t0, sum(r.end - r.start for r in compute)
-
-
-def bubble_fraction(timeline: Sequence[Record]) -> Real:
-    """Idle share of the pipeline's time: (P·T − C)/(P·T) (see the module docstring)."""
-    P, T, C = _work(timeline)
-    return _exact(P * T - C, P * T)
-
-
-def bubble_time_ratio(timeline: Sequence[Record]) -> Real:
-    """Bubble over ideal time: (P·T − C)/C, i.e. idle per stage over work per stage."""
-    P, T, C = _work(timeline)
-    return _exact(P * T - C, C)
-
-
-def chart(timeline: Sequence[Record], unit: Real = 1) -> str:
-    """The timeline as text, one row per stage and two characters per ``unit`` of time:
-    ``F3`` forward of micro-batch 3 (``f3`` on an odd chunk), ``B3``/``b3`` its backward,
-    ``. `` idle or communicating.  Durations should be multiples of ``unit``."""
-    end = max(r.end for r in timeline)
-    width = int(_exact(end, unit))
-    stages = sorted({r.stage for r in timeline})
-    rows = {s: [". "] * width for s in stages}
-    for r in timeline:
-        if r.what in ("forward", "backward"):
-            letter = "F" if r.what == "forward" else "B"
-            cell = (letter if not r.chunk % 2 else letter.lower()) + str(r.micro_batch % 10)
-            for i in range(int(_exact(r.start, unit)), int(_exact(r.end, unit))):
-                rows[r.stage][i] = cell
-    return "\n".join(f"stage {s}  " + "".join(rows[s]).rstrip() for s in stages)

@@ -5,22 +5,22 @@ EN pipeline parallelism (executor) · RU конвейерный параллел
 GPipe (Huang et al. 2018, arXiv 1811.06965), 1F1B and interleaved 1F1B
 (Narayanan et al. 2021, arXiv 2104.04473).  Rank s of the grid's ``pp`` axis
 holds stage s — its chunks of units (:mod:`.partition`), their parameters,
-gradients and AdamW states only — and runs ``schedule(kind, s, p, m, v)``
+gradients and AdamW states only — and runs ``stage_schedule(kind, s, p, m, v)``
 (:mod:`.schedule`) as written, each instruction dispatched from one table
 (DeepSpeed's ``_INSTRUCTION_MAP``): ``RecvAct``/``RecvGrad`` a blocking receive;
 ``Forward`` the units executor's forward over the chunk (one ``kept`` per
 micro-batch; the last virtual stage adds the loss); ``Backward`` its backward,
 the gradients *added* to the stage's flat buffer; ``SendAct``/``SendGrad`` a
-non-blocking ``Isend`` (Megatron's ``batch_isend_irecv``: every schedule that
-passes :func:`~.check.check` runs without deadlock); ``OptimizerStep`` waits for
-the sends, all-reduces the gradients over the ``dp`` axis (pipeline replicas)
-and steps the stage's slice.  The messages — where they go, their tags, the
-local hand-off of interleaving, and what travels — are :mod:`.messages`.
+non-blocking ``Isend`` (Megatron's ``batch_isend_irecv``: every schedule
+that passes :func:`~.check.check_schedules` runs without deadlock);
+``OptimizerStep`` waits for the sends, all-reduces the gradients over the
+``dp`` axis (pipeline replicas) and steps the stage's slice.  The messages — where they go, their tags, the
+local hand-off of interleaving, and what travels — are :mod:`.p2p`.
 
 **A composed strategy** (:class:`minipar.parallel.hybrid.HybridParallel`)
 subclasses the executor and replaces its hooks (the template-method pattern):
 the units, the stage's parameters, the batch, the loss, what travels between
-stages (:class:`~.messages.StageMessages`) and the step after the flush; the
+stages (:class:`~.p2p.StageMessages`) and the step after the flush; the
 schedule, its dispatch and the bookkeeping stay here, written once.
 
 **Why it equals the serial run.**  Micro-batch i holds rows ``[lo_i, hi_i)``
@@ -35,9 +35,9 @@ gradient w_i, as in ``train(micro_batches=m)``, which routes the same groups.
 
 Each instruction's start and end (``perf_counter``, seconds from the step's
 start, after a barrier; and in CPU seconds, ``process_time``) become a
-:class:`~.simulate.Record`, so the simulator's charts and bubble functions read
-the measured timeline (:mod:`.measure`).  A
-chunk's hooks (:mod:`.stage_memory`) accumulate the gradients, keep or recompute
+:class:`~.simulate.Record`, so the bubble functions and charts of
+:mod:`.measure` read the measured timeline as they read a simulated one.  A
+chunk's hooks (:mod:`.stage`) accumulate the gradients, keep or recompute
 (``remat``) and offload its activations, and count the bytes held.
 """
 
@@ -55,7 +55,7 @@ from minipar.nn import executor
 from minipar.nn._dtype import check_model_dtype
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.parallel.common import check_world
-from minipar.parallel.pipeline.messages import OP_ACT, OP_GRAD, StageMessages
+from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageMessages
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.schedule import (
     Backward,
@@ -66,11 +66,11 @@ from minipar.parallel.pipeline.schedule import (
     RecvGrad,
     SendAct,
     SendGrad,
+    stage_schedule,
     virtual_stage,
 )
-from minipar.parallel.pipeline.schedule import schedule as make_schedule
 from minipar.parallel.pipeline.simulate import WHAT, Record
-from minipar.parallel.pipeline.stage_memory import StageMemory
+from minipar.parallel.pipeline.stage import StageMemory
 from minipar.precision import ModelStates
 
 __all__ = ["OP_ACT", "OP_GRAD", "PipelineParallel"]
@@ -91,7 +91,7 @@ class PipelineParallel(StageMessages):
     schedule's (a learner's schedule).  Every argument is checked on every rank before any message.
     A composed strategy subclasses it (:class:`minipar.parallel.hybrid.HybridParallel`) and
     replaces the units, the stage's parameters, the batch, the loss, what travels between
-    stages (:mod:`.messages`) and the step after the flush (the methods below ``AXES``).
+    stages (:mod:`.p2p`) and the step after the flush (the methods below ``AXES``).
     """
 
     def __init__(self, grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 1,
@@ -109,8 +109,8 @@ class PipelineParallel(StageMessages):
         self.balance = check_pipeline(spec.layers, self.p, micro_batches, schedule, chunks,
                                       balance, rows, remat)
         self.instructions = (list(instructions) if instructions is not None else
-                             make_schedule(schedule, self.stage, self.p, micro_batches,
-                                           chunks))
+                             stage_schedule(schedule, self.stage, self.p, micro_batches,
+                                            chunks))
         self.model = spec.model()
         self.chunk_units = stage_units(self.units(), self.balance, self.stage, self.p, chunks)
         self.states = ModelStates(spec.precision, self.stage_params(), spec.optimizer,
@@ -146,7 +146,7 @@ class PipelineParallel(StageMessages):
     def stage_hooks(self) -> Any:  # the chunks' innermost hooks; None: StageHooks on states
         return None
 
-    # what travels to the neighbour stage: to_wire, wire_shape, from_wire (.messages)
+    # what travels to the neighbour stage: to_wire, wire_shape, from_wire (.p2p)
 
     def step_stage(self) -> None:
         """After the flush: all-reduce the gradients over ``dp``, step the stage's slice."""

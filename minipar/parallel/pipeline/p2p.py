@@ -13,7 +13,7 @@ chunk ``vs // p`` (:func:`~.schedule.virtual_stage`), so a stage's
   (Megatron's ``batch_isend_irecv``); the buffer is kept until
   ``OptimizerStep`` waits for every send of the step
   (:meth:`StageMessages._wait_sends`).  A rank never blocks on its own
-  sends, so every schedule that passes :func:`~.check.check` runs without
+  sends, so every schedule that passes :func:`~.check.check_schedules` runs without
   deadlock: only the receives wait, and the checker has proved that each
   receive's matching send comes earlier in its sender's list.
 - **Receive: blocking.**  ``Recv`` of one micro-batch's (rows, s, h) tensor.
@@ -50,12 +50,14 @@ OP_ACT, OP_GRAD = "pp_send_act", "pp_send_grad"
 
 
 class StageMessages:
-    """The send and receive half of :class:`~.execute.PipelineParallel` (a mixin).
+    """The send and receive half of :class:`~.engine.PipelineParallel` (a mixin, its base).
 
     It reads the executor's state: ``p``, ``v``, ``stage``, ``p2p`` (the grid's
-    ``pp_p2p`` communicator), ``act_dtype``, ``spec``, and for the step under way
+    ``pp_p2p`` communicator), ``act_dtype``, ``spec`` (``d_model``), the method
+    ``_vs(chunk)`` (the chunk's virtual stage, checked), and for the step under way
     ``_x``, ``_cuts``, ``_box`` (tensors by (what, micro-batch, chunk)), ``_local``
-    (self-sends) and ``_sends`` (requests in flight, with their buffers).
+    (self-sends) and ``_sends`` (requests in flight, with their buffers); it writes
+    ``_box``, ``_local`` and ``_sends``.
     """
 
     # -- what travels: the hooks a composed strategy replaces ----------------------------
