@@ -12,9 +12,9 @@ Two instruments, so that a claim about memory is a measurement:
   ``activations`` (what forward saved for backward).  Each buffer counts
   once, however many views of it appear (q, k, v are views of one qkv
   array; every parameter is a view of the flat buffer).
-* Places — ``device``, ``host``, ``disk`` (``../shared/ARCHITECTURE.md`` §8):
+* Places — ``device``, ``host``, ``disk`` (``../shared/ARCHITECTURE.md`` §5):
   where a held buffer lives.  An array is on the device; an offloaded one
-  (:mod:`minipar.parallel.offload`) is a handle whose ``place`` says where
+  (:mod:`minipar.parallel.offload.store`) is a handle whose ``place`` says where
   it went and whose ``nbytes`` are its size there, so :func:`bytes_by_place`
   of an executor's ``kept`` list shows where the activations are, and a
   ledger row carries its place (``Ledger.bytes_by_place``).  Without a GPU
@@ -44,21 +44,23 @@ def place_of(a: Any) -> str:
     return str(getattr(a, "place", "device"))
 
 
-def _root(a: Any) -> Any:
+def owner(a: Any) -> Any:
+    """The array that owns ``a``'s memory (``a`` itself if it is no view)."""
     while getattr(a, "base", None) is not None and hasattr(a.base, "nbytes"):
         a = a.base
     return a
 
 
-def _arrays(tree: Any) -> Iterator[Any]:
+def arrays(tree: Any) -> Iterator[Any]:
+    """Every array (anything with ``nbytes`` and ``dtype``) in a nested dict/list/tuple."""
     if hasattr(tree, "nbytes") and hasattr(tree, "dtype"):
         yield tree
     elif isinstance(tree, dict):
         for v in tree.values():
-            yield from _arrays(v)
+            yield from arrays(v)
     elif isinstance(tree, (list, tuple)):
         for v in tree:
-            yield from _arrays(v)
+            yield from arrays(v)
 
 
 def buffers(tree: Any, exclude: Any = ()) -> dict[int, int]:
@@ -66,8 +68,8 @@ def buffers(tree: Any, exclude: Any = ()) -> dict[int, int]:
     each buffer once, leaving out the buffers of ``exclude`` (another tree)."""
     skip = set(buffers(exclude)) if exclude is not None and exclude != () else set()
     out: dict[int, int] = {}
-    for a in _arrays(tree):
-        r = _root(a)
+    for a in arrays(tree):
+        r = owner(a)
         if id(r) not in skip:
             out[id(r)] = int(r.nbytes)
     return out
@@ -78,8 +80,8 @@ def bytes_by_place(tree: Any) -> dict[str, int]:
     handles (:func:`place_of`)."""
     out = dict.fromkeys(PLACES, 0)
     seen: set[int] = set()
-    for a in _arrays(tree):
-        r = _root(a)
+    for a in arrays(tree):
+        r = owner(a)
         if id(r) not in seen:
             seen.add(id(r))
             out[place_of(r)] += int(r.nbytes)

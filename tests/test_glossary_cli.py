@@ -33,7 +33,7 @@ def test_card_in_three_languages(capsys: pytest.CaptureFixture[str], monkeypatch
     out = capsys.readouterr().out
     assert out.startswith("── activation-checkpointing ")
     for text in ("Activation checkpointing", "Контрольные точки активаций", "激活检查点",
-                 "Correction:", "Chen, Xu, Zhang, Guestrin 2016", "minipar.parallel.checkpointing"):
+                 "Correction:", "Chen, Xu, Zhang, Guestrin 2016", "minipar.parallel.remat"):
         assert text in out
     assert max(glossary_cli.display_width(line) for line in out.splitlines()) <= 72
 

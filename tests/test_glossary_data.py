@@ -225,7 +225,7 @@ def test_activation_checkpointing_is_not_the_sharded_checkpoint() -> None:
     """Recomputation (remat) and saving training state are different things with different modules."""
     remat = {m for tid in ("activation-checkpointing", "selective-recomputation")
              for m in g.by_id()[tid].links.get("modules", [])}
-    assert "minipar.parallel.checkpointing" in remat
+    assert "minipar.parallel.remat" in remat
     assert not any("sharded_checkpoint" in m for m in remat)
     assert glinks.module_file("minipar.parallel.sharded_checkpoint") is not None
     assert glinks.module_file("minipar.parallel.checkpoint") is None  # the old, confusable name

@@ -19,15 +19,11 @@ import pytest
 
 from minipar.memory import PLACES, Ledger, buffers, bytes_by_place, measure, nbytes
 from minipar.nn import GPT, GPTConfig, Hooks, executor
-from minipar.parallel.checkpointing import Checkpointing
-from minipar.parallel.offload import (
-    TARGETS,
-    MemoryWrap,
-    Offload,
-    check_target,
-    kept_by_place,
-    remat_offload_wrapper,
-)
+from minipar.parallel.offload.activations import Offload
+from minipar.parallel.offload.measure import kept_by_place
+from minipar.parallel.offload.store import TARGETS, View, check_target
+from minipar.parallel.offload.wrap import MemoryWrap, remat_offload_wrapper
+from minipar.parallel.remat import Checkpointing
 
 TINY = {"vocab_size": 11, "block_size": 8, "n_layer": 4, "n_head": 2, "d_model": 8}
 MOE = {"n_experts": 4, "top_k": 2, "capacity_factor": 1.0, "moe_every": 2}
@@ -108,9 +104,7 @@ def _buffer_sizes(kept: Any) -> list[int]:
 
 
 def _unwrap(tree: Any) -> Any:
-    from minipar.parallel.offload import _View
-
-    if isinstance(tree, _View):
+    if isinstance(tree, View):
         return tree.base
     if isinstance(tree, dict):
         return {k: _unwrap(v) for k, v in tree.items()}
@@ -228,7 +222,7 @@ def test_zero_offload_is_bit_identical_and_the_ledger_moves(stage: int, precisio
 
 
 def test_optimizer_offload_files_and_states() -> None:
-    from minipar.parallel.offload_optimizer import OptimizerOffload
+    from minipar.parallel.offload.optimizer import OptimizerOffload
     from minipar.precision import ModelStates
 
     init = {"w": np.linspace(-1, 1, 12).reshape(3, 4)}

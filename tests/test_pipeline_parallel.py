@@ -275,13 +275,13 @@ def test_a_stage_under_offload_counts_only_what_stays_on_the_device(target: str)
         mem = StageMemory([chunk], None, off)
         states = ModelStates("float64", {n: params[n] for u in chunk for n in u.full_names})
         mem.start_step(states)
-        h = mem.hooks[0]
+        h, r = mem.hooks[0], mem.remat_hooks[0]  # r: the ledger, inside h (an Offload)
         held = [mem.measured(0, lambda b=b, h=h: executor.forward(chunk, h, b)) for b in mbs]
-        after_forward = (h.bytes_now, h.device_now)
+        after_forward = (r.bytes_now, r.device_now)
         for out, kept in reversed(held):
             dy = np.ones_like(out)
             mem.measured(0, lambda h=h, k=kept, dy=dy: executor.backward(chunk, h, k, dy, 1.0))
-        got[off] = (after_forward, mem.activation_peak_bytes, (h.bytes_now, h.device_now),
+        got[off] = (after_forward, mem.activation_peak_bytes, (r.bytes_now, r.device_now),
                     states.grads.copy())
         mem.end_step()
     (kept0, dev0), peak0, end0, g0 = got[None]

@@ -6,13 +6,13 @@ Two halves of ZeRO-Offload (Ren et al. 2021, arXiv 2101.06840) and
 ZeRO-Infinity's disk tier (Rajbhandari et al. 2021, arXiv 2104.07857), each
 against the same work kept on the device, in one run:
 
-* **activations** (:class:`minipar.parallel.offload.Offload`): one forward +
+* **activations** (:class:`minipar.parallel.offload.activations.Offload`): one forward +
   backward of a GPT, plain, with ``saved`` offloaded to host, to disk, and
   checkpointed (remat) with the checkpoints on disk.  Columns: where the
   activations lie after forward (the ledger's ``device`` / ``host`` /
   ``disk`` columns, :func:`minipar.memory.bytes_by_place`), tracemalloc's
   bytes held after forward, and the median step time as a ratio to plain;
-* **optimizer states** (:class:`minipar.parallel.offload_optimizer.OptimizerOffload`):
+* **optimizer states** (:class:`minipar.parallel.offload.optimizer.OptimizerOffload`):
   a mixed-precision Adam step of the whole model, states on the device, on
   host, on disk: bytes off the device, tracemalloc's bytes held by the
   states, step time.
@@ -56,8 +56,9 @@ def activations(layers: int = 8, repeat: int = 5, folder: str | None = None,
     """One row per arrangement: plain, host, disk, remat + disk."""
     from minipar.memory import measure
     from minipar.nn import executor
-    from minipar.parallel.checkpointing import Checkpointing
-    from minipar.parallel.offload import Offload, kept_by_place
+    from minipar.parallel.offload.activations import Offload
+    from minipar.parallel.offload.measure import kept_by_place
+    from minipar.parallel.remat import Checkpointing
 
     units, p, x, y = setup(layers, **size)
     kinds = {"plain": lambda: Sink(p),
@@ -90,7 +91,7 @@ def optimizer_states(layers: int = 8, repeat: int = 5, folder: str | None = None
     import numpy as np
 
     from minipar.memory import measure
-    from minipar.parallel.offload_optimizer import OptimizerOffload
+    from minipar.parallel.offload.optimizer import OptimizerOffload
     from minipar.precision import ModelStates
 
     _, p, _, _ = setup(layers, **size)
@@ -153,7 +154,7 @@ def main(argv: list[str]) -> int:
     try:
         a = p.parse_args(argv)
         if a.offload_dir is not None:
-            from minipar.parallel.offload import check_target
+            from minipar.parallel.offload.store import check_target
 
             try:
                 check_target("disk", a.offload_dir)

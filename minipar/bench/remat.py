@@ -13,7 +13,7 @@ for one forward + backward of a GPT, side by side:
   DDP bucket would take them), so the peak is the activations' — O(n)
   against O(√n);
 * ``held_plain`` / ``held_remat`` — the activation bytes the hooks hold at
-  most, by the ledger (:class:`~minipar.parallel.checkpointing.Checkpointing`'s
+  most, by the ledger (:class:`~minipar.parallel.remat.Checkpointing`'s
   ``bytes_peak``; plainly, every unit's ``saved``);
 * ``time_ratio`` — median CPU time of a remat step over a plain one (target:
   one extra forward, ≤ 1.45×; forward ≈ ⅓ of a step, so ≈ 1.33×), and
@@ -92,7 +92,7 @@ def measure(layers: list[int], repeat: int = 5, every: int | None = None,
     from minipar.memory import measure as traced
     from minipar.memory import nbytes
     from minipar.nn import executor
-    from minipar.parallel.checkpointing import Checkpointing, default_every
+    from minipar.parallel.remat import Checkpointing, default_every
     from minipar.plan.checkpointing import recompute_forward_layers
 
     size = {**DEFAULT_SIZE, **size}

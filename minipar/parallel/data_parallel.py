@@ -218,7 +218,7 @@ class DataParallel:
     them after backward (False); ``ring_min_bytes``: with ``"auto"`` only, the bucket
     size in bytes from which the ring runs instead of auto's measured 8 MiB (None);
     ``wrap_hooks(hooks, units) -> hooks``: wraps each step's DDP hooks (remat,
-    activation offload: :class:`minipar.parallel.offload.MemoryWrap`; None).
+    activation offload: :class:`minipar.parallel.offload.wrap.MemoryWrap`; None).
     ``bucket_algorithms[i]`` is bucket i's algorithm.  Every argument is checked on
     every rank before any message.
     """

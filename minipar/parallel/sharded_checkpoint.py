@@ -5,7 +5,7 @@ EN sharded checkpoint · RU шардированная контрольная т
 Not to be confused with *activation* checkpointing (Chen et al. 2016,
 arXiv 1604.06174; "remat"), which saves no file at all: it keeps a few layer
 inputs during the forward pass and recomputes the rest in the backward pass
-to save memory (planned as ``minipar.parallel.checkpointing``; glossary term
+to save memory (built in :mod:`minipar.parallel.remat`; glossary term
 ``activation-checkpointing``).  This module saves the *training state* to
 disk so that a run can stop and resume; hence the name ``sharded_checkpoint``.
 

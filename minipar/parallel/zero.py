@@ -110,14 +110,15 @@ class ZeRO:
     None), ``grads`` full flat gradient buffer (stages 0-1, else None),
     ``states`` the :class:`~minipar.precision.ModelStates` of this rank's
     slice ``opt_range`` (master weights, moments; its params/grads are views
-    into the full buffers where those exist), ``hooks`` the executor hooks
-    (:class:`~minipar.parallel.zero_hooks.ZeroHooks`), ``allreduce`` the
+    into the full buffers where those exist), ``zero_hooks`` its executor hooks
+    (:class:`~minipar.parallel.zero_hooks.ZeroHooks`), ``hooks`` those the executor
+    walks (``zero_hooks``, or what ``wrap_hooks`` made of them), ``allreduce`` the
     all-reduce of stage 0 and of found_inf (keyword only: ``"auto"``, ``"ring"``,
     ``"recursive_doubling"``, ``"tree"``).  Memory options (keyword only):
     ``offload_optimizer`` ``"host"``/``"disk"`` keeps the master weights and moments
-    there and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload_optimizer`;
+    there and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload.optimizer`;
     files in ``offload_dir``), ``wrap_hooks(hooks, units) -> hooks`` wraps ZeRO's hooks
-    (remat, activation offload: :class:`minipar.parallel.offload.MemoryWrap`).
+    (remat, activation offload: :class:`minipar.parallel.offload.wrap.MemoryWrap`).
     """
 
     def __init__(self, comm: Any, model: GPT, init: dict[str, Any], stage: int,
@@ -148,10 +149,10 @@ class ZeRO:
             self.states.params = self.params[lo:hi]  # the slice the optimizer writes
         if self.grads is not None:
             self.states.grads = self.grads[lo:hi]
-        self.hooks = ZeroHooks(self)
+        self.zero_hooks = self.hooks = ZeroHooks(self)
         self.offload = None
         if offload_optimizer is not None:
-            from minipar.parallel.offload_optimizer import OptimizerOffload
+            from minipar.parallel.offload.optimizer import OptimizerOffload
 
             self.offload = OptimizerOffload(self.states, offload_optimizer, offload_dir)
         if wrap_hooks is not None:

@@ -81,8 +81,8 @@ def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto",
             "bytes_exact_per_step": exact, "grad_allreduce": eng.grad_allreduce(),
             "ledger": eng.ledger().bytes_by_category(), "tracemalloc_bytes": built.current_bytes,
             "held_after_steps_bytes": whole.current_bytes, "step_peak_bytes": peak,
-            "peak_gathered_bytes": eng.hooks.peak_gathered_bytes,
-            "gathered_after_steps": len(eng.hooks.gathered), "shard": eng.shard}
+            "peak_gathered_bytes": eng.zero_hooks.peak_gathered_bytes,
+            "gathered_after_steps": len(eng.zero_hooks.gathered), "shard": eng.shard}
 
 
 def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,

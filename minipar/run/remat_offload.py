@@ -7,17 +7,17 @@ EN activation checkpointing and offloading options · RU параметры ре
 the same three options, checked here before MPI starts:
 
 * ``--remat [K]`` — activation checkpointing (Chen et al. 2016,
-  :mod:`minipar.parallel.checkpointing`): keep every K-th unit's input and
+  :mod:`minipar.parallel.remat`): keep every K-th unit's input and
   recompute the rest in backward; ``--remat`` alone: K = ⌈√n⌉ of the n units
   (embedding, blocks, head).  K must be 1..n;
 * ``--offload host|disk`` — saved activations moved out after forward and back
-  before backward (:mod:`minipar.parallel.offload`); with ``--remat``, the
+  before backward (:mod:`minipar.parallel.offload.activations`); with ``--remat``, the
   checkpoints are what moves;
 * ``--offload-dir DIR`` — where disk offload writes (default: the system's
   temporary folder); a folder that is missing or not writable is one line.
 
 ``minipar run zero`` adds ``--offload-optimizer host|disk`` (ZeRO-Offload:
-:mod:`minipar.parallel.offload_optimizer`).  The rank side builds the wrapper
+:mod:`minipar.parallel.offload.optimizer`).  The rank side builds the wrapper
 with :func:`wrapper` and reports with :func:`summary_notes`.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from minipar.cli_errors import integer
 
-TARGETS = ("host", "disk")  # minipar.parallel.offload.TARGETS (a test checks they agree)
+TARGETS = ("host", "disk")  # minipar.parallel.offload.store.TARGETS (a test checks they agree)
 
 
 def add_arguments(parser: argparse.ArgumentParser, optimizer: bool = False,
@@ -64,7 +64,7 @@ def check(options: dict[str, Any], spec: Any) -> None:
             raise ValueError(f"--offload-dir {folder} needs --offload disk"
                              + (" or --offload-optimizer disk" if "offload_optimizer" in options
                                 else ""))
-        from minipar.parallel.offload import check_target
+        from minipar.parallel.offload.store import check_target
 
         try:
             check_target("disk", folder)
@@ -78,7 +78,7 @@ def _folder(options: dict[str, Any], target: str | None) -> str | None:
 
 def wrapper(options: dict[str, Any]) -> Any:
     """Rank side: the ``wrap_hooks`` for DataParallel / ZeRO (a MemoryWrap), or None."""
-    from minipar.parallel.offload import remat_offload_wrapper
+    from minipar.parallel.offload.wrap import remat_offload_wrapper
 
     target = options.get("offload")
     return remat_offload_wrapper(options.get("remat"), target, _folder(options, target))

@@ -85,7 +85,7 @@ class PipelineParallel(StageMessages):
     ``micro_batches`` m; ``balance``: blocks per virtual stage (default even);
     ``remat``: None, True (GPipe's: keep each chunk's input per micro-batch,
     recompute the chunk in backward) or k units per segment; ``offload``: None,
-    "host" or "disk" (:class:`minipar.parallel.offload.Offload` around each chunk's
+    "host" or "disk" (:class:`minipar.parallel.offload.activations.Offload` around each chunk's
     checkpointing: the kept activations move out between forward and backward;
     ``offload_dir`` for disk); ``instructions``: run this list instead of the
     schedule's (a learner's schedule).  Every argument is checked on every rank before any message.

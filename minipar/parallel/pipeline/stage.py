@@ -12,13 +12,13 @@ The executor's hooks (:mod:`minipar.nn.executor`) of one chunk are, inside out:
 * :class:`StageHooks` — parameters are views of the stage's flat buffer and
   gradients are *added* to its flat gradient buffer: Σ_i w_i ∇ℓ_i over the
   micro-batches (gradient accumulation);
-* :class:`~minipar.parallel.checkpointing.Checkpointing`: ``remat=True`` is
+* :class:`~minipar.parallel.remat.Checkpointing`: ``remat=True`` is
   GPipe's re-materialisation — each micro-batch keeps only the chunk's input and
   the chunk is recomputed in its backward, peak O(m·input + one micro-batch's
   chunk activations); ``remat=k``: Chen et al.'s segments of k units inside the
   chunk (its last segment kept whole); no remat: k = n, one segment kept whole,
   nothing recomputed.  Either way its ledger counts the activation bytes held;
-* :class:`~minipar.parallel.offload.Offload` (``offload="host"|"disk"``): what
+* :class:`~minipar.parallel.offload.activations.Offload` (``offload="host"|"disk"``): what
   is kept moves out after forward and back before backward.
 
 :class:`StageMemory` makes them each step and measures, around every forward
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from minipar.nn import executor
-from minipar.parallel.checkpointing import Checkpointing
+from minipar.parallel.remat import Checkpointing
 
 __all__ = ["StageHooks", "StageMemory"]
 
@@ -70,12 +70,13 @@ class StageMemory:
     def __init__(self, chunk_units: Sequence[Sequence[Any]], remat: Any = None,
                  offload: str | None = None, offload_dir: str | None = None) -> None:
         if offload is not None:
-            from minipar.parallel.offload import check_target
+            from minipar.parallel.offload.store import check_target
 
             check_target(offload, offload_dir)
         self.chunk_units, self.remat = chunk_units, remat
         self.offload, self.offload_dir = offload, offload_dir
         self.hooks: list[Any] = []
+        self.remat_hooks: list[Checkpointing] = []  # each chunk's, inside its hooks: the ledger
         self.activation_peak_bytes = 0
         self.offload_stats = {"bytes_out": 0, "bytes_back": 0, "peak_bytes": 0, "seconds": 0.0}
 
@@ -84,27 +85,29 @@ class StageMemory:
         ``base``, the innermost hooks if given (ZeRO-3's all-gathering ones in a hybrid)."""
         if base is None:
             base = StageHooks(states.param_views(), states.layout.unflatten(states.grads))
-        self.hooks = []
+        self.hooks, self.remat_hooks = [], []
         for units in self.chunk_units:
             n = len(units)
             if self.remat is True:  # GPipe: the chunk is one checkpointed segment
                 h: Any = Checkpointing(base, (*units, _End()), every=n)
             else:  # Chen et al.'s segments of k units (k = n: everything kept whole)
                 h = Checkpointing(base, units, every=min(self.remat or n, n))
+            self.remat_hooks.append(h)
             if self.offload is not None:
-                from minipar.parallel.offload import Offload
+                from minipar.parallel.offload.activations import Offload
 
                 h = Offload(h, self.offload, self.offload_dir)
             self.hooks.append(h)
 
     def measured(self, chunk: int, fn: Callable[[], Any]) -> Any:
         """``fn()`` (a forward or backward of chunk ``chunk``), its peaks recorded."""
-        hooks = self.hooks
+        hooks, ledgers = self.hooks, self.remat_hooks
         hooks[chunk].reset_peak()
         out = fn()
         others = [h for i, h in enumerate(hooks) if i != chunk]
-        self.activation_peak_bytes = max(self.activation_peak_bytes, hooks[chunk].device_peak
-                                         + sum(h.device_now for h in others))
+        self.activation_peak_bytes = max(self.activation_peak_bytes, ledgers[chunk].device_peak
+                                         + sum(r.device_now for i, r in enumerate(ledgers)
+                                               if i != chunk))
         if self.offload is not None:  # the same for the bytes offloaded (Offload's store)
             o = self.offload_stats
             o["peak_bytes"] = max(o["peak_bytes"], max(hooks[chunk].peak.values())
@@ -120,4 +123,4 @@ class StageMemory:
                 o["bytes_back"] += h.moved["to_device"]
                 o["seconds"] += h.seconds["out"] + h.seconds["back"]
                 h.close()
-        self.hooks = []
+        self.hooks, self.remat_hooks = [], []

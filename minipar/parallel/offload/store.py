@@ -3,14 +3,14 @@
 EN offload tiers (host memory, disk) · RU уровни выгрузки (память хоста, диск) ·
 ZH 卸载层级（主机内存、磁盘）
 
-The data movement under :mod:`minipar.parallel.offload` (Ren et al. 2021,
+The data movement under :mod:`minipar.parallel.offload.activations` (Ren et al. 2021,
 ZeRO-Offload, arXiv 2101.06840; Rajbhandari et al. 2021, ZeRO-Infinity, arXiv
 2104.07857): a :class:`Store` moves a buffer to host memory or to a
 ``numpy.memmap`` file and back, through :mod:`minipar.backend`
 (``host_copy``: CuPy copies into pinned memory on a side stream; ``to_device``),
 and counts what it moved, what lies out now and the seconds it took.  A tree
 of arrays (a unit's ``saved``) goes out buffer by buffer, each once: an array
-becomes a :class:`_View` (offset, shape, strides, dtype) of its buffer's
+becomes a :class:`View` (offset, shape, strides, dtype) of its buffer's
 :class:`Offloaded` handle, and comes back as the same view of the restored
 buffer — the same bits.  Handles look like arrays to the memory ledger
 (``nbytes``, ``dtype``, ``place``), so :func:`minipar.memory.bytes_by_place`
@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from minipar import backend
+from minipar.memory import owner
 
-__all__ = ["TARGETS", "Offloaded", "Store", "check_target"]
+__all__ = ["TARGETS", "Offloaded", "Store", "View", "check_target"]
 
 TARGETS = ("host", "disk")
 
@@ -69,8 +70,9 @@ class Offloaded:
         self._source: Any = None  # CuPy: the device buffer, kept until its copy is done
 
 
-class _View:
-    """An array of a ``kept`` tree whose buffer went out: where in the buffer it was."""
+class View:
+    """An array of a ``kept`` tree whose buffer went out: where in the buffer it was
+    (``base`` is the buffer's :class:`Offloaded` handle)."""
 
     __slots__ = ("base", "dtype", "nbytes", "offset", "shape", "strides")
 
@@ -78,12 +80,6 @@ class _View:
         self.base, self.dtype, self.shape = handle, a.dtype, a.shape
         self.strides, self.nbytes = a.strides, int(a.nbytes)
         self.offset = backend.address(a) - backend.address(root)
-
-
-def _root(a: Any) -> Any:
-    while getattr(a, "base", None) is not None and hasattr(a.base, "nbytes"):
-        a = a.base
-    return a
 
 
 def _flat(root: Any) -> Any:
@@ -182,13 +178,13 @@ class Store:
 
         def walk(t: Any) -> Any:
             if isinstance(t, (np.ndarray, backend.xp.ndarray)):
-                r = _root(t)
+                r = owner(t)
                 if id(r) not in memo:
                     flat = _flat(r)
                     if flat is None or r.nbytes < min_bytes or r.nbytes == 0:
                         return t
                     memo[id(r)] = (r, self.put(flat))
-                return _View(t, memo[id(r)][1], r)
+                return View(t, memo[id(r)][1], r)
             if isinstance(t, dict):
                 return {k: walk(v) for k, v in t.items()}
             if isinstance(t, (list, tuple)):
@@ -206,7 +202,7 @@ class Store:
         flats: dict[int, Any] = {}
 
         def walk(t: Any) -> Any:
-            if isinstance(t, _View):
+            if isinstance(t, View):
                 h = t.base
                 if id(h) not in flats:
                     flats[id(h)] = self.get(h)

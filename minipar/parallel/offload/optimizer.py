@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from minipar import backend, optim
-from minipar.parallel.offload_store import check_target
+from minipar.parallel.offload.store import check_target
 
 __all__ = ["OptimizerOffload", "host_math"]
 

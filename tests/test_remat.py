@@ -17,7 +17,7 @@ import pytest
 from minipar.memory import measure
 from minipar.nn import GPT, GPTConfig, Hooks, executor
 from minipar.nn.units import Unit
-from minipar.parallel.checkpointing import Checkpointing, default_every
+from minipar.parallel.remat import Checkpointing, default_every
 from minipar.plan.checkpointing import recompute_forward_layers
 
 TINY = {"vocab_size": 11, "block_size": 8, "n_layer": 5, "n_head": 2, "d_model": 8}
@@ -142,14 +142,14 @@ def test_wrapping_zero3_hooks_gathers_again_and_trains_the_same(precision: str) 
         if remat:
             eng.hooks = Checkpointing(eng.hooks, eng.units, every=2)
         losses = [eng.train_step(*spec.global_batch(s)) for s in range(spec.steps)]
-        runs.append((losses, eng.full_params().tobytes(), eng.hooks.peak_gathered_bytes,
+        runs.append((losses, eng.full_params().tobytes(), eng.zero_hooks.peak_gathered_bytes,
                      gathers[0]))
     n = len(eng.units)
     assert runs[0][3] == 2 * n * spec.steps
     assert runs[1][3] == (2 * n + recompute_forward_layers(n, 2)) * spec.steps
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     # the executor fetches a unit before ``restore`` recomputes its segment: while the
-    # recompute runs, two units are gathered at once (read through the wrapper), never more
+    # recompute runs, two units are gathered at once (read on ZeRO's own hooks), never more
     assert runs[1][2] == 2 * runs[0][2] > 0
 
 

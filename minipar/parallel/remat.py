@@ -1,4 +1,4 @@
-"""Activation checkpointing — чекпоинтинг активаций (рематериализация) — 激活检查点（重计算）.
+"""Activation checkpointing (remat) — чекпоинтинг активаций (рематериализация) — 激活检查点（重计算）.
 
 EN activation checkpointing / rematerialization · RU чекпоинтинг активаций
 (рематериализация) · ZH 激活检查点（重计算）; EN selective recomputation ·
@@ -35,12 +35,12 @@ It wraps any other hooks — serial, DDP's, ZeRO's: parameters for the
 recompute come through the wrapped ``fetch``/``release`` (ZeRO-3 gathers the
 unit again), gradients go to the wrapped ``on_grads`` — and the recomputation
 is the very same ``unit.forward``, so gradients and loss are bit-identical to
-no remat (tests/test_checkpointing.py; the MoE aux loss is read once, in the
+no remat (tests/test_remat.py; the MoE aux loss is read once, in the
 first forward, never from a recompute).  Its ledger counts the bytes of the
 activations it holds (each buffer once), from ``on_saved`` until the unit's
 ``on_grads``: ``bytes_now``, ``bytes_peak``.  It knows a buffer by its ``id``
-*and* a weak reference to it: offloading (:mod:`minipar.parallel.offload`, wrapped
-inside or outside) frees the buffers it moves out, and a new buffer may get a
+*and* a weak reference to it: offloading (:mod:`minipar.parallel.offload.activations`,
+wrapped inside or outside) frees the buffers it moves out, and a new buffer may get a
 dead one's id, which an id alone would take for the old one.  A held buffer
 that died was moved out (host or disk), one still alive is on the device:
 ``device_now`` / ``device_peak`` count those (= ``bytes_now`` without offload).
@@ -54,11 +54,11 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from minipar.memory import _arrays, _root
+from minipar.memory import arrays, owner
 from minipar.nn.attention import attention_core_forward
 from minipar.nn.executor import Hooks
 
-__all__ = ["Checkpointing", "default_every"]
+__all__ = ["Checkpointing", "Segment", "Whole", "default_every"]
 
 
 def default_every(n: int) -> int:
@@ -68,9 +68,11 @@ def default_every(n: int) -> int:
     return math.isqrt(n - 1) + 1 if n > 1 else 1
 
 
-class _Segment:
-    """A checkpointed segment: its input ``x``, its units as forward met them, and (while
-    backward walks it) the recomputed ``saved`` of each, last unit's on top."""
+class Segment:
+    """What :meth:`Checkpointing.on_saved` keeps for a checkpointed unit: its segment's
+    input ``x`` (the checkpoint), its units as forward met them, and (while backward walks
+    it) the recomputed ``saved`` of each, last unit's on top.  Every unit of a segment
+    keeps the same object (an offload moves ``x`` out once)."""
 
     def __init__(self, x: Any) -> None:
         self.x: Any = x
@@ -79,8 +81,10 @@ class _Segment:
         self.saved: list[tuple[Any, dict[int, int]]] = []
 
 
-class _Whole:
-    """A unit kept whole: what the wrapped hooks' ``on_saved`` returned, and its buffers."""
+class Whole:
+    """What :meth:`Checkpointing.on_saved` keeps for a unit kept whole (the last segment, or
+    every unit under selective recomputation): what the wrapped hooks' ``on_saved``
+    returned (``kept``), and its buffers on the ledger (``held``)."""
 
     def __init__(self, kept: Any, held: dict[int, int]) -> None:
         self.kept, self.held = kept, held
@@ -95,8 +99,9 @@ class Checkpointing(Hooks):
     k = n keeps everything); ``selective``: instead of segments, keep every ``saved``
     except each block's attention probabilities A (Korthikanti et al.).  Several
     forwards may be in flight before their backwards (GPipe's micro-batches): each
-    segment lives in the walk's own ``kept`` list, not in the hooks.  Other attributes
-    (``grads``, DDP's ``finish``, ZeRO's ``peak_gathered_bytes``) are the wrapped hooks'."""
+    segment lives in the walk's own ``kept`` list, not in the hooks.  ``grads`` is the
+    wrapped hooks'; anything else of theirs (DDP's ``finish``, ZeRO's
+    ``peak_gathered_bytes``) is read on them, ``inner``."""
 
     def __init__(self, hooks: Hooks, units: Sequence[Any], every: int | None = None,
                  selective: bool = False) -> None:
@@ -116,7 +121,7 @@ class Checkpointing(Hooks):
         self.inner, self.units, self.every, self.selective = hooks, tuple(units), k, selective
         self._pos = {id(u): i for i, u in enumerate(self.units)}
         self._last_segment = (n - 1) // k
-        self._open: _Segment | None = None
+        self._open: Segment | None = None
         self._expect = 0  # position of the unit the forward walk must reach next
         self._held: dict[Any, list[int]] = {}  # buffer key -> [bytes, references]
         self._lent: dict[int, dict[Any, int]] = {}  # id(unit) -> buffers restore handed out
@@ -126,11 +131,6 @@ class Checkpointing(Hooks):
         self.bytes_now = 0
         self.bytes_peak = 0
         self.device_peak = 0
-
-    def __getattr__(self, name: str) -> Any:  # only for names not found on self
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     @property
     def grads(self) -> dict[str, Any]:  # type: ignore[override]
@@ -159,7 +159,7 @@ class Checkpointing(Hooks):
 
     def _hold(self, tree: Any) -> dict[Any, int]:
         """Count the buffers of ``tree`` as held; returns them ({key: bytes}) for :meth:`_drop`."""
-        bufs = {self._key(r): int(r.nbytes) for r in map(_root, _arrays(tree))}
+        bufs = {self._key(r): int(r.nbytes) for r in map(owner, arrays(tree))}
         for b, size in bufs.items():
             entry = self._held.setdefault(b, [size, 0])
             entry[1] += 1
@@ -209,9 +209,9 @@ class Checkpointing(Hooks):
             saved = _without_probabilities(saved)
         if self.selective or i // self.every == self._last_segment:
             self._open = None
-            return _Whole(self.inner.on_saved(unit, saved, x), self._hold(saved))
+            return Whole(self.inner.on_saved(unit, saved, x), self._hold(saved))
         if i % self.every == 0:
-            self._open = _Segment(x)
+            self._open = Segment(x)
             self._open.held = self._hold(x)
         seg = self._open
         assert seg is not None  # a walk starts at position 0, a segment's first unit
@@ -223,7 +223,7 @@ class Checkpointing(Hooks):
     def restore(self, unit: Any, kept: Any) -> Any:
         """``saved`` again: from the wrapped hooks (A recomputed if selective), or
         popped from the segment, which is recomputed from its checkpoint first."""
-        if isinstance(kept, _Whole):
+        if isinstance(kept, Whole):
             out = self.inner.restore(unit, kept.kept)
             if self.selective:
                 out = _with_probabilities(out)
