@@ -17,14 +17,14 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mpi_checks import Checks  # noqa: E402
+from mpi_checks import Checks
 
-from minipar.comm import TracedComm  # noqa: E402
-from minipar.comm.topology import Grid  # noqa: E402
-from minipar.parallel import strategies  # noqa: E402
-from minipar.parallel.common import RunSpec  # noqa: E402
-from minipar.parallel.engine import State  # noqa: E402
-from minipar.parallel.parity import compare  # noqa: E402
+from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
+from minipar.parallel import strategies
+from minipar.parallel.common import RunSpec
+from minipar.parallel.engine import State
+from minipar.parallel.parity import compare
 
 N = MPI.COMM_WORLD.Get_size()
 c = Checks("STRATEGIES")
@@ -100,7 +100,7 @@ def run(name: str, sizes: dict, options: dict, changes: dict) -> None:
     sp = serial.full_params()
     c.check(list(params) == list(sp), f"{what}: full_params names/order differ from serial")
     init = spec.initial_params()
-    flat = lambda d: np.concatenate([np.asarray(d[k], np.float64).ravel() for k in sp])  # noqa: E731
+    flat = lambda d: np.concatenate([np.asarray(d[k], np.float64).ravel() for k in sp])
     v = compare(losses, ref, flat(params), flat(sp), flat(init))
     c.check(v.status == "equal" or (spec.precision != "float64" and v.status == "not comparable"),
             f"{what}: parity {v.status}: {v}")
