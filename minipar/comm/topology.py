@@ -58,9 +58,9 @@ world size), before any message.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Any
 
+from minipar import checks
 from minipar.comm.traced import TracedComm
 
 #: the grid's own axes, outermost first (tp innermost: adjacent ranks)
@@ -72,9 +72,7 @@ COMM_NAMES: tuple[str, ...] = AXES + EXPERT_AXES + ("pp_p2p",)
 
 
 def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"Grid: {name} must be a positive integer, got {value!r}")
-    return int(value)
+    return checks.integer(f"Grid: {name}", value, 1)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar import data, spans
+from minipar import checks, data, spans
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.engine import Batch
 from minipar.parallel.engine import build as engine_build
@@ -106,24 +106,18 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         for name in ("vocab", "seq"):  # the modular-sum task needs two tokens and two values
-            _check_int(name, getattr(self, name), 2)
-        for name in ("d_model", "layers", "heads", "batch", "steps"):
-            _check_int(name, getattr(self, name), 1)
+            checks.integer(_option(name), getattr(self, name), 2)
+        for name in ("d_model", "layers", "heads", "batch", "steps", "top_k"):
+            checks.integer(_option(name), getattr(self, name), 1)
         for name in ("seed", "data_seed", "experts"):
-            _check_int(name, getattr(self, name), 0)
-        if self.d_model % self.heads:
-            raise ValueError(f"--heads {self.heads} does not divide --d-model {self.d_model}: "
-                             "each head takes d_model / heads columns")
-        if self.precision not in POLICIES:
-            raise ValueError(f"--precision must be one of {', '.join(POLICIES)}; "
-                             f"got {self.precision!r}")
+            checks.integer(_option(name), getattr(self, name), 0)
+        checks.divides("--heads", self.heads, "--d-model", self.d_model,
+                       "each head takes d_model / heads columns")
+        checks.one_of("--precision", self.precision, POLICIES)
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"--optimizer must be adamw or sgd, got {self.optimizer!r}")
-        if not _real(self.lr) or not self.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr!r}")
-        if not _real(self.weight_decay) or not self.weight_decay >= 0:
-            raise ValueError(f"--weight-decay must be >= 0, got {self.weight_decay!r}")
-        _check_int("top_k", self.top_k, 1)
+        checks.real("--lr", self.lr, greater_than=0)
+        checks.real("--weight-decay", self.weight_decay, at_least=0)
         if self.experts == 0 and self.top_k != 1:
             raise ValueError(f"--top-k {self.top_k} needs a mixture of experts: give --experts too "
                              "(a dense model routes nothing)")
@@ -131,8 +125,7 @@ class RunSpec:
             allowed = "1 (Switch) or 2 (GShard)" if self.experts > 1 else "1 (Switch)"
             raise ValueError(f"--top-k must be {allowed} with --experts {self.experts}, "
                              f"got {self.top_k}")
-        if not _real(self.capacity_factor) or not self.capacity_factor > 0:
-            raise ValueError(f"--capacity-factor must be > 0, got {self.capacity_factor!r}")
+        checks.real("--capacity-factor", self.capacity_factor, greater_than=0)
         if not isinstance(self.routing, tuple) or any(
                 isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1
                 for g in self.routing):
@@ -188,17 +181,6 @@ class RunSpec:
 
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _real(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
-        and bool(np.isfinite(v))
-
-
-def _check_int(name: str, v: Any, least: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
-        what = "a positive integer" if least == 1 else f"an integer >= {least}"
-        raise ValueError(f"{_option(name)} must be {what}, got {v!r}")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -1,0 +1,76 @@
+"""Option and size rules, written once — проверки параметров — 参数检查.
+
+Every engine, grid and command refuses a bad value the same way: a ``ValueError``
+whose one line names the value as the user spelled it (``--lr``, ``Grid: tp``) and
+what is allowed, raised on every rank before any message.  The command line turns
+it into ``minipar run: --lr must be > 0, got 0.0`` and exit status 2.
+
+    integer("--steps", 0, least=1)      # ValueError: --steps must be a positive integer, got 0
+    real("--lr", 0.0, greater_than=0)   # ValueError: --lr must be > 0, got 0.0
+    divides("--heads", 3, "--d-model", 16, "each head takes d_model / heads columns")
+    one_of("--optimizer", "adam", ("adamw", "sgd"))
+
+Imports nothing of minipar (layer 0), not even NumPy: ``numbers`` covers NumPy's
+integer and floating types too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from numbers import Integral, Real
+from typing import Any
+
+
+def is_integer(v: Any) -> bool:
+    """An integer (Python's or NumPy's), and not a bool."""
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def is_real(v: Any) -> bool:
+    """A finite real number (int or float, Python's or NumPy's), and not a bool."""
+    return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def integer(name: str, v: Any, least: int | None = None, most: int | None = None) -> int:
+    """``v`` as an int; ValueError unless it is an integer in [least, most]."""
+    if least == 1 and most is None:
+        want = "a positive integer"
+    elif least is not None and most is not None:
+        want = f"an integer from {least} to {most}"
+    elif least is not None:
+        want = f"an integer >= {least}"
+    elif most is not None:
+        want = f"an integer <= {most}"
+    else:
+        want = "an integer"
+    if not is_integer(v) or (least is not None and v < least) or (most is not None and v > most):
+        raise ValueError(f"{name} must be {want}, got {v!r}")
+    return int(v)
+
+
+def real(name: str, v: Any, greater_than: float | None = None,
+         at_least: float | None = None) -> float:
+    """``v`` as a float; ValueError unless it is finite and > ``greater_than`` / >= ``at_least``."""
+    if greater_than is not None and (not is_real(v) or not v > greater_than):
+        raise ValueError(f"{name} must be > {greater_than:g}, got {v!r}")
+    if at_least is not None and (not is_real(v) or not v >= at_least):
+        raise ValueError(f"{name} must be >= {at_least:g}, got {v!r}")
+    if not is_real(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def divides(divisor_name: str, divisor: int, name: str, value: int, why: str = "") -> None:
+    """ValueError unless ``divisor`` divides ``value`` (``why``: the reason, for the learner)."""
+    if value % divisor:
+        raise ValueError(f"{divisor_name} {divisor} does not divide {name} {value}"
+                         + (f": {why}" if why else ""))
+
+
+def one_of(name: str, v: Any, choices: Iterable[Any]) -> Any:
+    """``v``; ValueError unless it is one of ``choices``."""
+    choices = tuple(choices)
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {v!r}")
+    return v
