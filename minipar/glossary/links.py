@@ -30,8 +30,9 @@ PLANNED: dict[str, frozenset[str]] = {
          "minipar.launch", "minipar.nn", "minipar.nn.moe", "minipar.optim", "minipar.precision",
          "minipar.memory", "minipar.plan"]
         + [f"minipar.parallel.{m}" for m in (
-            "data_parallel", "parameter_server", "zero", "tensor_parallel", "sequence_parallel",
-            "expert_parallel", "pipeline", "checkpointing", "offload", "hybrid")]
+            "data_parallel", "data_parallel.parameter_server", "zero", "tensor_parallel",
+            "sequence_parallel", "expert_parallel", "pipeline", "checkpointing", "offload",
+            "hybrid")]
     ),
     "notebooks": frozenset([
         "00_overview.ipynb", "01_collectives.ipynb", "02_serial_model.ipynb",
