@@ -204,8 +204,8 @@ def test_exit_status_follows_the_verdict(monkeypatch: pytest.MonkeyPatch,
 def test_launcher_side_copies_agree_with_the_technique_modules() -> None:
     """`minipar run` cannot import the technique modules (they start MPI): its copies
     of their choices must stay equal to the originals."""
-    from minipar.parallel import zero
     from minipar.parallel.data_parallel import ddp
+    from minipar.parallel.zero import engine as zero
     from minipar.run import dp as run_dp
     from minipar.run import zero as run_zero
 

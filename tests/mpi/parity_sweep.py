@@ -37,7 +37,7 @@ from minipar.parallel.common import RunSpec, loss_weight, serial_reference
 from minipar.parallel.data_parallel.ddp import DataParallel
 from minipar.parallel.data_parallel.parameter_server import ParameterServer
 from minipar.parallel.parity import compare
-from minipar.parallel.zero import ZeRO
+from minipar.parallel.zero.engine import ZeRO
 
 SIZES = {
     "default": RunSpec(),
