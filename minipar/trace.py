@@ -9,7 +9,7 @@ minipar records two kinds of timelines:
   the MPI executor (GPipe, Huang et al. 2018, arXiv 1811.06965; 1F1B,
   Narayanan et al. 2021, arXiv 2104.04473);
 * a DDP step — per rank ``{"rank", "compute": [(piece, t0, t1)], "comm":
-  [(bucket, t0, t1)]}`` (:mod:`minipar.parallel.dp_overlap`; Li et al. 2020,
+  [(bucket, t0, t1)]}`` (:mod:`minipar.parallel.data_parallel.measure`; Li et al. 2020,
   arXiv 2006.15704).
 
 Both become the *trace event format* (Google, "Trace Event Format", the

@@ -20,7 +20,7 @@ from minipar.comm import TracedComm
 from minipar.nn import GPT
 from minipar.parallel import sharded_checkpoint
 from minipar.parallel.common import PARITY_ATOL, PARITY_RTOL, RunSpec, loss_weight
-from minipar.parallel.zero import ZeRO
+from minipar.parallel.zero.engine import ZeRO
 from minipar.train import train
 
 MPI_DIR = Path(__file__).parent / "mpi"

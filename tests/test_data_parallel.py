@@ -36,13 +36,8 @@ from minipar.collectives import choose_allreduce
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.optim import FlatParams
 from minipar.parallel import common
-from minipar.parallel.data_parallel import (
-    DataParallel,
-    bucket_algorithm,
-    bucket_bytes_formula,
-    make_buckets,
-    replica_model_state_bytes,
-)
+from minipar.parallel.data_parallel.ddp import DataParallel, bucket_algorithm, make_buckets
+from minipar.parallel.data_parallel.measure import bucket_bytes_formula, replica_model_state_bytes
 from minipar.precision import ModelStates
 
 MPI_DIR = Path(__file__).parent / "mpi"

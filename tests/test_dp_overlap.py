@@ -1,4 +1,4 @@
-"""Overlap measured and rebuilt (``minipar.parallel.dp_overlap``) and its figure.
+"""Overlap measured and rebuilt (``minipar.parallel.data_parallel.measure``) and its figure.
 
 The α-β cost of a ring all-reduce is 2(N-1)·α + 2(N-1)/N·S/β; two measured
 points give α and β back exactly; each bucket is complete after the unit that
@@ -17,8 +17,8 @@ import pytest
 from minipar import launch
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec
-from minipar.parallel.data_parallel import make_buckets
-from minipar.parallel.dp_overlap import (
+from minipar.parallel.data_parallel.ddp import make_buckets
+from minipar.parallel.data_parallel.measure import (
     completing_pieces,
     fit_alpha_beta,
     ring_seconds,
@@ -94,7 +94,7 @@ def test_measured_overlap_on_two_ranks_and_its_figure() -> None:
     from minipar.viz import dp as viz
 
     spec = {"d_model": 16, "layers": 2, "heads": 2, "seq": 8, "batch": 8}
-    m, _ = launch.run_json(2, "minipar.parallel.dp_overlap",
+    m, _ = launch.run_json(2, "minipar.parallel.data_parallel.measure",
                            {"spec": spec, "bucket_bytes": 4096, "repeats": 3}, check=True,
                            timeout=120)
     assert m["losses_equal"] is True, "overlap changes when bytes move, not what is summed"

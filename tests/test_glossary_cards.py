@@ -72,7 +72,7 @@ def test_parameter_server_card_counts_workers_w() -> None:
         assert "N x S" not in text and "W = N - " in text, la
         assert "W x S" in text and "2(W-1)/W x S" in text, la
     assert parameter_server_bytes_at_server(1000, 3) == 3 * 1000  # S = 1000 bytes, W = 3 workers
-    import minipar.parallel.parameter_server as ps
+    import minipar.parallel.data_parallel.parameter_server as ps
 
     assert "W = world - servers" in ps.__doc__ and "receives W x S" in ps.__doc__
 

@@ -187,7 +187,7 @@ def test_zero_offload_is_bit_identical_and_the_ledger_moves(stage: int, precisio
 
     from minipar.comm import TracedComm
     from minipar.parallel.common import RunSpec
-    from minipar.parallel.zero import ZeRO
+    from minipar.parallel.zero.engine import ZeRO
     from minipar.plan.zero import offload_pcie_bytes_per_step
 
     spec = RunSpec(steps=3, layers=2, precision=precision)

@@ -130,7 +130,7 @@ def test_wrapping_zero3_hooks_gathers_again_and_trains_the_same(precision: str) 
 
     from minipar.comm import TracedComm
     from minipar.parallel.common import RunSpec
-    from minipar.parallel.zero import ZeRO
+    from minipar.parallel.zero.engine import ZeRO
 
     spec = RunSpec(steps=2, layers=4, precision=precision, experts=4, top_k=2)
     runs = []

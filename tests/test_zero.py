@@ -27,15 +27,9 @@ from minipar import launch
 from minipar.collectives import choose_allreduce, chunk_counts
 from minipar.collectives.cost import allreduce_bytes_sent, ring_allreduce_bytes_sent
 from minipar.parallel.common import RunSpec
-from minipar.parallel.zero import (
-    ALLREDUCE_CHOICES,
-    check_allreduce,
-    check_stage,
-    layout_of,
-    shard_range,
-    unit_table,
-)
-from minipar.parallel.zero_measure import allreduce_note, exact_bytes_sent, formulas
+from minipar.parallel.zero.engine import ALLREDUCE_CHOICES, check_allreduce, check_stage
+from minipar.parallel.zero.measure import allreduce_note, exact_bytes_sent, formulas
+from minipar.parallel.zero.shard import layout_of, shard_range, unit_table
 from minipar.plan.zero import zero_comm_bytes_per_rank, zero_model_state_bytes
 
 SCRIPT = str(Path(__file__).parent / "mpi" / "zero_check.py")
@@ -68,7 +62,7 @@ def test_allreduce_choice_is_checked_and_the_launcher_copies_agree() -> None:
     from mpi4py import MPI
 
     from minipar.comm import TracedComm
-    from minipar.parallel.zero import ZeRO
+    from minipar.parallel.zero.engine import ZeRO
     from minipar.run import zero as run_zero
 
     assert run_zero.ALLREDUCE_CHOICES == ALLREDUCE_CHOICES
@@ -140,7 +134,7 @@ def test_one_rank_every_stage_is_the_serial_run_bit_for_bit(precision: str) -> N
 
     from minipar.comm import TracedComm
     from minipar.parallel.common import serial_reference
-    from minipar.parallel.zero import ZeRO
+    from minipar.parallel.zero.engine import ZeRO
 
     spec = RunSpec(steps=2, precision=precision)
     ref = serial_reference(spec)

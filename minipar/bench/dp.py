@@ -5,7 +5,7 @@ EN data-parallel throughput · RU пропускная способность п
 The same GPT, the same global batch, one BLAS thread per process (the
 launcher sets ``OMP_NUM_THREADS=1`` and friends): once as the serial training
 step (``loss_and_grads`` on the whole batch, then the optimizer), once as
-DDP on N ranks (:class:`minipar.parallel.data_parallel.DataParallel`: each
+DDP on N ranks (:class:`minipar.parallel.data_parallel.ddp.DataParallel`: each
 rank B/N rows, bucketed all-reduce started as backward fills the buckets, the
 same optimizer step on every replica; ``--algorithm auto``, the default, runs
 a bucket of 8 MiB or more on the overlapped ring when N >= 3 and a smaller one
@@ -80,7 +80,8 @@ def _spec(o: dict[str, Any]) -> Any:
 def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     """Rank side: time ``o["mode"]`` ("serial" on one rank, "dp" on N); the figures on rank 0."""
     from minipar.comm import TracedComm
-    from minipar.parallel.data_parallel import DataParallel
+    from minipar.parallel.data_parallel.ddp import DataParallel
+    from minipar.parallel.data_parallel.measure import bytes_formula
     from minipar.precision import ModelStates
 
     spec = _spec(o)
@@ -103,7 +104,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {"seconds": t, "psi": dp.layout.size, "buckets": len(dp.buckets),
             "bucket_algorithms": dp.bucket_algorithms, "bytes_per_step": dp.bytes_sent_per_step(),
-            "bytes_exact": dp.bytes_formula()}
+            "bytes_exact": bytes_formula(dp)}
 
 
 def run_bench(o: dict[str, Any], progress: Any = None) -> dict[str, Any]:

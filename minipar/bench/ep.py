@@ -87,7 +87,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     spec = RunSpec(**o["spec"])
     if o["mode"] == "traffic":
         return _traffic(comm, spec, o.get("ep"))
-    from minipar.parallel.data_parallel import DataParallel
+    from minipar.parallel.data_parallel.ddp import DataParallel
     from minipar.progress import tick
 
     ep = ExpertParallel(comm, spec)

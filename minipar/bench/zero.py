@@ -3,9 +3,9 @@
 EN ZeRO benchmark · RU замер ZeRO · ZH ZeRO 基准测试
 
 One launch on N ranks (default 2) trains the same GPT with DDP
-(:class:`minipar.parallel.data_parallel.DataParallel`: bucketed all-reduce
+(:class:`minipar.parallel.data_parallel.ddp.DataParallel`: bucketed all-reduce
 started as backward fills the buckets) and with ZeRO stages 0-3
-(:class:`minipar.parallel.zero.ZeRO`), both with their default all-reduce,
+(:class:`minipar.parallel.zero.engine.ZeRO`), both with their default all-reduce,
 ``auto``, in interleaved rounds (one step of each,
 repeated, so drift on a shared machine hits all alike), and reports each median
 step time (slowest rank, after a warm-up round;
@@ -40,8 +40,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     notebook's figures) or "time" (step times); the result on rank 0."""
     from minipar.comm import TracedComm
     from minipar.parallel.common import RunSpec, loss_weight
-    from minipar.parallel.zero import STAGES, ZeRO
-    from minipar.parallel.zero_measure import measure_stage
+    from minipar.parallel.zero.engine import STAGES, ZeRO
+    from minipar.parallel.zero.measure import measure_stage
 
     comm = TracedComm()
     spec = RunSpec(**o["spec"])
@@ -55,7 +55,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             del m
         return out if comm.rank == 0 else None
     from minipar.bench.dp import measure_step_time
-    from minipar.parallel.data_parallel import DataParallel
+    from minipar.parallel.data_parallel.ddp import DataParallel
 
     dp = DataParallel(comm, spec)
     runners: dict[str, Any] = {"DDP": dp.train_step}

@@ -216,7 +216,7 @@ class BlockingAllreduceRequest:
     the constructor, counted under ``name``, and its result is written back into
     ``buf`` (in place, as the other requests reduce); ``progress()`` and ``wait()``
     return at once.  DDP runs a small, latency-bound bucket this way
-    (:mod:`minipar.parallel.data_parallel`).  Its messages carry the blocking
+    (:mod:`minipar.parallel.data_parallel.ddp`).  Its messages carry the blocking
     collective's own tags, so they cannot meet a ring request's in flight."""
 
     def __init__(self, comm: Any, buf: np.ndarray, algorithm: str = "recursive_doubling",

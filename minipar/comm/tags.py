@@ -18,7 +18,7 @@ range              tags               used by
 user               0 .. 4095          learners', tests' point-to-point (mpi4py's
                                       default tag is 0)
 parameter_server   4096 .. 4103       push header, gradient, parameters
-                                      (:mod:`minipar.parallel.parameter_server`)
+                                      (:mod:`minipar.parallel.data_parallel.parameter_server`)
 nonblocking        8192 .. 16383      non-blocking ring all-reduce of bucket i:
                                       ``nonblocking_tag(i)`` = 8192 + i
 pipeline           16384 .. 24575     point-to-point between pipeline stages:

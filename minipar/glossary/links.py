@@ -30,8 +30,8 @@ PLANNED: dict[str, frozenset[str]] = {
          "minipar.launch", "minipar.nn", "minipar.nn.moe", "minipar.optim", "minipar.precision",
          "minipar.memory", "minipar.plan"]
         + [f"minipar.parallel.{m}" for m in (
-            "mappings", "data_parallel", "parameter_server", "zero", "tensor_parallel",
-            "expert_parallel", "pipeline", "checkpointing", "offload", "hybrid")]
+            "mappings", "data_parallel", "data_parallel.parameter_server", "zero",
+            "tensor_parallel", "expert_parallel", "pipeline", "remat", "offload", "hybrid")]
     ),
     "notebooks": frozenset([
         "00_overview.ipynb", "01_collectives.ipynb", "02_serial_model.ipynb",

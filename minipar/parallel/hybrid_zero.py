@@ -21,7 +21,7 @@ model states, after (or, for ZeRO-3, during) the pipeline's m micro-batches.
   (m−1 fewer), at the price of Ψ_p gradient bytes held from the first backward to
   the flush (``grad_accumulation_bytes``);
 * ZeRO-3: only the 1/N shard of the parameters is held; ZeRO's own hooks
-  (:class:`~minipar.parallel.zero_hooks.ZeroHooks` over the stage's units) all-gather
+  (:class:`~minipar.parallel.zero.hooks.ZeroHooks` over the stage's units) all-gather
   a unit's parameters before its forward and again before its backward, *for every
   micro-batch*, and drop them after, and reduce-scatter its gradients, added to the
   shard, after each backward: m× ZeRO-3's messages without pipelining (exactly
@@ -51,7 +51,7 @@ class HybridZero:
     def _shard_states(self, spec: Any) -> None:
         """ZeRO-1: the optimizer states of my 1/N slice; ZeRO-2: also the gradients (a
         shard buffer; the full parameters stay); ZeRO-3: everything of my shard only."""
-        from minipar.parallel.zero_hooks import shard_range
+        from minipar.parallel.zero.shard import shard_range
 
         full, comm = self.states.params, self.shard_comm
         lo, hi = shard_range(self.stage_layout.size, comm.size, comm.rank)
@@ -68,7 +68,8 @@ class HybridZero:
             return
         from types import SimpleNamespace
 
-        from minipar.parallel.zero_hooks import ZeroHooks, units_table
+        from minipar.parallel.zero.hooks import ZeroHooks
+        from minipar.parallel.zero.shard import units_table
 
         units = [u for units in self.chunk_units for u in units]
         eng = SimpleNamespace(stage=3, comm=comm, layout=self.stage_layout, shard=(lo, hi),

@@ -59,7 +59,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from minipar.parallel.zero import shard_range
+from minipar.parallel.zero.shard import shard_range
 
 MANIFEST = "manifest.json"
 FORMAT = "minipar-zero-checkpoint/1"
@@ -127,7 +127,7 @@ def describe(eng: Any) -> dict[str, Any]:
 
 def save(eng: Any, root: str | os.PathLike[str],
          on_shard_written: Callable[[Path], None] | None = None) -> Path:
-    """Every rank writes its shard of ``eng`` (a :class:`~minipar.parallel.zero.ZeRO`)
+    """Every rank writes its shard of ``eng`` (a :class:`~minipar.parallel.zero.engine.ZeRO`)
     after ``eng.step_count`` steps; rank 0 then writes the manifest.  Collective:
     call it on every rank.  ``on_shard_written(path)`` runs after this rank's shard
     is durable, before the barrier (tests use it to simulate a crash).

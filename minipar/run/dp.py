@@ -4,7 +4,7 @@ EN data parallelism · RU параллелизм по данным · ZH 数据�
 
 Launcher side: the bucket and algorithm options and their checks.  Rank
 side: :func:`measure` trains ``--steps`` steps with
-:class:`minipar.parallel.data_parallel.DataParallel` (Li et al. 2020, PyTorch
+:class:`minipar.parallel.data_parallel.ddp.DataParallel` (Li et al. 2020, PyTorch
 DDP, arXiv 2006.15704: gradient buckets all-reduced as backward fills them)
 and gathers, per rank, the bytes sent per step next to the exact figure of
 what each bucket ran and the ring's 2(N-1)/N x S (the paper's figure), the
@@ -22,7 +22,7 @@ from typing import Any
 
 from minipar.cli_errors import integer, number
 
-#: the all-reduce algorithms of :class:`~minipar.parallel.data_parallel.DataParallel`
+#: the all-reduce algorithms of :class:`~minipar.parallel.data_parallel.ddp.DataParallel`
 #: (its ``ALGORITHMS``; repeated here because importing it would start MPI; a test
 #: checks that the two agree)
 ALGORITHMS = ("auto", "ring", "mpi")
@@ -73,7 +73,8 @@ def bucket_bytes_option(options: dict[str, Any]) -> int:
 def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     """Rank side: train with DDP; rank 0 returns the measurements of every rank."""
     from minipar.comm import TracedComm
-    from minipar.parallel.data_parallel import DataParallel, replica_model_state_bytes
+    from minipar.parallel.data_parallel.ddp import DataParallel
+    from minipar.parallel.data_parallel.measure import bytes_formula, replica_model_state_bytes
     from minipar.run import remat_offload
 
     wrap = remat_offload.wrapper(options)
@@ -82,7 +83,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
                       wrap_hooks=wrap)
     losses = dp.train()
     held = sum(dp.states.bytes_by_category().values())
-    mine = (dp.bytes_sent_per_step(), dp.bytes_formula(), held, dp.timelines[-1].as_dict())
+    mine = (dp.bytes_sent_per_step(), bytes_formula(dp), held, dp.timelines[-1].as_dict())
     everyone = dp.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
     memory, memory_notes = remat_offload.summary_notes(wrap)
     if dp.rank != 0:

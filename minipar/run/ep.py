@@ -60,7 +60,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
 
     from minipar.comm import TracedComm
     from minipar.nn import GPT
-    from minipar.parallel.data_parallel import replica_model_state_bytes
+    from minipar.parallel.data_parallel.measure import replica_model_state_bytes
     from minipar.parallel.expert_parallel.engine import ExpertParallel
     from minipar.plan.moe import moe_alltoall_bytes_per_rank
 

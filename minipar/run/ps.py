@@ -5,7 +5,7 @@ EN parameter server · RU сервер параметров · ZH 参数服务�
 Launcher side: ``--servers``, ``--async``, ``--staleness``, ``--straggler-ms``
 and their checks (a worker must remain; ``--staleness`` only means something
 with ``--async``).  Rank side: :func:`measure` trains with
-:class:`minipar.parallel.parameter_server.ParameterServer` (Li et al. 2014,
+:class:`minipar.parallel.data_parallel.parameter_server.ParameterServer` (Li et al. 2014,
 OSDI; stale-synchronous parallel: Ho et al. 2013, NeurIPS) and gathers the
 bytes each rank sent and received: a server's link carries W x S_shard per
 step, where a ring all-reduce rank would send 2(W-1)/W x S.
@@ -72,7 +72,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     import numpy as np
 
     from minipar.comm import TracedComm
-    from minipar.parallel.parameter_server import ParameterServer
+    from minipar.parallel.data_parallel.parameter_server import ParameterServer
     from minipar.plan.collectives import parameter_server_bytes_at_server, ring_allreduce_volume
 
     mode = "async" if options.get("asynchronous") else "sync"

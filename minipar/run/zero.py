@@ -4,10 +4,10 @@ EN ZeRO, Zero Redundancy Optimizer · RU оптимизатор без избы�
 
 Launcher side: ``--stage`` (0-3), ``--allreduce`` (stage 0's all-reduce and
 the one-number ones: auto, ring, recursive_doubling, tree) and the batch
-check.  Rank side: :func:`minipar.parallel.zero_measure.measure_stage` trains
-ZeRO-K (:class:`minipar.parallel.zero.ZeRO`; Rajbhandari et al. 2019, arXiv
+check.  Rank side: :func:`minipar.parallel.zero.measure.measure_stage` trains
+ZeRO-K (:class:`minipar.parallel.zero.engine.ZeRO`; Rajbhandari et al. 2019, arXiv
 1910.02054) and measures; :func:`measure` reports it per rank next to the
-paper's figures (:func:`minipar.parallel.zero_measure.formulas`):
+paper's figures (:func:`minipar.parallel.zero.measure.formulas`):
 model-state bytes, the replica's (2+2+K)Ψ with the optimizer states split N
 ways at stage 1, the gradients too at stage 2 and the parameters too at
 stage 3; and bytes sent per step, counted, next to the exact figure of what
@@ -25,8 +25,8 @@ from typing import Any
 
 from minipar.cli_errors import integer
 
-#: ZeRO's stages and all-reduces (:data:`minipar.parallel.zero.STAGES`,
-#: :data:`~minipar.parallel.zero.ALLREDUCE_CHOICES`, repeated here because importing
+#: ZeRO's stages and all-reduces (:data:`minipar.parallel.zero.engine.STAGES`,
+#: :data:`~minipar.parallel.zero.engine.ALLREDUCE_CHOICES`, repeated here because importing
 #: them would start MPI; a test checks that the copies agree)
 STAGES = (0, 1, 2, 3)
 ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
@@ -64,7 +64,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
 
     from minipar.collectives import allreduce
     from minipar.comm import TracedComm
-    from minipar.parallel.zero_measure import formulas, measure_stage
+    from minipar.parallel.zero.measure import formulas, measure_stage
 
     stage, algorithm = options.get("stage", 1), options.get("allreduce", "auto")
     comm = TracedComm(MPI.COMM_WORLD)

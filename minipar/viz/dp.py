@@ -9,7 +9,7 @@ EN data parallelism · RU параллелизм по данным · ZH 数据�
   2006.15704, Fig. 3).
 * :func:`plot_timelines` — several such steps on one time axis, one panel
   each: the measured step next to the same step rebuilt with a link of its
-  own (:mod:`minipar.parallel.dp_overlap`, α-β cost per bucket).
+  own (:mod:`minipar.parallel.data_parallel.measure`, α-β cost per bucket).
 * :func:`plot_link_bytes` — bytes per step through the busiest link: the
   parameter server's (W x S each way) against a worker's (S) and a ring
   rank's (2(W-1)/W x S), measured, with the formulas as markers.
@@ -76,7 +76,7 @@ def plot_timeline(timelines: Sequence[Mapping[str, Any]], title: str = "") -> Fi
 def plot_timelines(panels: Mapping[str, Sequence[Mapping[str, Any]]]) -> Figure:
     """Several steps one above the other on one time axis, each panel titled by its key:
     e.g. a measured step next to the same step rebuilt with a separate link
-    (:func:`minipar.parallel.dp_overlap.separate_link`).  A timeline may carry ``step_s``
+    (:func:`minipar.parallel.data_parallel.measure.separate_link`).  A timeline may carry ``step_s``
     (the step's length, seconds): it is drawn as a dashed line."""
     if not panels or any(not tls for tls in panels.values()):
         raise ValueError("every panel needs at least one timeline")

@@ -17,7 +17,7 @@ from mpi4py import MPI
 from minipar.comm import TracedComm
 from minipar.parallel import sharded_checkpoint
 from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity
-from minipar.parallel.zero import ZeRO
+from minipar.parallel.zero.engine import ZeRO
 
 ROOT = Path(sys.argv[1])
 SPEC = RunSpec(vocab=10, seq=8, d_model=16, layers=2, heads=2, batch=10, steps=4)

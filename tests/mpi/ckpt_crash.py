@@ -16,7 +16,7 @@ from mpi4py import MPI
 from minipar.comm import TracedComm
 from minipar.parallel import sharded_checkpoint
 from minipar.parallel.common import RunSpec, loss_weight
-from minipar.parallel.zero import ZeRO
+from minipar.parallel.zero.engine import ZeRO
 
 SPEC = RunSpec(steps=4)
 comm = TracedComm(MPI.COMM_WORLD)

@@ -30,7 +30,8 @@ from minipar.collectives.cost import allreduce_bytes, ring_allreduce_bytes
 from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
 from minipar.comm import TracedComm
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.data_parallel import DataParallel
+from minipar.parallel.data_parallel.ddp import DataParallel
+from minipar.parallel.data_parallel.measure import bytes_formula
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
@@ -105,7 +106,7 @@ for label, bucket, algo, overlap in cases:
         "losses": losses, "serial_losses": serial["losses"],
         "params": dp.states.params.tolist(), "serial_params": serial["params"].tolist(),
         "replicas_identical": all(np.array_equal(dp.states.params, p) for p in params),
-        "sent_per_step": dp.bytes_sent_per_step(), "formula": dp.bytes_formula(),
+        "sent_per_step": dp.bytes_sent_per_step(), "formula": bytes_formula(dp),
         "S": dp.layout.size * dp.itemsize, "msgs": comm.stats.msgs_sent("dp_grad_allreduce"),
         "peers": sorted(comm.stats.peers_sent("dp_grad_allreduce")),
         "timeline": dp.timelines[-1].as_dict(),
@@ -125,7 +126,7 @@ for label, bucket, ring_min in (("auto", 4096, None), ("auto-one-bucket", 1 << 3
         "losses": losses, "serial_losses": serial["losses"],
         "params": dp.states.params.tolist(), "serial_params": serial["params"].tolist(),
         "replicas_identical": all(np.array_equal(dp.states.params, p) for p in params),
-        "sent_per_step": dp.bytes_sent_per_step(), "formula": dp.bytes_formula(),
+        "sent_per_step": dp.bytes_sent_per_step(), "formula": bytes_formula(dp),
         "loss_sent": comm.stats.bytes_sent("dp_loss_allreduce") / SPEC.steps,
         "timeline": dp.timelines[-1].as_dict()})
 
@@ -139,7 +140,7 @@ dp = DataParallel(comm, SPEC.with_(precision="mixed"), bucket_bytes=4096, algori
 comm.stats.reset()
 dp.train()
 params = MPI.COMM_WORLD.allgather(dp.states.params.view(np.uint16))
-out["mixed"] = {"sent_per_step": dp.bytes_sent_per_step(), "formula": dp.bytes_formula(),
+out["mixed"] = {"sent_per_step": dp.bytes_sent_per_step(), "formula": bytes_formula(dp),
                 "itemsize": dp.itemsize, "psi": dp.layout.size,
                 "model_state_bytes": sum(dp.states.bytes_by_category().values()),
                 "replicas_identical": all(np.array_equal(params[0], p) for p in params)}

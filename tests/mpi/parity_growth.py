@@ -3,7 +3,7 @@
 One process, no MPI (so it can run long): the serial step, and the step DDP on N
 ranks computes — the same model and optimizer, but the gradient summed over the
 N row slices of the global batch, each weighted b_r/B (what
-:mod:`minipar.parallel.data_parallel` all-reduces), i.e. the same numbers added
+:mod:`minipar.parallel.data_parallel.ddp` all-reduces), i.e. the same numbers added
 in another order.  Prints, per model, seed and learning rate, the param gap
 ``max|θ_a − θ_b| / max|θ_a − θ_0|`` and the loss gap after selected steps, and
 the first step at which each exceeds 1e-10.

@@ -34,10 +34,10 @@ from minipar import spans
 from minipar.comm import TracedComm
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, loss_weight, serial_reference
-from minipar.parallel.data_parallel import DataParallel
-from minipar.parallel.parameter_server import ParameterServer
+from minipar.parallel.data_parallel.ddp import DataParallel
+from minipar.parallel.data_parallel.parameter_server import ParameterServer
 from minipar.parallel.parity import compare
-from minipar.parallel.zero import ZeRO
+from minipar.parallel.zero.engine import ZeRO
 
 SIZES = {
     "default": RunSpec(),
@@ -100,17 +100,17 @@ class _Done:
 class SkippedBucket(DataParallel):
     """DDP that never reduces bucket 1: each replica steps on its own weighted gradient there."""
 
-    def _start(self, b: Any) -> Any:
-        return _Done() if b.index == 1 else super()._start(b)
+    def start_bucket(self, b: Any) -> Any:
+        return _Done() if b.index == 1 else super().start_bucket(b)
 
 
 class DroppedGradient(DataParallel):
     """DDP whose last rank sends zeros instead of its gradient (its loss still counts)."""
 
-    def _start(self, b: Any) -> Any:
+    def start_bucket(self, b: Any) -> Any:
         if self.rank == self.world - 1:
             self.states.grads[b.lo:b.hi] = 0.0
-        return super()._start(b)
+        return super().start_bucket(b)
 
 
 class StaleShard(ZeRO):

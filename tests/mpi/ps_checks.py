@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from minipar.comm import TracedComm
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.parameter_server import ParameterServer
+from minipar.parallel.data_parallel.parameter_server import ParameterServer
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank

@@ -20,8 +20,9 @@ from mpi4py import MPI
 from minipar.collectives import ring_allreduce
 from minipar.comm import TracedComm
 from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity, serial_reference
-from minipar.parallel.zero import STAGES, ZeRO, unit_table
-from minipar.parallel.zero_measure import measure_stage
+from minipar.parallel.zero.engine import STAGES, ZeRO
+from minipar.parallel.zero.measure import measure_stage
+from minipar.parallel.zero.shard import unit_table
 
 #: parity: a tiny GPT, 3 AdamW steps, 10 rows (uneven on 3 and 4 ranks)
 PARITY = RunSpec(vocab=10, seq=8, d_model=16, layers=2, heads=2, batch=10, steps=3)

@@ -11,7 +11,7 @@ parameters.  Per step the server receives W x S bytes and sends W x S; a
 worker sends S and receives S, and talks to nobody but the server.
 
 Self-contained on purpose: this is what the learner writes, so it does not
-use :mod:`minipar.collectives` or :mod:`minipar.parallel.parameter_server`.
+use :mod:`minipar.collectives` or :mod:`minipar.parallel.data_parallel.parameter_server`.
 """
 
 from __future__ import annotations

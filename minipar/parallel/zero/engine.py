@@ -32,7 +32,7 @@ lm_head): contiguous spans of the flat buffer.  A unit's part on rank r is
 the overlap of its span with ``[lo_r, hi_r)``, so gathering every unit once
 moves exactly one all-gather of the buffer.  The step is the units
 executor's one walk over the model (:mod:`minipar.nn.executor`) with ZeRO's
-hooks (:mod:`minipar.parallel.zero_hooks`): ``fetch`` = views or, stage 3,
+hooks (:mod:`minipar.parallel.zero.hooks`): ``fetch`` = views or, stage 3,
 the all-gather; ``release`` drops stage 3's gathered parameters; ``on_grads``
 writes the full gradient buffer or reduce-scatters the unit's gradients.
 Because ``saved`` holds activations only, nothing of a unit's parameters
@@ -66,12 +66,12 @@ ranks and the ring from 8 MiB up on N >= 3
 of the algorithm that ran.  So stage 0 of a small model sends recursive
 doubling's bytes, log2 N x S when N is a power of two (the ring's
 2(N-1)/N x S on 2 ranks); the paper's 2Ψ(N-1)/N is the ring's figure,
-``allreduce="ring"``.  :func:`minipar.parallel.zero_measure.exact_bytes_sent`
+``allreduce="ring"``.  :func:`minipar.parallel.zero.measure.exact_bytes_sent`
 gives the exact figure of whichever ran.
 
-The code: the shards and hooks in :mod:`minipar.parallel.zero_hooks`, the
-engine here, the measurements of a run and the paper's figures for it in
-:mod:`minipar.parallel.zero_measure`.
+The code: the shards in :mod:`minipar.parallel.zero.shard`, the hooks in
+:mod:`minipar.parallel.zero.hooks`, the engine here, the measurements of a
+run and the paper's figures for it in :mod:`minipar.parallel.zero.measure`.
 """
 
 from __future__ import annotations
@@ -85,20 +85,30 @@ from minipar.comm.traced import TracedComm, traced
 from minipar.memory import Ledger
 from minipar.nn import executor
 from minipar.nn.gpt import GPT
-from minipar.parallel.zero_hooks import (
-    ALLREDUCE_CHOICES,
-    STAGES,
-    ZeroHooks,
-    check_allreduce,
-    check_stage,
-    layout_of,
-    shard_range,
-    unit_table,
-)
+from minipar.parallel.zero.hooks import ZeroHooks
+from minipar.parallel.zero.shard import layout_of, shard_range, unit_table
 from minipar.precision import ModelStates, get
 
-__all__ = ["ALLREDUCE_CHOICES", "STAGES", "ZeRO", "ZeroHooks", "check_allreduce",
-           "check_stage", "layout_of", "shard_range", "unit_table"]
+STAGES = (0, 1, 2, 3)
+#: the all-reduces ZeRO can run for stage 0's gradients and the one-number reductions
+#: (``minipar.collectives.allreduce``'s names; ``"auto"`` by message size and N)
+ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
+
+
+def check_stage(stage: Any) -> int:
+    """The stage as an int; ValueError unless 0, 1, 2 or 3."""
+    if isinstance(stage, bool) or not isinstance(stage, (int, np.integer)) or stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be 0 (plain DP), 1 (optimizer states), 2 (+ gradients) "
+                         f"or 3 (+ parameters); got {stage!r}")
+    return int(stage)
+
+
+def check_allreduce(algorithm: Any) -> str:
+    """The all-reduce algorithm's name; ValueError unless one of :data:`ALLREDUCE_CHOICES`."""
+    if algorithm not in ALLREDUCE_CHOICES:
+        raise ValueError(f"ZeRO's all-reduce must be one of {', '.join(ALLREDUCE_CHOICES)}; "
+                         f"got {algorithm!r}")
+    return str(algorithm)
 
 
 class ZeRO:
@@ -111,7 +121,7 @@ class ZeRO:
     ``states`` the :class:`~minipar.precision.ModelStates` of this rank's
     slice ``opt_range`` (master weights, moments; its params/grads are views
     into the full buffers where those exist), ``zero_hooks`` its executor hooks
-    (:class:`~minipar.parallel.zero_hooks.ZeroHooks`), ``hooks`` those the executor
+    (:class:`~minipar.parallel.zero.hooks.ZeroHooks`), ``hooks`` those the executor
     walks (``zero_hooks``, or what ``wrap_hooks`` made of them), ``allreduce`` the
     all-reduce of stage 0 and of found_inf (keyword only: ``"auto"``, ``"ring"``,
     ``"recursive_doubling"``, ``"tree"``).  Memory options (keyword only):

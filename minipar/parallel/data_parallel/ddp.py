@@ -58,7 +58,7 @@ Formula the tests check (bytes per rank per step, S = Ψ x itemsize): each
 bucket b of n_b elements costs the exact figure of the algorithm a_b it ran,
 so rank r sends exactly
 
-    Σ_b allreduce_bytes_sent(n_b, itemsize, N, r, a_b)       (bytes_formula())
+    Σ_b allreduce_bytes_sent(n_b, itemsize, N, r, a_b)       (measure.bytes_formula(dp))
 
 counted under ``"dp_grad_allreduce"`` (the loss, one number, all-reduced by
 auto under ``"dp_loss_allreduce"``).  With the ring on every bucket that is
@@ -67,13 +67,12 @@ auto under ``"dp_loss_allreduce"``).  With the ring on every bucket that is
 2Ψ x (N-1)/N elements sent per rank on a ring); recursive doubling sends
 log2 N x S_b per bucket when N is a power of two (S_b on 2 ranks, as the
 ring).  Model states per rank: the replica's (2 + 2 + K)Ψ bytes under mixed
-precision (K = 12).
+precision (K = 12; :func:`~minipar.parallel.data_parallel.measure.replica_model_state_bytes`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +80,6 @@ import numpy as np
 
 from minipar.collectives import allreduce
 from minipar.collectives.auto import RING_MIN_BYTES
-from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
 from minipar.comm.traced import TracedComm, traced
 from minipar.nn import executor
@@ -149,20 +147,6 @@ def bucket_algorithm(nbytes: int, world: int, algorithm: str = "auto",
     return "recursive_doubling"
 
 
-def bucket_bytes_formula(buckets: list[Bucket], itemsize: int, world: int, rank: int,
-                         algorithms: str | Sequence[str] = "ring") -> int:
-    """Bytes rank ``rank`` sends per step: the exact figure of each bucket's algorithm, summed.
-
-    ``algorithms``: one name for every bucket (``"auto"`` chooses per bucket) or one
-    name per bucket.  ``"mpi"`` counts as the ring: MPI does not tell its own bytes,
-    and the ring's is the figure it is compared with."""
-    names = [algorithms] * len(buckets) if isinstance(algorithms, str) else list(algorithms)
-    if len(names) != len(buckets):
-        raise ValueError(f"{len(names)} algorithms for {len(buckets)} buckets")
-    return sum(allreduce_bytes_sent(b.size, itemsize, world, rank, "ring" if a == "mpi" else a)
-               for b, a in zip(buckets, names))
-
-
 @dataclass
 class Timeline:
     """One step on one rank, seconds from the step's start (after a barrier):
@@ -195,14 +179,14 @@ class DDPHooks(executor.Hooks):
         buckets = self.dp.buckets
         while (self.dp.overlap and len(self.inflight) < len(buckets)
                and self.ready.issuperset(buckets[len(self.inflight)].names)):
-            self.inflight.append(self.dp._start(buckets[len(self.inflight)]))
+            self.inflight.append(self.dp.start_bucket(buckets[len(self.inflight)]))
         for req in self.inflight:
             req.progress()
 
     def finish(self) -> None:
         """Start the buckets not started yet (all of them without overlap) and wait for all."""
         for b in self.dp.buckets[len(self.inflight):]:
-            self.inflight.append(self.dp._start(b))
+            self.inflight.append(self.dp.start_bucket(b))
         for req in self.inflight:
             req.wait()
 
@@ -277,7 +261,7 @@ class DataParallel:
             total = allreduce(c, np.array([self.weight * loss]))  # auto: recursive doubling
         return float(total[0])
 
-    def _start(self, b: Bucket) -> Any:
+    def start_bucket(self, b: Bucket) -> Any:
         """Start bucket ``b``'s all-reduce: a request in flight (ring, MPI) or done (blocking)."""
         buf = self.states.grads[b.lo:b.hi]
         algo = self.bucket_algorithms[b.index]
@@ -291,24 +275,7 @@ class DataParallel:
         return [self.train_step(s) for s in range(self.spec.steps)]
 
     # -- evidence -------------------------------------------------------------
-    def bytes_formula(self) -> int:
-        """Exact bytes this rank sends per step: each bucket's algorithm's figure, summed."""
-        return bucket_bytes_formula(self.buckets, self.itemsize, self.world, self.rank,
-                                    self.bucket_algorithms)
-
     def bytes_sent_per_step(self) -> float:
         """Bytes this rank sent in gradient all-reduces, per step (counted)."""
         return self.comm.stats.bytes_sent(OP_GRADS) / max(1, len(self.timelines))
 
-
-def replica_model_state_bytes(psi: int, precision: str, optimizer: str = "adamw") -> int:
-    """Bytes of one full replica's model states: params + grads + optimizer states.
-
-    Mixed precision with Adam: (2 + 2 + K)Ψ, K = 12 (ZeRO's 16Ψ); float64 with Adam:
-    (8 + 8 + 16)Ψ.  The formula :mod:`minipar.precision` measures."""
-    from minipar.precision import get
-
-    pol = get(precision)
-    moments = (2 if optimizer == "adamw" else 1) * pol.state_dtype.itemsize
-    master = pol.master_dtype.itemsize if pol.master_dtype is not None else 0
-    return psi * (2 * pol.param_dtype.itemsize + moments + master)

@@ -1,6 +1,13 @@
-"""Overlap of the gradient all-reduce with backward: measured, and rebuilt with a separate link.
+"""Data parallelism, measured: bytes and model states next to their formulas, and the
+overlap of the gradient all-reduce with backward, measured and rebuilt with a separate link.
 
 EN computation-communication overlap · RU перекрытие вычислений и обмена · ZH 计算与通信重叠
+
+The formulas of a DDP replica (:mod:`minipar.parallel.data_parallel.ddp`):
+:func:`bucket_bytes_formula` (bytes a rank sends per step: each bucket's
+all-reduce's exact figure, summed), :func:`bytes_formula` (the same for one
+engine's buckets and algorithms) and :func:`replica_model_state_bytes` (one
+full replica's params, grads and optimizer states).
 
 DDP starts a bucket's all-reduce as soon as backward has produced the
 bucket's last gradient, so the buckets of the last layers travel while the
@@ -13,7 +20,7 @@ more busy processes than cores the transfer and the computation take turns on
 a core, and the non-blocking ring advances only when a rank calls
 ``progress()`` between units.  So this module gives two views of one step:
 
-* :func:`measure` (rank side, ``python -m minipar.parallel.dp_overlap
+* :func:`measure_overlap` (rank side, ``python -m minipar.parallel.data_parallel.measure
   --worker JSON`` through :func:`minipar.launch.run_json`): the step time of
   DDP with and without overlap, the two steps alternating ``repeats`` times in
   one launch so both see the same load; the last step's timelines; and α, β of
@@ -43,9 +50,51 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-Timeline = Mapping[str, Any]  # {"rank", "compute": [(piece, t0, t1)], "comm": [(bucket, t0, t1)]}
+if TYPE_CHECKING:
+    from minipar.parallel.data_parallel.ddp import Bucket, DataParallel
+
+#: ``ddp.Timeline.as_dict()``: {"rank", "compute": [(piece, t0, t1)], "comm": [(bucket, t0, t1)]}
+TimelineDict = Mapping[str, Any]
+
+
+# ---------------------------------------------------------------------- formulas
+def bucket_bytes_formula(buckets: list[Bucket], itemsize: int, world: int, rank: int,
+                         algorithms: str | Sequence[str] = "ring") -> int:
+    """Bytes rank ``rank`` sends per step: the exact figure of each bucket's algorithm, summed.
+
+    ``algorithms``: one name for every bucket (``"auto"`` chooses per bucket) or one
+    name per bucket.  ``"mpi"`` counts as the ring: MPI does not tell its own bytes,
+    and the ring's is the figure it is compared with."""
+    from minipar.collectives.cost import allreduce_bytes_sent
+
+    names = [algorithms] * len(buckets) if isinstance(algorithms, str) else list(algorithms)
+    if len(names) != len(buckets):
+        raise ValueError(f"{len(names)} algorithms for {len(buckets)} buckets")
+    return sum(allreduce_bytes_sent(b.size, itemsize, world, rank, "ring" if a == "mpi" else a)
+               for b, a in zip(buckets, names))
+
+
+def bytes_formula(dp: DataParallel) -> int:
+    """Exact bytes ``dp``'s rank sends per step: each bucket's algorithm's figure, summed."""
+    return bucket_bytes_formula(dp.buckets, dp.itemsize, dp.world, dp.rank, dp.bucket_algorithms)
+
+
+def replica_model_state_bytes(psi: int, precision: str, optimizer: str = "adamw") -> int:
+    """Bytes of one full replica's model states: params + grads + optimizer states.
+
+    Mixed precision with Adam: (2 + 2 + K)Ψ, K = 12 (ZeRO's 16Ψ); float64 with Adam:
+    (8 + 8 + 16)Ψ.  The formula :mod:`minipar.precision` measures."""
+    from minipar.precision import get
+
+    pol = get(precision)
+    moments = (2 if optimizer == "adamw" else 1) * pol.state_dtype.itemsize
+    master = pol.master_dtype.itemsize if pol.master_dtype is not None else 0
+    return psi * (2 * pol.param_dtype.itemsize + moments + master)
+
+
+# ---------------------------------------------------------------------- overlap, rebuilt
 
 
 def ring_seconds(nbytes: float, world: int, alpha: float, beta: float) -> float:
@@ -93,8 +142,9 @@ def completing_pieces(buckets: Sequence[Sequence[str]],
     return out
 
 
-def separate_link(timeline: Timeline, ready_after: Sequence[str], bucket_bytes: Sequence[float],
-                  world: int, alpha: float, beta: float, overlap: bool = True) -> dict[str, Any]:
+def separate_link(timeline: TimelineDict, ready_after: Sequence[str],
+                  bucket_bytes: Sequence[float], world: int, alpha: float, beta: float,
+                  overlap: bool = True) -> dict[str, Any]:
     """One rank's step rebuilt as if the all-reduces ran on a link with its own hardware.
 
     The measured compute pieces keep their times (take them from a run *without*
@@ -144,8 +194,8 @@ def _median_allreduce_seconds(comm: Any, nbytes: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure(comm: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
-            algorithm: str = "ring") -> dict[str, Any] | None:
+def measure_overlap(comm: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
+                    algorithm: str = "ring") -> dict[str, Any] | None:
     """Rank side: DDP with and without overlap, alternating ``repeats`` times; rank 0 returns
     ``step_s`` {"overlap": [...], "no_overlap": [...]} (seconds, slowest rank, after one
     warm-up step each), ``timeline`` (every rank's last step, per mode), ``buckets``
@@ -153,7 +203,7 @@ def measure(comm: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
     ``allreduce_s`` (the two measured points), ``losses_equal`` (bit for bit)."""
     from mpi4py import MPI
 
-    from minipar.parallel.data_parallel import DataParallel
+    from minipar.parallel.data_parallel.ddp import DataParallel
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
@@ -195,8 +245,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.comm import TracedComm
     from minipar.parallel.common import RunSpec
 
-    return measure(TracedComm(), RunSpec(**o["spec"]), int(o["bucket_bytes"]),
-                   int(o.get("repeats", 5)), o.get("algorithm", "ring"))
+    return measure_overlap(TracedComm(), RunSpec(**o["spec"]), int(o["bucket_bytes"]),
+                           int(o.get("repeats", 5)), o.get("algorithm", "ring"))
 
 
 if __name__ == "__main__":

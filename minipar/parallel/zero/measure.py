@@ -2,7 +2,7 @@
 
 EN ZeRO measurements · RU измерения ZeRO · ZH ZeRO 测量
 
-:func:`measure_stage` trains ZeRO-K (:class:`minipar.parallel.zero.ZeRO`) on a
+:func:`measure_stage` trains ZeRO-K (:class:`minipar.parallel.zero.engine.ZeRO`) on a
 communicator and returns this rank's measurements: bytes sent per step (the
 traced communicator's counters) next to :func:`exact_bytes_sent` (the exact
 figure of the algorithms that ran), model-state bytes by category (the ledger
@@ -34,7 +34,7 @@ def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto",
     """Train ``spec.steps`` steps of ZeRO-``stage`` on ``comm``; this rank's measurements.
 
     ``allreduce``: the engine's all-reduce (stage 0 and found_inf; see
-    :class:`~minipar.parallel.zero.ZeRO`); other keywords go to ``ZeRO`` too
+    :class:`~minipar.parallel.zero.engine.ZeRO`); other keywords go to ``ZeRO`` too
     (``offload_optimizer``, ``wrap_hooks``, ...).  Returns ``engine``, local ``losses``
     (weighted), ``bytes_sent_per_step`` (all operations of the steps, counted),
     ``bytes_exact_per_step`` (:func:`exact_bytes_sent` for what ran),
@@ -50,7 +50,7 @@ def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto",
     from minipar.comm.traced import traced
     from minipar.memory import measure
     from minipar.parallel.common import loss_weight
-    from minipar.parallel.zero import ZeRO, check_allreduce, check_stage
+    from minipar.parallel.zero.engine import ZeRO, check_allreduce, check_stage
 
     c = traced(comm)
     check_stage(stage)

@@ -1,0 +1,26 @@
+"""ZeRO, stages 0-3: data parallelism with one copy of the model states in total (stage 3: FSDP).
+
+EN Zero Redundancy Optimizer (ZeRO) · RU оптимизатор с нулевой избыточностью · ZH 零冗余优化器
+
+Read in this order:
+
+- :mod:`.shard` — the rule: rank r owns the slice ``[lo_r, hi_r)`` of the flat
+  buffer (``shard_range``), a unit is a span of it, and its part on a rank is the
+  ``overlap`` of the two;
+- :mod:`.hooks` — ``ZeroHooks`` on the units executor: stage 3 all-gathers a unit
+  before it runs and drops it after, stages 2-3 reduce-scatter its gradients;
+- :mod:`.engine` — ``ZeRO`` (Rajbhandari et al. 2019, arXiv 1910.02054): the step of
+  each stage, its all-reduce choice, what a rank holds (``ledger``);
+- :mod:`.measure` — a run's bytes sent and held, next to their exact figure and the
+  paper's.
+
+Who holds what (N = 3 ranks, Ψ parameters; C_r ≈ Ψ/3 the shard of rank r)::
+
+    stage      rank 0          rank 1          rank 2
+    0  DP      P G O  (Ψ)      P G O  (Ψ)      P G O  (Ψ)       all-reduce grads
+    1  P_os    P G (Ψ), O C_0  P G (Ψ), O C_1  P G (Ψ), O C_2   reduce-scatter G,
+    2  P_os+g  P (Ψ), G O C_0  P (Ψ), G O C_1  P (Ψ), G O C_2   step own O, all-gather P
+    3  +p      P G O  C_0      P G O  C_1      P G O  C_2       all-gather P per unit
+
+    P params, G grads, O optimizer states (fp32 master, Adam m and v)
+"""

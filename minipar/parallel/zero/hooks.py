@@ -1,0 +1,89 @@
+"""ZeRO's hooks on the units executor — хуки ZeRO — ZeRO 的钩子.
+
+EN parameter / gradient partitioning · RU разбиение параметров и градиентов ·
+ZH 参数与梯度分区
+
+Rajbhandari et al. 2019, "ZeRO", arXiv 1910.02054, §5 (P_os, P_g, P_p).
+A unit is the span ``[a, b)`` of the flat buffer and rank q owns ``[lo_q, hi_q)``
+(:mod:`minipar.parallel.zero.shard`), so
+
+    fetch (stage 3):   all-gather the unit's parts      -> the unit's b - a parameters
+    grads (stages 2-3): reduce-scatter the unit's grads, cut at the shard borders
+                        (rank q receives max(0, min(b, hi_q) - max(a, lo_q)) elements)
+
+:class:`ZeroHooks` plugs these into the one model walk
+(:mod:`minipar.nn.executor`): ``fetch`` gives views of the full buffer
+(stages 0-2) or the all-gathered unit (stage 3, held in ``gathered`` until
+``release`` drops it — between a unit's forward and its backward nothing of
+it stays, since ``saved`` holds activations only); ``on_grads`` writes the
+full gradient buffer (stages 0-1) or reduce-scatters the unit's gradients to
+their owners (stages 2-3), so no rank ever holds a full gradient buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minipar.collectives import all_gather, reduce_scatter
+from minipar.nn import executor
+from minipar.nn.units import Unit
+from minipar.parallel.zero.shard import overlap, shard_range, unit_table
+
+
+class ZeroHooks(executor.Hooks):
+    """The executor's hooks for one :class:`~minipar.parallel.zero.engine.ZeRO` engine.
+
+    ``gathered`` holds the all-gathered parameters of the units between their
+    ``fetch`` and ``release`` (stage 3; at most one unit at a time), and
+    ``peak_gathered_bytes`` the most it ever held at once: the measured answer
+    to "does stage 3 free what it gathers?".  ``table``:
+    :func:`~minipar.parallel.zero.shard.units_table` of other units (a pipeline stage's;
+    default the GPT's); ``accumulate=True``: stages 2-3 *add* each reduce-scattered
+    gradient to the shard (a pipeline's micro-batches; the caller zeroes it each step).  ``eng`` is read for its ``stage``, ``comm``, ``layout``, ``shard``,
+    ``states``, ``params``, ``grads``, ``policy`` (and ``model`` without ``table``)."""
+
+    def __init__(self, eng: Any, table: Any = None, accumulate: bool = False) -> None:
+        super().__init__()
+        self.eng, self.accumulate = eng, accumulate
+        table = unit_table(eng.model.cfg) if table is None else table
+        self.table = {u.name: (lo, hi, lay) for u, lo, hi, lay in table}
+        self.gathered: dict[str, np.ndarray] = {}
+        self.peak_gathered_bytes = 0
+        n = eng.comm.size
+        self.shards = [shard_range(eng.layout.size, n, q) for q in range(n)]
+
+    def fetch(self, unit: Unit) -> dict[str, Any]:
+        """Views of the full buffer (stages 0-2), or the unit all-gathered (stage 3)."""
+        e = self.eng
+        a, b, lay = self.table[unit.name]
+        if e.stage < 3:
+            return lay.unflatten(e.params[a:b])
+        i, j = overlap(a, b, *e.shard)
+        flat = all_gather(e.comm, e.states.params[i:j])
+        self.gathered[unit.name] = flat
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes,
+                                       sum(v.nbytes for v in self.gathered.values()))
+        return lay.unflatten(flat)
+
+    def release(self, unit: Unit, params: dict[str, Any]) -> None:
+        """Stage 3: drop the unit's gathered parameters (the executor drops its views)."""
+        self.gathered.pop(unit.name, None)
+
+    def on_grads(self, unit: Unit, grads: dict[str, Any]) -> None:
+        """Into the full gradient buffer (stages 0-1) or reduce-scattered to the owners (2-3)."""
+        e = self.eng
+        a, b, lay = self.table[unit.name]
+        if e.stage <= 1:
+            for name, view in lay.unflatten(e.grads[a:b]).items():
+                view[...] = grads[name]
+            return
+        flat = lay.flatten({k: grads[k] for k in lay.names}, e.policy.param_dtype)
+        counts = [max(0, min(b, hi) - max(a, lo)) for lo, hi in self.shards]
+        i, j = overlap(a, b, *e.shard)
+        mine = reduce_scatter(e.comm, flat, counts=counts)
+        if self.accumulate:
+            e.states.grads[i:j] += mine
+        else:
+            e.states.grads[i:j] = mine
