@@ -59,8 +59,6 @@ REGISTRY = "minipar.registry"
 KNOWN: set[str] = {
     'cycle: minipar.nn.executor -> minipar.nn.gpt -> minipar.nn.mlp_model -> minipar.nn.units -> minipar.nn.executor',
     'cycle: minipar.plan._cli -> minipar.plan._layouts_cli -> minipar.plan._cli',
-    'private: minipar.glossary.index imports _blob from minipar.glossary.data',
-    'private: minipar.glossary.index imports _save from minipar.glossary.data',
     'private: minipar.parallel.context_parallel.measure imports the private module minipar.nn._dtype',
     'private: minipar.parallel.context_parallel.model imports the private module minipar.nn._dtype',
     'private: minipar.parallel.context_parallel.ring_attention imports the private module minipar.nn._dtype',
