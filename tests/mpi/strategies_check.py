@@ -46,7 +46,9 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
     # tensor + sequence parallelism
     "sp": [],
     # context parallelism
-    "cp": [],
+    "cp": [({"cp": n}, {"kind": "ring", "zigzag": False}, {"seq": 16}) for n in (1, 2, 4, 8)]
+    + [({"cp": n}, {"kind": "ulysses"}, {"seq": 16, "heads": max(n, 2)}) for n in (1, 2, 4, 8)]
+    + [({"cp": 4}, {"kind": "ring", "zigzag": True}, {"seq": 16})],
     # pipeline parallelism
     "pp": [],
     # expert parallelism
