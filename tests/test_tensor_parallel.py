@@ -135,7 +135,7 @@ def test_the_default_grid_is_the_largest_tp_the_model_cuts() -> None:
     from minipar.run.tp import grid_sizes
 
     o = {"ranks": 4, "tp": None, "dp": None}
-    assert grid_sizes(o, RunSpec()) == (2, 2)  # 2 heads, vocab 10: t = 2, dp 2
-    assert grid_sizes(o, RunSpec(heads=4, vocab=12)) == (1, 4)
-    assert grid_sizes({**o, "ranks": 3}, RunSpec(heads=2, vocab=10)) == (3, 1)
-    assert grid_sizes({**o, "dp": 4}, RunSpec()) == (4, 1)
+    assert grid_sizes(o, RunSpec()) == {"dp": 2, "tp": 2}  # 2 heads, vocab 10: t = 2, dp 2
+    assert grid_sizes(o, RunSpec(heads=4, vocab=12)) == {"dp": 1, "tp": 4}
+    assert grid_sizes({**o, "ranks": 3}, RunSpec(heads=2, vocab=10)) == {"dp": 3, "tp": 1}
+    assert grid_sizes({**o, "dp": 4}, RunSpec()) == {"dp": 4, "tp": 1}
