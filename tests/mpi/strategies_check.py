@@ -42,9 +42,14 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
     # ZeRO 0-3
     "zero": [],
     # tensor parallelism
-    "tp": [],
+    "tp": [({"tp": 1}, {}, {}), ({"tp": 2}, {}, {}), ({"tp": 4}, {}, {"heads": 4, "vocab": 12}),
+           ({"dp": 2, "tp": 2}, {}, {}),
+           ({"dp": 2, "tp": 2}, {}, {"experts": 4, "top_k": 2, "capacity_factor": 1.0,
+                                     "routing": (2,)}),
+           ({"dp": 2, "tp": 4}, {}, {"heads": 4, "vocab": 12})],
     # tensor + sequence parallelism
-    "sp": [],
+    "sp": [({"tp": 1}, {}, {}), ({"tp": 2}, {}, {}), ({"tp": 4}, {}, {"heads": 4, "vocab": 12}),
+           ({"dp": 2, "tp": 2}, {}, {}), ({"dp": 2, "tp": 4}, {}, {"heads": 4, "vocab": 12})],
     # context parallelism
     "cp": [({"cp": n}, {"kind": "ring", "zigzag": False}, {"seq": 16}) for n in (1, 2, 4, 8)]
     + [({"cp": n}, {"kind": "ulysses"}, {"seq": 16, "heads": max(n, 2)}) for n in (1, 2, 4, 8)]
