@@ -22,7 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
     "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
     "run": ("minipar.run", "train in parallel (dp ps zero tp sp cp pp ep hybrid), compare with serial"),
-    "plan": ("minipar.plan", "the papers' formulas: memory and bytes per rank at any scale"),
+    "plan": ("minipar.cli.plan", "the papers' formulas: memory and bytes per rank at any scale"),
     "bubble": ("minipar.bubble",
                "the pipeline bubble: schedule chart, fraction vs formula (theory or a run)"),
 }
