@@ -37,8 +37,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint",
         "minipar.parallel.sharded_checkpoint", "minipar.parallel.loop"),
     8: ("minipar.launch", "minipar.run", "minipar.bench", "minipar.viz", "minipar.exercises",
-        "minipar.cli", "minipar.cli_errors", "minipar.train", "minipar.bubble", "minipar.demo",
-        "minipar.glossary_cli", "minipar.__main__"),
+        "minipar.cli", "minipar.cli_errors", "minipar.train"),
 }
 
 #: layer 5: family -> its module prefixes (families never import each other)
