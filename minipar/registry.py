@@ -20,7 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "exercise": ("minipar.exercises.cli",
                  "mpirun exercises: list | start NAME | hint NAME | check NAME FILE"),
     "glossary": ("minipar.cli.glossary", "trilingual glossary lookup (EN / RU / ZH)"),
-    "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
+    "train": ("minipar.cli.train", "train the serial model (GPT or MLP) on a synthetic task"),
     "run": ("minipar.run", "train in parallel (dp ps zero tp sp cp pp ep hybrid), compare with serial"),
     "plan": ("minipar.cli.plan", "the papers' formulas: memory and bytes per rank at any scale"),
     "bubble": ("minipar.cli.bubble",
