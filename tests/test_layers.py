@@ -31,13 +31,14 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "minipar.plan"),
     4: ("minipar.parallel", "minipar.parallel.engine", "minipar.parallel.mappings",
         "minipar.parallel.remat", "minipar.parallel.offload",
-        "minipar.parallel.parity", "minipar.parallel.common"),
+        "minipar.parallel.parity", "minipar.parallel.common",
+        "minipar.train"),  # the serial loop (the parity oracle); its verb is minipar.cli.train
     5: (),  # the families: FAMILIES
     6: ("minipar.parallel.hybrid", "minipar.parallel.hybrid_zero", "minipar.parallel.hybrid_config"),
     7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint",
         "minipar.parallel.sharded_checkpoint", "minipar.parallel.loop"),
     8: ("minipar.launch", "minipar.run", "minipar.bench", "minipar.viz", "minipar.exercises",
-        "minipar.cli", "minipar.cli_errors", "minipar.train"),
+        "minipar.cli", "minipar.cli_errors"),
 }
 
 #: layer 5: family -> its module prefixes (families never import each other)
@@ -66,7 +67,6 @@ KNOWN: set[str] = {
     'private: minipar.parallel.tensor_parallel.measure imports the private module minipar.nn._dtype',
     'private: minipar.parallel.tensor_parallel.model imports the private module minipar.nn._dtype',
     'upward: minipar.parallel.data_parallel.measure imports minipar.launch (layer 5 -> 8)',
-    'upward: minipar.parallel.expert_parallel.measure imports minipar.train (layer 5 -> 8)',
 }
 
 
