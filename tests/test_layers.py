@@ -57,13 +57,6 @@ REGISTRY = "minipar.registry"
 #: today's violations, each as the test prints it; this list may only shrink
 KNOWN: set[str] = {
     'cycle: minipar.nn.executor -> minipar.nn.gpt -> minipar.nn.mlp_model -> minipar.nn.units -> minipar.nn.executor',
-    'private: minipar.parallel.context_parallel.measure imports the private module minipar.nn._dtype',
-    'private: minipar.parallel.context_parallel.model imports the private module minipar.nn._dtype',
-    'private: minipar.parallel.context_parallel.ring_attention imports the private module minipar.nn._dtype',
-    'private: minipar.parallel.pipeline.engine imports the private module minipar.nn._dtype',
-    'private: minipar.parallel.tensor_parallel.layers imports the private module minipar.nn._dtype',
-    'private: minipar.parallel.tensor_parallel.measure imports the private module minipar.nn._dtype',
-    'private: minipar.parallel.tensor_parallel.model imports the private module minipar.nn._dtype',
     'upward: minipar.parallel.data_parallel.measure imports minipar.launch (layer 5 -> 8)',
 }
 

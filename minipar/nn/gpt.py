@@ -41,8 +41,8 @@ from typing import Any
 from minipar.backend import xp
 from minipar.nn import executor
 from minipar.nn import init as _init
-from minipar.nn._dtype import up
 from minipar.nn.attention import attention_backward, attention_forward
+from minipar.nn.dtypes import up
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import (
     embedding_backward,

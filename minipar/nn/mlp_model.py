@@ -25,7 +25,7 @@ import numpy as np  # dtype names only
 
 from minipar.nn import executor
 from minipar.nn import init as _init
-from minipar.nn._dtype import check_model_dtype
+from minipar.nn.dtypes import check_model_dtype
 from minipar.nn.layers import (
     bias_backward,
     bias_forward,

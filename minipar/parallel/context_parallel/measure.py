@@ -61,7 +61,7 @@ from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.topology import Grid
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
-from minipar.nn._dtype import compute_dtype
+from minipar.nn.dtypes import compute_dtype
 from minipar.parallel.context_parallel import ulysses
 from minipar.parallel.context_parallel.engine import OP_GRADS, OP_LOSS, ContextParallel
 from minipar.parallel.context_parallel.layout import Sharding, sharding

@@ -30,8 +30,8 @@ import numpy as np
 
 from minipar.backend import xp
 from minipar.comm.traced import traced
-from minipar.nn._dtype import up
 from minipar.nn.attention import merge_heads, split_heads
+from minipar.nn.dtypes import up
 from minipar.nn.gpt import block_backward, block_forward
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import (

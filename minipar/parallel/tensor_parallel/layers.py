@@ -46,7 +46,7 @@ from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.collectives.ring import all_gather
 from minipar.comm.traced import traced
-from minipar.nn._dtype import down, matmul, up
+from minipar.nn.dtypes import down, matmul, up
 from minipar.nn.gpt import param_shapes
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import bias_backward, bias_forward, embedding_backward

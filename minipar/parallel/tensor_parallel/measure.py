@@ -49,7 +49,7 @@ import numpy as np
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
-from minipar.nn._dtype import compute_dtype
+from minipar.nn.dtypes import compute_dtype
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_steps import expert_capacity
 from minipar.nn.units import BlockUnit

@@ -72,13 +72,13 @@ from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.comm.traced import traced
 from minipar.nn import executor
-from minipar.nn._dtype import up
 from minipar.nn.attention import (
     attention_core_backward,
     attention_core_forward,
     merge_heads,
     split_heads,
 )
+from minipar.nn.dtypes import up
 from minipar.nn.gpt import Step, block_backward, block_forward
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import gelu_backward, gelu_forward, layernorm_backward, layernorm_forward
