@@ -50,9 +50,9 @@ from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
 from minipar.nn.dtypes import compute_dtype
+from minipar.nn.gpt import BlockUnit
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_steps import expert_capacity
-from minipar.nn.units import BlockUnit
 from minipar.parallel.tensor_parallel.layers import shard_params, split_sequence
 from minipar.parallel.tensor_parallel.model import TPBlockUnit
 from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
