@@ -48,11 +48,20 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
     # context parallelism
     "cp": [],
     # pipeline parallelism
-    "pp": [],
+    "pp": [({"pp": 1}, {"schedule": "gpipe", "micro_batches": 2}, {}),
+           ({"pp": 2}, {"schedule": "1f1b", "micro_batches": 3}, {}),
+           ({"pp": 2}, {"schedule": "gpipe", "micro_batches": 2},
+            {"experts": 2, "routing": (1, 2)}),
+           ({"pp": 4}, {"schedule": "interleaved", "micro_batches": 4, "chunks": 2},
+            {"layers": 8}),
+           ({"dp": 2, "pp": 2}, {"schedule": "1f1b", "micro_batches": 2, "remat": True},
+            {"experts": 2, "routing": (2, 2)})],
     # expert parallelism
     "ep": [],
     # hybrid
-    "hybrid": [],
+    "hybrid": [({"dp": 2, "pp": 2}, {"micro_batches": 2, "zero": 1}, {"layers": 4}),
+               ({"pp": 2, "cp": 2}, {"micro_batches": 2}, {}),
+               ({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2}, {"vocab": 8, "batch": 8})],
 }
 
 
