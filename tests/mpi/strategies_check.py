@@ -55,11 +55,20 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
     + [({"cp": n}, {"kind": "ulysses"}, {"seq": 16, "heads": max(n, 2)}) for n in (1, 2, 4, 8)]
     + [({"cp": 4}, {"kind": "ring", "zigzag": True}, {"seq": 16})],
     # pipeline parallelism
-    "pp": [],
+    "pp": [({"pp": 1}, {"schedule": "gpipe", "micro_batches": 2}, {}),
+           ({"pp": 2}, {"schedule": "1f1b", "micro_batches": 3}, {}),
+           ({"pp": 2}, {"schedule": "gpipe", "micro_batches": 2},
+            {"experts": 2, "routing": (1, 2)}),
+           ({"pp": 4}, {"schedule": "interleaved", "micro_batches": 4, "chunks": 2},
+            {"layers": 8}),
+           ({"dp": 2, "pp": 2}, {"schedule": "1f1b", "micro_batches": 2, "remat": True},
+            {"experts": 2, "routing": (2, 2)})],
     # expert parallelism
     "ep": [],
     # hybrid
-    "hybrid": [],
+    "hybrid": [({"dp": 2, "pp": 2}, {"micro_batches": 2, "zero": 1}, {"layers": 4}),
+               ({"pp": 2, "cp": 2}, {"micro_batches": 2}, {}),
+               ({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2}, {"vocab": 8, "batch": 8})],
 }
 
 
