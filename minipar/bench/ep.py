@@ -9,7 +9,7 @@ a shared machine hits all alike; median of ``--steps``, after a warm-up):
   on rank 0 alone, the whole global batch (:class:`ExpertParallel` on
   ``COMM_SELF``: the serial computation);
 * **dense, 1 rank**: the same GPT with one MLP per block instead of E
-  experts — equal *active* parameters per token for top-1 (a token passes
+  experts (the serial engine) — equal *active* parameters per token for top-1 (a token passes
   through one expert of the same shape as the MLP; the MoE holds E times the
   FFN parameters but computes about the same per token, plus the router);
 * **MoE, EP on N ranks**: :class:`~minipar.parallel.expert_parallel.engine.ExpertParallel`
@@ -93,7 +93,6 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     spec = RunSpec(**o["spec"])
     if o["mode"] == "traffic":
         return _traffic(comm, spec, o.get("ep"))
-    from minipar.parallel.data_parallel import DataParallel
     from minipar.progress import tick
 
     ep = strategies.build("ep", spec, Grid(comm, dp=comm.size, ep=comm.size))
@@ -103,7 +102,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     if comm.rank == 0:  # the 1-rank runs, on rank 0 while the others wait
         moe = strategies.build("ep", spec, Grid(MPI.COMM_SELF))
         alone["MoE, 1 rank"] = lambda r: moe.step(spec.batch_at(r))
-        alone["dense, 1 rank"] = DataParallel(MPI.COMM_SELF, spec.with_(experts=0)).train_step
+        dense = strategies.build("serial", spec.with_(experts=0))
+        alone["dense, 1 rank"] = lambda r: dense.step(spec.batch_at(r))
     names = ["MoE, 1 rank", "dense, 1 rank", f"MoE, EP on {comm.size} ranks",
              f"MoE, DP on {comm.size} ranks"]
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
