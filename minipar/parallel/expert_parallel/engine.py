@@ -81,7 +81,7 @@ from minipar.nn import executor
 from minipar.nn.gpt import param_shapes
 from minipar.nn.loss import cross_entropy_forward
 from minipar.optim import FlatParams
-from minipar.parallel.common import RunSpec, check_world, local_rows, loss_weight
+from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows, loss_weight
 from minipar.parallel.engine import (
     Batch,
     State,
@@ -243,11 +243,7 @@ class ExpertParallel:
         self.stats.append(hooks.stats)
         g = st.grads
         sync_grads(self.grid, g, self.n_dense)
-        found_inf = None
-        if st.scaler is not None:  # every rank must skip the step alike
-            inf = np.array([float(not np.isfinite(g).all())])
-            found_inf = bool(allreduce(self.comm, inf, op="max")[0])
-        done = st.step(found_inf=found_inf)
+        done = st.step(found_inf=found_inf(self.comm, st))  # every rank skips alike
         total = self._global_loss(loss)
         self.steps_done += 1
         for k, v in self._sent().items():
