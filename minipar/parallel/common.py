@@ -28,7 +28,6 @@ things around their own communication, and do them here, once:
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -183,35 +182,6 @@ class RunSpec:
 
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
-    """The :class:`RunSpec` options for a ``minipar run`` strategy (``--steps``,
-    ``--seed`` and ``--precision`` belong to ``minipar run`` itself); ``defaults``
-    replace RunSpec's where a strategy needs another model by default (a pipeline
-    of 4 stages needs 4 blocks: ``MODEL_DEFAULTS`` of :mod:`minipar.run.pp`)."""
-    d = replace(RunSpec(), **defaults)
-    g = parser.add_argument_group("model and task")
-    g.add_argument("--batch", type=int, default=d.batch, help=f"global batch rows (default {d.batch})")
-    g.add_argument("--seq", type=int, default=d.seq, help=f"sequence length T (default {d.seq})")
-    g.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary = modulus V (default {d.vocab})")
-    g.add_argument("--d-model", type=int, default=d.d_model,
-                   help=f"model width d (default {d.d_model})")
-    g.add_argument("--layers", type=int, default=d.layers,
-                   help=f"transformer blocks (default {d.layers})")
-    g.add_argument("--heads", type=int, default=d.heads,
-                   help=f"attention heads, must divide --d-model (default {d.heads})")
-    g.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr:g})")
-    g.add_argument("--weight-decay", type=float, default=d.weight_decay,
-                   help=f"AdamW's decoupled weight decay (default {d.weight_decay:g})")
-    g.add_argument("--optimizer", choices=("adamw", "sgd"), default=d.optimizer,
-                   help=f"adamw or sgd (default {d.optimizer})")
-    g.add_argument("--experts", type=int, default=d.experts,
-                   help="experts per block, a mixture of experts (default 0: dense)")
-    g.add_argument("--top-k", type=int, default=d.top_k,
-                   help="with --experts: experts per token, 1 (Switch) or 2 (GShard); default 1")
-    g.add_argument("--capacity-factor", type=float, default=d.capacity_factor,
-                   help=f"with --experts: expert capacity factor (default {d.capacity_factor})")
 
 
 def serial_reference(spec: RunSpec, world: int = 1) -> dict[str, Any]:
