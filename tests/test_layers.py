@@ -34,8 +34,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "minipar.parallel.parity", "minipar.parallel.common"),
     5: (),  # the families: FAMILIES
     6: ("minipar.parallel.hybrid", "minipar.parallel.hybrid_zero", "minipar.parallel.hybrid_config"),
-    7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint",
-        "minipar.parallel.sharded_checkpoint", "minipar.parallel.loop"),
+    7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint", "minipar.parallel.loop"),
     8: ("minipar.launch", "minipar.run", "minipar.bench", "minipar.viz", "minipar.exercises",
         "minipar.cli", "minipar.cli_errors", "minipar.train", "minipar.bubble", "minipar.demo",
         "minipar.glossary_cli", "minipar.plan._cli", "minipar.plan._layouts_cli",
