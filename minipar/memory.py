@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from minipar.trees import arrays, owner
+
 CATEGORIES = ("params", "grads", "optimizer states", "activations")
 PLACES = ("device", "host", "disk")
 
@@ -42,25 +44,6 @@ PLACES = ("device", "host", "disk")
 def place_of(a: Any) -> str:
     """Where a buffer lives: an offload handle's ``place``, else ``"device"``."""
     return str(getattr(a, "place", "device"))
-
-
-def owner(a: Any) -> Any:
-    """The array that owns ``a``'s memory (``a`` itself if it is no view)."""
-    while getattr(a, "base", None) is not None and hasattr(a.base, "nbytes"):
-        a = a.base
-    return a
-
-
-def arrays(tree: Any) -> Iterator[Any]:
-    """Every array (anything with ``nbytes`` and ``dtype``) in a nested dict/list/tuple."""
-    if hasattr(tree, "nbytes") and hasattr(tree, "dtype"):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from arrays(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from arrays(v)
 
 
 def buffers(tree: Any, exclude: Any = ()) -> dict[int, int]:

@@ -30,7 +30,7 @@ machinery (``DynamicLossScaler``: halve the scale and skip the step on
 inf/nan, double it after ``growth_interval`` clean steps).  Both are 2
 bytes, so the 16-bytes-per-parameter count is the same.  NumPy has no
 16-bit BLAS: layers store 16-bit and compute matmuls in float32
-(``minipar.nn._dtype``).  bfloat16 comes from ``ml_dtypes`` (NumPy only).
+(``minipar.nn.dtypes``).  bfloat16 comes from ``ml_dtypes`` (NumPy only).
 """
 
 from __future__ import annotations

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 #: verb -> (module exposing ``main(argv)``, one-line help shown by ``minipar --help``)
 VERBS: dict[str, tuple[str, str]] = {
-    "demo": ("minipar.demo", "a short multi-rank demo: ring all-reduce on N ranks, measured"),
+    "demo": ("minipar.cli.demo", "a short multi-rank demo: ring all-reduce on N ranks, measured"),
     "bench": ("minipar.bench", "benchmarks: collectives, wait, model, ..."),
     "exercise": ("minipar.exercises.cli",
                  "mpirun exercises: list | start NAME | hint NAME | check NAME FILE"),
-    "glossary": ("minipar.glossary_cli", "trilingual glossary lookup (EN / RU / ZH)"),
-    "train": ("minipar.train", "train the serial model (GPT or MLP) on a synthetic task"),
+    "glossary": ("minipar.cli.glossary", "trilingual glossary lookup (EN / RU / ZH)"),
+    "train": ("minipar.cli.train", "train the serial model (GPT or MLP) on a synthetic task"),
     "run": ("minipar.run", "train in parallel (dp ps zero tp sp cp pp ep hybrid), compare with serial"),
-    "plan": ("minipar.plan", "the papers' formulas: memory and bytes per rank at any scale"),
-    "bubble": ("minipar.bubble",
+    "plan": ("minipar.cli.plan", "the papers' formulas: memory and bytes per rank at any scale"),
+    "bubble": ("minipar.cli.bubble",
                "the pipeline bubble: schedule chart, fraction vs formula (theory or a run)"),
 }
 

@@ -1,4 +1,4 @@
-"""Serial training loop — последовательный цикл обучения — 串行训练循环 (``minipar train``).
+"""Serial training loop — последовательный цикл обучения — 串行训练循环.
 
 One process, one global batch per step, the data of step s from
 ``(seed, s)`` (``minipar.data``):
@@ -14,39 +14,25 @@ settings: d_model 64, 2 layers, 4 heads, batch 32 x 16, AdamW lr 3e-3,
 ln(10)/16 = 0.144); float64 -> 0.158; MoE top-2 in mixed bf16 -> 0.185;
 the MLP on spirals 1.137 -> 0.038 in 0.1 s.  Notebook 02 draws the curves.
 
-Divergence: the verb stops at the first step whose loss is NaN or infinite,
-or above ``--diverge`` = 10 x the first step's loss, with one line and exit
-status 1 (``minipar train --lr 1``: ``minipar train: diverged at step 3: the
-loss 70 exceeds 10 x the first step's 2.317; ...``).  Why 10x: a run that
-learns stays below its first loss (about ln V for the GPT, ln 3 for the MLP),
-and a noisy one rises by tens of percent, not tenfold (``--lr 0.3`` wanders
-from 2.317 to 2.344 in 60 steps and is let run); a loss ten times the
-untrained model's means the weights have left the region where the model
-predicts anything.  Progress: a tqdm bar on
-stderr (:mod:`minipar.progress`), none with ``--quiet``.
-
-    minipar train --model gpt --steps 300           # modular-sum sequences
-    minipar train --model mlp --steps 300           # 2-D spirals
-    minipar train --model gpt --experts 4 --top-k 2 --precision mixed
+Divergence: with ``diverge_factor`` f, :func:`train` stops with
+:class:`Diverged` at the first step whose loss is NaN or infinite, or above
+f x the first step's loss (:func:`check_loss`).  Progress: a tqdm bar on a
+stream (:mod:`minipar.progress`).  The ``minipar train`` verb, which builds
+the model and the task from its options and says why f = 10, is
+:mod:`minipar.cli.train`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 import time
 from dataclasses import asdict
 from typing import Any, TextIO
 
 from minipar import data, spans
-from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
+from minipar.nn import GPT, MLP
 from minipar.precision import ModelStates, get
 from minipar.progress import bar as progress_bar
-
-#: ``minipar train`` stops when the loss exceeds this many times the first step's loss
-DIVERGENCE_FACTOR = 10.0
 
 
 class Diverged(RuntimeError):
@@ -168,153 +154,3 @@ def mlp_task(batch_size: int = 64, n_classes: int = 3, data_seed: int = 0,
              dtype: str = "float64") -> Any:
     """``batch(step)`` of the spirals task."""
     return lambda s: data.spirals(data_seed, s, batch_size, n_classes, dtype=dtype)
-
-
-#: GPT-only and MLP-only options -> their defaults (None in the parser, so that an
-#: option given to the other model is refused instead of silently ignored)
-GPT_OPTIONS = {"vocab": 10, "seq": 16, "d_model": 64, "layers": 2, "heads": 4, "experts": 0,
-               "top_k": 1}
-MLP_OPTIONS = {"hidden": 64}
-
-
-def _parser() -> argparse.ArgumentParser:
-    from minipar.cli_errors import ArgumentParser, integer, number, output_file
-
-    p = ArgumentParser(prog="minipar train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=("gpt", "mlp"), default="gpt",
-                   help="gpt: a small GPT on modular-sum sequences; mlp: an MLP on 2-D "
-                   "spirals (default %(default)s)")
-    p.add_argument("--steps", type=integer(1), default=300,
-                   help="optimizer steps (default %(default)s)")
-    p.add_argument("--batch", type=integer(1), default=32,
-                   help="global batch size, sequences or points (default %(default)s)")
-    p.add_argument("--lr", type=number(greater_than=0), default=3e-3,
-                   help="learning rate, > 0 (default %(default)s)")
-    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
-                   help="AdamW (weight decay 0 here) or plain SGD (default %(default)s)")
-    p.add_argument("--precision", choices=("float64", "float32", "mixed", "mixed-fp16"),
-                   default="float32",
-                   help="float64, float32, mixed (bf16 + fp32 master weights) or mixed-fp16 "
-                   "(fp16 with loss scaling); default %(default)s")
-    p.add_argument("--seed", type=integer(0), default=0,
-                   help="initialisation seed; the data seed is always 0 (default %(default)s)")
-    p.add_argument("--diverge", type=number(greater_than=1), default=DIVERGENCE_FACTOR,
-                   help="stop (exit 1) when the loss is NaN or infinite or exceeds this many "
-                   "times the first step's loss (default %(default)s)")
-    g = GPT_OPTIONS
-    p.add_argument("--vocab", type=integer(2),
-                   help=f"GPT: vocabulary = modulus V (default {g['vocab']})")
-    p.add_argument("--seq", type=integer(2), help=f"GPT: sequence length T (default {g['seq']})")
-    p.add_argument("--d-model", type=integer(1), help=f"GPT: width (default {g['d_model']})")
-    p.add_argument("--layers", type=integer(1), help=f"GPT: blocks (default {g['layers']})")
-    p.add_argument("--heads", type=integer(1),
-                   help=f"GPT: attention heads, must divide --d-model (default {g['heads']})")
-    p.add_argument("--experts", type=integer(0),
-                   help="GPT: experts per MoE block (default 0: dense)")
-    p.add_argument("--top-k", type=int, choices=(1, 2),
-                   help="GPT with --experts: experts per token, 1 (Switch) or 2 (GShard); "
-                   "default 1")
-    p.add_argument("--hidden", type=integer(1),
-                   help=f"MLP: hidden width (default {MLP_OPTIONS['hidden']})")
-    p.add_argument("--json", metavar="PATH", type=output_file,
-                   help="write the loss curve as JSON (into a folder that exists)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
-
-
-def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """Checks across options, before any model is built: ``p.error`` (one line, exit 2)."""
-    own, other = (GPT_OPTIONS, MLP_OPTIONS) if a.model == "gpt" else (MLP_OPTIONS, GPT_OPTIONS)
-    stray = [f"--{k.replace('_', '-')}" for k in other if getattr(a, k) is not None]
-    if stray:
-        p.error(f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to "
-                f"--model {'mlp' if a.model == 'gpt' else 'gpt'}, not --model {a.model}")
-    if a.model == "gpt" and a.top_k is not None and not a.experts:
-        p.error("--top-k only applies to a mixture of experts: give --experts E (E >= 1) too")
-    for k, v in own.items():
-        if getattr(a, k) is None:
-            setattr(a, k, v)
-    if a.model == "gpt":
-        if a.d_model % a.heads:
-            divisors = [h for h in range(1, a.d_model + 1) if a.d_model % h == 0]
-            shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
-            p.error(f"--heads {a.heads} does not divide --d-model {a.d_model} (each head takes "
-                    f"d_model / heads columns); --heads must be one of {shown}")
-        if a.experts and a.top_k > a.experts:
-            p.error(f"--top-k {a.top_k} exceeds --experts {a.experts}: "
-                    f"--top-k must be 1{' or 2' if a.experts >= 2 else ''}")
-    _check_memory(p, a)
-
-
-def _check_memory(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """Refuse a model whose parameters, gradients and optimizer states alone exceed the RAM."""
-    import os
-
-    from minipar.plan import gpt_param_count
-
-    if a.model == "gpt":
-        n = gpt_param_count(a.layers, a.d_model, a.vocab, a.seq, n_experts=a.experts)
-        sizes = "--d-model, --layers, --vocab or --experts"
-    else:
-        n = (2 + 1) * a.hidden + (a.hidden + 1) * a.hidden + (a.hidden + 1) * 3  # (w, b) per layer
-        sizes = "--hidden"
-    pol = get(a.precision)
-    per_param = 2 * pol.param_dtype.itemsize + (pol.master_dtype.itemsize if pol.master_dtype
-                                                else 0)
-    per_param += 2 * pol.state_dtype.itemsize if a.optimizer == "adamw" else 0
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return
-    if n * per_param > ram:
-        p.error(f"{n:.3g} parameters need at least {n * per_param / 1e9:,.0f} GB for parameters, "
-                f"gradients and optimizer states ({per_param} bytes each), more than this "
-                f"machine's {ram / 1e9:.1f} GB; use a smaller {sizes}")
-
-
-def main(argv: list[str]) -> int:
-    """``minipar train``: 0 after training; 1 (one line on stderr) when the loss is NaN or
-    diverges (:class:`Diverged`, ``--diverge``); 2 (one line) on bad input."""
-    p = _parser()
-    try:
-        a = p.parse_args(argv)
-        _check_options(p, a)
-    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
-        return int(e.code or 0)
-    dtype = get(a.precision).model_dtype
-    try:
-        if a.model == "gpt":
-            model: GPT | MLP = GPT(GPTConfig(
-                vocab_size=a.vocab, block_size=a.seq, n_layer=a.layers, n_head=a.heads,
-                d_model=a.d_model, n_experts=a.experts, top_k=a.top_k, dtype=dtype))
-            batch = gpt_task(a.vocab, a.seq, a.batch)
-            floor = f", best possible {data.modular_sum_best_loss(a.seq, a.vocab):.4f}"
-        else:
-            model = MLP(MLPConfig(sizes=(2, a.hidden, a.hidden, 3), dtype=dtype))
-            batch, floor = mlp_task(a.batch, dtype=dtype), ""
-        extra = {"weight_decay": 0.0} if a.optimizer == "adamw" else {}
-        out = train(model, batch, a.steps, a.precision, a.optimizer, a.seed,
-                    None if a.quiet else sys.stderr, diverge_factor=a.diverge, lr=a.lr, **extra)
-    except Diverged as e:  # the run, not the input, went wrong: one line, exit 1
-        default = _parser().get_default("lr")
-        print(f"minipar train: {e} (this run: --lr {a.lr:g}; the default is {default:g})",
-              file=sys.stderr)
-        return 1
-    except ValueError as e:
-        print(f"minipar train: {e}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        smaller = "--batch or --hidden" if a.model == "mlp" else "--batch, --seq or model"
-        print(f"minipar train: out of memory; use a smaller {smaller}", file=sys.stderr)
-        return 1
-    losses = out["losses"]
-    print(f"{a.model}: {model.n_params()} parameters, {a.precision}, {a.steps} steps in "
-          f"{out['seconds']:.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}{floor}")
-    if a.json:
-        try:
-            with open(a.json, "w", encoding="utf-8") as f:
-                json.dump({"args": vars(a), "losses": losses, "seconds": out["seconds"]}, f)
-        except OSError as e:
-            print(f"minipar train: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
-            return 1
-    return 0

@@ -13,7 +13,8 @@ from fractions import Fraction
 
 import pytest
 
-from minipar import bubble, cli, trace
+from minipar import cli, trace
+from minipar.cli import bubble
 from minipar.cli_errors import ArgumentParser
 from minipar.parallel.pipeline import measure
 from minipar.parallel.pipeline.measure import chart, write_timeline
@@ -29,7 +30,7 @@ def call(capsys, *argv):
 
 
 def test_the_verb_is_registered():
-    assert VERBS["bubble"][0] == "minipar.bubble"
+    assert VERBS["bubble"][0] == "minipar.cli.bubble"
 
 
 def test_text_shows_the_simulators_chart_and_the_exact_bubble(capsys):

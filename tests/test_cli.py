@@ -45,12 +45,12 @@ def test_console_entry_point_runs():
 
 
 def test_keyboard_interrupt_in_a_verb_is_one_line(monkeypatch, capsys):
-    import minipar.plan
+    import minipar.cli.plan
 
     def interrupted(argv):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(minipar.plan, "main", interrupted)
+    monkeypatch.setattr(minipar.cli.plan, "main", interrupted)
     assert cli.main(["plan", "--params", "1e9", "-n", "4"]) == 130
     out, err = capsys.readouterr()
     assert err == "minipar: interrupted\n" and out == ""
@@ -59,7 +59,7 @@ def test_keyboard_interrupt_in_a_verb_is_one_line(monkeypatch, capsys):
 def test_sigterm_in_a_verb_is_one_line_and_exit_143(monkeypatch, capsys):
     """While a verb runs, SIGTERM raises Terminated (a KeyboardInterrupt, so every cleanup
     written for Ctrl-C runs); afterwards SIGTERM's default action is back."""
-    import minipar.plan
+    import minipar.cli.plan
 
     seen = []
 
@@ -67,7 +67,7 @@ def test_sigterm_in_a_verb_is_one_line_and_exit_143(monkeypatch, capsys):
         seen.append(signal.getsignal(signal.SIGTERM))
         raise Terminated
 
-    monkeypatch.setattr(minipar.plan, "main", terminated)
+    monkeypatch.setattr(minipar.cli.plan, "main", terminated)
     assert cli.main(["plan", "--params", "1e9", "-n", "4"]) == 143
     out, err = capsys.readouterr()
     assert err == "minipar: terminated\n" and out == ""

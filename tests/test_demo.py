@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from minipar import collectives, demo, launch
+from minipar import collectives, launch
+from minipar.cli import demo
 from minipar.exercises import EXERCISES
 
 
 @pytest.mark.parametrize("n,elems", [(1, 5), (3, 10), (4, 1000)])
 def test_demo_measures_the_ring_formula(n: int, elems: int) -> None:
-    data, proc = launch.run_json(n, "minipar.demo", {"elems": elems}, timeout=60)
+    data, proc = launch.run_json(n, "minipar.cli.demo", {"elems": elems}, timeout=60)
     assert proc.returncode == 0 and data is not None, proc.stderr
     assert data["ranks"] == n and data["bytes"] == 8 * elems
     for row in data["rows"]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from minipar import glossary_cli
+from minipar.cli import glossary as glossary_cli
 from minipar.cli import main as minipar
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from minipar import glossary as g
-from minipar import glossary_cli
+from minipar.cli import glossary as glossary_cli
 from minipar.glossary import links as glinks
 
 if sys.version_info >= (3, 11):

@@ -197,12 +197,12 @@ def test_cache_gives_the_same_answers(tmp_path: Path, monkeypatch: pytest.Monkey
         assert answers() == expected  # built, then saved
         (cache_file,) = tmp_path.glob("glossary-*.marshal")
         g.clear_caches()
-        assert "exact" in gdata._blob()  # loaded from the file, index included
+        assert "exact" in gdata.cached_blob()  # loaded from the file, index included
         assert answers() == expected
         cache_file.write_bytes(b"not marshal")
         g.clear_caches()
         assert answers() == expected
-        stale = gdata._blob()["stamp"][:-1] + [("zzz.toml", 0, 0)]
+        stale = gdata.cached_blob()["stamp"][:-1] + [("zzz.toml", 0, 0)]
         assert gdata._cache_file(stale) != cache_file  # any data change names another file
     finally:
         g.clear_caches()

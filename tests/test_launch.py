@@ -36,7 +36,7 @@ def test_more_ranks_than_cores() -> None:
 
 
 def test_run_json_returns_what_rank_0_served() -> None:
-    data, proc = launch.run_json(3, "minipar.demo", {"elems": 6}, timeout=60)
+    data, proc = launch.run_json(3, "minipar.cli.demo", {"elems": 6}, timeout=60)
     assert proc.returncode == 0 and data["ranks"] == 3 and data["elems"] == 6
     assert sum(ln.startswith(launch.RESULT_PREFIX) for ln in proc.stdout.splitlines()) == 1
     assert launch.is_worker(["--worker", "{}"]) and not launch.is_worker(["--json"])
@@ -122,7 +122,7 @@ def test_a_failed_rank_is_named_in_one_line(mode: str, expected: str, tmp_path: 
 def test_run_json_check_raises_the_one_line() -> None:
     one_line = r"^\[minipar\] rank \d of 2 failed: KeyError: 'elems'$"
     with pytest.raises(launch.RanksFailed, match=one_line):
-        launch.run_json(2, "minipar.demo", {}, check=True, timeout=60)
+        launch.run_json(2, "minipar.cli.demo", {}, check=True, timeout=60)
 
 
 @pytest.mark.parametrize("sig,name", [(signal.SIGINT, "KeyboardInterrupt"),

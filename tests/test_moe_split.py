@@ -19,7 +19,7 @@ import pytest
 import minipar.nn.gpt as gpt_module
 from minipar.backend import xp
 from minipar.nn import GPT, GPTConfig
-from minipar.nn._dtype import down, up
+from minipar.nn.dtypes import down, up
 from minipar.nn.gradcheck import numerical_grad, rel_error
 from minipar.nn.mlp import mlp_backward, mlp_forward
 from minipar.nn.moe import expert_capacity, expert_params, moe_backward, moe_forward

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from minipar import plan as P
+from minipar.cli.plan import main as plan_main
 
 
 # ----------------------------------------------------------------- collectives
@@ -275,7 +276,7 @@ def test_bad_sizes_raise_value_error(call):
 
 # ------------------------------------------------------------------- the verb
 def test_cli_text_paper_example(capsys):
-    assert P.main(["--params", "7.5e9", "-n", "64"]) == 0
+    assert plan_main(["--params", "7.5e9", "-n", "64"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1] in "0123"]
     gb = {r[0]: r[-5] for r in rows if len(r) >= 6 and r[1].startswith(("DP", "P_os"))}
@@ -285,7 +286,7 @@ def test_cli_text_paper_example(capsys):
 
 def test_cli_json_and_gpt(capsys):
     argv = ["--gpt", "2,64,100,16", "-n", "4", "--heads", "2", "--tp", "2", "--batch", "3", "--json"]
-    assert P.main(argv) == 0
+    assert plan_main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["params"] == P.gpt_param_count(2, 64, 100, 16)
     assert [r["bytes"] for r in d["zero"]] == [P.zero_model_state_bytes(d["params"], 4, s) for s in range(4)]
@@ -293,18 +294,18 @@ def test_cli_json_and_gpt(capsys):
     assert (acts["s"], acts["b"], acts["a"], acts["t"]) == (16, 3, 2, 2)
     assert acts["rows"][0]["per_layer"] == 16 * 3 * 64 * (34 + 5 * 2 * 16 / 64)
     assert d["gradient_sync"]["payload"] == 2 * d["params"]
-    assert P.main(["--params", "1T", "-n", "8", "--json"]) == 0
+    assert plan_main(["--params", "1T", "-n", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gradient_sync"]["payload"] == 2e12
-    assert P.main(["--gpt", "2,64,100,16", "-n", "4"]) == 0
+    assert plan_main(["--gpt", "2,64,100,16", "-n", "4"]) == 0
     assert "activation memory" in capsys.readouterr().out
 
 
 def test_cli_absurd_sizes_print_readably(capsys):
     """1e30 parameters, 1e12 ranks: e-notation, never inf or a 30-digit number (bad ones: test_bad_input)."""
-    assert P.main(["--params", "1e30", "-n", "4"]) == 0
+    assert plan_main(["--params", "1e30", "-n", "4"]) == 0
     out = capsys.readouterr().out
     assert "Ψ = 1.00e+30 parameters" in out and "3.00e+30 B" in out
-    assert P.main(["--gpt", "1000000,1000000,1000000,1000000", "-n", "1000000000000",
+    assert plan_main(["--gpt", "1000000,1000000,1000000,1000000", "-n", "1000000000000",
                    "--seq", "1000000000000", "--batch", "1000000000000"]) == 0
     out += capsys.readouterr().out
     assert "inf" not in out and "nan" not in out
@@ -312,10 +313,10 @@ def test_cli_absurd_sizes_print_readably(capsys):
 
 
 def test_cli_default_heads_divide_d_model(capsys):
-    from minipar.plan._cli import default_heads
+    from minipar.cli.plan_sizes import default_heads
 
     assert [default_heads(d) for d in (32, 64, 200, 768, 1600)] == [1, 1, 2, 12, 25]
-    assert P.main(["--gpt", "2,200,100,16", "-n", "4", "--json"]) == 0  # d/64 = 3 heads would not divide
+    assert plan_main(["--gpt", "2,200,100,16", "-n", "4", "--json"]) == 0  # d/64 = 3 heads would not divide
     assert json.loads(capsys.readouterr().out)["activations"]["a"] == 2
 
 

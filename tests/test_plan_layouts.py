@@ -32,6 +32,7 @@ import math
 import pytest
 
 from minipar import plan as P
+from minipar.cli.plan import main as plan_main
 from minipar.plan.activations import minipar_activation_formula
 from minipar.plan.cluster import PRESETS, cluster_from_fields, load_cluster
 from minipar.plan.layouts import (
@@ -351,7 +352,7 @@ GPT3_ARGS = ["--gpt", "96,12288,51200,2048", "--heads", "96", "--cluster", "dgx-
 
 
 def test_cli_table_and_takeaways(capsys):
-    assert P.main([*GPT3_ARGS, "--gpus", "64", "--top", "5"]) == 0
+    assert plan_main([*GPT3_ARGS, "--gpus", "64", "--top", "5"]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln[:3].strip().isdigit()]
     assert len(rows) == 5 and "tp-inner" in rows[0]
@@ -360,7 +361,7 @@ def test_cli_table_and_takeaways(capsys):
 
 
 def test_cli_json(capsys):
-    assert P.main([*GPT3_ARGS, "-n", "64", "--global-batch", "128", "--top", "3", "--json",
+    assert plan_main([*GPT3_ARGS, "-n", "64", "--global-batch", "128", "--top", "3", "--json",
                    "--max-cp", "1"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["gpus"] == 64 and d["global_batch"] == 128 and len(d["ranked"]) == 3
@@ -386,24 +387,24 @@ def test_cli_bad_input_one_line_exit_2(capsys, argv, says):
     for k in range(0, len(argv), 2):  # replace the option's value in the base command
         i = base.index(argv[k])
         base[i + 1] = argv[k + 1]
-    assert P.main(base) == 2
+    assert plan_main(base) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("minipar plan: ") and says in err
 
 
 def test_cli_params_needs_the_shape(capsys):
     argv = ["--params", "175B", "--layers", "96", "--gpus", "64", "--cluster", "h100"]
-    assert P.main(argv) == 2
+    assert plan_main(argv) == 2
     assert "--params needs the shape too: give --hidden, --heads" in capsys.readouterr().err
-    assert P.main([*argv, "--hidden", "12288", "--heads", "96", "--top", "1", "--json"]) == 0
+    assert plan_main([*argv, "--hidden", "12288", "--heads", "96", "--top", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"]["psi"] == 175e9
 
 
 def test_cli_small_model_memory_reads_in_its_unit_and_faster_says_faster(capsys):
     """A tiny model's memory per GPU is not "0.0 GB"; a ratio below 1 reads "× faster"."""
-    from minipar.plan._layouts_cli import _mem, _than
+    from minipar.cli.plan_layouts import _mem, _than
 
-    assert P.main(["--gpt", "4,64,512,128", "--gpus", "7", "--cluster", "dgx-a100",
+    assert plan_main(["--gpt", "4,64,512,128", "--gpus", "7", "--cluster", "dgx-a100",
                    "--top", "1"]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln[:3].strip() == "1")
     assert " MB " in row and "0.0 GB" not in row

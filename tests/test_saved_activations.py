@@ -37,9 +37,8 @@ from minipar.nn import (
     moe_forward,
     sub,
 )
-from minipar.nn.mlp_model import layer_forward
+from minipar.nn.mlp_model import LayerUnit, layer_forward
 from minipar.nn.moe import expert_params
-from minipar.nn.units import LayerUnit
 from minipar.optim import FlatParams
 
 DTYPES = ["float64", "bfloat16", "float16"]

@@ -135,7 +135,36 @@ def test_the_default_grid_is_the_largest_tp_the_model_cuts() -> None:
     from minipar.run.tp import grid_sizes
 
     o = {"ranks": 4, "tp": None, "dp": None}
-    assert grid_sizes(o, RunSpec()) == (2, 2)  # 2 heads, vocab 10: t = 2, dp 2
-    assert grid_sizes(o, RunSpec(heads=4, vocab=12)) == (1, 4)
-    assert grid_sizes({**o, "ranks": 3}, RunSpec(heads=2, vocab=10)) == (3, 1)
-    assert grid_sizes({**o, "dp": 4}, RunSpec()) == (4, 1)
+    assert grid_sizes(o, RunSpec()) == {"dp": 2, "tp": 2}  # 2 heads, vocab 10: t = 2, dp 2
+    assert grid_sizes(o, RunSpec(heads=4, vocab=12)) == {"dp": 1, "tp": 4}
+    assert grid_sizes({**o, "ranks": 3}, RunSpec(heads=2, vocab=10)) == {"dp": 3, "tp": 1}
+    assert grid_sizes({**o, "dp": 4}, RunSpec()) == {"dp": 4, "tp": 1}
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_placements_say_where_every_slice_of_shard_params_sits(t: int) -> None:
+    """Each piece of rank r's shard is the block of the global tensor its Shard names:
+    w_qkv three column groups, rows and columns one piece, replicated tensors whole; the
+    pieces of the t ranks (replicated tensors: rank 0's) cover every element once."""
+    from minipar.parallel.engine import Piece
+    from minipar.parallel.tensor_parallel.layers import placements
+
+    cfg = GPTConfig(vocab_size=4 * t, block_size=8, n_layer=2, n_head=t, d_model=4 * t,
+                    n_experts=2, moe_every=2)
+    full = GPT(cfg).init(0)
+    covered = {n: np.zeros(a.shape, int) for n, a in full.items()}
+    for r in range(t):
+        shard, place = shard_params(full, cfg, t, r), placements(cfg, t, r)
+        assert list(place) == list(full)
+        for n, sh in place.items():
+            assert sh.name == n and sh.global_shape == full[n].shape
+            assert len(sh.pieces) == (3 if kind_of(n) == "qkv" else 1)
+            for p in sh.pieces:
+                assert np.array_equal(shard[n][p.local], full[n][p.global_]), n
+                if kind_of(n) != "replicated" or r == 0:
+                    covered[n][p.global_] += 1
+    assert all((c == 1).all() for c in covered.values())
+    if t == 2:  # the engine docstring's example: d = 8 here, rank 1 of w_qkv (8, 24)
+        q = placements(cfg, 2, 1)["blocks.0.attn.w_qkv"].pieces
+        assert [p.global_[1] for p in q] == [slice(4, 8), slice(12, 16), slice(20, 24)]
+        assert q[0] == Piece((slice(0, 8), slice(0, 4)), (slice(0, 8), slice(4, 8)))

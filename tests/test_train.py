@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from minipar import train as T
+from minipar.cli.train import main as train_main
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
 
 SMALL = {"vocab_size": 7, "block_size": 10, "n_layer": 1, "n_head": 2, "d_model": 32}
@@ -68,14 +69,14 @@ def test_divergence_stops_training_with_the_step_and_the_reason() -> None:
 
 
 def test_cli_divergence_is_one_line_and_exit_1(capsys) -> None:
-    assert T.main(["--model", "mlp", "--lr", "30", "--steps", "50"]) == 1
+    assert train_main(["--model", "mlp", "--lr", "30", "--steps", "50"]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     last = err.splitlines()[-1]
     assert last.startswith("minipar train: diverged at step ") and last.endswith(
         "a smaller learning rate usually cures it (this run: --lr 30; the default is 0.003)")
     assert all(ln.startswith("step ") for ln in err.splitlines()[:-1])  # the bar, then one line
-    assert T.main(["--model", "mlp", "--lr", "30", "--steps", "50", "--quiet",
+    assert train_main(["--model", "mlp", "--lr", "30", "--steps", "50", "--quiet",
                    "--diverge", "1e30"]) == 0  # a higher threshold lets it run
     capsys.readouterr()
 
@@ -87,7 +88,7 @@ def test_dtype_mismatch_raises() -> None:
 
 def test_cli_verb(tmp_path, capsys) -> None:
     path = tmp_path / "curve.json"
-    rc = T.main(["--model", "gpt", "--steps", "3", "--vocab", "7", "--seq", "8", "--d-model", "16",
+    rc = train_main(["--model", "gpt", "--steps", "3", "--vocab", "7", "--seq", "8", "--d-model", "16",
                  "--layers", "1", "--heads", "2", "--batch", "4", "--json", str(path)])
     assert rc == 0
     out = capsys.readouterr()
@@ -95,9 +96,9 @@ def test_cli_verb(tmp_path, capsys) -> None:
     saved = json.loads(path.read_text())
     assert len(saved["losses"]) == 3
     assert saved["args"]["d_model"] == 16 and saved["args"]["experts"] == 0  # defaults filled in
-    assert T.main(["--model", "mlp", "--steps", "2", "--quiet"]) == 0
+    assert train_main(["--model", "mlp", "--steps", "2", "--quiet"]) == 0
     assert capsys.readouterr().err == ""  # --quiet: no bar at all
-    assert T.main(["--d-model", "30", "--heads", "4", "--steps", "1", "--quiet"]) == 2
+    assert train_main(["--d-model", "30", "--heads", "4", "--steps", "1", "--quiet"]) == 2
     err = capsys.readouterr().err  # more bad input: tests/test_bad_input.py
     assert err == ("minipar train: --heads 4 does not divide --d-model 30 (each head takes "
                    "d_model / heads columns); --heads must be one of 1, 2, 3, 5, 6, 10, 15, 30\n")

@@ -8,7 +8,7 @@ of t ranks (default 2, one BLAS thread each: the launcher sets ``OMP_NUM_THREADS
 friends) times the forward+backward of one block (default d_model 1024, 16 heads,
 4 x 256 = 1024 tokens, float32):
 
-* serial: rank 0 runs the whole block (:class:`minipar.nn.units.BlockUnit`) while the
+* serial: rank 0 runs the whole block (:class:`minipar.nn.gpt.BlockUnit`) while the
   others wait;
 * tensor-parallel: every rank runs its slice
   (:class:`~minipar.parallel.tensor_parallel.model.TPBlockUnit`).
@@ -40,7 +40,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.bench.dp import measure_step_time
     from minipar.comm import TracedComm
     from minipar.nn import GPT, GPTConfig
-    from minipar.nn.units import BlockUnit
+    from minipar.nn.gpt import BlockUnit
     from minipar.parallel.tensor_parallel.layers import shard_params
     from minipar.parallel.tensor_parallel.model import TPBlockUnit
 

@@ -77,5 +77,5 @@ __all__ = [
 
 def clear_caches() -> None:
     """Forget everything loaded (for tests and benchmarks); the next call reloads."""
-    for f in (_data._blob, _data.terms, _normal_form._spun_regex, _index.index):
+    for f in (_data.cached_blob, _data.terms, _normal_form.spun_regex, _index.index):
         f.cache_clear()

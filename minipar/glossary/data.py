@@ -117,7 +117,7 @@ def _cache_file(stamp: list[object]) -> Path | None:
 
 
 @cache
-def _blob() -> dict:
+def cached_blob() -> dict:
     """Parsed data files (``raw``, ``spun``), and the index once built: from the cache if valid."""
     stamp = _stamp()
     path = _cache_file(stamp)
@@ -145,7 +145,7 @@ def _blob() -> dict:
             "sources": {f: dict(v) for f, v in table("_sources.toml").items()}}
 
 
-def _save(blob: dict) -> None:
+def save_blob(blob: dict) -> None:
     """Write the blob (index included) to the cache file, atomically; any failure is ignored."""
     path = _cache_file(blob["stamp"])
     if path is None:
@@ -164,7 +164,7 @@ def _save(blob: dict) -> None:
 @cache
 def terms() -> tuple[Term, ...]:
     """All terms, sorted by id."""
-    return tuple(parse_term(data, name) for name, data in _blob()["raw"])
+    return tuple(parse_term(data, name) for name, data in cached_blob()["raw"])
 
 
 def by_id() -> dict[str, Term]:
@@ -174,12 +174,12 @@ def by_id() -> dict[str, Term]:
 
 def spun_table() -> dict[str, str]:
     """Spun Chinese -> standard Chinese (``glossary/_normalise.toml``)."""
-    return _blob()["spun"]
+    return cached_blob()["spun"]
 
 
 def topics() -> tuple[Topic, ...]:
     """The families of terms (``glossary/_topics.toml``), in file order."""
-    return tuple(Topic(*t) for t in _blob()["topics"])
+    return tuple(Topic(*t) for t in cached_blob()["topics"])
 
 
 def seed_title(file: str) -> str:
@@ -188,7 +188,7 @@ def seed_title(file: str) -> str:
     A file not listed there is named "seed document" rather than by its file
     name (the data test requires every quoted seed to have a title).
     """
-    return _blob()["sources"].get(file, {}).get("title", "seed document")
+    return cached_blob()["sources"].get(file, {}).get("title", "seed document")
 
 
 def seed_label(file: str) -> str:
@@ -199,5 +199,5 @@ def seed_label(file: str) -> str:
     "As written in a machine-translated Chinese article (errors kept)", the
     ``label`` of ``glossary/_sources.toml``, else one made from the title.
     """
-    src = _blob()["sources"].get(file, {})
+    src = cached_blob()["sources"].get(file, {})
     return src.get("label") or f"As written in the {seed_title(file)} (errors kept)"

@@ -20,7 +20,7 @@ import re
 from collections import namedtuple
 from functools import cache
 
-from minipar.glossary.data import LANGS, _blob, _save, terms
+from minipar.glossary.data import LANGS, cached_blob, save_blob, terms
 from minipar.glossary.normal_form import key, normalise, tokens
 
 # exact: key -> [(term id, weight)]; prefixes: every prefix of a key; max_tokens: the most
@@ -37,12 +37,12 @@ def bigrams(k: str) -> frozenset[str]:
 @cache
 def index() -> Index:
     """The index, from the cached blob, or built now (and then saved with the blob)."""
-    blob = _blob()
+    blob = cached_blob()
     if "exact" not in blob:
         blob["exact"], blob["max_tokens"] = _build()
         blob["prefixes"] = frozenset(k[:i] for k in blob["exact"] for i in range(1, len(k) + 1))
         blob["topic_keys"] = {key(n): tid for tid, _, names, _ in blob["topics"] for n in names}
-        _save(blob)
+        save_blob(blob)
     exact = blob["exact"]
     return Index(exact, blob["prefixes"], blob["max_tokens"], {k: bigrams(k) for k in exact},
                  blob["topic_keys"])

@@ -94,7 +94,7 @@ def normalise(text: str) -> tuple[str, Sequence[int], Sequence[int]]:
                 starts.append(i)  # type: ignore[union-attr]
                 ends.append(i + 1)  # type: ignore[union-attr]
         norm = "".join(chars)
-    rx = _spun_regex()
+    rx = spun_regex()
     if rx is None or not rx.search(norm):
         return norm, starts, ends
     table = spun_table()
@@ -120,7 +120,7 @@ def normalise(text: str) -> tuple[str, Sequence[int], Sequence[int]]:
 
 
 @cache
-def _spun_regex() -> re.Pattern[str] | None:
+def spun_regex() -> re.Pattern[str] | None:
     """One alternation of every spun phrase, longest first (None: an empty table)."""
     table = spun_table()
     parts = []

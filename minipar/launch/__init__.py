@@ -2,7 +2,7 @@
 
     >>> from minipar import launch
     >>> proc = launch.run(2, "path/to/script.py", timeout=30)        # a script
-    >>> result, proc = launch.run_json(4, "minipar.demo", {"elems": 1000})  # a module
+    >>> result, proc = launch.run_json(4, "minipar.cli.demo", {"elems": 1000})  # a module
 
 What it does, and why:
 

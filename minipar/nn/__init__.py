@@ -34,6 +34,7 @@ from minipar.nn.gpt import (
     block_forward,
     embed_backward,
     embed_forward,
+    gpt_units,
     head_backward,
     head_forward,
     param_shapes,
@@ -54,9 +55,9 @@ from minipar.nn.layers import (
 )
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.nn.mlp import mlp_backward, mlp_forward
-from minipar.nn.mlp_model import MLP, MLPConfig
+from minipar.nn.mlp_model import MLP, MLPConfig, mlp_units
 from minipar.nn.moe import expert_capacity, moe_backward, moe_forward, route
-from minipar.nn.units import Unit, gpt_units, mlp_units
+from minipar.nn.units import Unit
 
 __all__ = [
     "GPT",

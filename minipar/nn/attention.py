@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn._dtype import down, up
+from minipar.nn.dtypes import down, up
 from minipar.nn.layers import bias_backward, bias_forward, linear_backward, linear_forward
 
 _MASKS: dict[tuple[int, Any], Any] = {}

@@ -49,7 +49,7 @@ import math
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn._dtype import down, up
+from minipar.nn.dtypes import down, up
 
 __all__ = ["attention_block_backward", "attention_block_forward", "block_visible",
            "blockwise_attention", "merge_attention"]

@@ -46,12 +46,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
-
-if TYPE_CHECKING:  # units.py builds on the models, which call this module
-    from minipar.nn.units import Unit
+from minipar.nn.units import Unit
 
 __all__ = ["Hooks", "backward", "forward", "loss_and_grads"]
 

@@ -33,6 +33,7 @@ finite differences in float64 (tests/test_nn_gpt.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,8 +42,8 @@ from typing import Any
 from minipar.backend import xp
 from minipar.nn import executor
 from minipar.nn import init as _init
-from minipar.nn._dtype import up
 from minipar.nn.attention import attention_backward, attention_forward
+from minipar.nn.dtypes import up
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import (
     embedding_backward,
@@ -55,6 +56,7 @@ from minipar.nn.layers import (
 from minipar.nn.loss import cross_entropy_forward
 from minipar.nn.mlp import mlp_backward, mlp_forward
 from minipar.nn.moe import moe_backward, moe_forward
+from minipar.nn.units import Unit
 
 __all__ = [
     "GPT",
@@ -236,8 +238,6 @@ class GPT:
 
     def units(self) -> tuple[Any, ...]:
         """embed, block 0 … block L-1, head: :class:`minipar.nn.units.Unit` s, in buffer order."""
-        from minipar.nn.units import gpt_units  # units.py builds on this module's pieces
-
         return gpt_units(self.cfg)
 
     def forward(self, params: dict[str, Any], tokens: Any) -> tuple[Any, dict[str, Any]]:
@@ -286,3 +286,58 @@ class GPT:
                             "dropped": f["dropped"], "aux_loss": f["aux_loss"],
                             "expert_index": f["expert_index"], "kept": f["kept"]})
         return out
+
+
+# -- the GPT as units (minipar.nn.units) -----------------------------------------------
+
+class EmbedUnit(Unit):
+    """x = tok_emb[tokens] + pos_emb[:T]; the first unit (its dx is None)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        self.cfg, self.name, self.names = cfg, "embed", ("tok_emb", "pos_emb")
+
+    def forward(self, p: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
+        return embed_forward(p, tokens, self.cfg)
+
+    def backward(self, p: dict[str, Any], saved: Any, dx: Any,
+                 daux: float = 1.0) -> tuple[None, dict[str, Any]]:
+        return None, embed_backward(p, saved, dx)
+
+
+class BlockUnit(Unit):
+    """Transformer block ``i``: x + attn(ln1(x)), then + MLP or MoE(ln2(·))."""
+
+    def __init__(self, cfg: GPTConfig, i: int) -> None:
+        self.cfg, self.name, self.prefix = cfg, f"block {i}", f"blocks.{i}."
+        self.names = tuple(n[len(self.prefix):] for n in param_shapes(cfg)
+                           if n.startswith(self.prefix))
+
+    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
+        return block_forward(p, x, self.cfg)
+
+    def backward(self, p: dict[str, Any], saved: Any, dy: Any,
+                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
+        return block_backward(p, saved, dy, daux)
+
+    def aux_loss(self, saved: Any) -> float:
+        return block_aux_loss(saved)
+
+
+class HeadUnit(Unit):
+    """logits = LayerNorm_f(x) @ lm_head; the last unit."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        self.cfg, self.name, self.names = cfg, "head", ("ln_f.gamma", "ln_f.beta", "lm_head")
+
+    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
+        return head_forward(p, x)
+
+    def backward(self, p: dict[str, Any], saved: Any, dlogits: Any,
+                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
+        return head_backward(p, saved, dlogits)
+
+
+@functools.lru_cache(maxsize=32)
+def gpt_units(cfg: GPTConfig) -> tuple[Unit, ...]:
+    """embed, block 0 … block L-1, head (cached per configuration: units hold no state)."""
+    return (EmbedUnit(cfg), *(BlockUnit(cfg, i) for i in range(cfg.n_layer)), HeadUnit(cfg))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np  # dtype names only
 
-from minipar.nn._dtype import check_model_dtype
+from minipar.nn.dtypes import check_model_dtype
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import math
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn._dtype import compute_dtype, down, matmul, up
+from minipar.nn.dtypes import compute_dtype, down, matmul, up
 
 LN_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn._dtype import down, up
+from minipar.nn.dtypes import down, up
 
 
 def check_targets(targets: Any, n_classes: int, what: str = "targets") -> None:

@@ -17,6 +17,7 @@ with the same code.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np  # dtype names only
 
 from minipar.nn import executor
 from minipar.nn import init as _init
-from minipar.nn._dtype import check_model_dtype
+from minipar.nn.dtypes import check_model_dtype
 from minipar.nn.layers import (
     bias_backward,
     bias_forward,
@@ -35,6 +36,7 @@ from minipar.nn.layers import (
     linear_forward,
 )
 from minipar.nn.loss import check_targets, cross_entropy_forward
+from minipar.nn.units import Unit
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,6 @@ class MLP:
 
     def units(self) -> tuple[Any, ...]:
         """layer 0 … layer L-1 as :class:`minipar.nn.units.Unit` s."""
-        from minipar.nn.units import mlp_units  # units.py builds on this module's layers
-
         return mlp_units(self.cfg)
 
     def forward(self, params: dict[str, Any], x: Any) -> tuple[Any, list[tuple]]:
@@ -134,3 +134,30 @@ class MLP:
         hooks = executor.Hooks(params)
         loss = executor.loss_and_grads(self.units(), hooks, x, targets, loss_scale)
         return loss, {k: hooks.grads[k] for k in params}
+
+
+# -- the MLP as units (minipar.nn.units) -----------------------------------------------
+
+class LayerUnit(Unit):
+    """Layer ``i`` of the MLP classifier: linear, then GELU unless it is the last.
+    The first layer casts the data to the model's dtype and returns dx = None."""
+
+    def __init__(self, cfg: MLPConfig, i: int) -> None:
+        self.cfg, self.i, self.name, self.prefix = cfg, i, f"layer {i}", f"layers.{i}."
+        self.names, self.last = ("w", "b"), i == cfg.n_layers - 1
+
+    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
+        if self.i == 0:
+            x = x.astype(self.cfg.dtype, copy=False)
+        return layer_forward(p, x, self.last)
+
+    def backward(self, p: dict[str, Any], saved: Any, dy: Any,
+                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
+        dx, grads = layer_backward(p, saved, dy)
+        return (None if self.i == 0 else dx), grads
+
+
+@functools.lru_cache(maxsize=32)
+def mlp_units(cfg: MLPConfig) -> tuple[Unit, ...]:
+    """layer 0 … layer L-1."""
+    return tuple(LayerUnit(cfg, i) for i in range(cfg.n_layers))

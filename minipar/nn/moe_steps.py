@@ -31,7 +31,7 @@ import math
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn._dtype import compute_dtype, down, up
+from minipar.nn.dtypes import compute_dtype, down, up
 from minipar.nn.mlp import mlp_backward, mlp_forward
 
 

@@ -9,7 +9,11 @@ share of layers (GPipe, Huang et al. 2018, arXiv 1811.06965).  The GPT is
 
     embed (tok_emb, pos_emb) · block 0 · … · block L-1 · head (ln_f, lm_head)
 
-and the MLP classifier is one unit per layer.  Each unit has
+and the MLP classifier is one unit per layer.  This module holds what every unit
+is (:class:`Unit`) and where it sits in the flat buffer (:func:`spans`); each
+model's units live beside the model: ``EmbedUnit``, ``BlockUnit``, ``HeadUnit``
+and ``gpt_units`` in :mod:`minipar.nn.gpt`, ``LayerUnit`` and ``mlp_units`` in
+:mod:`minipar.nn.mlp_model` (so units import no model, and no cycle forms).  Each unit has
 
 * ``name`` ("embed", "block 3", "head", "layer 1") — what a timeline shows;
 * ``prefix`` of its parameters' full names ("blocks.3.", "" for embed and
@@ -30,25 +34,10 @@ parameter (tests/test_saved_activations.py), so the executor
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 from typing import Any
 
-from minipar.nn.gpt import (
-    block_aux_loss,
-    block_backward,
-    block_forward,
-    embed_backward,
-    embed_forward,
-    head_backward,
-    head_forward,
-    param_shapes,
-)
-from minipar.nn.gpt_config import GPTConfig
-from minipar.nn.mlp_model import MLPConfig, layer_backward, layer_forward
-
-__all__ = ["BlockUnit", "EmbedUnit", "HeadUnit", "LayerUnit", "Unit", "gpt_units", "mlp_units",
-           "spans"]
+__all__ = ["Unit", "spans"]
 
 
 class Unit(ABC):
@@ -84,84 +73,6 @@ class Unit(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {len(self.names)} parameter tensors)"
-
-
-class EmbedUnit(Unit):
-    """x = tok_emb[tokens] + pos_emb[:T]; the first unit (its dx is None)."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        self.cfg, self.name, self.names = cfg, "embed", ("tok_emb", "pos_emb")
-
-    def forward(self, p: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
-        return embed_forward(p, tokens, self.cfg)
-
-    def backward(self, p: dict[str, Any], saved: Any, dx: Any,
-                 daux: float = 1.0) -> tuple[None, dict[str, Any]]:
-        return None, embed_backward(p, saved, dx)
-
-
-class BlockUnit(Unit):
-    """Transformer block ``i``: x + attn(ln1(x)), then + MLP or MoE(ln2(·))."""
-
-    def __init__(self, cfg: GPTConfig, i: int) -> None:
-        self.cfg, self.name, self.prefix = cfg, f"block {i}", f"blocks.{i}."
-        self.names = tuple(n[len(self.prefix):] for n in param_shapes(cfg)
-                           if n.startswith(self.prefix))
-
-    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
-        return block_forward(p, x, self.cfg)
-
-    def backward(self, p: dict[str, Any], saved: Any, dy: Any,
-                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        return block_backward(p, saved, dy, daux)
-
-    def aux_loss(self, saved: Any) -> float:
-        return block_aux_loss(saved)
-
-
-class HeadUnit(Unit):
-    """logits = LayerNorm_f(x) @ lm_head; the last unit."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        self.cfg, self.name, self.names = cfg, "head", ("ln_f.gamma", "ln_f.beta", "lm_head")
-
-    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
-        return head_forward(p, x)
-
-    def backward(self, p: dict[str, Any], saved: Any, dlogits: Any,
-                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        return head_backward(p, saved, dlogits)
-
-
-class LayerUnit(Unit):
-    """Layer ``i`` of the MLP classifier: linear, then GELU unless it is the last.
-    The first layer casts the data to the model's dtype and returns dx = None."""
-
-    def __init__(self, cfg: MLPConfig, i: int) -> None:
-        self.cfg, self.i, self.name, self.prefix = cfg, i, f"layer {i}", f"layers.{i}."
-        self.names, self.last = ("w", "b"), i == cfg.n_layers - 1
-
-    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
-        if self.i == 0:
-            x = x.astype(self.cfg.dtype, copy=False)
-        return layer_forward(p, x, self.last)
-
-    def backward(self, p: dict[str, Any], saved: Any, dy: Any,
-                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        dx, grads = layer_backward(p, saved, dy)
-        return (None if self.i == 0 else dx), grads
-
-
-@functools.lru_cache(maxsize=32)
-def gpt_units(cfg: GPTConfig) -> tuple[Unit, ...]:
-    """embed, block 0 … block L-1, head (cached per configuration: units hold no state)."""
-    return (EmbedUnit(cfg), *(BlockUnit(cfg, i) for i in range(cfg.n_layer)), HeadUnit(cfg))
-
-
-@functools.lru_cache(maxsize=32)
-def mlp_units(cfg: MLPConfig) -> tuple[Unit, ...]:
-    """layer 0 … layer L-1."""
-    return tuple(LayerUnit(cfg, i) for i in range(cfg.n_layers))
 
 
 def spans(units: tuple[Unit, ...] | list[Unit], layout: Any) -> list[tuple[int, int]]:

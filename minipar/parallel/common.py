@@ -126,6 +126,8 @@ class RunSpec:
             raise ValueError(f"--top-k must be {allowed} with --experts {self.experts}, "
                              f"got {self.top_k}")
         checks.real("--capacity-factor", self.capacity_factor, greater_than=0)
+        if isinstance(self.routing, list):  # a spec that went through JSON (as_dict)
+            object.__setattr__(self, "routing", tuple(self.routing))
         if not isinstance(self.routing, tuple) or any(
                 isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1
                 for g in self.routing):

@@ -52,7 +52,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minipar.collectives import all_gather, allreduce, reduce_scatter
-from minipar.nn.units import BlockUnit, EmbedUnit, HeadUnit
+from minipar.nn.gpt import BlockUnit, EmbedUnit, HeadUnit
 from minipar.optim import FlatParams
 from minipar.parallel.hybrid_config import bytes_formula, check_hybrid, micro_rows
 from minipar.parallel.hybrid_zero import HybridZero

@@ -54,9 +54,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from minipar.memory import arrays, owner
 from minipar.nn.attention import attention_core_forward
 from minipar.nn.executor import Hooks
+from minipar.trees import arrays, owner
 
 __all__ = ["Checkpointing", "Segment", "Whole", "default_every"]
 

@@ -11,7 +11,7 @@ the very same function scales the claim up to real model sizes
 this package is cheap.  Units: bytes unless a name or docstring says
 elements; GB = 10⁹ bytes, GiB = 2³⁰.  Bad sizes raise ``ValueError``.
 
-One file per family, every function importable from here:
+One file per family, every formula importable from here:
 
 - :mod:`~minipar.plan.collectives` — the ``*_volume(S, N)`` formulas: ring all-reduce 2(N−1)/N·S,
   reduce-scatter / all-gather (N−1)/N·S, parameter server N·S,
@@ -38,12 +38,14 @@ One file per family, every function importable from here:
   :mod:`~minipar.plan.cluster` (GPUs per node, memory, links, peak),
   :mod:`~minipar.plan.layouts` (the space of d·t·p·c layouts, memory per GPU,
   ZeRO Table 2's largest models), :mod:`~minipar.plan.step_time` (FLOPs, bubble,
-  α-β cost per axis), :mod:`~minipar.plan.search` (fit, rank).
+  α-β cost per axis), :mod:`~minipar.plan.search` (fit, rank: its ``search`` is
+  imported from that module, ``from minipar.plan.search import search``).
+- :mod:`~minipar.plan.human` — sizes as people read them (15.0 GB, 7.50 B).
 
-``main(argv)`` is the ``minipar plan`` verb (:mod:`minipar.plan._cli`).
+The ``minipar plan`` verb is the front end :mod:`minipar.cli.plan`; this
+package parses no options and imports no command line.
 """
 
-from minipar.plan._cli import main
 from minipar.plan.activations import (
     ACTIVATION_MODES,
     activation_bytes,
@@ -97,7 +99,6 @@ from minipar.plan.pipeline import (
     peak_microbatches_in_flight,
     pipeline_p2p_bytes_per_rank,
 )
-from minipar.plan.search import search
 from minipar.plan.step_time import axis_traffic, estimate
 from minipar.plan.tensor import (
     TP_ALLREDUCES_BACKWARD,
@@ -129,14 +130,14 @@ __all__ = [
     "busbw_factor", "check_3d_layout", "checkpoint_memory", "estimate", "expert_capacity",
     "gpipe_activation_bytes", "gpipe_bubble_fraction", "gpt_active_param_count", "gpt_model",
     "gpt_param_breakdown", "gpt_param_count", "gradient_sync", "layout_memory", "layout_space",
-    "load_balancing_loss", "load_cluster", "main", "megatron_sp_elements_per_link",
+    "load_balancing_loss", "load_cluster", "megatron_sp_elements_per_link",
     "minipar_activation_formula", "mixed_precision_bytes_per_param", "model_from_params",
     "model_state_bytes_3d", "moe_alltoall_bytes_per_rank", "moe_block_indices",
     "offload_pcie_bytes_per_step", "optimal_checkpoint_interval",
     "parameter_server_bytes_at_server", "parameter_server_bytes_per_worker",
     "peak_microbatches_in_flight", "pipeline_p2p_bytes_per_rank", "recompute_forward_layers",
     "reduce_scatter_volume", "ring_allreduce_steps", "ring_allreduce_volume",
-    "ring_attention_bytes_per_rank", "search", "tp_allreduce_bytes", "tp_allreduces_per_layer",
+    "ring_attention_bytes_per_rank", "tp_allreduce_bytes", "tp_allreduces_per_layer",
     "tp_bytes_per_rank", "tp_bytes_per_rank_per_layer", "ulysses_alltoall_elements_per_link",
     "zero_comm_bytes_per_rank", "zero_comm_elements", "zero_max_params",
     "zero_model_state_breakdown", "zero_model_state_bytes", "zero_offload_bytes", "zero_table",

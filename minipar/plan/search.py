@@ -21,8 +21,8 @@ across servers.
 from __future__ import annotations
 
 from minipar.plan._check import count
-from minipar.plan._render import _human
 from minipar.plan.cluster import Cluster
+from minipar.plan.human import human_bytes
 from minipar.plan.layouts import Layout, ModelSpec, layout_memory, layout_space
 from minipar.plan.step_time import estimate
 from minipar.plan.zero import K_ADAM
@@ -30,7 +30,7 @@ from minipar.plan.zero import K_ADAM
 
 def _gb(x: float) -> str:
     """80 GB, 351.7 GB; below 1 GB in the unit that reads: 22.0 kB."""
-    return f"{x / 1e9:.1f} GB".replace(".0 GB", " GB") if x >= 1e9 else _human(x)
+    return f"{x / 1e9:.1f} GB".replace(".0 GB", " GB") if x >= 1e9 else human_bytes(x)
 
 
 def _describe(lay: Layout) -> str:

@@ -9,9 +9,12 @@ by default), checked before MPI starts by
 :func:`minipar.parallel.context_parallel.layout.check`: the sequence must divide by cp
 (2·cp with zigzag), the heads by cp for Ulysses.  Every rank is one rank of
 the grid's ``cp`` axis and holds the whole batch's rows, its part of the
-sequence.  Rank side: :func:`minipar.parallel.context_parallel.measure.measure` trains and
-counts; :func:`measure` reports per rank the bytes sent per step by
-operation and by axis next to the exact formula, one layer's attention
+sequence.  Rank side (:mod:`minipar.run.worker`): the engine
+(:class:`~minipar.parallel.context_parallel.engine.ContextParallel`, ``kind`` and
+``zigzag`` from :func:`engine_options`) on a grid of cp ranks (:func:`grid_sizes`)
+trains in the one loop; :func:`report`
+(:func:`minipar.parallel.context_parallel.measure.figures`) gives per rank the
+bytes sent per step by operation and by axis next to the exact formula, one layer's attention
 bytes next to the paper's figure, and the attention activation bytes per
 layer — a ledger of what the core saved, and tracemalloc's count of what one
 core forward keeps alive
@@ -53,17 +56,26 @@ def check(options: dict[str, Any], spec: Any) -> None:
              zigzag(options), spec.experts)
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Rank side: train with context parallelism; rank 0 returns every rank's figures."""
-    from mpi4py import MPI
+def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """Every rank is one rank of the cp axis."""
+    return {"cp": options["ranks"]}
 
-    from minipar.comm import TracedComm
-    from minipar.parallel.context_parallel.measure import measure as cp_measure
 
-    comm = TracedComm(MPI.COMM_WORLD)
-    kind = options.get("kind", "ring")
-    m = cp_measure(comm, spec, kind, zigzag(options))
-    rows = comm.comm.gather({k: m[k] for k in m if k not in ("losses", "params")})
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """The engine's ``kind`` and ``zigzag``."""
+    return {"kind": options.get("kind", "ring"), "zigzag": zigzag(options)}
+
+
+def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after training: every rank's figures
+    (:func:`minipar.parallel.context_parallel.measure.figures`), returned by rank 0."""
+    from minipar.parallel.context_parallel.measure import figures
+
+    kind = engine.kind
+    m = figures(engine, len(history.losses))
+    comm = grid.world
+    rows = comm.comm.gather(m)
     if comm.rank != 0:
         return None
     n = comm.size
@@ -91,7 +103,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
     axis_text = "; ".join(f"{a} " + ", ".join(f"{r['bytes_by_axis'].get(a, 0):,}" for r in rows)
                           for a in axes) or "none sent"
     return {
-        "ranks": n, "data_parallel_ranks": 1, "losses": m["losses"], "params": m["params"],
+        "ranks": n, "data_parallel_ranks": 1,
         "kind": kind, "zigzag": m["zigzag"], "cp": n,
         "bytes_sent_per_rank": per, "bytes_exact_per_rank": exact,
         "bytes_exact_text": "attention exchange + ring all-reduce of the gradients and the loss",

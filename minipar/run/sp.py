@@ -16,9 +16,9 @@ import argparse
 from typing import Any
 
 from minipar.run import tp
-from minipar.run.tp import check_sizes, measure_grid
+from minipar.run.tp import check_sizes, engine_options, report_grid
 
-__all__ = ["add_arguments", "check", "measure"]
+__all__ = ["add_arguments", "check", "engine_options", "grid_sizes", "report"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,5 +29,11 @@ def check(options: dict[str, Any], spec: Any) -> None:
     check_sizes(options, spec, True)
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    return measure_grid(options, spec, True)
+def grid_sizes(options: dict[str, Any], spec: Any = None) -> dict[str, int]:
+    """``{"dp": dp, "tp": tp}``: :func:`minipar.run.tp.grid_sizes` with SP's sequence rule."""
+    return tp.grid_sizes(options, spec, sequence_parallel=True)
+
+
+def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    return report_grid(engine, grid, options, spec, True)

@@ -6,9 +6,11 @@ Launcher side: ``--tp`` (default: the largest t dividing N that the model cuts; 
 says when that is 1) and ``--dp`` (default N / tp), and the
 checks that name the numbers before MPI starts: dp·tp = N, heads, the MLP width 4·d and
 the vocabulary divisible by tp (and, for ``run sp``, the sequence), a row of the batch
-for every dp rank.  Rank side: :class:`minipar.parallel.tensor_parallel.engine.TensorParallel`
-trains ``--steps`` steps (Shoeybi et al. 2019, arXiv 1909.08053) and :func:`measure`
-reports, per rank, the bytes the blocks' f and g sent per step next to the ring formula
+for every dp rank.  Rank side: :mod:`minipar.run.worker` builds the engine
+(:class:`minipar.parallel.tensor_parallel.engine.TensorParallel`, Shoeybi et al. 2019,
+arXiv 1909.08053) on the grid of :func:`grid_sizes`, with a ledger of each block's saved
+bytes as its hooks (:func:`engine_options`), and trains ``--steps`` steps; :func:`report`
+gives, per rank, the bytes the blocks' f and g sent per step next to the ring formula
 on b·s·h elements (2 all-reduces forward + 2 backward per block:
 4L × 2(t−1)/t × b·s·h × bytes), the bytes by grid axis (tp, dp) next to their exact
 figures (:func:`~minipar.parallel.tensor_parallel.measure.tp_axis_bytes_formula`,
@@ -44,8 +46,8 @@ def _slices(spec: Any, t: int, sequence_parallel: bool) -> bool:
 
 
 def grid_sizes(options: dict[str, Any], spec: Any = None,
-               sequence_parallel: bool = False) -> tuple[int, int]:
-    """(dp, tp) from ``-n``, ``--tp`` and ``--dp``; ValueError naming the numbers.
+               sequence_parallel: bool = False) -> dict[str, int]:
+    """``{"dp": dp, "tp": tp}`` from ``-n``, ``--tp`` and ``--dp``; ValueError naming the numbers.
 
     Neither given: the largest t dividing N that the model cuts (``spec``: heads, 4·d,
     vocab, SP's seq) and that leaves every replica a row of the batch, dp = N / t
@@ -66,15 +68,15 @@ def grid_sizes(options: dict[str, Any], spec: Any = None,
         dp = n // tp
     if dp * tp != n:
         raise ValueError(f"--dp {dp} x --tp {tp} = {dp * tp} is not the number of ranks -n {n}")
-    return dp, tp
+    return {"dp": dp, "tp": tp}
 
 
 def check_sizes(options: dict[str, Any], spec: Any, sequence_parallel: bool) -> None:
     """Launcher side: the grid, the slicing, the batch (one line, naming the options)."""
     from minipar.parallel.common import check_world
 
-    dp, t = grid_sizes(options, spec, sequence_parallel)
-    d = spec.d_model
+    sizes = grid_sizes(options, spec, sequence_parallel)
+    dp, t, d = sizes["dp"], sizes["tp"], spec.d_model
     if spec.heads % t:
         raise ValueError(f"--heads {spec.heads} is not divisible by the tensor-parallel size "
                          f"t = {t}: each rank takes heads/t whole heads (e.g. --heads {t} with "
@@ -99,32 +101,33 @@ def check(options: dict[str, Any], spec: Any) -> None:
     check_sizes(options, spec, False)
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    return measure_grid(options, spec, False)
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """The engine's keywords: a ledger of each block's saved bytes (:func:`report` reads it)."""
+    from minipar.parallel.tensor_parallel.measure import BlockLedger
+
+    return {"hooks": BlockLedger()}
 
 
-def measure_grid(options: dict[str, Any], spec: Any, sp: bool) -> dict[str, Any] | None:
-    """Rank side: train on the dp x tp grid; rank 0 returns every rank's figures."""
-    from mpi4py import MPI
+def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after training: rank 0 returns every rank's figures (bytes by op and
+    axis against the exact formulas, the ledger of a block's activations) and the notes."""
+    return report_grid(engine, grid, options, spec, False)
 
-    from minipar.comm.topology import Grid
-    from minipar.parallel.tensor_parallel.engine import TensorParallel
+
+def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
+                sp: bool) -> dict[str, Any] | None:
+    """:func:`report` of ``run tp`` (``sp`` False) and ``run sp`` (True)."""
     from minipar.parallel.tensor_parallel.measure import (
         BLOCK_OPS,
-        BlockLedger,
         block_bytes_formula,
         bytes_by_op,
         tp_axis_bytes_formula,
     )
     from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
 
-    check_sizes(options, spec, sp)  # on every rank too, before the grid's Split
-    dp, t = grid_sizes(options, spec, sp)
-    grid = Grid(MPI.COMM_WORLD, dp=dp, tp=t)
-    book = BlockLedger()
-    run = TensorParallel(grid, spec, sp, hooks=book.hooks)
-    losses = run.train()
-    flat = run.full_params()
+    dp, t = grid.size("dp"), grid.size("tp")
+    book = run.hooks
     by_op = bytes_by_op(grid.world.stats, run.steps_done)
     steps = max(1, run.steps_done)
     axes = {a: b / steps for a, b in grid.bytes_by_axis().items() if b}
@@ -187,9 +190,8 @@ def measure_grid(options: dict[str, Any], spec: Any, sp: bool) -> dict[str, Any]
     if spec.experts:
         notes.append("MoE blocks: the MLP's f and g carry the expert buffers (E x C x h), not "
                      "b·s·h: the exact figure counts them, the paper's counts dense blocks only")
-    grid.free()
     return {"ranks": dp * t, "data_parallel_ranks": dp, "tp": t, "dp": dp,
-            "sequence_parallel": sp, "losses": losses, "params": flat,
+            "sequence_parallel": sp,
             "bytes_sent_per_rank": [r[0] for r in rows],
             "bytes_exact_per_rank": [r[1] for r in rows],
             "bytes_exact_text": ("the blocks' f and g: 4 ring all-reduces per block of b·s·h"

@@ -44,12 +44,11 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
     grid = Grid(TracedComm(), **module.grid_sizes(options, spec))
     engine = strategies.build(options["strategy"], spec, grid,
                               **module.engine_options(options, spec))
-    try:
-        history = loop.train(engine, spec.batch_at, spec.steps)
-        params = engine.full_params()
-        m = module.report(engine, grid, options, spec, history)
-    finally:
-        engine.close()
+    history = loop.train(engine, spec.batch_at, spec.steps)
+    params = engine.full_params()
+    m = module.report(engine, grid, options, spec, history)
+    engine.close()  # collective (no finally: a failed rank must not wait in a collective)
+    grid.free()
     if m is None:
         return None
     return {"losses": history.losses, "params": FlatParams.like(params).flatten(params), **m}

@@ -20,7 +20,10 @@ ring attention (zigzag), float64:
    at least the ledger, and within 2% of it on a layer whose share is ~0.1-1 MB
    (b 2, s 256, d 64, H 4); at the run's tiny sizes within ``SLACK`` bytes;
 6. causal work per rank: zigzag equal on every rank, contiguous (r+1)(s/P)²;
-7. bad input: a ValueError on every rank, not one byte sent.
+7. bad input: a ValueError on every rank, not one byte sent;
+8. the engine's state: whole tensors under the serial names, replica = the cp rank;
+   loaded into the serial engine (another layout) it gives the same parameters, to
+   the bit, and the same next step.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
 from minipar.nn import GPT
 from minipar.nn.attention import attention_core_backward, attention_core_forward, merge_heads
 from minipar.optim import FlatParams
@@ -48,6 +52,7 @@ from minipar.parallel.context_parallel.ring_attention import (
     ring_attention_backward,
     ring_attention_forward,
 )
+from minipar.parallel.engine import build as serial_build
 from minipar.parallel.parity import compare
 from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
@@ -56,6 +61,7 @@ from minipar.plan.activations import (
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
+grid = Grid(comm, cp=N)  # the engines of 2. and 7.; measure() makes its own
 checks = 0
 failures: list[str] = []
 
@@ -125,7 +131,7 @@ close(dqkv, ref[:, lo:hi], "Ulysses d(qkv)")
 for kind, zz in CONFIGS:
     name = f"{kind}{' zigzag' if zz else ''}"
     # 2. one forward/backward of the CP GPT against the serial GPT
-    cp = ContextParallel(comm, spec, kind, zz)
+    cp = ContextParallel(grid, spec, kind, zz)
     logits, kept = cp.forward(params, tokens)
     close(logits, serial_logits[:, cp.positions], f"{name}: logits at my positions")
     shared = [n for a in _arrays(kept) for n, w in params.items() if np.shares_memory(a, w)]
@@ -137,7 +143,7 @@ for kind, zz in CONFIGS:
     for p in params:
         close(grads[p], serial_grads[p], f"{name}: grad {p}", rtol=1e-9,
               atol=1e-13 * float(np.abs(serial_grads[p]).max()))
-    cp.grid.free()
+    cp.close()
     # 3.-6. training, counted bytes, activation ledger, work
     m = measure(comm, spec, kind, zz)
     v = compare(m["losses"], serial["losses"], m["params"], serial["params"], initial)
@@ -196,11 +202,35 @@ for kind, zz, bad, word in [("ring", True, spec.with_(seq=2 * N + 2), "2·cp"),
     if N == 1 and word != "--no-zigzag":
         continue
     try:
-        ContextParallel(comm, bad, kind, zz)
+        ContextParallel(grid, bad, kind, zz)
         check(False, f"{kind} zigzag={zz}: no error for seq {bad.seq}, heads {bad.heads}")
     except ValueError as e:
         check(word in str(e), f"{kind}: {e}")
 check(comm.stats.bytes_sent() == before, "bytes were sent before a bad configuration was refused")
+
+# 8. the state: whole tensors, serial names, replica = cp rank; any layout resumes it
+for kind, zz in CONFIGS:
+    name = f"{kind}{' zigzag' if zz else ''}"
+    cp = ContextParallel(grid, spec, kind, zz)
+    cp.step(spec.batch_at(0))
+    st = cp.state_dict()
+    names = list(model.param_shapes())
+    check([n for (k, n) in st.arrays if k == "param"] == names, f"{name}: state names")
+    cover = {key: sum(int(np.prod([x.stop - x.start for x in pc.global_])) for pc in sh.pieces)
+             for key, (sh, _) in st.arrays.items()}  # elements of the global tensor held
+    check(all(sh.replica == R and a.size == cover[key] == int(np.prod(sh.global_shape))
+              and (key[0] != "param" or a.shape == sh.global_shape)
+              for key, (sh, a) in st.arrays.items()), f"{name}: not whole tensors of replica {R}")
+    check(st.scalars["step"] == 1 and st.scalars["optimizer.t"] == 1, f"{name}: {st.scalars}")
+    ser = serial_build(spec)
+    ser.load_state_dict(st)
+    same = all(np.array_equal(a, b) for a, b in zip(ser.full_params().values(),
+                                                    cp.full_params().values()))
+    check(same and list(ser.full_params()) == names, f"{name}: serial engine loaded differs")
+    a, b = cp.step(spec.batch_at(1)).loss, ser.step(spec.batch_at(1)).loss
+    check(abs(a - b) <= 1e-13 * abs(b), f"{name}: next loss {a!r} vs serial loaded {b!r}")
+    cp.close()
+grid.free()
 
 everyone = comm.comm.gather((checks, failures), root=0)
 if R == 0:

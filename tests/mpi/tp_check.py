@@ -29,6 +29,7 @@ from minipar.nn import GPT, GPTConfig
 from minipar.nn.layers import embedding_forward, linear_backward, linear_forward
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.optim import FlatParams
+from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.parity import compare
 from minipar.parallel.tensor_parallel.engine import TensorParallel
@@ -198,8 +199,9 @@ def train(spec: RunSpec, dp: int, sp: bool, what: str) -> None:
     comm.stats.reset()
     grid = Grid(comm, dp=dp, tp=N // dp)
     run = TensorParallel(grid, spec, sp)
-    losses = run.train()
-    flat = run.full_params()
+    losses = loop.train(run, spec.batch_at, spec.steps).losses
+    full = run.full_params()
+    flat = FlatParams.like(full).flatten(full)
     ser = serial_reference(spec, dp)
     init = spec.initial_params()
     v = compare(losses, ser["losses"], flat, ser["params"], FlatParams.like(init).flatten(init))

@@ -10,7 +10,7 @@ batch, only its positions of each row.  Read in this order:
 * ``ulysses.py``         DeepSpeed-Ulysses: all-to-all sequence → heads, attention, and back
 * ``ring_attention.py``  ring attention: K/V blocks around the ring, online-softmax merge
 * ``model.py``           the CP GPT: the serial units with the attention core swapped
-* ``engine.py``          ``ContextParallel``: the loss over shards, one gradient all-reduce
+* ``engine.py``          ``ContextParallel`` (the Engine interface): the loss over shards, one gradient all-reduce
 * ``measure.py``         bytes and activation memory, counted next to the formulas
 
 Who holds what (s = 16, P = 2; zigzag: chunks r and 2P−1−r of c = s/(2P))::

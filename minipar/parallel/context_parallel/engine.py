@@ -34,6 +34,11 @@ The embedding looks up each rank's own positions in ``pos_emb``.
 The CP GPT is the serial model's units with the attention core swapped
 (:func:`~minipar.parallel.context_parallel.model.cp_units`):
 :mod:`minipar.nn.executor` walks them unchanged.
+**The engine** (:class:`ContextParallel`, the :class:`~minipar.parallel.engine.Engine`
+interface): ``step(batch)`` takes my positions of every row of the GLOBAL batch;
+``state_dict()`` holds whole tensors under their serial names (every rank has
+the whole model), the copy of cp rank r is replica r (only cp rank 0's is saved).
+
 Parity with the serial GPT (float64: outputs, loss, gradients, AdamW steps)
 is tested for both kinds on 2 and 4 ranks (tests/test_context_parallel.py);
 the measurements and the formulas they are checked against are in
@@ -42,38 +47,60 @@ the measurements and the formulas they are checked against are in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from minipar.collectives import allreduce
 from minipar.comm.topology import Grid
-from minipar.nn import executor
+from minipar.nn import cross_entropy_forward, executor
 from minipar.parallel.common import RunSpec
 from minipar.parallel.context_parallel.layout import check, sharding
 from minipar.parallel.context_parallel.model import cp_units
+from minipar.parallel.engine import (
+    Batch,
+    State,
+    StepResult,
+    load_model_states,
+    memory_of,
+    model_states,
+    sources_of,
+)
 from minipar.precision import ModelStates
 from minipar.precision import get as get_policy
 
-__all__ = ["OP_GRADS", "OP_LOSS", "ContextParallel"]
+__all__ = ["OPTIONS", "OP_GRADS", "OP_LOSS", "ContextParallel", "build"]
 
 OP_GRADS, OP_LOSS = "cp_grad_allreduce", "cp_loss_allreduce"
 
+#: the engine's options: which route attention takes, and the ring's chunk order
+OPTIONS = ("kind", "zigzag")
+
 
 class ContextParallel:
-    """One rank of a context-parallel run of ``spec``'s GPT over all of ``comm``'s ranks.
+    """One rank of a context-parallel run of ``spec``'s GPT over the ``cp`` axis of ``grid``.
 
     ``kind``: "ulysses" or "ring"; ``zigzag`` (ring only; default on for the ring).
-    Bad sizes raise ValueError on every rank before any message."""
+    The grid must be all cp (no other axis larger than 1).  Bad sizes raise ValueError
+    on every rank before any message."""
 
-    def __init__(self, comm: Any, spec: RunSpec, kind: str = "ring",
+    def __init__(self, grid: Grid, spec: RunSpec, kind: str = "ring",
                  zigzag: bool | None = None) -> None:
-        zigzag = (kind == "ring") if zigzag is None else bool(zigzag)
-        P = comm.Get_size()
-        check(spec.seq, spec.heads, P, kind, zigzag, spec.experts)  # before Grid's Split
+        if not isinstance(grid, Grid):
+            raise ValueError(f"context parallelism needs a Grid with a cp axis, got {grid!r}")  # noqa: TRY004
+        zigzag = (kind == "ring") if zigzag is None else zigzag
+        if not isinstance(zigzag, (bool, np.bool_)):
+            raise ValueError(f"zigzag must be True, False or None, got {zigzag!r}")  # noqa: TRY004
+        zigzag = bool(zigzag)
+        P = grid.size("cp")
+        if P != grid.world.size:
+            raise ValueError(f"context parallelism runs on a grid of cp ranks only; got {grid!r} "
+                             f"(cp = {P} of {grid.world.size} ranks)")
+        check(spec.seq, spec.heads, P, kind, zigzag, spec.experts)  # before any message
         self.spec, self.kind, self.zigzag = spec, kind, zigzag
-        self.grid = Grid(comm, cp=P)
-        self.comm = self.grid.comm("cp")
+        self.grid = grid
+        self.comm = grid.comm("cp")
         self.rank, self.world = self.comm.rank, P
         self.layout = sharding(spec.seq, P, kind, zigzag)
         self.positions = self.layout.positions(self.rank)
@@ -82,6 +109,8 @@ class ContextParallel:
         self.states = ModelStates(get_policy(spec.precision), spec.initial_params(),
                                   spec.optimizer, **spec.opt_kwargs())
         self.weight = len(self.positions) / spec.seq  # w_r = t_r / s
+        self.steps_done = 0
+        self._sent = grid.bytes_by_axis()  # traffic(): bytes by axis since the last call
 
     def shard(self, a: Any) -> Any:
         """My columns (positions) of a (batch, seq) array."""
@@ -91,6 +120,12 @@ class ContextParallel:
         """Local logits (b, t_r, V) of the full ``tokens`` and the units' saved activations."""
         return executor.forward(self.units, executor.Hooks(params), self.shard(tokens))
 
+    def global_loss(self, local: float) -> float:
+        """ℓ = Σ_r w_r·ℓ_r: my mean loss weighted by my share of positions, summed over cp."""
+        with self.comm.operation(OP_LOSS):
+            loss = allreduce(self.comm, np.array([self.weight * local]), "sum", "ring")
+        return float(loss[0])
+
     def loss_and_grads(self, params: dict[str, Any], tokens: Any, targets: Any,
                        loss_scale: float = 1.0) -> tuple[float, dict[str, Any]]:
         """The serial (loss, grads) of the full batch, computed over the cp shards: the
@@ -98,23 +133,63 @@ class ContextParallel:
         hooks = executor.Hooks(params)
         local = executor.loss_and_grads(self.units, hooks, self.shard(tokens),
                                         self.shard(targets), self.weight * loss_scale)
-        with self.comm.operation(OP_LOSS):
-            loss = allreduce(self.comm, np.array([self.weight * local]), "sum", "ring")
+        loss = self.global_loss(local)
         layout = self.states.layout
         flat = layout.flatten({k: hooks.grads[k] for k in params}, self.states.grads.dtype)
         with self.comm.operation(OP_GRADS):
             flat = allreduce(self.comm, flat, "sum", "ring")
-        return float(loss[0]), layout.unflatten(flat)
+        return loss, layout.unflatten(flat)
 
-    def step(self, step: int) -> float:
-        """One AdamW (or SGD) step on the global batch of ``step``; its loss."""
-        tokens, targets = self.spec.global_batch(step)
-        loss, grads = self.loss_and_grads(self.states.param_views(), tokens, targets,
-                                          self.states.loss_scale)
+    # -- the engine interface (minipar.parallel.engine.Engine) -----------------------------
+    def step(self, batch: Batch) -> StepResult:
+        """One AdamW (or SGD) step on the GLOBAL ``batch`` (I take my positions of every row)."""
+        loss, grads = self.loss_and_grads(self.states.param_views(), batch.tokens,
+                                          batch.targets, self.states.loss_scale)
         self.states.set_grads(grads)
-        self.states.step()
-        return loss
+        done = self.states.step()
+        self.steps_done += 1
+        return StepResult(loss, skipped=not done)
 
-    def train(self) -> list[float]:
-        """``spec.steps`` steps; the losses (the same on every rank)."""
-        return [self.step(s) for s in range(self.spec.steps)]
+    def evaluate(self, batch: Batch) -> float:
+        """The global mean loss of ``batch``, forward only (the same on every rank)."""
+        logits, kept = self.forward(self.states.param_views(), batch.tokens)
+        del kept
+        return self.global_loss(cross_entropy_forward(logits, self.shard(batch.targets))[0])
+
+    def state_dict(self) -> State:
+        """Whole tensors under their serial names; cp rank r's copy is replica r."""
+        st = model_states(self.states, replica=self.rank)
+        st.scalars["step"] = self.steps_done
+        return st
+
+    def load_state_dict(self, state: State | Iterable[State]) -> None:
+        sources = sources_of(state)
+        load_model_states(self.states, sources)
+        self.steps_done = int(sources[0].scalars.get("step", 0))
+
+    def full_params(self) -> dict[str, Any]:
+        """The whole model, serial names and order: every rank holds it (no message)."""
+        return {n: v.copy() for n, v in self.states.param_views().items()}
+
+    def memory(self) -> dict[str, int]:
+        return memory_of(self.states)
+
+    def traffic(self) -> dict[str, int]:
+        """Bytes I sent since the last call, by grid axis (cp, and any other that sent)."""
+        now = self.grid.bytes_by_axis()
+        out = {a: v - self._sent.get(a, 0) for a, v in now.items()}
+        self._sent = now
+        return {a: v for a, v in out.items() if v or a == "cp"}
+
+    def close(self) -> None:
+        """Nothing to free: the grid (and its communicators) belongs to the caller."""
+
+
+def build(spec: RunSpec, grid: Grid, **options: Any) -> ContextParallel:
+    """The context-parallel engine (:mod:`minipar.parallel.strategies`' row "cp"):
+    ``kind`` ("ring" or "ulysses") and ``zigzag`` (ring's chunk order)."""
+    unknown = sorted(options.keys() - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"context parallelism takes the options {', '.join(OPTIONS)}; "
+                         f"got {', '.join(unknown)}")
+    return ContextParallel(grid, spec, **options)

@@ -58,9 +58,10 @@ import numpy as np
 
 from minipar import memory
 from minipar.collectives.cost import allreduce_bytes_sent
+from minipar.comm.topology import Grid
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
-from minipar.nn._dtype import compute_dtype
+from minipar.nn.dtypes import compute_dtype
 from minipar.parallel.context_parallel import ulysses
 from minipar.parallel.context_parallel.engine import OP_GRADS, OP_LOSS, ContextParallel
 from minipar.parallel.context_parallel.layout import Sharding, sharding
@@ -74,8 +75,8 @@ from minipar.plan.activations import (
 )
 
 __all__ = ["attention_activation_formula", "attention_activation_tracemalloc",
-           "attention_bytes_per_layer", "measure",
-           "measured_attention_activation", "paper_attention_bytes",
+           "attention_bytes_per_layer", "figures", "measure",
+           "measured_attention_activation", "op_counters", "paper_attention_bytes",
            "ring_backward_bytes", "ring_forward_bytes", "score_elements",
            "serial_attention_activation", "step_bytes_formula", "ulysses_bytes_per_rank"]
 
@@ -203,22 +204,25 @@ def paper_attention_bytes(kind: str, b: int, s: int, d: int, P: int, itemsize: i
     return ring_attention_bytes_per_rank(s, b, d, P, itemsize)
 
 
-def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict[str, Any]:
-    """Train ``spec`` with context parallelism on ``comm``'s ranks; this rank's figures.
+def figures(cp: ContextParallel, steps: int, before: dict[str, int] | None = None,
+            traffic: dict[str, int] | None = None) -> dict[str, Any]:
+    """This rank's figures of an engine that has trained ``steps`` steps.
 
-    Returns ``losses``, ``params`` (final flat), ``bytes_by_op`` (per step, counted),
-    ``bytes_by_op_formula``, ``bytes_by_axis`` (per step), ``attention_bytes_per_layer``
-    (counted forward of one layer, and the formula), ``activation`` (measured per layer,
-    formula, serial), ``activation_tracemalloc`` (one layer's attention core, the run's
-    sizes and dtype: :func:`attention_activation_tracemalloc`), ``score_elements``."""
-    cp = ContextParallel(comm, spec, kind, zigzag)
+    ``before``: the traced counters of the step operations before those steps
+    (:func:`op_counters`; default none: the grid's communicator counted only them);
+    ``traffic``: the engine's ``traffic()`` over those steps (default: taken now).
+    Returns ``bytes_by_op`` (per step, counted), ``bytes_by_op_formula``,
+    ``bytes_by_axis`` (per step), ``attention_bytes_per_layer`` (counted forward of one
+    layer, and the formula), ``activation`` (measured per layer, formula, serial),
+    ``activation_tracemalloc`` (one layer's attention core, the run's sizes and dtype:
+    :func:`attention_activation_tracemalloc`), ``score_elements``.  Collective over cp."""
+    spec, kind = cp.spec, cp.kind
     stats = cp.grid.world.stats
-    before = {op: stats.bytes_sent(op) for op in step_bytes_formula(cp)}
-    axes0 = cp.grid.bytes_by_axis()
-    losses = cp.train()
-    steps = spec.steps
-    counted = {op: (stats.bytes_sent(op) - b0) // steps for op, b0 in before.items()}
-    axes = {a: (v - axes0[a]) // steps for a, v in cp.grid.bytes_by_axis().items() if v - axes0[a]}
+    before = before or {}
+    counted = {op: (stats.bytes_sent(op) - before.get(op, 0)) // steps
+               for op in step_bytes_formula(cp)}
+    traffic = cp.traffic() if traffic is None else traffic
+    axes = {a: v // steps for a, v in traffic.items() if v}
     # one more forward, counted alone: a layer's attention forward bytes
     tokens, _ = spec.global_batch(0)
     op = ulysses.OP if kind == "ulysses" else RING_OP
@@ -233,7 +237,7 @@ def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict
     ic = compute_dtype(cp.cfg.dtype).itemsize
     args = (spec.batch, spec.seq, spec.d_model, spec.heads, cp.world, i, ic)
     return {
-        "losses": losses, "params": cp.states.params, "kind": kind, "zigzag": cp.zigzag,
+        "kind": kind, "zigzag": cp.zigzag,
         "positions": [int(p) for p in cp.positions],
         "bytes_by_op": counted, "bytes_by_op_formula": step_bytes_formula(cp),
         "bytes_by_axis": axes,
@@ -248,3 +252,30 @@ def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict
         "score_elements": (score_elements(cp.layout, cp.rank) * spec.heads if kind == "ring"
                            else spec.heads // cp.world * spec.seq * spec.seq),
     }
+
+
+def op_counters(cp: ContextParallel) -> dict[str, int]:
+    """The traced bytes sent so far by each operation of a step (``figures``' ``before``)."""
+    stats = cp.grid.world.stats
+    return {op: stats.bytes_sent(op) for op in step_bytes_formula(cp)}
+
+
+def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict[str, Any]:
+    """Train ``spec`` with context parallelism on all of ``comm``'s ranks; this rank's figures.
+
+    A grid of cp ranks, the engine, ``spec.steps`` steps on the global batches
+    (:meth:`~minipar.parallel.common.RunSpec.batch_at`), then :func:`figures`, plus
+    ``losses`` and ``params`` (final flat).  The grid is freed after."""
+    grid = Grid(comm, cp=traced(comm).size)
+    try:
+        cp = ContextParallel(grid, spec, kind, zigzag)
+        before = op_counters(cp)
+        cp.traffic()
+        losses = [cp.step(spec.batch_at(s)).loss for s in range(spec.steps)]
+        traffic = cp.traffic()
+        out = {"losses": losses, "params": cp.states.params.copy(),
+               **figures(cp, spec.steps, before, traffic)}
+        cp.close()
+    finally:
+        grid.free()
+    return out

@@ -30,9 +30,9 @@ import numpy as np
 
 from minipar.backend import xp
 from minipar.comm.traced import traced
-from minipar.nn._dtype import up
 from minipar.nn.attention import merge_heads, split_heads
-from minipar.nn.gpt import block_backward, block_forward
+from minipar.nn.dtypes import up
+from minipar.nn.gpt import BlockUnit, HeadUnit, block_backward, block_forward
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import (
     bias_backward,
@@ -42,7 +42,7 @@ from minipar.nn.layers import (
     linear_backward,
     linear_forward,
 )
-from minipar.nn.units import BlockUnit, HeadUnit, Unit
+from minipar.nn.units import Unit
 from minipar.parallel.context_parallel import ulysses
 from minipar.parallel.context_parallel.layout import Sharding
 from minipar.parallel.context_parallel.ring_attention import (

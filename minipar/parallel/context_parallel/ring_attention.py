@@ -55,13 +55,13 @@ import numpy as np
 from minipar.backend import xp
 from minipar.comm.tags import collective_tag
 from minipar.comm.traced import traced
-from minipar.nn._dtype import compute_dtype, down
 from minipar.nn.blockwise_attention import (
     attention_block_backward,
     attention_block_forward,
     block_visible,
     merge_attention,
 )
+from minipar.nn.dtypes import compute_dtype, down
 from minipar.parallel.context_parallel.layout import Sharding
 
 __all__ = ["OP", "block_pairs", "ring_attention_backward", "ring_attention_forward"]

@@ -55,7 +55,14 @@ from typing import Any
 import numpy as np
 
 from minipar import spans
-from minipar.nn.gpt import block_backward, block_forward, param_shapes
+from minipar.nn.gpt import (
+    BlockUnit,
+    EmbedUnit,
+    HeadUnit,
+    block_backward,
+    block_forward,
+    param_shapes,
+)
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_steps import (
     combine_backward,
@@ -65,7 +72,7 @@ from minipar.nn.moe_steps import (
     experts_backward,
     experts_forward,
 )
-from minipar.nn.units import BlockUnit, EmbedUnit, HeadUnit, Unit
+from minipar.nn.units import Unit
 from minipar.parallel.expert_parallel.layout import OPS, expert_ids
 from minipar.parallel.mappings import all_to_all
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from minipar import backend
-from minipar.memory import owner
+from minipar.trees import map_arrays, owner
 
 __all__ = ["TARGETS", "Offloaded", "Store", "View", "check_target"]
 
@@ -176,23 +176,17 @@ class Store:
         t0 = time.perf_counter()
         memo: dict[int, tuple[Any, Offloaded]] = {}
 
-        def walk(t: Any) -> Any:
-            if isinstance(t, (np.ndarray, backend.xp.ndarray)):
-                r = owner(t)
-                if id(r) not in memo:
-                    flat = _flat(r)
-                    if flat is None or r.nbytes < min_bytes or r.nbytes == 0:
-                        return t
-                    memo[id(r)] = (r, self.put(flat))
-                return View(t, memo[id(r)][1], r)
-            if isinstance(t, dict):
-                return {k: walk(v) for k, v in t.items()}
-            if isinstance(t, (list, tuple)):
-                return type(t)(walk(v) for v in t)
-            return t
+        def move(t: Any) -> Any:
+            r = owner(t)
+            if id(r) not in memo:
+                flat = _flat(r)
+                if flat is None or r.nbytes < min_bytes or r.nbytes == 0:
+                    return t
+                memo[id(r)] = (r, self.put(flat))
+            return View(t, memo[id(r)][1], r)
 
-        res = walk(tree)
-        memo.clear()  # walk is a closure over itself (a cycle): free the buffers now, not at gc
+        res = map_arrays(tree, move, lambda t: isinstance(t, (np.ndarray, backend.xp.ndarray)))
+        memo.clear()  # free the moved buffers now, not at the next garbage collection
         self.seconds["out"] += time.perf_counter() - t0
         return res
 
@@ -201,19 +195,13 @@ class Store:
         t0 = time.perf_counter()
         flats: dict[int, Any] = {}
 
-        def walk(t: Any) -> Any:
-            if isinstance(t, View):
-                h = t.base
-                if id(h) not in flats:
-                    flats[id(h)] = self.get(h)
-                return backend.view_of(flats[id(h)], t.shape, t.dtype, t.offset, t.strides)
-            if isinstance(t, dict):
-                return {k: walk(v) for k, v in t.items()}
-            if isinstance(t, (list, tuple)):
-                return type(t)(walk(v) for v in t)
-            return t
+        def restore(t: View) -> Any:
+            h = t.base
+            if id(h) not in flats:
+                flats[id(h)] = self.get(h)
+            return backend.view_of(flats[id(h)], t.shape, t.dtype, t.offset, t.strides)
 
-        res = walk(tree)
+        res = map_arrays(tree, restore, lambda t: isinstance(t, View))
         flats.clear()
         self.seconds["back"] += time.perf_counter() - t0
         return res

@@ -52,7 +52,7 @@ from mpi4py import MPI
 
 from minipar import spans
 from minipar.nn import executor
-from minipar.nn._dtype import check_model_dtype
+from minipar.nn.dtypes import check_model_dtype
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.parallel.common import check_world
 from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageMessages

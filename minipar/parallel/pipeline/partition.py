@@ -137,7 +137,7 @@ def chunk_blocks(balance: Sequence[int], stage: int, p: int, chunk: int) -> rang
 def stage_units(units: Sequence[Any], balance: Sequence[int], stage: int, p: int,
                 v: int = 1) -> list[tuple[Any, ...]]:
     """Rank ``stage``'s units, one tuple per chunk: ``units`` = embed, block 0..L-1, head
-    (:func:`minipar.nn.units.gpt_units`); embed joins virtual stage 0, head the last."""
+    (:func:`minipar.nn.gpt.gpt_units`); embed joins virtual stage 0, head the last."""
     n_blocks = len(units) - 2
     if sum(balance) != n_blocks or len(balance) != p * v:
         raise ValueError(f"balance {list(balance)} does not cut {n_blocks} blocks into "

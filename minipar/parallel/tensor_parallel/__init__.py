@@ -14,7 +14,9 @@ conjugate pairs of :mod:`minipar.parallel.mappings` beside you:
 - :mod:`.model` — Megatron's MLP, attention and MoE on this rank's slices, the block's
   steps and the GPT's units (``TPEmbedUnit``, ``TPBlockUnit``, ``TPHeadUnit``),
   ``sequence_parallel=True`` for SP;
-- :mod:`.engine` — ``TensorParallel``: TP, TP+SP and TP x DP training on a dp x tp grid;
+- :mod:`.engine` — ``TensorParallel``: TP, TP+SP and TP x DP training on a dp x tp grid,
+  an :class:`~minipar.parallel.engine.Engine` (``placements`` of :mod:`.layers` say where
+  each slice sits in the global tensor: its ``state_dict``);
 - :mod:`.measure` — the exact byte formulas and the activation ledger (not on the
   reading path).
 

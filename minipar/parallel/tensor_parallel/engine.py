@@ -14,6 +14,17 @@ by b_r/B, and sums its gradient slice over the dp column (ring all-reduce, op
 ``dp_grad_allreduce``).  AdamW is element-wise, so stepping each slice is stepping the
 whole model: the run equals the serial one (:func:`minipar.parallel.parity.compare`).
 
+:class:`TensorParallel` is an :class:`~minipar.parallel.engine.Engine`: ``step`` takes
+the GLOBAL batch and cuts this replica's rows; ``state_dict`` gives every slice with
+its :class:`~minipar.parallel.engine.Shard` (:func:`~.layers.placements`: rows and
+columns one piece, ``w_qkv`` three).  Who holds which copy, dp 2 x tp 2::
+
+                tp 0                     tp 1
+    dp 0   slices, replica 0        slices, replica 0      whole tensors (LayerNorms,
+           whole,  replica 0        whole,  replica 1      b_out, pos_emb, router):
+    dp 1   slices, replica 1        slices, replica 1      replica dp·t + tp, so one
+           whole,  replica 2        whole,  replica 3      copy of each is saved
+
 Per step the tp axis carries the blocks' f and g (4 all-reduces of b·s·h elements per
 block), the embedding's g, the head's f and the vocab-parallel loss; the dp axis one
 all-reduce of this rank's Ψ/t gradients.  The exact byte formulas and the activation
@@ -22,20 +33,35 @@ ledger of a step are in :mod:`minipar.parallel.tensor_parallel.measure`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from minipar.collectives import allreduce
 from minipar.nn import executor
-from minipar.optim import FlatParams
-from minipar.parallel.common import RunSpec, check_world, local_rows, loss_weight
-from minipar.parallel.tensor_parallel.layers import check_tp, gather_params, shard_params
+from minipar.parallel.common import RunSpec, check_world, local_rows
+from minipar.parallel.engine import (
+    Batch,
+    State,
+    StepResult,
+    load_model_states,
+    memory_of,
+    model_states,
+    sources_of,
+)
+from minipar.parallel.tensor_parallel.layers import (
+    check_tp,
+    gather_params,
+    kind_of,
+    placements,
+    shard_params,
+)
 from minipar.parallel.tensor_parallel.model import TensorParallelGPT, tp_loss_and_grads
 from minipar.precision import ModelStates
 
-__all__ = ["OP_DP_GRADS", "TensorParallel"]
+__all__ = ["OP_DP_GRADS", "TensorParallel", "build"]
 
 OP_DP_GRADS = "dp_grad_allreduce"
 
@@ -43,37 +69,62 @@ OP_DP_GRADS = "dp_grad_allreduce"
 class TensorParallel:
     """This rank's part of a TP (x DP) training run on ``grid`` (dp x tp; pp = cp = 1).
 
-    ``train_step(step) -> global loss`` (the same on every rank); ``full_params()`` is the
-    whole model, flat in the serial order (gathered over tp: reporting only).  ``hooks``
-    builds each step's executor hooks from this rank's parameter views (default: the
-    serial ones; :class:`~minipar.parallel.tensor_parallel.measure.BlockLedger` notes
-    each block's saved bytes)."""
+    ``sequence_parallel``: TP+SP (:mod:`~minipar.parallel.tensor_parallel.model`);
+    ``hooks(params) -> executor.Hooks`` builds each step's executor hooks from this
+    rank's parameter views (default: the serial ones;
+    :class:`~minipar.parallel.tensor_parallel.measure.BlockLedger` notes each block's
+    saved bytes).  Every argument is checked on every rank before any message."""
 
     def __init__(self, grid: Any, spec: RunSpec, sequence_parallel: bool = False,
                  hooks: Callable[[dict[str, Any]], executor.Hooks] = executor.Hooks) -> None:
-        self.grid, self.spec, self.sp, self.make_hooks = grid, spec, sequence_parallel, hooks
+        if not isinstance(sequence_parallel, bool):
+            raise ValueError(  # noqa: TRY004 (the one-line ValueError of every option)
+                f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+        if not callable(hooks):
+            raise ValueError(  # noqa: TRY004
+                f"hooks must be a callable params -> executor.Hooks, got {hooks!r}")
+        if grid is None or grid.size("pp") != 1 or grid.size("cp") != 1:
+            raise ValueError("TensorParallel runs on a dp x tp grid" + (
+                "" if grid is None else
+                f"; got pp = {grid.size('pp')}, cp = {grid.size('cp')}"))
+        self.grid, self.spec, self.sp, self.hooks = grid, spec, sequence_parallel, hooks
         self.tp, self.dp = grid.comm("tp"), grid.comm("dp")
         t, d = grid.size("tp"), grid.size("dp")
-        if grid.size("pp") != 1 or grid.size("cp") != 1:
-            raise ValueError(f"TensorParallel runs on a dp x tp grid; got pp = {grid.size('pp')}, "
-                             f"cp = {grid.size('cp')}")
         self.cfg = spec.config()
         check_tp(self.cfg, t, sequence_parallel, spec.seq)
         check_world(spec.batch, d)
+        if spec.experts and spec.routing not in ((), (d,)):
+            raise ValueError(f"routing groups {spec.routing} are not this layout's: each of "
+                             f"the {d} data-parallel replicas routes its rows as one group, ({d},)")
         self.model = TensorParallelGPT(self.cfg, self.tp, sequence_parallel)
-        full = spec.initial_params()
-        self.layout = FlatParams.like(full)  # the serial order, for full_params()
-        self.states = ModelStates(spec.precision, shard_params(full, self.cfg, t, self.tp.rank),
+        self.states = ModelStates(spec.precision,
+                                  shard_params(spec.initial_params(), self.cfg, t, self.tp.rank),
                                   spec.optimizer, **spec.opt_kwargs())
-        self.weight = loss_weight(spec.batch, self.dp.rank, d)
+        self.placements = placements(self.cfg, t, self.tp.rank)
         self.steps_done = 0
+        self._sent = self._counted()
 
-    def train_step(self, step: int) -> float:
+    # -- the batch -------------------------------------------------------------------
+    def _mine(self, batch: Batch) -> tuple[Any, Any, float]:
+        """This replica's rows of the global batch and their weight b_r / B."""
+        lo, hi = local_rows(batch.size, self.dp.rank, self.dp.size)
+        return batch.tokens[lo:hi], batch.targets[lo:hi], (hi - lo) / batch.size
+
+    def rows(self) -> int:
+        """b: the rows of the global batch (of ``spec.batch`` rows) this replica sees."""
+        lo, hi = local_rows(self.spec.batch, self.dp.rank, self.dp.size)
+        return hi - lo
+
+    def _sum_over_dp(self, value: float, op: str) -> float:
+        with self.dp.operation(op):
+            return float(allreduce(self.dp, np.array([value]), "sum")[0])
+
+    # -- the engine ------------------------------------------------------------------
+    def step(self, batch: Batch) -> StepResult:
         st, dp = self.states, self.dp
-        x, y = self.spec.local_batch(step, dp.rank, dp.size)
-        hooks = self.make_hooks(st.param_views())
-        loss = tp_loss_and_grads(self.model.units(), hooks, self.tp, x, y,
-                                 self.weight * st.loss_scale)
+        x, y, weight = self._mine(batch)
+        hooks = self.hooks(st.param_views())
+        loss = tp_loss_and_grads(self.model.units(), hooks, self.tp, x, y, weight * st.loss_scale)
         st.set_grads(hooks.grads)
         del hooks
         if dp.size > 1:
@@ -84,20 +135,59 @@ class TensorParallel:
             w = self.grid.world
             with w.operation("found_inf"):
                 found_inf = bool(allreduce(w, np.array([float(st.local_found_inf())]), "max")[0])
-        st.step(found_inf=found_inf)
+        done = st.step(found_inf=found_inf)
         self.steps_done += 1
-        with dp.operation("dp_loss_allreduce"):
-            return float(allreduce(dp, np.array([self.weight * loss]), "sum")[0])
+        return StepResult(self._sum_over_dp(weight * loss, "dp_loss_allreduce"), skipped=not done)
 
-    def train(self) -> list[float]:
-        return [self.train_step(s) for s in range(self.spec.steps)]
+    def evaluate(self, batch: Batch) -> float:
+        """The global mean loss, forward only (each replica's rows one routing group)."""
+        x, y, weight = self._mine(batch)
+        loss = self.model.loss(self.states.param_views(), x, y)
+        return self._sum_over_dp(weight * loss, "dp_eval_allreduce")
 
-    def full_params(self) -> Any:
-        """The whole model, flat, in the serial parameter order and the params' dtype."""
-        full = gather_params(self.tp, self.states.param_views(), self.cfg)
-        return self.layout.flatten(full, self.states.params.dtype)
+    def state_dict(self) -> State:
+        """Every slice with its shard (serial names, global shapes); replica = my dp
+        coordinate for slices, dp·t + tp for the tensors every tp rank holds whole."""
+        dp, t, r = self.grid.coord("dp"), self.grid.size("tp"), self.grid.coord("tp")
+        st = model_states(self.states, self.placements, replica=dp)
+        for key, (shard, arr) in st.arrays.items():
+            if kind_of(key[1]) == "replicated":
+                st.arrays[key] = (replace(shard, replica=dp * t + r), arr)
+        st.scalars["step"] = self.steps_done
+        return st
 
-    def rows(self) -> int:
-        """b: the rows of the global batch this rank's replica sees."""
-        lo, hi = local_rows(self.spec.batch, self.dp.rank, self.dp.size)
-        return hi - lo
+    def load_state_dict(self, state: State | Iterable[State]) -> None:
+        sources = sources_of(state)
+        load_model_states(self.states, sources, self.placements)
+        self.steps_done = int(next((s.scalars["step"] for s in sources if "step" in s.scalars), 0))
+
+    def full_params(self) -> dict[str, Any]:
+        """The whole model on every rank: serial names and order, the params' dtype
+        (gathered over tp, a pickled all-gather not counted as traffic: reporting)."""
+        return gather_params(self.tp, self.states.param_views(), self.cfg)
+
+    def memory(self) -> dict[str, int]:
+        return memory_of(self.states)
+
+    def _counted(self) -> dict[str, int]:
+        stats = self.grid.world.stats
+        return {**self.grid.bytes_by_axis(),
+                "world": stats.bytes_sent(comm=self.grid.world.name)}  # found-inf
+
+    def traffic(self) -> dict[str, int]:
+        """Bytes sent since the last call, by grid axis (and the world's found-inf)."""
+        now, before = self._counted(), self._sent
+        self._sent = now
+        return {k: v - before.get(k, 0) for k, v in now.items()}
+
+    def close(self) -> None:
+        """Nothing to free: the grid's communicators are its owner's."""
+
+
+def build(spec: RunSpec, grid: Any, **options: Any) -> TensorParallel:
+    """The engine of strategies "tp" and "sp" (``sequence_parallel=``; ``hooks=``)."""
+    unknown = sorted(options.keys() - {"sequence_parallel", "hooks"})
+    if unknown:
+        raise ValueError(f"tensor parallelism takes no options {unknown}; "
+                         "only sequence_parallel and hooks")
+    return TensorParallel(grid, spec, **options)

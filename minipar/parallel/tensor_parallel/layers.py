@@ -46,10 +46,11 @@ from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.collectives.ring import all_gather
 from minipar.comm.traced import traced
-from minipar.nn._dtype import down, matmul, up
+from minipar.nn.dtypes import down, matmul, up
 from minipar.nn.gpt import param_shapes
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import bias_backward, bias_forward, embedding_backward
+from minipar.parallel.engine import Piece, Shard
 from minipar.parallel.mappings import (
     copy_to_parallel,
     gather_from_sequence,
@@ -58,7 +59,7 @@ from minipar.parallel.mappings import (
 )
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
-           "check_tp", "gather_params", "kind_of", "shard_params", "split_columns",
+           "check_tp", "gather_params", "kind_of", "placements", "shard_params", "split_columns",
            "split_rows", "split_sequence", "unshard_params",
            "vocab_parallel_cross_entropy_backward", "vocab_parallel_cross_entropy_forward"]
 
@@ -134,6 +135,33 @@ def shard_params(full: dict[str, Any], cfg: GPTConfig, t: int, r: int) -> dict[s
     """Rank r's shard of the full parameters, same names and order (:func:`kind_of`)."""
     check_tp(cfg, t)
     return {n: _slice(n, full[n], t, r) for n in param_shapes(cfg)}
+
+
+def _placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
+    """Where rank r's slice of ``name`` (global ``shape``) sits: the pieces of :func:`_slice`."""
+    full = tuple(slice(0, n) for n in shape)
+    k = kind_of(name)
+    if k == "replicated":
+        return Shard(name, shape, (Piece(full, full),))
+    axis = 0 if k == "rows" else len(shape) - 1
+    parts = 3 if k == "qkv" else 1  # q, k, v: three column groups, each cut t ways
+    group = shape[axis] // parts
+    n = group // t
+    pieces = []
+    for j in range(parts):
+        local = full[:axis] + (slice(j * n, (j + 1) * n),) + full[axis + 1:]
+        lo = j * group + r * n
+        pieces.append(Piece(local, full[:axis] + (slice(lo, lo + n),) + full[axis + 1:]))
+    return Shard(name, shape, tuple(pieces))
+
+
+def placements(cfg: GPTConfig, t: int, r: int) -> dict[str, Shard]:
+    """Where each tensor of rank r's shard (:func:`shard_params`) sits in the global one:
+    rows and columns one piece each, ``w_qkv`` / ``b_qkv`` three (its q, k and v columns),
+    replicated tensors whole.  E.g. t = 2, d = 4, rank 1's ``w_qkv`` (4, 6) holds global
+    columns 2:4, 6:8 and 10:12 (the ``Shard`` example of :mod:`minipar.parallel.engine`)."""
+    check_tp(cfg, t)
+    return {n: _placement(n, tuple(s), t, r) for n, s in param_shapes(cfg).items()}
 
 
 def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, Any]:

@@ -35,7 +35,7 @@ and *tracemalloc* (memory still allocated after the forward, its output dropped)
 tests/test_sequence_parallel.py checks both against minipar's formula within 2%.
 
 :class:`BlockLedger` takes the same ledger of every block during a training step (hand
-its ``hooks`` to :class:`~minipar.parallel.tensor_parallel.engine.TensorParallel`).
+it to :class:`~minipar.parallel.tensor_parallel.engine.TensorParallel` as its ``hooks``).
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ import numpy as np
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
-from minipar.nn._dtype import compute_dtype
+from minipar.nn.dtypes import compute_dtype
+from minipar.nn.gpt import BlockUnit
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_steps import expert_capacity
-from minipar.nn.units import BlockUnit
 from minipar.parallel.tensor_parallel.layers import shard_params, split_sequence
 from minipar.parallel.tensor_parallel.model import TPBlockUnit
 from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
@@ -164,13 +164,13 @@ class _LedgerHooks(executor.Hooks):
 class BlockLedger:
     """The bytes each block's ``saved`` held in the last step, in block order (``blocks``).
 
-    ``TensorParallel(grid, spec, hooks=book.hooks)``: every step builds its executor
-    hooks through :meth:`hooks`, which starts a new list."""
+    ``TensorParallel(grid, spec, hooks=book)``: every step builds its executor hooks
+    by calling the ledger, which starts a new list."""
 
     def __init__(self) -> None:
         self.blocks: list[int] = []
 
-    def hooks(self, params: dict[str, Any]) -> executor.Hooks:
+    def __call__(self, params: dict[str, Any]) -> executor.Hooks:
         """The serial hooks on ``params`` that also note each block's saved bytes."""
         self.blocks = []
         return _LedgerHooks(params, self.blocks)

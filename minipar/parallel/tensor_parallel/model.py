@@ -72,14 +72,14 @@ from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.comm.traced import traced
 from minipar.nn import executor
-from minipar.nn._dtype import up
 from minipar.nn.attention import (
     attention_core_backward,
     attention_core_forward,
     merge_heads,
     split_heads,
 )
-from minipar.nn.gpt import Step, block_backward, block_forward
+from minipar.nn.dtypes import up
+from minipar.nn.gpt import BlockUnit, Step, block_backward, block_forward
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import gelu_backward, gelu_forward, layernorm_backward, layernorm_forward
 from minipar.nn.moe_steps import (
@@ -90,7 +90,7 @@ from minipar.nn.moe_steps import (
     experts_backward,
     experts_forward,
 )
-from minipar.nn.units import BlockUnit, Unit
+from minipar.nn.units import Unit
 from minipar.parallel.mappings import copy_to_parallel, reduce_from_parallel
 from minipar.parallel.tensor_parallel.layers import (
     ColumnParallelLinear,

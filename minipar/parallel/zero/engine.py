@@ -358,6 +358,7 @@ class ZeRO:
         ``world``: what the ranks' other communicators sent meanwhile, if anything)."""
         now, total = self.grid.bytes_by_axis(), self.comm.stats.bytes_sent()
         out = {k: v - self._sent.get(k, 0) for k, v in now.items()}
+        out = {k: v for k, v in out.items() if v or k == "dp"}
         other = (total - self._sent_all) - sum(out.values())
         if other:
             out["world"] = other

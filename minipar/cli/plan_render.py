@@ -1,4 +1,4 @@
-"""``minipar plan``'s tables: the dict of :func:`minipar.plan._cli.plan`, for people.
+"""``minipar plan``'s tables: the dict of :func:`minipar.cli.plan.plan`, for people.
 
 EN plan tables · RU таблицы плана · ZH 规划表格
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minipar.plan.human import human_bytes, human_count
 from minipar.plan.zero import K_ADAM
 
 _MODE_FORMULA = {
@@ -42,34 +43,12 @@ def _int(n: float) -> str:
     return f"{n:,.0f}" if n < 1e15 else f"{n:.2e}"
 
 
-def _human(nbytes: float) -> str:
-    """Decimal bytes with a unit: 15.0 GB, 960 GB, 2.00 TB; 1.60e+31 B past 1000 PB."""
-    if nbytes >= 1e18:
-        return f"{nbytes:.2e} B"
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            v = nbytes / scale
-            return f"{v:#.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{nbytes:.0f} B"
-
-
-def _count(n: float) -> str:
-    """A parameter count in words: 7.50 B, 1.00 T, 124 M; 1.00e+30 past 1000 T."""
-    if n >= 1e15:
-        return f"{n:.2e}"
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:#.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{n:.0f}"
-
-
 def render(p: dict[str, Any]) -> str:
     """The human-readable tables of :func:`plan`'s dict."""
     psi, N, bp = p["params"], p["ranks"], p["bytes_per_param"]
     lines = [
         f"minipar plan: Ψ = {_int(psi)} parameters"
-        + (f" ({_count(psi)})" if psi < 1e15 else "") + f", N = {_int(N)} data-parallel ranks"
+        + (f" ({human_count(psi)})" if psi < 1e15 else "") + f", N = {_int(N)} data-parallel ranks"
     ]
     if "gpt" in p:
         g, br = p["gpt"], p["gpt"]["breakdown"]
@@ -96,7 +75,7 @@ def render(p: dict[str, Any]) -> str:
     for r in p["zero"]:
         lines.append(
             f"  {r['stage']:<6}{r['name']:<10}{r['formula']:<16}{_gb(r['GB']):>9}"
-            f"{_gb(r['GiB']):>9}  {_human(r['comm_bytes_per_rank']):>15}  "
+            f"{_gb(r['GiB']):>9}  {human_bytes(r['comm_bytes_per_rank']):>15}  "
             f"{'3Ψ' if r['stage'] == 3 else '2Ψ'}"
         )
     lines.append(
@@ -106,15 +85,15 @@ def render(p: dict[str, Any]) -> str:
     gs = p["gradient_sync"]
     lines += [
         "",
-        f"gradient sync of 16-bit gradients: payload S = 2 bytes × Ψ = {_human(gs['payload'])}",
+        f"gradient sync of 16-bit gradients: payload S = 2 bytes × Ψ = {human_bytes(gs['payload'])}",
         (
-            f"  ring all-reduce    each rank sends 2(N-1)/N × S = {_human(gs['ring_per_rank'])}"
+            f"  ring all-reduce    each rank sends 2(N-1)/N × S = {human_bytes(gs['ring_per_rank'])}"
             " (and receives as much)"
         ),
         (
-            f"  parameter server   the server receives N × S = {_human(gs['ps_server_in'])} and "
-            f"sends {_human(gs['ps_server_out'])}; each worker sends and receives S = "
-            f"{_human(gs['ps_per_worker'])}"
+            f"  parameter server   the server receives N × S = {human_bytes(gs['ps_server_in'])} and "
+            f"sends {human_bytes(gs['ps_server_out'])}; each worker sends and receives S = "
+            f"{human_bytes(gs['ps_per_worker'])}"
         ),
     ]
     if "activations" in p:
@@ -131,14 +110,14 @@ def render(p: dict[str, Any]) -> str:
         for r in a["rows"]:
             lines.append(
                 f"  {r['mode']:<17}{_MODE_FORMULA[r['mode']]:<28}"
-                f"{_human(r['per_layer']):>12}{_human(r['total']):>13}"
+                f"{human_bytes(r['per_layer']):>12}{human_bytes(r['total']):>13}"
             )
         if "minipar_rows" in a:  # minipar's own block: no dropout (sequence_parallel measures it)
             lines.append("  minipar's block (no dropout masks; keeps tanh of GELU; 1/σ in fp32):")
             for r in a["minipar_rows"]:
                 lines.append(
                     f"  {r['mode']:<17}{_MINIPAR_FORMULA[r['mode']]:<31}"
-                    f"{_human(r['per_layer']):>9}{_human(r['total']):>13}"
+                    f"{human_bytes(r['per_layer']):>9}{human_bytes(r['total']):>13}"
                 )
         tp = p["tensor_parallel"]
         lines += [
@@ -146,11 +125,11 @@ def render(p: dict[str, Any]) -> str:
             (
                 f"tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053), t = {tp['t']}: "
                 f"4 all-reduces per layer (2 forward, 2 backward) of b·s·h·2 = "
-                f"{_human(tp['allreduce_bytes'])}"
+                f"{human_bytes(tp['allreduce_bytes'])}"
             ),
             (
-                f"  each rank sends {_human(tp['bytes_per_rank_per_layer'])} per layer, "
-                f"{_human(tp['bytes_per_rank'])} per step"
+                f"  each rank sends {human_bytes(tp['bytes_per_rank_per_layer'])} per layer, "
+                f"{human_bytes(tp['bytes_per_rank'])} per step"
             ),
         ]
     return "\n".join(lines)

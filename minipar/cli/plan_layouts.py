@@ -7,7 +7,7 @@ EN layout planner command · RU команда планировщика раск
                  --gpus 1024 --cluster h100 --top 5 --json
     minipar plan --gpt 32,20480,51200,2048 --gpus 64 --cluster my_cluster.toml
 
-:func:`minipar.plan._cli.main` hands the command line here when it names
+:func:`minipar.cli.plan.main` hands the command line here when it names
 ``--cluster``.  Every number comes from :mod:`minipar.plan.search`,
 :mod:`~minipar.plan.step_time` and :mod:`~minipar.plan.layouts`.  Bad input
 (a cluster field missing or ≤ 0, t or p that no layout allows, a model that
@@ -21,10 +21,10 @@ import json
 import sys
 from typing import Any
 
+from minipar.cli.plan_sizes import default_heads, gpt_sizes, param_count
 from minipar.cli_errors import ArgumentParser, error_line, integer
-from minipar.plan._cli import _gpt_sizes, _param_count, default_heads
-from minipar.plan._render import _count, _human
 from minipar.plan.cluster import load_cluster
+from minipar.plan.human import human_bytes, human_count
 from minipar.plan.layouts import Layout, gpt_model, model_from_params
 from minipar.plan.search import compare_placements, search
 
@@ -39,9 +39,9 @@ def _parser() -> argparse.ArgumentParser:
         "micro-batches) of N GPUs for a model, those that fit, ranked by estimated step time "
         "(FLOPs, 1F1B bubble, alpha-beta cost per axis, no overlap assumed).")
     size = ap.add_mutually_exclusive_group(required=True)
-    size.add_argument("--gpt", type=_gpt_sizes, metavar="L,D,V,T",
+    size.add_argument("--gpt", type=gpt_sizes, metavar="L,D,V,T",
                       help="minipar GPT sizes n_layer,d_model,vocab,n_ctx")
-    size.add_argument("--params", type=_param_count, metavar="PSI",
+    size.add_argument("--params", type=param_count, metavar="PSI",
                       help="parameters (7.5e9, 175B); needs --layers, --hidden, --heads")
     ap.add_argument("--layers", type=_SIZE, help="with --params: transformer layers")
     ap.add_argument("--hidden", type=_SIZE, help="with --params: hidden size h")
@@ -137,7 +137,7 @@ def _s(x: float) -> str:
 
 def _mem(x: float) -> str:
     """Memory per GPU as it reads: 73.1 GB; below 0.1 GB in the unit that shows it (939 kB)."""
-    return f"{x / 1e9:.1f} GB" if x >= 1e8 else _human(x)
+    return f"{x / 1e9:.1f} GB" if x >= 1e8 else human_bytes(x)
 
 
 def _than(other: float, this: float) -> str:
@@ -170,7 +170,7 @@ def render_layouts(r: dict[str, Any]) -> str:
     G = c["gpus_per_node"]
     lines = [
         (f"minipar plan: {m['n_layer']} layers × h {m['hidden']}, {m['heads']} heads, s "
-        f"{m['seq']}, V {m['vocab']}: Ψ = {_count(m['psi'])}; {r['gpus']} GPUs of "
+        f"{m['seq']}, V {m['vocab']}: Ψ = {human_count(m['psi'])}; {r['gpus']} GPUs of "
         f"{c['name']} ({c['gpus_per_node']} per node, {c['memory_gb']:g} GB, NVLink "
         f"{c['intra_node_gbps']:g} GB/s, network {c['inter_node_gbps']:g} GB/s per GPU, "
         f"{c['peak_tflops']:g} TFLOP/s × {c['efficiency']:g})"),
@@ -183,7 +183,7 @@ def render_layouts(r: dict[str, Any]) -> str:
     ]
     for i, e in enumerate(r["ranked"], 1):
         lay = e["layout"]
-        axes = [f"{_human(v['bytes'])}/{_s(v['seconds'])}" if v["bytes"] else "-"
+        axes = [f"{human_bytes(v['bytes'])}/{_s(v['seconds'])}" if v["bytes"] else "-"
                 for v in (e["traffic"][a] for a in ("tp", "cp", "pp", "dp"))]
         lines.append(
             f"{i:>3} {lay['d']:>4} {lay['t']:>3} {lay['p']:>3} {lay['c']:>3} {lay['zero']:>4} "

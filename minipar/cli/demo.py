@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     try:
-        data, _ = launch.run_json(args.ranks, "minipar.demo", {"elems": args.elems}, check=True,
+        data, _ = launch.run_json(args.ranks, "minipar.cli.demo", {"elems": args.elems}, check=True,
                                   timeout=args.timeout, hostfile=args.hostfile)
     except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, args.debug)

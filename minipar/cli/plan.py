@@ -6,7 +6,10 @@
 
 Sizes are decimal (GB = 10⁹ bytes, as the ZeRO paper writes them); GiB
 (2³⁰ bytes) is shown next to them in the ZeRO table.  Every number comes
-from a function of :mod:`minipar.plan`, named in ``docs/plan.md``.
+from a function of :mod:`minipar.plan`, named in ``docs/plan.md``; the tables
+are drawn by :mod:`minipar.cli.plan_render`, the sizes read by
+:mod:`minipar.cli.plan_sizes`, and ``--cluster`` hands the command line to the
+layout planner (:mod:`minipar.cli.plan_layouts`).
 
 Bad input is one line and exit 2 (:mod:`minipar.cli_errors`): sizes are
 whole numbers from 1 to 10¹² (Ψ up to 10³⁰), the heads must divide d_model
@@ -21,8 +24,9 @@ import json
 import sys
 from typing import Any
 
+from minipar.cli.plan_render import render
+from minipar.cli.plan_sizes import MAX_PARAMS, MAX_SIZE, default_heads, gpt_sizes, param_count
 from minipar.cli_errors import ArgumentParser, error_line, integer
-from minipar.plan._render import render
 from minipar.plan.activations import (
     MINIPAR_ACTIVATION_MODES,
     activation_table,
@@ -32,48 +36,6 @@ from minipar.plan.collectives import gradient_sync
 from minipar.plan.model import gpt_param_breakdown
 from minipar.plan.tensor import tp_allreduce_bytes, tp_bytes_per_rank_per_layer
 from minipar.plan.zero import mixed_precision_bytes_per_param, zero_table
-
-_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-#: largest accepted size (ranks, layers, widths, sequence, batch, heads, t) and parameter count
-MAX_SIZE = 10**12
-MAX_PARAMS = 1e30
-
-
-def _param_count(text: str) -> float:
-    """'7.5e9', '7.5B', '175e9', '1T' -> a whole number of parameters in [1, MAX_PARAMS]."""
-    t = text.strip()
-    scale = _SUFFIX.get(t[-1:].upper(), 1.0) if t else 1.0
-    try:
-        v = float(t[:-1] if scale != 1.0 else t) * scale
-    except ValueError:
-        v = float("nan")
-    if not (1 <= v <= MAX_PARAMS and v == round(v)):
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number of parameters from 1 to {MAX_PARAMS:.0e} "
-            f"(examples: 7.5e9, 7.5B, 1T), got {text!r}"
-        )
-    return v
-
-
-def _gpt_sizes(text: str) -> tuple[int, int, int, int]:
-    try:
-        sizes = tuple(int(p) for p in text.split(","))
-    except ValueError:
-        sizes = ()
-    if len(sizes) != 4 or not all(1 <= v <= MAX_SIZE for v in sizes):
-        raise argparse.ArgumentTypeError(
-            "must be four integers from 1 to 1e12, n_layer,d_model,vocab,n_ctx "
-            f"(e.g. 12,768,50257,1024), got {text!r}"
-        )
-    return sizes  # type: ignore[return-value]
-
-
-def default_heads(d_model: int) -> int:
-    """GPT-2's heads of 64 columns (d_model/64), else the largest divisor of d_model below that."""
-    a = max(1, d_model // 64)
-    while d_model % a:
-        a -= 1
-    return a
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,13 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     size = ap.add_mutually_exclusive_group(required=True)
     size.add_argument(
         "--params",
-        type=_param_count,
+        type=param_count,
         metavar="PSI",
         help="number of parameters, e.g. 7.5e9, 7.5B, 1T",
     )
     size.add_argument(
         "--gpt",
-        type=_gpt_sizes,
+        type=gpt_sizes,
         metavar="L,D,V,T",
         help="minipar GPT sizes n_layer,d_model,vocab,n_ctx (count the parameters)",
     )
@@ -207,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     """``minipar plan``: print the tables (or ``--json``); 2 on bad input, no traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--cluster" or a.startswith("--cluster=") for a in argv):  # the layout planner
-        from minipar.plan._layouts_cli import main as layouts_main
+        from minipar.cli.plan_layouts import main as layouts_main
 
         return layouts_main(argv)
     try:

@@ -1,9 +1,11 @@
-"""The ``minipar`` command.
+"""The ``minipar`` command: the verb table's :func:`main` (``python -m minipar.cli``, too).
 
 Every verb lives in its own module, imported only when that verb runs, so
 ``minipar glossary ...`` starts without NumPy or mpi4py.  A verb module
 exposes ``main(argv: list[str]) -> int`` and builds its own argparse parser
-with ``prog="minipar VERB"``.
+with ``prog="minipar VERB"``.  The verbs' front ends are this package's
+modules (:mod:`minipar.cli.plan`, ...); ``bench``, ``run`` and ``exercise``
+have their own packages.
 
 To add a verb: add one row to ``minipar.registry.VERBS``; nothing else changes here.
 
@@ -92,7 +94,3 @@ def _silence_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # not a real file (captured in tests)
         pass
-
-
-if __name__ == "__main__":
-    sys.exit(main())
