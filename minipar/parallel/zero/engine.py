@@ -313,7 +313,8 @@ class ZeRO:
         scalars: dict[str, Any] = {}
         for s in sources:
             scalars.update(s.scalars)
-        self.states.optimizer.t = int(scalars["optimizer.t"])
+        if "optimizer.t" in scalars:
+            self.states.optimizer.t = int(scalars["optimizer.t"])
         if self.states.scaler is not None and "scaler.scale" in scalars:
             self.states.scaler.scale = float(scalars["scaler.scale"])
             self.states.scaler.good_steps = int(scalars["scaler.good_steps"])
