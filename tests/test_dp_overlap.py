@@ -94,7 +94,7 @@ def test_measured_overlap_on_two_ranks_and_its_figure() -> None:
     from minipar.viz import dp as viz
 
     spec = {"d_model": 16, "layers": 2, "heads": 2, "seq": 8, "batch": 8}
-    m, _ = launch.run_json(2, "minipar.parallel.data_parallel.measure",
+    m, _ = launch.run_json(2, "minipar.bench.dp_overlap",
                            {"spec": spec, "bucket_bytes": 4096, "repeats": 3}, check=True,
                            timeout=120)
     assert m["losses_equal"] is True, "overlap changes when bytes move, not what is summed"

@@ -26,6 +26,7 @@ import pytest
 from mpi4py import MPI
 
 from minipar import launch
+from minipar.comm.topology import Grid
 from minipar.nn import GPT
 from minipar.parallel.common import RunSpec
 from minipar.parallel.expert_parallel.layout import OPS, capacities, check_ep, expert_ids
@@ -99,7 +100,8 @@ def test_one_rank_ep_block_is_the_serial_block_bit_for_bit() -> None:
     from minipar.parallel.expert_parallel.engine import EPHooks, ExpertParallel
 
     spec = RunSpec(experts=4, top_k=2, capacity_factor=0.75, batch=4, steps=1)
-    eng = ExpertParallel(MPI.COMM_SELF, spec)
+    grid = Grid(MPI.COMM_SELF)
+    eng = ExpertParallel(grid, spec)
     params = spec.initial_params()
     x, y = spec.global_batch(0)
     loss_s, grads_s = GPT(spec.config()).loss_and_grads(params, x, y)
@@ -108,6 +110,7 @@ def test_one_rank_ep_block_is_the_serial_block_bit_for_bit() -> None:
     assert loss_p == loss_s and sum(s["dropped"] for s in hooks.stats) > 0
     for k, g in grads_s.items():
         assert np.array_equal(hooks.grad_views[k], g), k
+    grid.free()
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -174,7 +177,8 @@ def test_saved_holds_activations_only_and_a_rank_holds_only_its_experts() -> Non
     from minipar.parallel.expert_parallel.engine import EPHooks, ExpertParallel
 
     spec = RunSpec(experts=4, top_k=2, capacity_factor=1.0, batch=4, steps=1)
-    eng = ExpertParallel(MPI.COMM_SELF, spec)
+    grid = Grid(MPI.COMM_SELF)
+    eng = ExpertParallel(grid, spec)
     views = eng.states.param_views()
     _, kept = executor.forward(eng.units, EPHooks(views, {}), spec.global_batch(0)[0])
     saved = [a for k in kept for a in _arrays(k)]
@@ -185,3 +189,4 @@ def test_saved_holds_activations_only_and_a_rank_holds_only_its_experts() -> Non
     first_expert = next(i for i, n in enumerate(names) if ".moe.experts." in n)
     assert all(".moe.experts." in n for n in names[first_expert:])
     assert eng.n_dense == eng.layout.offsets[first_expert]
+    grid.free()

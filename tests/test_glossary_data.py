@@ -221,7 +221,7 @@ def test_link_status_is_computed_from_files(tmp_path: Path, monkeypatch: pytest.
         g.link_status("papers", "x")
 
 
-def test_activation_checkpointing_is_not_the_sharded_checkpoint() -> None:
+def test_activation_checkpointing_is_not_the_training_checkpoint() -> None:
     """Recomputation (remat) and saving training state are different things with different modules."""
     remat = {m for tid in ("activation-checkpointing", "selective-recomputation")
              for m in g.by_id()[tid].links.get("modules", [])}

@@ -28,7 +28,8 @@ import pytest
 
 from minipar import launch, run
 from minipar.parallel.common import RunSpec
-from minipar.parallel.hybrid_config import bytes_formula, check_hybrid
+from minipar.parallel.hybrid.layout import check_hybrid
+from minipar.parallel.hybrid.measure import bytes_formula
 
 MPI_DIR = Path(__file__).parent / "mpi"
 

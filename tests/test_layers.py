@@ -34,7 +34,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "minipar.parallel.parity", "minipar.parallel.common",
         "minipar.train"),  # the serial loop (the parity oracle); its verb is minipar.cli.train
     5: (),  # the families: FAMILIES
-    6: ("minipar.parallel.hybrid", "minipar.parallel.hybrid_zero", "minipar.parallel.hybrid_config"),
+    6: ("minipar.parallel.hybrid",),
     7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint", "minipar.parallel.loop"),
     8: ("minipar.launch", "minipar.run", "minipar.bench", "minipar.viz", "minipar.exercises",
         "minipar.cli", "minipar.cli_errors"),
@@ -53,10 +53,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 #: the registries whose strings name front-end modules (layer 8)
 REGISTRY = "minipar.registry"
 
-#: today's violations, each as the test prints it; this list may only shrink
-KNOWN: set[str] = {
-    'upward: minipar.parallel.data_parallel.measure imports minipar.launch (layer 5 -> 8)',
-}
+#: violations not fixed yet, each as the test prints it (without its line): empty, and
+#: it may only stay so
+KNOWN: set[str] = set()
 
 
 # -- reading the source ------------------------------------------------------------

@@ -28,6 +28,7 @@ from minipar.parallel.pipeline.schedule import (
     RecvGrad,
     SendAct,
     SendGrad,
+    forward_schedule,
     in_flight,
     schedules,
     stage_schedule,
@@ -219,3 +220,20 @@ def test_every_module_name_of_the_package_is_the_module() -> None:
         assert not hasattr(module, name) or isinstance(getattr(module, name), types.ModuleType)
     own = {k for k in vars(package) if not k.startswith("__")}
     assert own <= {*names, "engine"}, own
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(1, 1, 1), (2, 3, 1), (4, 4, 2), (3, 6, 3)])
+def test_the_forward_only_pass_runs_every_forward_once_without_deadlock(p: int, m: int,
+                                                                        v: int) -> None:
+    """Validation (``PipelineParallel.evaluate``): m·v forwards a stage, each between its
+    receive and its send, no backward, no step; even rendezvous sends do not stick."""
+    scheds = [forward_schedule(s, p, m, v) for s in range(p)]
+    for s, sched in enumerate(scheds):
+        fw = [(i.mb, i.chunk) for i in sched if isinstance(i, Forward)]
+        assert fw == [(i, c) for i in range(m) for c in range(v)]
+        assert not any(isinstance(i, Backward | RecvGrad | SendGrad | OptimizerStep)
+                       for i in sched)
+        assert sum(isinstance(i, SendAct) for i in sched) == m * v - m * (s == p - 1)
+    for sends in ("buffered", "rendezvous"):
+        tl = replay(scheds, uniform_cost(1, 2, v=v), sends=sends)
+        assert sum(r.what == "forward" for r in tl) == p * m * v

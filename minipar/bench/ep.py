@@ -9,7 +9,7 @@ a shared machine hits all alike; median of ``--steps``, after a warm-up):
   on rank 0 alone, the whole global batch (:class:`ExpertParallel` on
   ``COMM_SELF``: the serial computation);
 * **dense, 1 rank**: the same GPT with one MLP per block instead of E
-  experts — equal *active* parameters per token for top-1 (a token passes
+  experts (the serial engine) — equal *active* parameters per token for top-1 (a token passes
   through one expert of the same shape as the MLP; the MoE holds E times the
   FFN parameters but computes about the same per token, plus the router);
 * **MoE, EP on N ranks**: :class:`~minipar.parallel.expert_parallel.engine.ExpertParallel`
@@ -57,22 +57,27 @@ PROG = "minipar bench ep"
 
 
 def _traffic(comm: Any, spec: Any, ep: int | None) -> dict[str, Any] | None:
-    from minipar.parallel.expert_parallel.engine import ExpertParallel
+    from minipar.comm.topology import Grid
+    from minipar.parallel import loop, strategies
     from minipar.plan.moe import moe_alltoall_bytes_per_rank
 
-    eng = ExpertParallel(comm, spec, ep)
-    eng.train()
+    grid = Grid(comm, dp=comm.size, ep=ep or comm.size)
+    eng = strategies.build("ep", spec, grid)
+    loop.train(eng, spec.batch_at, spec.steps)
     lo, hi = eng.rows
     plan = spec.layers * moe_alltoall_bytes_per_rank(
-        (hi - lo) * spec.seq, spec.d_model, eng.ep_size, spec.top_k, spec.experts,
+        (hi - lo) * spec.seq, spec.d_model, grid.size("ep"), spec.top_k, spec.experts,
         spec.capacity_factor, bytes_per_elem=eng.itemsize, backward=True)
     row = {"bytes_by_axis": eng.bytes_by_axis(), "bytes_formula": eng.bytes_formula(),
            "alltoall_data_bytes": eng.alltoall_data_bytes(), "plan_formula": plan,
-           "capacity": eng.caps[eng.grid.coord("ep")], "experts": eng.experts,
+           "capacity": eng.caps[grid.coord("ep")], "experts": eng.experts,
            "tokens_per_expert": [s["tokens_per_expert"] for s in eng.stats[-1]],
            "dropped": sum(s["dropped"] for s in eng.stats[-1])}
+    eng.close()
+    grid.free()
     rows = comm.comm.gather(row)
-    return {"ranks": comm.size, "ep": eng.ep_size, "per_rank": rows} if comm.rank == 0 else None
+    return {"ranks": comm.size, "ep": grid.size("ep"), "per_rank": rows} if comm.rank == 0 \
+        else None
 
 
 def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
@@ -80,28 +85,31 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from mpi4py import MPI
 
     from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
+    from minipar.parallel import strategies
     from minipar.parallel.common import RunSpec
-    from minipar.parallel.expert_parallel.engine import ExpertParallel
 
     comm = TracedComm()
     spec = RunSpec(**o["spec"])
     if o["mode"] == "traffic":
         return _traffic(comm, spec, o.get("ep"))
-    from minipar.parallel.data_parallel.ddp import DataParallel
     from minipar.progress import tick
 
-    ep = ExpertParallel(comm, spec)
-    dp = ExpertParallel(comm, spec, ep=1)  # every rank holds every expert: no all-to-all
+    ep = strategies.build("ep", spec, Grid(comm, dp=comm.size, ep=comm.size))
+    # ep = 1: every rank holds every expert, no all-to-all
+    dp = strategies.build("ep", spec, Grid(comm, dp=comm.size, ep=1))
     alone: dict[str, Any] = {}
     if comm.rank == 0:  # the 1-rank runs, on rank 0 while the others wait
-        alone["MoE, 1 rank"] = ExpertParallel(MPI.COMM_SELF, spec).train_step
-        alone["dense, 1 rank"] = DataParallel(MPI.COMM_SELF, spec.with_(experts=0)).train_step
+        moe = strategies.build("ep", spec, Grid(MPI.COMM_SELF))
+        alone["MoE, 1 rank"] = lambda r: moe.step(spec.batch_at(r))
+        dense = strategies.build("serial", spec.with_(experts=0))
+        alone["dense, 1 rank"] = lambda r: dense.step(spec.batch_at(r))
     names = ["MoE, 1 rank", "dense, 1 rank", f"MoE, EP on {comm.size} ranks",
              f"MoE, DP on {comm.size} ranks"]
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     for r in range(o["steps"] + 1):  # interleaved rounds; round 0 is the warm-up
-        row = {names[2]: _timed(lambda r=r: ep.train_step(r), comm),
-               names[3]: _timed(lambda r=r: dp.train_step(r), comm)}
+        row = {names[2]: _timed(lambda r=r: ep.step(spec.batch_at(r)), comm),
+               names[3]: _timed(lambda r=r: dp.step(spec.batch_at(r)), comm)}
         for name in names[:2]:
             comm.Barrier()
             if comm.rank == 0:

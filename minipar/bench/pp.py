@@ -99,7 +99,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
     grid = Grid(TracedComm(), pp=o["ranks"])
     pp = PipelineParallel(grid, spec, o["schedule"], o["micro_batches"])
-    t = measure_step_time(pp.train_step, o["steps"], grid.world)
+    t = measure_step_time(lambda s: pp.step(spec.batch_at(s)), o["steps"], grid.world)
     bubbles, work, spans = [], [], []
     args = (o["schedule"], o["ranks"], o["micro_batches"])
     for s in range(1, len(pp.records)):  # the timed steps (after the warm-up)

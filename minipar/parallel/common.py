@@ -245,3 +245,18 @@ def parity(losses: Any, serial_losses: Any, params: Any, serial_params: Any,
     from minipar.parallel.parity import compare
 
     return compare(losses, serial_losses, params, serial_params, initial_params).status == "equal"
+
+
+def found_inf(comm: Any, states: Any, algorithm: str = "auto") -> bool | None:
+    """Under loss scaling, whether any rank of ``comm`` found an inf or nan in the gradients
+    it holds (:meth:`~minipar.precision.ModelStates.local_found_inf`): one all-reduce (max) of
+    a flag, counted as ``"found_inf"``, so that every rank skips the step alike (the
+    scaler's rule, :class:`~minipar.precision.DynamicLossScaler`).  None without a scaler:
+    nothing to agree on, the step is taken (``ModelStates.step(found_inf=None)``)."""
+    if states.scaler is None:
+        return None
+    from minipar.collectives import allreduce
+
+    with comm.operation("found_inf"):
+        flag = allreduce(comm, np.array([float(states.local_found_inf())]), "max", algorithm)
+    return bool(flag[0] > 0)

@@ -7,11 +7,12 @@ EN expert parallelism · RU параллелизм экспертов · ZH 专�
 Launcher side: ``--ep`` (ranks per expert-parallel group, default ``-n``)
 and :func:`minipar.parallel.expert_parallel.layout.check_ep` (a mixture of experts,
 E divisible by ep, top-k 1 or 2 and at most E, capacity factor > 0, ep
-dividing the ranks), before MPI starts.  Rank side:
-:class:`minipar.parallel.expert_parallel.engine.ExpertParallel` trains ``--steps``
-steps (GShard, arXiv 2006.16668: tokens to their experts' ranks by
+dividing the ranks), before MPI starts.  Rank side (:mod:`minipar.run.worker`):
+the grid dp = -n x ep (:func:`grid_sizes`), the engine
+:class:`minipar.parallel.expert_parallel.engine.ExpertParallel` trained ``--steps``
+steps by the one loop (GShard, arXiv 2006.16668: tokens to their experts' ranks by
 all-to-all and back; dense gradients all-reduced over all ranks, experts'
-over their replicas) and :func:`measure` reports, besides the verdict against
+over their replicas), and :func:`report` adds, besides the verdict against
 the serial run: the capacity C of each rank's group, ``tokens_per_expert``
 (per MoE block, the last step, all ranks), ``dropped`` per step, and the
 bytes each rank sent per step on each grid axis (ep: the all-to-alls, edp:
@@ -54,33 +55,37 @@ def check(options: dict[str, Any], spec: Any) -> None:
         raise ValueError(str(e).replace(f"--ep {n}", f"--ep {n} (default: -n)")) from None
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Rank side: EP x DP training; rank 0 returns every rank's figures."""
-    from mpi4py import MPI
+def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """The grid: every rank data-parallel, cut into ep groups of ``--ep`` (default -n) ranks."""
+    n = options["ranks"]
+    return {"dp": n, "ep": options.get("ep") or n}
 
-    from minipar.comm import TracedComm
+
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """None: the layout is the grid's."""
+    return {}
+
+
+def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after training: rank 0 returns every rank's figures (collective)."""
     from minipar.nn import GPT
     from minipar.parallel.data_parallel.measure import replica_model_state_bytes
-    from minipar.parallel.expert_parallel.engine import ExpertParallel
     from minipar.plan.moe import moe_alltoall_bytes_per_rank
 
-    comm = TracedComm(MPI.COMM_WORLD)
-    eng = ExpertParallel(comm, spec, options.get("ep"))
-    losses = eng.train()
-    final = eng.full_params()
-    lo, hi = eng.rows
+    n, ep = grid.world.size, grid.size("ep")
+    lo, hi = engine.rows
     plan = spec.layers * moe_alltoall_bytes_per_rank(
-        (hi - lo) * spec.seq, spec.d_model, eng.ep_size, spec.top_k, spec.experts,
-        spec.capacity_factor, bytes_per_elem=eng.itemsize, backward=True)
-    mine = {"counted": eng.bytes_by_axis(), "formula": eng.bytes_formula(),
-            "a2a_data": eng.alltoall_data_bytes(), "plan": plan, "experts": eng.experts,
-            "capacity": eng.caps[eng.grid.coord("ep")], "tokens": (hi - lo) * spec.seq,
-            "state": sum(eng.states.bytes_by_category().values()), "psi": eng.layout.size,
-            "stats": eng.stats}
-    rows = comm.comm.gather(mine)  # a report, not training traffic: not counted
-    if comm.rank != 0:
+        (hi - lo) * spec.seq, spec.d_model, ep, spec.top_k, spec.experts,
+        spec.capacity_factor, bytes_per_elem=engine.itemsize, backward=True)
+    mine = {"counted": engine.bytes_by_axis(), "formula": engine.bytes_formula(),
+            "a2a_data": engine.alltoall_data_bytes(), "plan": plan, "experts": engine.experts,
+            "capacity": engine.caps[grid.coord("ep")], "tokens": (hi - lo) * spec.seq,
+            "state": sum(engine.memory().values()), "psi": engine.layout.size,
+            "stats": engine.stats}
+    rows = grid.world.comm.gather(mine)  # a report, not training traffic: not counted
+    if grid.rank != 0:
         return None
-    n, ep = comm.size, eng.ep_size
     full = GPT(spec.config()).n_params()
     blocks = len(rows[0]["stats"][-1])
     last = [[sum(r["stats"][-1][b]["tokens_per_expert"][e] for r in rows)
@@ -113,7 +118,6 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
             "experts": spec.experts, "top_k": spec.top_k,
             "capacity_factor": spec.capacity_factor,
             "capacity_per_rank": [r["capacity"] for r in rows],
-            "losses": losses, "params": final,
             "tokens_per_expert": last, "routed": routed, "dropped": dropped,
             "assignments_per_step": assignments,
             "bytes_by_axis_per_rank": [r["counted"] for r in rows],

@@ -8,11 +8,11 @@ ZH 3D 并行（混合并行）
                        [--chunks V] [--remat [K]] [--sequence-parallel]
                        [--no-scatter-gather] -n N
 
-Launcher side: :func:`minipar.parallel.hybrid_config.check_hybrid` before MPI starts
+Launcher side: :func:`minipar.parallel.hybrid.layout.check_hybrid` before MPI starts
 (dp·pp·cp·tp = N, tp dividing heads / d_ff / vocab, pp at most the layers, ep dividing
 the experts and dp·cp, the pipeline's own checks; cp with tp: Megatron's CP × TP, ring or
 Ulysses attention on each tp rank's n_head/t heads, not with --sequence-parallel).  Rank side:
-:class:`minipar.parallel.hybrid.HybridParallel` (PTD-P, Narayanan et al. 2021, arXiv
+:class:`minipar.parallel.hybrid.engine.HybridParallel` (PTD-P, Narayanan et al. 2021, arXiv
 2104.04473) trains ``--steps`` steps, and the summary adds, per rank: its coordinates,
 the bytes sent per step on each grid axis (counted) next to the exact formula, the
 model-state and activation bytes held next to the planner's
@@ -90,7 +90,7 @@ def sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
 
 def check(options: dict[str, Any], spec: Any) -> None:
     """Launcher side: every check of the grid, the slicing, the pipeline, before MPI."""
-    from minipar.parallel.hybrid_config import check_hybrid
+    from minipar.parallel.hybrid.layout import check_hybrid
     from minipar.run import remat_offload
 
     z = sizes(options, spec)
@@ -102,29 +102,31 @@ def check(options: dict[str, Any], spec: Any) -> None:
     remat_offload.check(options, spec)
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Rank side: train on the grid; rank 0 returns every rank's figures."""
-    from mpi4py import MPI
-
-    from minipar.comm import TracedComm
-    from minipar.comm.topology import Grid
-    from minipar.parallel.hybrid import HybridParallel
-
+def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """The grid: dp x pp x cp x tp, ep over dp·cp (dp filled in when not given)."""
     z = sizes(options, spec)
+    return {a: z[a] for a in ("dp", "pp", "tp", "cp", "ep")}
+
+
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """The hybrid engine's options (m filled in when not given; ``--remat`` alone: True)."""
     remat = options.get("remat")
-    grid = Grid(TracedComm(MPI.COMM_WORLD), dp=z["dp"], pp=z["pp"], tp=z["tp"], cp=z["cp"],
-                ep=z["ep"])
-    h = HybridParallel(grid, spec, options.get("schedule", "1f1b"), z["m"],
-                       options.get("chunks", 1), None, True if remat == 0 else remat,
-                       options.get("offload"), options.get("offload_dir")
-                       if options.get("offload") == "disk" else None,
-                       zero=options.get("zero", 0), cp_kind=options.get("cp_kind", "ring"),
-                       scatter_gather=not options.get("no_scatter_gather", False),
-                       sequence_parallel=options.get("sequence_parallel", False))
-    losses = h.train()
-    params = h.full_params()
-    steps = len(h.records)
-    counted = {a: b / steps for a, b in grid.bytes_by_axis().items()}
+    return {"schedule": options.get("schedule", "1f1b"),
+            "micro_batches": sizes(options, spec)["m"], "chunks": options.get("chunks", 1),
+            "remat": True if remat == 0 else remat, "offload": options.get("offload"),
+            "offload_dir": options.get("offload_dir") if options.get("offload") == "disk"
+            else None,
+            "zero": options.get("zero", 0), "cp_kind": options.get("cp_kind", "ring"),
+            "scatter_gather": not options.get("no_scatter_gather", False),
+            "sequence_parallel": options.get("sequence_parallel", False)}
+
+
+def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after training: every rank's figures, gathered; rank 0 returns them."""
+    z = sizes(options, spec)
+    steps = len(history.losses)
+    counted = {a: b / steps for a, b in h.traffic().items()}
     ops = {op: st.bytes_sent / steps for op, st in grid.world.stats.ops.items()}
     mine = {"rank": grid.rank, "coords": {a: grid.coord(a) for a in ("dp", "pp", "cp", "tp",
                                                                       "ep", "edp")},
@@ -134,14 +136,13 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
             "states": sum(h.model_state_bytes().values()), "params": h.stage_layout.size,
             "act": h.activation_peak_bytes}
     everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather
-    grid.free()
     if grid.rank != 0:
         return None
-    return _summary(options, spec, z, h, losses, params, everyone)
+    return _summary(options, spec, z, h, everyone)
 
 
-def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any, losses: Any,
-             params: Any, everyone: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
+             everyone: list[dict[str, Any]]) -> dict[str, Any]:
     from minipar.plan.layouts import Layout, gpt_model, layout_memory
 
     dp, pp, cp, tp, ep, m = (z[k] for k in ("dp", "pp", "cp", "tp", "ep", "m"))
@@ -206,7 +207,7 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any, loss
                      f"the serial run accumulates dp·m = {dp * m} micro-batches; the formulas "
                      "count dense models only")
     return {"ranks": dp * pp * cp * tp, "data_parallel_ranks": dp * m if spec.experts else 1,
-            "losses": losses, "params": params, "dp": dp, "pp": pp, "cp": cp, "tp": tp,
+            "dp": dp, "pp": pp, "cp": cp, "tp": tp,
             "ep": ep, "zero": zero, "schedule": options.get("schedule", "1f1b"),
             "micro_batches": m, "coords_per_rank": [r["coords"] for r in everyone],
             "bytes_by_axis_per_rank": [r["axes"] for r in everyone],

@@ -104,34 +104,41 @@ def check(options: dict[str, Any], spec: Any) -> None:
                          f"another way: use a --batch divisible by --dp {dp}")
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Rank side: train on the dp x pp grid; rank 0 returns every rank's figures."""
-    from mpi4py import MPI
+def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """The grid: dp pipeline replicas of p = ranks / dp stages."""
+    p, dp = _sizes(options)
+    return {"dp": dp, "pp": p}
 
-    from minipar.comm import TracedComm
-    from minipar.comm.topology import Grid
-    from minipar.parallel.pipeline.engine import PipelineParallel
+
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """The pipeline engine's options (``--remat`` alone: GPipe's, ``True``)."""
+    from minipar.parallel.pipeline.partition import parse_balance
+
+    remat = options.get("remat")
+    return {"schedule": options.get("schedule", "1f1b"),
+            "micro_batches": options.get("micro_batches", 4), "chunks": options.get("chunks", 1),
+            "balance": parse_balance(options.get("balance")),
+            "remat": True if remat == 0 else remat, "offload": options.get("offload"),
+            "offload_dir": options.get("offload_dir") if options.get("offload") == "disk"
+            else None}
+
+
+def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after training: every rank's figures, gathered; rank 0 returns them."""
     from minipar.parallel.pipeline.measure import measured_bubble, write_timeline
-    from minipar.parallel.pipeline.partition import chunk_units, parse_balance
+    from minipar.parallel.pipeline.partition import chunk_units
     from minipar.parallel.pipeline.schedule import in_flight, stage_schedule
     from minipar.plan.pipeline import pipeline_p2p_bytes_per_rank
 
-    p, dp = _sizes(options)
-    kind, m, v = options.get("schedule", "1f1b"), options.get("micro_batches", 4), \
-        options.get("chunks", 1)
+    p, dp = grid.size("pp"), grid.size("dp")
+    kind, m, v = pp.kind, pp.m, pp.v
     remat = options.get("remat")
-    grid = Grid(TracedComm(MPI.COMM_WORLD), dp=dp, pp=p)
-    pp = PipelineParallel(grid, spec, kind, m, v, parse_balance(options.get("balance")),
-                          True if remat == 0 else remat, options.get("offload"),
-                          options.get("offload_dir") if options.get("offload") == "disk"
-                          else None)
-    losses = pp.train()
-    params = pp.full_params()
     records = pp.gather_records()
     cpu = pp.gather_records(clock="cpu")  # durations in CPU seconds: free of waiting for a core
-    steps = len(pp.records)
+    steps = len(history.losses)
     mine = {"stage": pp.stage, "replica": pp.replica, "peak": pp.activation_peak_bytes,
-            "axes": {k: b / steps for k, b in grid.bytes_by_axis().items() if k in ("pp_p2p", "dp")},
+            "axes": {k: b / steps for k, b in pp.traffic().items() if k in ("pp_p2p", "dp")},
             "exact": _exact_p2p(pp), "held": sum(pp.states.bytes_by_category().values()),
             "offload": pp.offload_stats}
     everyone = grid.world.comm.gather(mine, root=0)
@@ -185,7 +192,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         notes.append(f"timeline written to {options['timeline']} (minipar bubble --from-run)")
     return {
         "ranks": grid.world.size, "data_parallel_ranks": dp * m if spec.experts else dp,
-        "losses": losses, "params": params, "schedule": kind, "stages": p, "dp": dp,
+        "schedule": kind, "stages": p, "dp": dp,
         "micro_batches": m, "chunks": v, "balance": pp.balance,
         "bubble_measured": {k: float(b[k]) for k in ("rebuilt", "rebuilt_median", "rebuilt_cpu",
                                                       "wall_clock", "rebuilt_ratio",

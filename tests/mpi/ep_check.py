@@ -11,7 +11,9 @@ check failed.
    factors that drop tokens, ep < N, even and uneven rows): several AdamW steps, the
    shared verdict against ``serial_reference(spec, N)`` (float64) is "equal",
    tokens were dropped, and the bytes counted on each grid axis equal the
-   formula exactly (and ``minipar.plan.moe``'s figure for top-1, equal C).
+   formula exactly (and ``minipar.plan.moe``'s figure for top-1, equal C);
+3. the state: replica 0 of every rank's ``state_dict`` holds each tensor once, and an
+   ep = 1 engine loading every rank's state of an ep = N one goes on like it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
 from minipar.optim import FlatParams
+from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, local_rows, serial_reference
 from minipar.parallel.expert_parallel.engine import ExpertParallel
 from minipar.parallel.expert_parallel.layout import check_ep
@@ -42,16 +46,23 @@ def check(ok: bool, what: str) -> None:
 # -- 1. bad input: the same line on every rank, no message --------------------------
 fresh = TracedComm(world, name="bad-input")
 base = RunSpec(experts=4, batch=8, steps=1)
+grid_n = Grid(fresh, dp=N, ep=N)  # a good grid (Split is MPI's own: no counted byte)
 bad = [(lambda: check_ep(0, 1, 1.25, 1, N), "--experts must be >= 1"),
        (lambda: check_ep(4, 3, 1.25, 1, N), "--top-k must be 1"),
        (lambda: check_ep(4, 0, 1.25, 1, N), "--top-k must be 1"),
        (lambda: check_ep(4, 1, 0.0, 1, N), "--capacity-factor must be > 0"),
        (lambda: check_ep(4, 1, -1.0, 1, N), "--capacity-factor must be > 0"),
-       (lambda: ExpertParallel(fresh, base, ep=N + 1), f"must divide the {N} data-parallel"),
-       (lambda: ExpertParallel(fresh, base.with_(experts=3), ep=N if N > 1 else 2),
-        "is not divisible by --ep" if N > 1 else "must divide the 1 data-parallel")]
+       # ep is the grid's: the Grid refuses an ep not dividing the ranks, check_ep says it so
+       (lambda: check_ep(4, 1, 1.25, N + 1, N), f"must divide the {N} data-parallel"),
+       (lambda: Grid(fresh, dp=N, ep=N + 1), f"ep = {N + 1} must divide dp·cp = {N}"),
+       (lambda: ExpertParallel(grid_n, base.with_(experts=3)) if N > 1 else
+        check_ep(3, 1, 1.25, 2, N),
+        "is not divisible by --ep" if N > 1 else "must divide the 1 data-parallel"),
+       (lambda: ExpertParallel(grid_n, base, ep=2), "expert parallelism takes no options"),
+       (lambda: ExpertParallel(grid_n, base.with_(routing=(N, 2))),
+        f"each of the {N} data-parallel ranks routes its own rows as one group")]
 if N == 4:
-    bad.append((lambda: ExpertParallel(fresh, base, ep=3), "--ep 3 must divide the 4"))
+    bad.append((lambda: check_ep(4, 1, 1.25, 3, 4), "--ep 3 must divide the 4"))
 messages = []
 for fn, want in bad:
     try:
@@ -63,6 +74,7 @@ for fn, want in bad:
 check(fresh.stats.bytes_sent() == 0, f"bad input sent {fresh.stats.bytes_sent()} bytes")
 same = world.allgather(messages)
 check(all(m == messages for m in same), f"ranks raised different messages: {same}")
+grid_n.free()
 
 # -- 2. parity, drops and bytes ----------------------------------------------------
 CASES = [  # (name, ep, experts, top_k, capacity factor, global batch rows)
@@ -83,9 +95,11 @@ for name, ep, experts, top_k, cf, batch in CASES:
     spec = RunSpec(experts=experts, top_k=top_k, capacity_factor=cf, batch=batch, steps=4,
                    d_model=16, seq=8)
     comm = TracedComm(world, name="world")
-    eng = ExpertParallel(comm, spec, ep=ep)
-    losses = eng.train()
-    flat = eng.full_params()
+    grid = Grid(comm, dp=N, ep=ep)
+    eng = ExpertParallel(grid, spec)
+    losses = loop.train(eng, spec.batch_at, spec.steps).losses
+    init = spec.initial_params()
+    flat = FlatParams.like(init).flatten(eng.full_params())
     drops = world.allreduce(sum(s["dropped"] for st in eng.stats for s in st))
     check(drops > 0, f"{name}: no token dropped")
     counted, formula = eng.bytes_by_axis(), eng.bytes_formula()
@@ -103,13 +117,41 @@ for name, ep, experts, top_k, cf, batch in CASES:
               f"{name}: a2a data bytes {eng.alltoall_data_bytes()} != plan's {plan}")
     if R == 0:
         ser = serial_reference(spec, N)
-        init = spec.initial_params()
         v = compare(losses, ser["losses"], flat, ser["params"], FlatParams.like(init).flatten(init))
         check(v.status == "equal", f"{name}: {v.line()}")
         print(f"EP-CASE {name}: ep={ep} drops={drops} param_gap={v.param_gap:.2e} "
               f"loss_gap={v.loss_gap:.2e} ep_bytes={counted['ep']:.0f} "
               f"caps={eng.caps}", flush=True)
-    eng.free()
+    eng.close()
+    grid.free()
+
+# -- 3. the state: each tensor saved once; another layout resumes it ----------------
+# ep = N writes its state; ep = 1 (every rank all experts) loads every rank's and goes
+# on as the ep = N engine does (the same weights; only sums' order differs after a step)
+spec = RunSpec(experts=4, top_k=2, capacity_factor=1.0, batch=8, steps=2)
+comm = TracedComm(world, name="world")
+ga, gb = Grid(comm, dp=N, ep=N), Grid(comm, dp=N, ep=1)
+a, b = ExpertParallel(ga, spec), ExpertParallel(gb, spec)
+a.step(spec.batch_at(0))
+mine = a.state_dict()
+saved = [(k, sh.name) for k, (sh, _) in mine.arrays.items() if sh.replica == 0]
+everyone = [x for part in world.allgather(saved) for x in part]
+names = list(spec.model().param_shapes())
+kinds = {k for (k, _), _ in everyone}
+check(kinds == {"param", "exp_avg", "exp_avg_sq"}, f"state: kinds {kinds} (float64 AdamW)")
+for kind in sorted(kinds):
+    got = sorted(n for (k, _), n in everyone if k == kind)
+    check(got == sorted(names), f"state: replica 0 of {kind} is not each tensor once")
+b.load_state_dict(world.allgather(mine))  # pickled: a test's copy of every rank's state
+la, lb = a.step(spec.batch_at(1)).loss, b.step(spec.batch_at(1)).loss
+check(abs(la - lb) <= 1e-12 * abs(la), f"ep {N} -> ep 1: loss {lb!r} != {la!r}")
+pa, pb = a.full_params(), b.full_params()
+gap = max(float(abs(pa[n] - pb[n]).max()) for n in names)
+check(gap <= 1e-12, f"ep {N} -> ep 1: params differ by {gap:.2e} after a step")
+for e in (a, b):
+    e.close()
+ga.free()
+gb.free()
 
 all_failures = world.gather(failures)
 total_checks = world.reduce(checks)

@@ -7,7 +7,7 @@ failures, then one ``HYBRID-LAYOUT`` line per layout; the job exits 1 if a check
 For every layout (a Grid rebuilt on the same world, freed after):
 
 1. parity with the serial GPT (float64, ``parity.compare``, 3 AdamW steps);
-2. bytes per axis per step, counted, equal to :func:`minipar.parallel.hybrid_config.bytes_formula`
+2. bytes per axis per step, counted, equal to :func:`minipar.parallel.hybrid.measure.bytes_formula`
    (tp: the blocks' f and g; pp_p2p; dp or edp; cp), dense models; and to the planner's
    :func:`minipar.plan.step_time.axis_traffic` on tp, pp, dp and ring cp (what it models);
 3. parameters per rank equal to the planner's ``stage_param_count``, and model-state
@@ -25,9 +25,9 @@ from mpi4py import MPI
 
 from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
-from minipar.parallel import parity
+from minipar.parallel import loop, parity
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.hybrid import HybridParallel
+from minipar.parallel.hybrid.engine import HybridParallel
 from minipar.plan.hybrid import model_state_bytes_3d
 from minipar.plan.layouts import Layout, gpt_model, layout_memory, stage_param_count
 from minipar.plan.step_time import axis_traffic
@@ -64,8 +64,8 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
     grid = Grid(world, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
     world.stats.reset()
     h = HybridParallel(grid, spec, kind, m, v, zero=zero, cp_kind=cp_kind, **kw)
-    losses = h.train()
-    params = h.full_params()
+    losses = loop.train(h, spec.batch_at, spec.steps).losses
+    params = np.concatenate([np.asarray(v).ravel() for v in h.full_params().values()])
     ser = oracle(spec, dp * m if spec.experts else 1)
     init = spec.initial_params()
     flat0 = np.concatenate([init[k].ravel() for k in init])

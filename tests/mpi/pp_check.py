@@ -8,7 +8,7 @@ failures; the job exits 1 if any check failed.
    p = N stages for every schedule, m from 1 to 8, even and ``balance`` splits,
    interleaved with v = 2, remat, offload to host and disk, a mixture of experts, a
    learner's list;
-   on 4 ranks also dp 2 x pp 2;
+   on 4 ranks also dp 2 x pp 2, and a state saved by dp 2 x pp 2 resumed by pp 4;
 2. the records: one per instruction, and the rebuilt timeline replays them;
 3. bytes on ``pp_p2p`` = Σ over sends of the micro-batch's rows·T·d·8, and a middle
    stage's = the plan's 2·m·v·b·s·h·bytes; a middle stage's activation ledger = GPipe's
@@ -26,7 +26,7 @@ from minipar import spans
 from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
 from minipar.memory import nbytes
-from minipar.parallel import parity
+from minipar.parallel import loop, parity
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.pipeline.engine import PipelineParallel
 from minipar.parallel.pipeline.measure import measured_bubble
@@ -61,8 +61,8 @@ def trial(grid: Grid, spec: RunSpec, kind: str, m: int, v: int = 1, **kw) -> Pip
     what = f"{kind} p={grid.size('pp')} dp={grid.size('dp')} m={m} v={v} {kw}"
     world.stats.reset()
     pp = PipelineParallel(grid, spec, kind, m, v, **kw)
-    losses = pp.train()
-    params = pp.full_params()
+    losses = loop.train(pp, spec.batch_at, spec.steps).losses
+    params = flat(pp.full_params())
     ser = oracle(spec, grid.size("dp") * m if spec.experts else 1)
     init = spec.initial_params()
     flat0 = np.concatenate([init[k].ravel() for k in init])
@@ -85,6 +85,31 @@ def trial(grid: Grid, spec: RunSpec, kind: str, m: int, v: int = 1, **kw) -> Pip
     got = world.stats.bytes_sent(comm="pp_p2p") / spec.steps
     check(got == expect, f"{what}: pp_p2p bytes {got} != {expect}")
     return pp
+
+
+def flat(params: dict) -> np.ndarray:
+    return np.concatenate([np.asarray(v).ravel() for v in params.values()])
+
+
+def resume_elsewhere(spec: RunSpec) -> None:
+    """dp 2 x pp 2 saves its state after one step; pp 4 (GPipe) loads it: the same
+    parameters to the bit, the optimizer's states too (the next step agrees to 1e-12)."""
+    g = Grid(world, dp=2, pp=2)
+    a = PipelineParallel(g, spec, "1f1b", 2)
+    a.step(spec.batch_at(0))
+    saved = world.comm.allgather(a.state_dict())  # every rank's state (pickled: copies)
+    g4 = Grid(world, pp=4)
+    b = PipelineParallel(g4, spec, "gpipe", 2)
+    b.load_state_dict(saved)
+    check(flat(a.full_params()).tobytes() == flat(b.full_params()).tobytes(),
+          "dp 2 x pp 2 -> pp 4: parameters after load_state_dict differ")
+    check(b.steps_done == 1, f"pp 4 loaded step {b.steps_done}, not 1")
+    la, lb = a.step(spec.batch_at(1)).loss, b.step(spec.batch_at(1)).loss
+    check(abs(la - lb) <= 1e-12 * abs(la), f"dp 2 x pp 2 -> pp 4: next loss {lb} != {la}")
+    gap = float(np.abs(flat(a.full_params()) - flat(b.full_params())).max())
+    check(gap <= 1e-12, f"dp 2 x pp 2 -> pp 4: parameters after the next step differ by {gap}")
+    g.free()
+    g4.free()
 
 
 def run_all() -> None:
@@ -146,6 +171,7 @@ def run_all() -> None:
         trial(g, base, "1f1b", 2, remat=True)
         trial(g, base.with_(experts=2, batch=8), "gpipe", 2)  # cut like train(micro_batches=4)
         g.free()
+        resume_elsewhere(base)
 
 
 def bad_input(g: Grid, spec: RunSpec) -> None:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mpi_checks import Checks
 
 from minipar.comm import TracedComm
-from minipar.comm.topology import Grid
+from minipar.comm.topology import Grid, Layout
 from minipar.parallel import strategies
 from minipar.parallel.common import RunSpec
 from minipar.parallel.engine import State
@@ -60,11 +60,26 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
     + [({"cp": n}, {"kind": "ulysses"}, {"seq": 16, "heads": max(n, 2)}) for n in (1, 2, 4, 8)]
     + [({"cp": 4}, {"kind": "ring", "zigzag": True}, {"seq": 16})],
     # pipeline parallelism
-    "pp": [],
-    # expert parallelism
-    "ep": [],
+    "pp": [({"pp": 1}, {"schedule": "gpipe", "micro_batches": 2}, {}),
+           ({"pp": 2}, {"schedule": "1f1b", "micro_batches": 3}, {}),
+           ({"pp": 2}, {"schedule": "gpipe", "micro_batches": 2},
+            {"experts": 2, "routing": (1, 2)}),
+           ({"pp": 4}, {"schedule": "interleaved", "micro_batches": 4, "chunks": 2},
+            {"layers": 8}),
+           ({"dp": 2, "pp": 2}, {"schedule": "1f1b", "micro_batches": 2, "remat": True},
+            {"experts": 2, "routing": (2, 2)})],
+    # expert parallelism: each data-parallel rank's rows are one routing group, (dp,)
+    "ep": [({"dp": 1, "ep": 1}, {}, {"experts": 4}),
+           ({"dp": 2, "ep": 2}, {}, {"experts": 4, "routing": (2,)}),
+           ({"dp": 4, "ep": 2}, {}, {"experts": 4, "routing": (4,)}),
+           ({"dp": 4, "ep": 4}, {}, {"experts": 4, "routing": (4,)}),
+           ({"dp": 4, "ep": 2}, {}, {"experts": 4, "top_k": 2, "capacity_factor": 1.0,
+                                     "routing": (4,)}),
+           ({"dp": 8, "ep": 4}, {}, {"experts": 4, "routing": (8,)})],
     # hybrid
-    "hybrid": [],
+    "hybrid": [({"dp": 2, "pp": 2}, {"micro_batches": 2, "zero": 1}, {"layers": 4}),
+               ({"pp": 2, "cp": 2}, {"micro_batches": 2}, {}),
+               ({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2}, {"vocab": 8, "batch": 8})],
 }
 
 
@@ -132,6 +147,6 @@ def run(name: str, sizes: dict, options: dict, changes: dict) -> None:
 
 for name, cases in CASES.items():
     for sizes, options, changes in cases:
-        if not sizes or int(np.prod(list(sizes.values()))) == N:
+        if not sizes or Layout(**sizes).world == N:  # dp·pp·cp·tp (ep is carved from dp·cp)
             run(name, sizes, options, changes)
 c.summary()

@@ -190,14 +190,17 @@ def execute(kind: str, fn: Callable, comm: Any, p: int, m: int) -> np.ndarray:
     """This rank runs the learner's list for its stage through the MPI executor; the whole
     model's parameters after two AdamW steps (on every rank)."""
     from minipar.comm.topology import Grid
+    from minipar.parallel import loop
     from minipar.parallel.pipeline.engine import PipelineParallel
 
     raw = getattr(comm, "comm", comm)  # the grader's Dup of COMM_WORLD, untraced
     grid = Grid(raw, dp=1, pp=p)
     mine = fn(grid.coord("pp"), p, m)
-    pp = PipelineParallel(grid, spec(p), kind, m, 1, instructions=mine)
-    pp.train()
-    return np.asarray(pp.full_params(), dtype=np.float64)
+    run = spec(p)
+    pp = PipelineParallel(grid, run, kind, m, 1, instructions=mine)
+    loop.train(pp, run.batch_at, run.steps)
+    return np.concatenate([np.asarray(v, dtype=np.float64).ravel()
+                           for v in pp.full_params().values()])
 
 
 def run_stage(fn: Callable, comm: Any, x: np.ndarray, **case: Any) -> np.ndarray:

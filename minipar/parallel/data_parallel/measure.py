@@ -20,8 +20,8 @@ more busy processes than cores the transfer and the computation take turns on
 a core, and the non-blocking ring advances only when a rank calls
 ``progress()`` between units.  So this module gives two views of one step:
 
-* :func:`measure_overlap` (rank side, ``python -m minipar.parallel.data_parallel.measure
-  --worker JSON`` through :func:`minipar.launch.run_json`): the step time of
+* :func:`measure_overlap` (rank side, launched as ``minipar.bench.dp_overlap``
+  through :func:`minipar.launch.run_json`): the step time of
   DDP with and without overlap, the two steps alternating ``repeats`` times in
   one launch so both see the same load; the last step's timelines; and α, β of
   this machine's ring all-reduce.
@@ -47,7 +47,6 @@ the measured overlap-on and overlap-off runs give bit-identical losses.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -239,17 +238,3 @@ def measure_overlap(comm: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
             "step_s": step_s, "timeline": {k: [e[k] for e in everyone] for k in engines},
             "alpha_s": alpha, "beta_bytes_per_s": beta, "allreduce_s": points,
             "losses_equal": losses["overlap"] == losses["no_overlap"]}
-
-
-def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
-    from minipar.comm import TracedComm
-    from minipar.parallel.common import RunSpec
-
-    return measure_overlap(TracedComm(), RunSpec(**o["spec"]), int(o["bucket_bytes"]),
-                           int(o.get("repeats", 5)), o.get("algorithm", "ring"))
-
-
-if __name__ == "__main__":
-    from minipar import launch
-
-    sys.exit(launch.serve(_worker, sys.argv[1:]))

@@ -33,14 +33,26 @@ that each all-reduce takes one contiguous span (:func:`dense_then_experts`,
 micro-batch as one group, capacity C_r = ⌈n_r/E × capacity_factor⌉ over its
 n_r = b_r·T tokens (GShard's local groups), so the oracle is
 ``serial_reference(spec, N)``: N micro-batches cut like the ranks' rows,
-accumulated.  Top-1 and top-2, the capacity factor, the dropped tokens and
-the Switch auxiliary loss are the serial block's, computed by its own
-functions; tests/test_expert_parallel.py checks float64 parity with drops on
-1, 2 and 4 ranks, E = 4 and 8, and with ep < N (EP x data parallelism).
+accumulated — the serial engine with routing groups ``(N,)``
+(``RunSpec(routing=(N,))``; a spec naming other groups is refused).  Top-1 and
+top-2, the capacity factor, the dropped tokens and the Switch auxiliary loss are
+the serial block's, computed by its own functions; tests/test_expert_parallel.py
+checks float64 parity with drops on 1, 2 and 4 ranks, E = 4 and 8, and with
+ep < N (EP x data parallelism).
 
-**Bytes per step the tests check** (counted per grid axis,
-:meth:`ExpertParallel.bytes_formula`): on ``ep``, per MoE layer, the exact
-all-to-all figures of
+**The engine** (:class:`~minipar.parallel.engine.Engine`).  ``step(batch)`` takes
+rank r's rows ``[lo_r, hi_r)`` of the global batch
+(:func:`~minipar.parallel.common.local_rows`).
+``state_dict()`` holds every tensor whole under its serial name: the dense ones on
+every rank (replica = the rank), each expert's (``blocks.i.moe.experts.e.*``) on the
+N/ep ranks holding it (replica = the edp coordinate), params, master weights and
+moments alike; so a checkpoint saves each tensor once and any layout (another ep,
+the serial engine) loads it.  ``full_params()`` gives every rank the whole model: its
+dense tensors and the experts all-gathered over the ep group.
+
+**Bytes per step the tests check** (counted per grid axis over the steps,
+:meth:`ExpertParallel.bytes_by_axis`, against :meth:`ExpertParallel.bytes_formula`): on
+``ep``, per MoE layer, the exact all-to-all figures of
 :func:`~minipar.parallel.expert_parallel.measure.alltoall_bytes`
 (4·(ep−1)/ep·E·C·d·b for the data when every rank has the same C, plus the
 counts); on ``dp`` one all-reduce of the dense gradients, on ``edp`` one of
@@ -49,39 +61,57 @@ picks (:func:`minipar.collectives.cost.allreduce_bytes_sent`).
 
 Bad input (:func:`~minipar.parallel.expert_parallel.layout.check_ep`): no
 experts, E not divisible by ep, top-k outside 1..min(2, E), capacity factor
-<= 0, ep not dividing the N data-parallel ranks: one ``ValueError`` on every
-rank before any message.
+<= 0, ep not dividing the N data-parallel ranks, a grid with a pp, cp or tp axis,
+routing groups that are not ``(N,)``, any option: one ``ValueError`` on every rank
+before any message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from minipar.collectives import allreduce
+from minipar.collectives import all_gather, allreduce
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.topology import Grid
-from minipar.comm.traced import traced
 from minipar.nn import executor
 from minipar.nn.gpt import param_shapes
+from minipar.nn.loss import cross_entropy_forward
 from minipar.optim import FlatParams
-from minipar.parallel.common import RunSpec, check_world, local_rows, loss_weight
+from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows, loss_weight
+from minipar.parallel.engine import (
+    Batch,
+    State,
+    StepResult,
+    load_model_states,
+    memory_of,
+    model_states,
+    routing_spans,
+    sources_of,
+)
 from minipar.parallel.expert_parallel.layer import EPBlockUnit, ep_units
-from minipar.parallel.expert_parallel.layout import OPS, capacities, check_ep
+from minipar.parallel.expert_parallel.layout import OPS, capacities, check_ep, expert_ids
 from minipar.parallel.expert_parallel.measure import alltoall_bytes
 from minipar.precision import ModelStates
 
-__all__ = ["OP_DENSE", "OP_EXPERT", "OP_LOSS", "EPHooks", "ExpertParallel",
-           "dense_then_experts", "is_expert", "sync_grads"]
+__all__ = ["OP_DENSE", "OP_EXPERT", "OP_FULL", "OP_LOSS", "EPHooks", "ExpertParallel", "build",
+           "dense_then_experts", "expert_of", "is_expert", "sync_grads"]
 
 OP_DENSE, OP_EXPERT, OP_LOSS = "ep_dense_allreduce", "ep_expert_allreduce", "ep_loss_allreduce"
+OP_FULL = "ep_full_params"  # full_params: the experts all-gathered over the ep group
 
 
 def is_expert(name: str) -> bool:
     """Whether the serial parameter ``name`` belongs to an expert (``blocks.i.moe.experts.e.*``)."""
     return ".moe.experts." in name
+
+
+def expert_of(name: str) -> int:
+    """The expert index e of the serial expert parameter ``blocks.i.moe.experts.e.*``."""
+    return int(name.split(".moe.experts.")[1].split(".")[0])
 
 
 def dense_then_experts(names: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -127,33 +157,46 @@ class EPHooks(executor.Hooks):
 
 
 class ExpertParallel:
-    """One rank of EP x data-parallel training of ``spec``'s MoE GPT.
+    """One rank of EP x data-parallel training of ``spec``'s MoE GPT: an
+    :class:`~minipar.parallel.engine.Engine`.
 
-    ``comm``: the N data-parallel ranks (an mpi4py communicator or TracedComm);
-    ``ep``: ranks per expert-parallel group (default N).  ``train_step(step)``
-    returns the global loss (the same on every rank); ``full_params()`` the
-    whole model's flat parameters in the serial layout (rank 0; None elsewhere);
-    ``stats`` per step, per MoE block, this rank's routing.
+    ``grid``: a :class:`~minipar.comm.topology.Grid` ``(comm, dp=N, ep=ep)`` of the N
+    data-parallel ranks (no pp, cp or tp axis); its ``ep`` axis is the expert-parallel
+    group, ``edp`` the ranks holding the same experts.  No options (ValueError for any:
+    the layout is the grid's).  ``step(batch)`` trains on this rank's rows of the global
+    batch and returns the global loss (the same on every rank); ``full_params()`` gives
+    every rank the whole model in serial names; ``stats`` per step, per MoE block, this
+    rank's routing; ``bytes_by_axis()`` the bytes the steps sent per step on each axis.
     """
 
-    def __init__(self, comm: Any, spec: RunSpec, ep: int | None = None) -> None:
-        world = comm.Get_size()
-        ep = world if ep is None else ep
-        check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, world)
+    def __init__(self, grid: Grid, spec: RunSpec, **options: Any) -> None:
+        if options:
+            raise ValueError(f"expert parallelism takes no options, got {sorted(options)}: "
+                             "its layout is the grid's (Grid(comm, dp=N, ep=...))")
+        if not isinstance(grid, Grid):
+            raise ValueError(  # noqa: TRY004 (a bad argument, refused like every option)
+                f"expert parallelism needs a Grid(comm, dp=N, ep=...), got {grid!r}")
+        others = {a: grid.size(a) for a in ("pp", "cp", "tp") if grid.size(a) != 1}
+        if others:
+            raise ValueError("expert parallelism runs on a grid of dp x ep only, got "
+                             + ", ".join(f"{a} = {n}" for a, n in others.items())
+                             + " (the hybrid engine combines them)")
+        world = grid.world.size
+        check_ep(spec.experts, spec.top_k, spec.capacity_factor, grid.size("ep"), world)
         check_world(spec.batch, world)
-        self.spec, self.ep_size = spec, ep
-        self.grid = Grid(traced(comm), dp=world, ep=ep)
-        self.comm = self.grid.world
+        groups = [local_rows(spec.batch, r, world) for r in range(world)]
+        if spec.routing and routing_spans(spec.batch, spec.routing) != groups:
+            raise ValueError(f"routing groups {spec.routing} are not expert parallelism's: each "
+                             f"of the {world} data-parallel ranks routes its own rows as one "
+                             f"group, routing ({world},)")
+        self.spec, self.grid, self.comm = spec, grid, grid.world
         self.rank, self.world = self.comm.rank, world
         self.cfg = spec.config()
-        self.rows = local_rows(spec.batch, self.rank, world)
+        self.rows = groups[self.rank]
         self.weight = loss_weight(spec.batch, self.rank, world)
-        group = self.grid.ranks("ep")
-        tokens = [spec.seq * (hi - lo) for lo, hi in
-                  (local_rows(spec.batch, r, world) for r in group)]
+        tokens = [spec.seq * (hi - lo) for lo, hi in (groups[r] for r in grid.ranks("ep"))]
         self.caps = capacities(spec.experts, spec.capacity_factor, tokens, spec.top_k)
-        self.units = ep_units(self.cfg, self.grid.comm("ep"), self.caps,
-                              tokens[self.grid.coord("ep")])
+        self.units = ep_units(self.cfg, grid.comm("ep"), self.caps, tokens[grid.coord("ep")])
         first = self.units[1]
         self.experts = first.moe.ids if isinstance(first, EPBlockUnit) else []
         init = spec.initial_params()
@@ -165,55 +208,114 @@ class ExpertParallel:
         self.layout = self.states.layout
         self.itemsize = self.states.grads.itemsize
         self.stats: list[list[dict[str, Any]]] = []
+        self.steps_done = 0
+        self._step_bytes = dict.fromkeys(self._sent(), 0)  # sent by step() alone
+        self._last = self._sent()  # traffic() since here
+
+    def _sent(self) -> dict[str, int]:
+        """Bytes this rank has sent on each grid axis and on the grid's own communicator
+        (the loss all-reduce), from the shared counters."""
+        world = self.comm.stats.bytes_sent(comm=self.comm.name)
+        return {**self.grid.bytes_by_axis(), "world": world}
+
+    def _local(self, batch: Batch) -> tuple[Any, Any]:
+        """This rank's rows of the global ``batch`` (its routing group)."""
+        if batch.size != self.spec.batch:
+            raise ValueError(f"expert parallelism: a batch of {batch.size} rows, but the "
+                             f"capacities were set for --batch {self.spec.batch} rows")
+        mine = batch.rows(*self.rows)
+        return mine.tokens, mine.targets
+
+    def _global_loss(self, loss: float) -> float:
+        with self.comm.operation(OP_LOSS):
+            return float(allreduce(self.comm, np.array([self.weight * loss]))[0])
 
     # -- one step ---------------------------------------------------------------------
-    def train_step(self, step: int) -> float:
+    def step(self, batch: Batch) -> StepResult:
         """Forward (all-to-alls inside the MoE blocks), backward, gradient all-reduces
-        (dense over dp, experts over edp), optimizer step; the global loss."""
+        (dense over dp, experts over edp), optimizer step on this rank's rows of the
+        global ``batch``; the global loss."""
+        before = self._sent()
         st = self.states
-        x, y = self.spec.local_batch(step, self.rank, self.world)
+        x, y = self._local(batch)
         hooks = EPHooks(st.param_views(), self.layout.unflatten(st.grads))
         loss = executor.loss_and_grads(self.units, hooks, x, y, self.weight * st.loss_scale)
         self.stats.append(hooks.stats)
         g = st.grads
         sync_grads(self.grid, g, self.n_dense)
-        found_inf = None
-        if st.scaler is not None:  # every rank must skip the step alike
-            inf = np.array([float(not np.isfinite(g).all())])
-            found_inf = bool(allreduce(self.comm, inf, op="max")[0])
-        st.step(found_inf=found_inf)
-        with self.comm.operation(OP_LOSS):
-            total = allreduce(self.comm, np.array([self.weight * loss]))
-        return float(total[0])
+        done = st.step(found_inf=found_inf(self.comm, st))  # every rank skips alike
+        total = self._global_loss(loss)
+        self.steps_done += 1
+        for k, v in self._sent().items():
+            self._step_bytes[k] = self._step_bytes.get(k, 0) + v - before.get(k, 0)
+        return StepResult(total, skipped=not done)
 
-    def train(self) -> list[float]:
-        """``spec.steps`` steps; the global losses."""
-        return [self.train_step(s) for s in range(self.spec.steps)]
+    def evaluate(self, batch: Batch) -> float:
+        """Forward only (the all-to-alls run, nothing is trained): the global mean loss,
+        each rank's rows routed as one group."""
+        x, y = self._local(batch)
+        aux: list[float] = []
+        logits, _ = executor.forward(self.units, executor.Hooks(self.states.param_views()),
+                                     x, aux=aux)
+        return self._global_loss(cross_entropy_forward(logits, y)[0] + sum(aux))
 
-    def free(self) -> None:
-        """Free the grid's sub-communicators (collective: every rank calls it)."""
-        self.grid.free()
+    # -- state ------------------------------------------------------------------------
+    def state_dict(self) -> State:
+        """Every tensor whole, in its serial name: the dense ones on every rank (replica =
+        the rank, 0 saves them), each expert's on the ranks holding it (replica = the edp
+        coordinate, 0 saves them); params, master weights and moments alike."""
+        st = model_states(self.states, replica=self.grid.coord("dp"))
+        edp = self.grid.coord("edp")
+        for key, (shard, arr) in st.arrays.items():
+            if is_expert(shard.name):
+                st.arrays[key] = (replace(shard, replica=edp), arr)
+        st.scalars["step"] = self.steps_done
+        return st
+
+    def load_state_dict(self, state: State | Iterable[State]) -> None:
+        """This rank's tensors from the overlapping pieces of ``state`` (any layout's)."""
+        sources = sources_of(state)
+        load_model_states(self.states, sources)
+        self.steps_done = int(sources[0].scalars.get("step", 0))
+
+    def full_params(self) -> dict[str, Any]:
+        """Collective: the whole model on every rank, serial names in the serial order, the
+        parameter dtype: the dense tensors this rank holds, every expert all-gathered over
+        the ep group (counted on ``ep``)."""
+        views = self.states.param_views()
+        ep = self.grid.comm("ep")
+        with ep.operation(OP_FULL):
+            got = all_gather(ep, self.states.params[self.n_dense:])
+        own = self.layout.size - self.n_dense  # the same on every rank of the group
+        shapes = param_shapes(self.cfg)
+        out: dict[str, Any] = {}
+        for j in range(ep.size):
+            ids = expert_ids(self.cfg.n_experts, ep.size, j)
+            names = [n for n in shapes if is_expert(n) and expert_of(n) in ids]
+            part = FlatParams.from_shapes({n: shapes[n] for n in names})
+            out.update(part.unflatten(got[j * own:(j + 1) * own]))
+        return {n: out[n] if is_expert(n) else views[n].copy() for n in shapes}
+
+    def memory(self) -> dict[str, int]:
+        """Model-state bytes this rank holds by kind: the dense tensors and its E/ep experts."""
+        return memory_of(self.states)
+
+    def traffic(self) -> dict[str, int]:
+        """Bytes this rank sent since the last call, by grid axis (and ``world``: the loss)."""
+        now = self._sent()
+        out = {k: v - self._last.get(k, 0) for k, v in now.items()}
+        self._last = now
+        return out
+
+    def close(self) -> None:
+        """Nothing to free: the communicators are the grid's (its owner frees them)."""
 
     # -- evidence ---------------------------------------------------------------------
-    def full_params(self) -> Any:
-        """The whole model's flat parameters in the serial layout, on rank 0 (None elsewhere):
-        rank 0's dense parameters and every expert from the rank holding it."""
-        views = self.states.param_views()
-        experts = {n: np.array(v) for n, v in views.items() if is_expert(n)}
-        got = self.comm.comm.gather(experts)  # not counted: a report, not training traffic
-        if self.rank != 0:
-            return None
-        full = {n: views[n] for n in views if not is_expert(n)}
-        for part in got:
-            full.update(part)
-        shapes = param_shapes(self.cfg)
-        return FlatParams.from_shapes(shapes).flatten({n: full[n] for n in shapes},
-                                                      self.states.params.dtype)
-
-    def bytes_by_axis(self, steps: int | None = None) -> dict[str, float]:
-        """Bytes this rank sent per step on the ep, edp and dp communicators (counted)."""
-        n = max(1, len(self.stats) if steps is None else steps)
-        return {a: b / n for a, b in self.grid.bytes_by_axis().items() if a in ("ep", "edp", "dp")}
+    def bytes_by_axis(self) -> dict[str, float]:
+        """Bytes this rank sent per step on the ep, edp and dp communicators, counted over
+        the steps alone (not ``evaluate`` or ``full_params``)."""
+        n = max(1, self.steps_done)
+        return {a: b / n for a, b in self._step_bytes.items() if a in ("ep", "edp", "dp")}
 
     def bytes_formula(self) -> dict[str, int]:
         """The exact bytes per step on each axis, from the formulas (module docstring)."""
@@ -234,3 +336,8 @@ class ExpertParallel:
         a2a = alltoall_bytes(self.cfg.n_experts, self.cfg.d_model, self.caps,
                              self.grid.coord("ep"), self.itemsize)
         return moe_layers * sum(a2a[k] for k in OPS[1:])
+
+
+def build(spec: RunSpec, grid: Grid, **options: Any) -> ExpertParallel:
+    """The EP engine of ``spec`` on ``grid`` (:mod:`minipar.parallel.strategies`' row "ep")."""
+    return ExpertParallel(grid, spec, **options)

@@ -23,7 +23,8 @@ Read in this order (one module each; nothing is imported here):
 - :mod:`.schedule` — a schedule is data: the instructions (``Forward``, ``Backward``,
   ``SendAct``, ``RecvAct``, ``SendGrad``, ``RecvGrad``, ``OptimizerStep``) one stage runs,
   ``stage_schedule(kind, stage, p, m, v)`` and ``schedules(kind, p, m, v)`` for naive,
-  gpipe, 1f1b and interleaved; ``in_flight`` (activations held);
+  gpipe, 1f1b and interleaved; ``forward_schedule`` (validation: forwards only);
+  ``in_flight`` (activations held);
 - :mod:`.check` — ``problems(schedules)`` / ``check_schedules(schedules)``: dependencies,
   matching messages, no deadlock, each problem naming the stage and the instruction;
 - :mod:`.simulate` — ``replay(schedules, cost)``: the timeline a dedicated machine would
@@ -35,7 +36,9 @@ Read in this order (one module each; nothing is imported here):
 - :mod:`.p2p` — the messages between stages: non-blocking sends, blocking receives,
   tags, a rank's hand-off to itself, what travels;
 - :mod:`.engine` — ``PipelineParallel``: the instruction lists run over the grid's
-  pipeline neighbours on real MPI ranks, every instruction timed (imports mpi4py);
+  pipeline neighbours on real MPI ranks, every instruction timed (imports mpi4py); the
+  engine interface (``step(batch)``, ``evaluate``, ``state_dict``: each stage's tensors
+  whole under their serial names, replica = the dp coordinate), ``build`` (strategy "pp");
 - :mod:`.measure` — the bubble of a timeline and its text chart; a recorded run's
   timeline rebuilt on a dedicated machine; the timeline file of ``minipar run pp
   --timeline`` read by ``minipar bubble --from-run`` (the papers' formula itself:

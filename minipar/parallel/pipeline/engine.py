@@ -17,7 +17,7 @@ that passes :func:`~.check.check_schedules` runs without deadlock);
 ``dp`` axis (pipeline replicas) and steps the stage's slice.  The messages — where they go, their tags, the
 local hand-off of interleaving, and what travels — are :mod:`.p2p`.
 
-**A composed strategy** (:class:`minipar.parallel.hybrid.HybridParallel`)
+**A composed strategy** (:class:`minipar.parallel.hybrid.engine.HybridParallel`)
 subclasses the executor and replaces its hooks (the template-method pattern):
 the units, the stage's parameters, the batch, the loss, what travels between
 stages (:class:`~.p2p.StageMessages`) and the step after the flush; the
@@ -39,12 +39,20 @@ start, after a barrier; and in CPU seconds, ``process_time``) become a
 :mod:`.measure` read the measured timeline as they read a simulated one.  A
 chunk's hooks (:mod:`.stage`) accumulate the gradients, keep or recompute
 (``remat``) and offload its activations, and count the bytes held.
+
+**The engine interface** (:class:`minipar.parallel.engine.Engine`, built by
+``strategies.build("pp", spec, grid, **options)``): ``step(batch)`` cuts this replica's
+rows of the GLOBAL batch (the ``array_split`` rule) and its micro-batches, runs the
+instruction list and returns the global loss; ``evaluate(batch)`` runs every
+micro-batch's forward through the stages (:func:`~.schedule.forward_schedule`), no
+backward; ``state_dict()``: the stage's tensors whole, under their serial names (replica:
+the dp coordinate); ``full_params()``: every stage's tensors on every rank.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,7 +62,16 @@ from minipar import spans
 from minipar.nn import executor
 from minipar.nn.dtypes import check_model_dtype
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
-from minipar.parallel.common import check_world
+from minipar.parallel.common import check_world, local_rows
+from minipar.parallel.engine import (
+    Batch,
+    State,
+    StepResult,
+    load_model_states,
+    memory_of,
+    model_states,
+    sources_of,
+)
 from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageMessages
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.schedule import (
@@ -66,6 +83,7 @@ from minipar.parallel.pipeline.schedule import (
     RecvGrad,
     SendAct,
     SendGrad,
+    forward_schedule,
     stage_schedule,
     virtual_stage,
 )
@@ -73,9 +91,13 @@ from minipar.parallel.pipeline.simulate import WHAT, Record
 from minipar.parallel.pipeline.stage import StageMemory
 from minipar.precision import ModelStates
 
-__all__ = ["OP_ACT", "OP_GRAD", "PipelineParallel"]
+__all__ = ["OPTIONS", "OP_ACT", "OP_GRAD", "PipelineParallel", "build"]
 
 OP_DP, OP_LOSS = "pp_dp_grad_allreduce", "pp_loss_allreduce"
+
+#: the keyword options of :func:`build` (``PipelineParallel``'s arguments after grid, spec)
+OPTIONS = ("schedule", "micro_batches", "chunks", "balance", "remat", "offload",
+           "offload_dir", "instructions")
 
 
 class PipelineParallel(StageMessages):
@@ -89,7 +111,7 @@ class PipelineParallel(StageMessages):
     checkpointing: the kept activations move out between forward and backward;
     ``offload_dir`` for disk); ``instructions``: run this list instead of the
     schedule's (a learner's schedule).  Every argument is checked on every rank before any message.
-    A composed strategy subclasses it (:class:`minipar.parallel.hybrid.HybridParallel`) and
+    A composed strategy subclasses it (:class:`minipar.parallel.hybrid.engine.HybridParallel`) and
     replaces the units, the stage's parameters, the batch, the loss, what travels between
     stages (:mod:`.p2p`) and the step after the flush (the methods below ``AXES``).
     """
@@ -98,8 +120,8 @@ class PipelineParallel(StageMessages):
                  chunks: int = 1, balance: Sequence[int] | None = None, remat: Any = None,
                  offload: str | None = None, offload_dir: str | None = None,
                  instructions: Sequence[Instruction] | None = None) -> None:
-        if any(grid.size(a) != 1 for a in ("tp", "cp") if a not in self.AXES):
-            raise ValueError("the pipeline executor runs on a dp x pp grid (tp = cp = 1)")
+        if any(grid.size(a) != 1 for a in ("tp", "cp", "ep") if a not in self.AXES):
+            raise ValueError("the pipeline executor runs on a dp x pp grid (tp = cp = ep = 1)")
         self.grid, self.spec, self.kind = grid, spec, schedule
         self.p, self.dp = grid.size("pp"), grid.size("dp")
         self.stage, self.replica = grid.coord("pp"), grid.coord("dp")
@@ -117,9 +139,12 @@ class PipelineParallel(StageMessages):
                                   **spec.opt_kwargs())
         self.act_dtype = check_model_dtype(self.model.cfg.dtype)
         self.p2p, self.dp_comm, self.world = grid.p2p, grid.comm("dp"), grid.world
-        self.memory = StageMemory(self.chunk_units, remat, offload, offload_dir)
+        self.stage_memory = StageMemory(self.chunk_units, remat, offload, offload_dir)
         self.records: list[list[Record]] = []  # per step: wall-clock seconds from its start
         self.cpu_records: list[list[Record]] = []  # per step: CPU seconds (process_time)
+        self.steps_done = 0
+        self._eval_hooks: Any = None  # evaluate(): the hooks of a forward-only pass
+        self._sent = self._bytes_sent()  # traffic(): bytes by axis at the last call
 
     # -- what a composed strategy (minipar.parallel.hybrid) replaces ----------------------
     AXES: tuple[str, ...] = ("dp", "pp")  #: the grid axes this executor handles
@@ -131,8 +156,11 @@ class PipelineParallel(StageMessages):
         init = self.spec.initial_params()
         return {n: init[n] for units in self.chunk_units for u in units for n in u.full_names}
 
-    def local_batch(self, step: int) -> tuple[Any, Any]:  # this replica's (tokens, targets)
-        return self.spec.local_batch(step, self.replica, self.dp)
+    def local_batch(self, batch: Batch) -> tuple[Any, Any]:
+        """This replica's rows of the global batch, (tokens, targets), copied: the stage
+        holds its own rows (the activation ledger would count a view's whole buffer)."""
+        lo, hi = local_rows(batch.size, self.replica, self.dp)
+        return batch.tokens[lo:hi].copy(), batch.targets[lo:hi].copy()
 
     def loss_forward(self, logits: Any, targets: Any) -> tuple[float, Any]:
         return cross_entropy_forward(logits, targets)
@@ -146,10 +174,14 @@ class PipelineParallel(StageMessages):
     def stage_hooks(self) -> Any:  # the chunks' innermost hooks; None: StageHooks on states
         return None
 
+    def eval_hooks(self) -> Any:  # the hooks a forward-only pass (evaluate) runs units with
+        return executor.Hooks(self.states.param_views())
+
     # what travels to the neighbour stage: to_wire, wire_shape, from_wire (.p2p)
 
-    def step_stage(self) -> None:
-        """After the flush: all-reduce the gradients over ``dp``, step the stage's slice."""
+    def step_stage(self) -> bool:
+        """After the flush: all-reduce the gradients over ``dp``, step the stage's slice;
+        False when a 16-bit overflow skipped the update (on every rank alike)."""
         st = self.states
         if self.dp > 1:  # data parallelism across pipeline replicas (imported only then)
             from minipar.collectives import allreduce
@@ -159,34 +191,29 @@ class PipelineParallel(StageMessages):
         found_inf = None
         if st.scaler is not None:  # every stage skips together (one flag: MPI's own max)
             found_inf = bool(self.world.comm.allreduce(st.local_found_inf(), op=MPI.LOR))
-        st.step(found_inf=found_inf)
+        return st.step(found_inf=found_inf)
 
     @property
     def activation_peak_bytes(self) -> int:
         """The most activation bytes this stage held at once (all chunks, every step)."""
-        return self.memory.activation_peak_bytes
+        return self.stage_memory.activation_peak_bytes
 
     @property
     def offload_stats(self) -> dict[str, Any]:
         """Bytes moved out and back, the most held out at once, seconds spent moving."""
-        return self.memory.offload_stats
+        return self.stage_memory.offload_stats
 
-    # -- one step -----------------------------------------------------------------
-    def train_step(self, step: int) -> float:
-        """Run this stage's instruction list once; the global loss (same on every rank)."""
+    # -- the engine interface ------------------------------------------------------
+    def step(self, batch: Batch) -> StepResult:
+        """Run this stage's instruction list once on my replica's rows of ``batch``; the
+        global loss (the same on every rank) and this step's records (wall clock)."""
         st = self.states
         self.world.Barrier()  # align the ranks' clocks: records are seconds from here
         t0 = time.perf_counter()
-        x, y = self.local_batch(step)
-        cuts = [spans.span(len(x), self.m, i) for i in range(self.m)]
+        self._begin(batch)
         st.grads[...] = 0
-        self.memory.start_step(st, self.stage_hooks())
-        self._x, self._y, self._cuts = x, y, cuts
-        self._held: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> (kept, loss state)
-        self._box: dict[tuple[str, int, int], Any] = {}  # outputs, inputs, grads by (what, mb, c)
-        self._local: dict[tuple[str, int, int], Any] = {}  # self-sends: (kind, mb, to vs)
-        self._sends: list[tuple[Any, Any]] = []
-        self._loss = 0.0
+        self.stage_memory.start_step(st, self.stage_hooks())
+        self._done = True
         wall: list[Record] = []
         cpu: list[Record] = []  # the same instructions timed in this process's CPU seconds
         c0 = time.process_time()
@@ -200,22 +227,93 @@ class PipelineParallel(StageMessages):
             cpu.append(Record(*what, ca - c0, cb - c0))
         self.records.append(wall)
         self.cpu_records.append(cpu)
-        self.memory.end_step()
-        if self._held or self._box or self._local:
-            raise ValueError(f"stage {self.stage}: the step ended with work left: micro-batches "
-                             f"without backward {sorted(self._held)}, unsent or unused messages "
-                             f"{sorted(self._box) + sorted(self._local)}")
-        with self.world.operation(OP_LOSS):  # one number to report: MPI's own sum
-            return float(self.world.comm.allreduce(self.loss_share()))
+        self.stage_memory.end_step()
+        loss = self._finish("step")
+        self.steps_done += 1
+        return StepResult(loss, skipped=not self._done, records=tuple(wall))
 
-    def train(self) -> list[float]:
-        """``spec.steps`` steps; the global losses."""
-        return [self.train_step(s) for s in range(self.spec.steps)]
+    def evaluate(self, batch: Batch) -> float:
+        """Forward only: every micro-batch through the stages (no backward, nothing kept);
+        the global mean loss, the same on every rank."""
+        self._begin(batch)
+        self._eval_hooks = self.eval_hooks()
+        try:
+            for ins in forward_schedule(self.stage, self.p, self.m, self.v):
+                self._run(ins)
+            self._wait_sends()
+        finally:
+            self._eval_hooks = None
+        return self._finish("evaluate")
+
+    def state_dict(self) -> State:
+        """The stage's params and optimizer states, whole tensors under their serial names
+        (replica: my dp coordinate); scalars: ``step`` and the optimizer's."""
+        st = model_states(self.states, replica=self.replica)
+        st.scalars["step"] = self.steps_done
+        return st
+
+    def load_state_dict(self, state: State | Iterable[State]) -> None:
+        """Read my stage's tensors from the overlapping pieces of ``state`` (any layout)."""
+        sources = sources_of(state)
+        load_model_states(self.states, sources)
+        self.steps_done = max(int(s.scalars.get("step", 0)) for s in sources)
+
+    def full_params(self) -> dict[str, Any]:
+        """The whole model under its serial names, serial order, on every rank (collective;
+        a report: the pickled all-gather on the world's own communicator is not counted)."""
+        mine = self.states.param_views() if self.replica == 0 else {}
+        everyone = self.world.comm.allgather({k: np.asarray(v) for k, v in mine.items()})
+        merged = {k: v for d in everyone for k, v in d.items()}
+        return {n: merged[n] for n in self.model.param_shapes()}
+
+    def memory(self) -> dict[str, int]:
+        """Model-state bytes by kind, and the activation peak of the stage."""
+        return {**memory_of(self.states), "activations_peak": int(self.activation_peak_bytes)}
+
+    def traffic(self) -> dict[str, int]:
+        """Bytes this rank sent since the last call, by grid axis (and the grid's world)."""
+        now = self._bytes_sent()
+        out = {k: now[k] - self._sent.get(k, 0) for k in now}
+        self._sent = now
+        return out
+
+    def close(self) -> None:
+        """Remove what an interrupted step left offloaded (the grid is the caller's)."""
+        self.stage_memory.end_step()
+
+    def _bytes_sent(self) -> dict[str, int]:
+        return {**self.grid.bytes_by_axis(),
+                "world": self.world.stats.bytes_sent(comm=self.world.name)}
+
+    # -- one pass over the instructions -------------------------------------------
+    def _begin(self, batch: Batch) -> None:
+        """My replica's rows of ``batch``, cut into m micro-batches; the step's boxes."""
+        x, y = self.local_batch(batch)
+        if len(x) < self.m:
+            raise ValueError(f"m={self.m} micro-batches but this replica has only {len(x)} "
+                             f"rows of the batch of {batch.size}: each needs at least one row")
+        self._rows = batch.size
+        self._x, self._y = x, y
+        self._cuts = [spans.span(len(x), self.m, i) for i in range(self.m)]
+        self._held: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> (kept, loss state)
+        self._box: dict[tuple[str, int, int], Any] = {}  # outputs, inputs, grads by (what, mb, c)
+        self._local: dict[tuple[str, int, int], Any] = {}  # self-sends: (kind, mb, to vs)
+        self._sends: list[tuple[Any, Any]] = []
+        self._loss = 0.0
+
+    def _finish(self, what: str) -> float:
+        """Nothing may be left over; the global loss (one number: MPI's own sum)."""
+        if self._held or self._box or self._local:
+            raise ValueError(f"stage {self.stage}: the {what} ended with work left: "
+                             f"micro-batches without backward {sorted(self._held)}, unsent or "
+                             f"unused messages {sorted(self._box) + sorted(self._local)}")
+        with self.world.operation(OP_LOSS):
+            return float(self.world.comm.allreduce(self.loss_share()))
 
     # -- the instructions ---------------------------------------------------------
     def _weight(self, mb: int) -> float:
         lo, hi = self._cuts[mb]
-        return (hi - lo) / self.spec.batch
+        return (hi - lo) / self._rows
 
     def _run(self, ins: Instruction) -> None:
         """Dispatch one instruction from the table (DeepSpeed's ``_INSTRUCTION_MAP``)."""
@@ -247,17 +345,24 @@ class PipelineParallel(StageMessages):
                 raise ValueError(f"stage {self.stage}: Forward({mb}, {chunk}) before its "
                                  f"RecvAct({mb}, {chunk})")
         aux: list[float] = []
-        out, kept = self.memory.measured(chunk, lambda: executor.forward(
-            self.chunk_units[chunk], self.memory.hooks[chunk], inp, aux=aux))
+        if self._eval_hooks is not None:  # evaluate: forward only, nothing kept
+            out, _ = executor.forward(self.chunk_units[chunk], self._eval_hooks, inp, aux=aux)
+            kept = None
+        else:
+            mem = self.stage_memory
+            out, kept = mem.measured(chunk, lambda: executor.forward(
+                self.chunk_units[chunk], mem.hooks[chunk], inp, aux=aux))
         w = self._weight(mb)
         self._loss += w * sum(aux)
         if vs == last:
             ce, s_ce = self.loss_forward(out, self._y[lo:hi])
             self._loss += w * ce
-            self._held[(mb, chunk)] = (kept, s_ce)
+            if kept is not None:
+                self._held[(mb, chunk)] = (kept, s_ce)
         else:
             self._box[("out", mb, chunk)] = out
-            self._held[(mb, chunk)] = (kept, None)
+            if kept is not None:
+                self._held[(mb, chunk)] = (kept, None)
 
     def _backward(self, mb: int, chunk: int) -> None:
         vs, last = self._vs(chunk), self.p * self.v - 1
@@ -272,14 +377,15 @@ class PipelineParallel(StageMessages):
             if dy is None:
                 raise ValueError(f"stage {self.stage}: Backward({mb}, {chunk}) before its "
                                  f"RecvGrad({mb}, {chunk})")
-        dx = self.memory.measured(chunk, lambda: executor.backward(
-            self.chunk_units[chunk], self.memory.hooks[chunk], kept, dy, scale))
+        mem = self.stage_memory
+        dx = mem.measured(chunk, lambda: executor.backward(
+            self.chunk_units[chunk], mem.hooks[chunk], kept, dy, scale))
         if vs > 0:
             self._box[("din", mb, chunk)] = dx
 
     def _optimizer_step(self) -> None:
         self._wait_sends()
-        self.step_stage()
+        self._done = self.step_stage()
 
     # -- evidence -----------------------------------------------------------------
     def gather_records(self, step: int = -1, clock: str = "wall") -> list[Record]:
@@ -291,12 +397,14 @@ class PipelineParallel(StageMessages):
         return sorted((Record(*r) for rs in everyone for r in rs),
                       key=lambda r: (r.start, r.stage))
 
-    def full_params(self) -> Any:
-        """The whole model's flat parameters (model order) on every rank (collective)."""
-        from minipar.optim import FlatParams
 
-        mine = self.states.layout.unflatten(self.states.params) if self.replica == 0 else {}
-        everyone = self.world.comm.allgather({k: np.asarray(v) for k, v in mine.items()})
-        layout = FlatParams.from_shapes(self.model.param_shapes())
-        merged = {k: v for d in everyone for k, v in d.items()}
-        return layout.flatten({n: merged[n] for n in layout.names})
+def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
+    """The pipeline engine of ``spec`` on ``grid`` (:mod:`minipar.parallel.strategies`'
+    row "pp"): ``options`` are :data:`OPTIONS`; an unknown one is a ValueError."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"the pipeline engine takes no option {', '.join(unknown)}; "
+                         f"its options: {', '.join(OPTIONS)}")
+    if grid is None:
+        raise ValueError("the pipeline engine needs a grid (minipar.comm.topology.Grid)")
+    return PipelineParallel(grid, spec, **options)

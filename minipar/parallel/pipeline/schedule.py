@@ -239,6 +239,18 @@ def stage_schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[In
     return _with_comm(order, stage, p, v)
 
 
+def forward_schedule(stage: int, p: int, m: int, v: int = 1) -> list[Instruction]:
+    """A forward-only pass (validation) on rank ``stage``: micro-batch by micro-batch, chunk
+    by chunk, each forward between its receive and its send; no backward, no step.
+
+    No deadlock: (micro-batch i, chunk c) on rank s waits only for (i, c) on rank s − 1
+    (or (i, c − 1) on rank p − 1), which comes earlier in the order (i, c, s) that every
+    rank's list follows, and sends never block."""
+    _check_args("interleaved" if v > 1 else "gpipe", stage, p, m, v)
+    order = [("F", i, c) for i in range(m) for c in range(v)]
+    return _with_comm(order, stage, p, v)[:-1]
+
+
 def schedules(kind: str, p: int, m: int, v: int = 1) -> list[list[Instruction]]:
     """Every stage's list: ``[stage_schedule(kind, s, p, m, v) for s in range(p)]``."""
     return [stage_schedule(kind, s, p, m, v) for s in range(p)]

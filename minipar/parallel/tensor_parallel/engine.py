@@ -41,7 +41,7 @@ import numpy as np
 
 from minipar.collectives import allreduce
 from minipar.nn import executor
-from minipar.parallel.common import RunSpec, check_world, local_rows
+from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows
 from minipar.parallel.engine import (
     Batch,
     State,
@@ -130,12 +130,7 @@ class TensorParallel:
         if dp.size > 1:
             with dp.operation(OP_DP_GRADS):
                 st.grads[...] = allreduce(dp, st.grads, "sum", "ring")
-        found_inf = None
-        if st.scaler is not None:  # every rank must skip the step alike
-            w = self.grid.world
-            with w.operation("found_inf"):
-                found_inf = bool(allreduce(w, np.array([float(st.local_found_inf())]), "max")[0])
-        done = st.step(found_inf=found_inf)
+        done = st.step(found_inf=found_inf(self.grid.world, st))  # every rank skips alike
         self.steps_done += 1
         return StepResult(self._sum_over_dp(weight * loss, "dp_loss_allreduce"), skipped=not done)
 

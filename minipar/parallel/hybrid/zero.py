@@ -6,7 +6,7 @@ ZH ZeRO 与流水线并行结合
 
 Rajbhandari et al. 2019, "ZeRO: Memory Optimizations Toward Training Trillion
 Parameter Models", arXiv 1910.02054, applied to one pipeline stage of the hybrid
-grid (:class:`minipar.parallel.hybrid.HybridParallel`): the N = dp·cp ranks that
+grid (:class:`minipar.parallel.hybrid.engine.HybridParallel`): the N = dp·cp ranks that
 hold the same tensor shard of the same stage partition its Ψ_p parameters'
 model states, after (or, for ZeRO-3, during) the pipeline's m micro-batches.
 
@@ -28,25 +28,28 @@ model states, after (or, for ZeRO-3, during) the pipeline's m micro-batches.
   m·(3Ψ_p − C_r − 2C_{r+1})·e sent on the axis, C_r the shard sizes; a unit recomputed
   by remat is all-gathered once more per micro-batch).
 
-The mixin below is what :class:`~minipar.parallel.hybrid.HybridParallel` adds to
+The mixin below is what :class:`~minipar.parallel.hybrid.engine.HybridParallel` adds to
 the pipeline executor for it: the sharded states, the hooks each step runs the
-stage's units with, and the evidence (which units remat gathers again, the model
-states held).
+stage's units with, the state a checkpoint saves (ZeRO-2/3: the rank's range of the
+stage's flat buffer, cut per tensor: :func:`minipar.parallel.engine.flat_pieces`) and the
+evidence (which units remat gathers again, the model states held).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from minipar.parallel.engine import Shard, State, flat_pieces, load_pieces, model_states
 from minipar.precision import ModelStates
 
 
 class HybridZero:
-    """ZeRO-1/2/3 for :class:`~minipar.parallel.hybrid.HybridParallel` (a mixin: it reads
-    the executor's ``states``, ``shard_comm``, ``stage_layout``, ``chunk_units``,
-    ``memory`` and ``zero``)."""
+    """ZeRO-1/2/3 for :class:`~minipar.parallel.hybrid.engine.HybridParallel` (a mixin: it
+    reads the executor's ``states``, ``shard_comm``, ``stage_layout``, ``chunk_units``,
+    ``stage_memory`` and ``zero``; it sets ``zero_range``)."""
 
     def _shard_states(self, spec: Any) -> None:
         """ZeRO-1: the optimizer states of my 1/N slice; ZeRO-2: also the gradients (a
@@ -55,6 +58,7 @@ class HybridZero:
 
         full, comm = self.states.params, self.shard_comm
         lo, hi = shard_range(self.stage_layout.size, comm.size, comm.rank)
+        self.zero_range = (lo, hi)  # my range of the stage's flat buffer
         if self.zero == 1:
             self.states = ModelStates(spec.precision, self.stage_layout.unflatten(full),
                                       spec.optimizer, lo=lo, hi=hi, **spec.opt_kwargs())
@@ -102,7 +106,7 @@ class HybridZero:
     def recomputed_units(self) -> list[Any]:
         """Units whose forward runs again in backward: remat=True recomputes each chunk as
         one segment, remat=k all but the chunk's last segment of k units (pipeline.stage)."""
-        remat, out = self.memory.remat, []
+        remat, out = self.stage_memory.remat, []
         for units in self.chunk_units:
             n = len(units)
             if remat is True:
@@ -123,3 +127,48 @@ class HybridZero:
         if self.zero == 2:
             out["params"] = int(self.full_buf.nbytes)
         return out
+
+    def zero_state(self, placements: dict[str, Shard]) -> State:
+        """ZeRO-2/3's :class:`~minipar.parallel.engine.State`: the states over my range
+        [lo, hi) of the stage's flat buffer, one :class:`~minipar.parallel.engine.Shard` per
+        tensor it overlaps (``placements``: where each local tensor sits in the serial
+        one); ZeRO-2's parameters: the whole full buffer, tensor by tensor (views)."""
+        lo, hi = self.zero_range
+        lay = self.stage_layout
+        mine = model_states(self.states)  # one container "shard": flat arrays over [lo, hi)
+        st = State(scalars=dict(mine.scalars))
+        if self.zero == 2:
+            full = lay.unflatten(self.full_buf)
+            for n in lay.names:
+                st.arrays[("param", placements[n].name)] = (placements[n], full[n])
+        for (kind, _), (_, flat) in mine.arrays.items():
+            if kind == "param" and self.zero == 2:
+                continue
+            for n, shape in zip(lay.names, lay.shapes):
+                t0, t1 = lay.span(n)
+                a, b = max(t0, lo), min(t1, hi)
+                if a >= b:
+                    continue
+                place = placements[n]
+                pieces = flat_pieces(place, shape, a - t0, b - t0)
+                st.arrays[(kind, place.name)] = (Shard(place.name, place.global_shape, pieces),
+                                                 flat[a - lo:b - lo])
+        return st
+
+    def load_zero_state(self, sources: Iterable[State], placements: dict[str, Shard]) -> None:
+        """ZeRO-2/3: fill my range (ZeRO-2: and the full parameters) from the overlapping
+        pieces of ``sources`` (any layout's states), then the optimizer's t and the loss
+        scale (:func:`minipar.parallel.engine.load_model_states` does the same for one
+        container of whole tensors)."""
+        sources = list(sources)
+        load_pieces(self.zero_state(placements), sources)
+        scalars: dict[str, Any] = {}
+        for s in sources:
+            scalars.update(s.scalars)
+        st = self.states
+        if "optimizer.t" in scalars:
+            st.optimizer.t = int(scalars["optimizer.t"])
+        if st.scaler is not None and "scaler.scale" in scalars:
+            st.scaler.scale = float(scalars["scaler.scale"])
+            st.scaler.good_steps = int(scalars["scaler.good_steps"])
+            st.scaler.skipped = int(scalars["scaler.skipped"])

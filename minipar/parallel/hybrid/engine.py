@@ -26,7 +26,7 @@ exist, composed — none of their code is repeated here:
     (:class:`~minipar.parallel.context_parallel.CPAttention`), the embedding at the cp
     rank's positions; or
   - expert-parallel MoE blocks over ``grid.comm("ep")`` (DeepSpeed-MoE, the ep ranks
-    carved out of the data-parallel ones, :class:`~minipar.parallel.expert_layer.EPMoE`);
+    carved out of the data-parallel ones, :class:`~minipar.parallel.expert_parallel.layer.EPMoE`);
 * between stages (the executor's wire hooks, :mod:`minipar.parallel.pipeline.p2p`),
   with tp > 1, PTD-P's scatter/gather (§4.1): the t ranks of a tensor
   group hold the same activation, so each sends 1/t of it and the next stage's group
@@ -36,29 +36,54 @@ exist, composed — none of their code is repeated here:
   all-reduce on ``dp``, or on ``edp`` = dp·cp when cp > 1), dense and expert gradients
   apart with ep (``dp`` and ``edp``); or ZeRO (Rajbhandari et al. 2019, arXiv
   1910.02054) over those N = dp·cp ranks, on the stage's Ψ_p parameters (its tensor shard)
-  (:mod:`minipar.parallel.hybrid_zero`: ZeRO-1, 2 and 3 inside a pipeline).
+  (:mod:`minipar.parallel.hybrid.zero`: ZeRO-1, 2 and 3 inside a pipeline).
 
 Micro-batch i of replica d carries the weight w_i = b_i/B (times s_c/s under cp), so
 Σ_d Σ_i w_i ∇ℓ_i is the serial gradient; AdamW is element-wise, so every rank stepping
 its shard of its stage is the serial step: float64 parity with the serial GPT
-(tests/test_hybrid.py).  Bytes per axis: :mod:`minipar.parallel.hybrid_config`.
+(tests/test_hybrid.py).  Bytes per axis: :mod:`minipar.parallel.hybrid.measure`.
+
+**The engine interface** (``strategies.build("hybrid", spec, grid, **options)``): the
+pipeline engine's ``step``, ``evaluate``, ``traffic``; ``state_dict()`` holds every tensor
+of my stage under its serial name and global shape, a tensor-parallel shard as its column
+or row groups (``w_qkv``: three pieces), ZeRO's range per tensor; replica = the index of
+my copy among the ranks that hold the same piece (dp·cp, and tp for a tensor every tp rank
+holds whole; an expert: its edp coordinate).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from minipar.collectives import all_gather, allreduce, reduce_scatter
+from minipar.nn import executor
 from minipar.nn.gpt import BlockUnit, EmbedUnit, HeadUnit
-from minipar.optim import FlatParams
-from minipar.parallel.hybrid_config import bytes_formula, check_hybrid, micro_rows
-from minipar.parallel.hybrid_zero import HybridZero
+from minipar.parallel.engine import (
+    Piece,
+    Shard,
+    State,
+    load_model_states,
+    model_states,
+    sources_of,
+    whole,
+)
+from minipar.parallel.hybrid.layout import check_hybrid, micro_rows
+from minipar.parallel.hybrid.measure import bytes_formula
+from minipar.parallel.hybrid.zero import HybridZero
+from minipar.parallel.pipeline.engine import OPTIONS as PIPELINE_OPTIONS
 from minipar.parallel.pipeline.engine import PipelineParallel
 
-__all__ = ["HybridParallel"]
+__all__ = ["OPTIONS", "HybridParallel", "build", "tp_placement"]
+
+#: the keyword options of :func:`build`: the pipeline's (but a learner's instruction list)
+#: and the hybrid's own
+OPTIONS = tuple(o for o in PIPELINE_OPTIONS if o != "instructions") + (
+    "zero", "cp_kind", "scatter_gather", "sequence_parallel")
 
 OP_GRADS, OP_EXPERT_GRADS = "hybrid_grad_allreduce", "hybrid_expert_allreduce"
 OP_ZERO_RS, OP_ZERO_AG = "hybrid_zero_reduce_scatter", "hybrid_zero_all_gather"
@@ -72,11 +97,11 @@ class HybridParallel(HybridZero, PipelineParallel):
     1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring" (zigzag) or "ulysses";
     ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1).  Bad sizes
     raise ``ValueError`` on every rank before any message (:func:`check_hybrid`).
-    ``train()``, ``train_step(step)`` -> the global loss; ``full_params()`` -> the whole
-    model, flat, serial order (every rank); ``bytes_formula()`` / ``model_state_bytes()``.
+    The engine interface is the pipeline engine's (``step``, ``evaluate``, ...);
+    ``bytes_formula()`` / ``model_state_bytes()`` are the evidence.
     """
 
-    AXES = ("dp", "pp", "cp", "tp")
+    AXES = ("dp", "pp", "cp", "tp", "ep")
 
     def __init__(self, grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 1,
                  chunks: int = 1, balance: Any = None, remat: Any = None,
@@ -155,8 +180,8 @@ class HybridParallel(HybridZero, PipelineParallel):
         self.n_dense = sum(full[n].size for n in dense)  # experts after: one span each
         return {n: full[n] for n in dense + experts}
 
-    def local_batch(self, step: int) -> tuple[Any, Any]:
-        x, y = super().local_batch(step)
+    def local_batch(self, batch: Any) -> tuple[Any, Any]:
+        x, y = super().local_batch(batch)
         return (x[:, self.positions], y[:, self.positions]) if self.cp > 1 else (x, y)
 
     def _weight(self, mb: int) -> float:
@@ -201,8 +226,15 @@ class HybridParallel(HybridZero, PipelineParallel):
         """The tp ranks of a group computed the same loss: the first one reports it."""
         return self._loss if self.grid.coord("tp") == 0 else 0.0
 
-    def step_stage(self) -> None:
-        """Sum the stage's gradients over the ranks holding the same shard, then step."""
+    def eval_hooks(self) -> Any:
+        """ZeRO-2: views of the full parameters; ZeRO-3: ZeRO's all-gathering hooks."""
+        if self.zero == 2:
+            return executor.Hooks(self.stage_layout.unflatten(self.full_buf))
+        return self.zero_hooks if self.zero == 3 else super().eval_hooks()
+
+    def step_stage(self) -> bool:
+        """Sum the stage's gradients over the ranks holding the same shard, then step;
+        False when a 16-bit overflow skipped the update."""
         st, comm, nd = self.states, self.shard_comm, self.n_dense
         if self.ep > 1:  # dense over dp, experts over their replicas (edp)
             dp, edp = self.grid.comm("dp"), self.grid.comm("edp")
@@ -223,16 +255,62 @@ class HybridParallel(HybridZero, PipelineParallel):
         found_inf = None
         if st.scaler is not None:  # every rank skips together (one flag: MPI's own max)
             found_inf = bool(self.world.comm.allreduce(st.local_found_inf(), op=MPI.LOR))
-        st.step(found_inf=found_inf)
+        done = st.step(found_inf=found_inf)
         if self.zero in (1, 2):
             full = st.params if self.zero == 1 else self.full_buf
             with comm.operation(OP_ZERO_AG):
                 full[...] = all_gather(comm, st.params[st.lo:st.hi])
+        return done
+
+    # -- the engine interface (the rest is the pipeline engine's) -------------------------
+    def placements(self) -> dict[str, Shard]:
+        """Where each tensor of my stage sits in the serial one (:func:`tp_placement`)."""
+        shapes, r = self.model.param_shapes(), self.grid.coord("tp")
+        return {n: tp_placement(n, shapes[n], self.t, r) for n in self.stage_layout.names}
+
+    def replica_of(self, name: str, ranged: bool) -> int:
+        """My copy's index among the ranks holding the same piece of ``name``: the
+        dp·cp ranks (e = d·cp + c; ``ranged``: ZeRO's range, each of them holds its own, so
+        none), times the tp ranks for a tensor every tp rank holds whole; an expert under
+        ep: its edp coordinate (the ranks holding the same experts)."""
+        from minipar.parallel.tensor_parallel.layers import kind_of
+
+        g = self.grid
+        tp = g.coord("tp") if self.t == 1 or kind_of(name) == "replicated" else 0
+        if self.ep > 1 and ".moe.experts." in name:
+            return g.coord("edp") * self.t + tp
+        e = 0 if ranged else g.coord("dp") * self.cp + g.coord("cp")
+        return e * self.t + tp
+
+    def state_dict(self) -> State:
+        """My stage's tensors under their serial names and global shapes (tensor-parallel
+        shards as their pieces; ZeRO: my range per tensor), each with its replica."""
+        place = self.placements()
+        st = (self.zero_state(place) if self.zero in (2, 3) else
+              model_states(self.states, place))
+        for key, (shard, arr) in st.arrays.items():
+            ranged = self.zero == 3 or (self.zero > 0 and key[0] != "param")
+            st.arrays[key] = (replace(shard, replica=self.replica_of(key[1], ranged)), arr)
+        st.scalars["step"] = self.steps_done
+        return st
+
+    def load_state_dict(self, state: State | Iterable[State]) -> None:
+        """Read my pieces from the overlapping pieces of ``state`` (any layout's)."""
+        sources = sources_of(state)
+        if self.zero in (2, 3):
+            self.load_zero_state(sources, self.placements())
+        else:
+            load_model_states(self.states, sources, self.placements())
+        self.steps_done = max(int(s.scalars.get("step", 0)) for s in sources)
+
+    def memory(self) -> dict[str, int]:
+        """Model-state bytes by kind (ZeRO-2: its full parameters) and the activation peak."""
+        return {**self.model_state_bytes(), "activations_peak": int(self.activation_peak_bytes)}
 
     # -- evidence ------------------------------------------------------------------------
-    def full_params(self) -> Any:
-        """The whole model, flat in the serial order, on every rank (a report: the pickled
-        all-gather on the world's own communicator is not counted)."""
+    def full_params(self) -> dict[str, Any]:
+        """The whole model under its serial names, serial order, on every rank (a report:
+        the pickled all-gather on the world's own communicator is not counted)."""
         from minipar.parallel.tensor_parallel.layers import unshard_params
 
         flat = self.states.params
@@ -248,8 +326,8 @@ class HybridParallel(HybridZero, PipelineParallel):
             for k, v in part.items():
                 shards[t].setdefault(k, v)
         full = unshard_params(shards, self.cfg)
-        layout = FlatParams.from_shapes(self.model.param_shapes())
-        return layout.flatten({n: full[n] for n in layout.names}, self.states.params.dtype)
+        dtype = self.states.params.dtype
+        return {n: np.asarray(full[n], dtype=dtype) for n in self.model.param_shapes()}
 
     def rows(self) -> list[int]:
         """b_i: rows of each of my replica's micro-batches."""
@@ -257,7 +335,7 @@ class HybridParallel(HybridZero, PipelineParallel):
 
     def bytes_formula(self) -> dict[str, int]:
         """Exact bytes per step this rank sends on each axis (dense GPT; module
-        :mod:`minipar.parallel.hybrid_config`)."""
+        :mod:`minipar.parallel.hybrid.measure`)."""
         from minipar.parallel.pipeline.schedule import RecvAct, RecvGrad, SendAct, SendGrad
 
         blocks = sum(u.name.startswith("block") for units in self.chunk_units for u in units)
@@ -268,3 +346,42 @@ class HybridParallel(HybridZero, PipelineParallel):
                              self.stage_layout.size, self.states.params.itemsize, self.zero,
                              self.cp_kind, recvs if self.scatter_gather else 0, self.sp,
                              self.recomputed_blocks(), self.unit_spans())
+
+
+def tp_placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
+    """Where tp rank ``r`` of ``t``'s shard of the serial tensor ``name`` (global ``shape``)
+    sits in it (:func:`minipar.parallel.tensor_parallel.layers.kind_of`): rows (the
+    embedding's vocabulary rows, ``w_out``) one block of axis 0; columns one block of the
+    last axis; ``w_qkv``/``b_qkv`` three pieces, the rank's columns of q, of k and of v;
+    a replicated tensor (t = 1: every tensor) whole."""
+    from minipar.parallel.tensor_parallel.layers import kind_of
+
+    kind = "replicated" if t == 1 else kind_of(name)
+    if kind == "replicated":
+        return whole(name, shape)
+    full = tuple(slice(0, n) for n in shape)
+    if kind == "rows":
+        k = shape[0] // t
+        pieces = (Piece((slice(0, k), *full[1:]), (slice(r * k, (r + 1) * k), *full[1:])),)
+    elif kind == "columns":
+        k = shape[-1] // t
+        pieces = (Piece((*full[:-1], slice(0, k)), (*full[:-1], slice(r * k, (r + 1) * k))),)
+    else:  # qkv: the last axis is [q | k | v], each cut in t column blocks
+        d = shape[-1] // 3
+        k = d // t
+        pieces = tuple(Piece((*full[:-1], slice(j * k, (j + 1) * k)),
+                             (*full[:-1], slice(j * d + r * k, j * d + (r + 1) * k)))
+                       for j in range(3))
+    return Shard(name, tuple(shape), pieces)
+
+
+def build(spec: Any, grid: Any, **options: Any) -> HybridParallel:
+    """The hybrid engine of ``spec`` on ``grid`` (:mod:`minipar.parallel.strategies`' row
+    "hybrid"): ``options`` are :data:`OPTIONS`; an unknown one is a ValueError."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"the hybrid engine takes no option {', '.join(unknown)}; "
+                         f"its options: {', '.join(OPTIONS)}")
+    if grid is None:
+        raise ValueError("the hybrid engine needs a grid (minipar.comm.topology.Grid)")
+    return HybridParallel(grid, spec, **options)
