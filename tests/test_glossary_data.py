@@ -221,14 +221,14 @@ def test_link_status_is_computed_from_files(tmp_path: Path, monkeypatch: pytest.
         g.link_status("papers", "x")
 
 
-def test_activation_checkpointing_is_not_the_sharded_checkpoint() -> None:
+def test_activation_checkpointing_is_not_the_training_checkpoint() -> None:
     """Recomputation (remat) and saving training state are different things with different modules."""
     remat = {m for tid in ("activation-checkpointing", "selective-recomputation")
              for m in g.by_id()[tid].links.get("modules", [])}
     assert "minipar.parallel.remat" in remat
-    assert not any("sharded_checkpoint" in m for m in remat)
-    assert glinks.module_file("minipar.parallel.sharded_checkpoint") is not None
-    assert glinks.module_file("minipar.parallel.checkpoint") is None  # the old, confusable name
+    assert "minipar.parallel.checkpoint" not in remat  # saving state is not recomputing
+    assert glinks.module_file("minipar.parallel.checkpoint") is not None  # the engines' one
+    assert glinks.module_file("minipar.parallel.sharded_checkpoint") is None  # the old name
 
 
 def test_docs_glossary_md_is_fresh_and_has_no_status() -> None:

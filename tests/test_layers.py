@@ -35,8 +35,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "minipar.train"),  # the serial loop (the parity oracle); its verb is minipar.cli.train
     5: (),  # the families: FAMILIES
     6: ("minipar.parallel.hybrid",),
-    7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint",
-        "minipar.parallel.sharded_checkpoint", "minipar.parallel.loop"),
+    7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint", "minipar.parallel.loop"),
     8: ("minipar.launch", "minipar.run", "minipar.bench", "minipar.viz", "minipar.exercises",
         "minipar.cli", "minipar.cli_errors"),
 }

@@ -186,20 +186,20 @@ def test_zero_offload_is_bit_identical_and_the_ledger_moves(stage: int, precisio
     from mpi4py import MPI
 
     from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
     from minipar.parallel.common import RunSpec
     from minipar.parallel.zero.engine import ZeRO
     from minipar.plan.zero import offload_pcie_bytes_per_step
 
     spec = RunSpec(steps=3, layers=2, precision=precision)
+    grid = Grid(TracedComm(MPI.COMM_SELF), dp=1)
     runs, ledgers, traced = [], [], []
     for where in (None, "host", "disk"):
-        ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), stage, precision,
-             spec.optimizer, offload_optimizer=where, **spec.opt_kwargs())  # warm caches
+        ZeRO(grid, spec, stage=stage, offload_optimizer=where).close()  # warm caches
         with measure() as built:
-            eng = ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), stage,
-                       precision, spec.optimizer, offload_optimizer=where, **spec.opt_kwargs())
-        losses = [eng.train_step(*spec.global_batch(s)) for s in range(spec.steps)]
-        runs.append((losses, eng.full_params().tobytes()))
+            eng = ZeRO(grid, spec, stage=stage, offload_optimizer=where)
+        losses = [eng.step(spec.batch_at(s)).loss for s in range(spec.steps)]
+        runs.append((losses, eng.layout.flatten(eng.full_params()).tobytes()))
         ledgers.append(eng.ledger())
         traced.append(built.current_bytes)
         if where is not None:

@@ -129,21 +129,22 @@ def test_wrapping_zero3_hooks_gathers_again_and_trains_the_same(precision: str) 
     from mpi4py import MPI
 
     from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
     from minipar.parallel.common import RunSpec
     from minipar.parallel.zero.engine import ZeRO
 
     spec = RunSpec(steps=2, layers=4, precision=precision, experts=4, top_k=2)
+    grid = Grid(TracedComm(MPI.COMM_SELF), dp=1)
     runs = []
     for remat in (False, True):
-        eng = ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), 3,
-                   precision, spec.optimizer, **spec.opt_kwargs())
+        eng = ZeRO(grid, spec, stage=3)
         gathers, fetch = [0], eng.hooks.fetch  # stage 3: one all-gather per fetch
         eng.hooks.fetch = lambda u, f=fetch, c=gathers: (c.__setitem__(0, c[0] + 1), f(u))[1]
         if remat:
             eng.hooks = Checkpointing(eng.hooks, eng.units, every=2)
-        losses = [eng.train_step(*spec.global_batch(s)) for s in range(spec.steps)]
-        runs.append((losses, eng.full_params().tobytes(), eng.zero_hooks.peak_gathered_bytes,
-                     gathers[0]))
+        losses = [eng.step(spec.batch_at(s)).loss for s in range(spec.steps)]
+        flat = eng.layout.flatten(eng.full_params())
+        runs.append((losses, flat.tobytes(), eng.zero_hooks.peak_gathered_bytes, gathers[0]))
     n = len(eng.units)
     assert runs[0][3] == 2 * n * spec.steps
     assert runs[1][3] == (2 * n + recompute_forward_layers(n, 2)) * spec.steps

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,17 @@ OBJECT_BYTES = 8192
 
 
 @functools.cache
+def one_rank() -> object:
+    """MPI.COMM_SELF as a grid of one data-parallel rank."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
+
+    return Grid(TracedComm(MPI.COMM_SELF), dp=1)
+
+
+@functools.cache
 def zero_check(n: int) -> dict:
     """One launch per world size: every stage's parity, memory and bytes."""
     proc = launch.run(n, SCRIPT, timeout=90)
@@ -59,9 +71,6 @@ def test_bad_stage_is_a_clear_error() -> None:
 
 
 def test_allreduce_choice_is_checked_and_the_launcher_copies_agree() -> None:
-    from mpi4py import MPI
-
-    from minipar.comm import TracedComm
     from minipar.parallel.zero.engine import ZeRO
     from minipar.run import zero as run_zero
 
@@ -70,12 +79,29 @@ def test_allreduce_choice_is_checked_and_the_launcher_copies_agree() -> None:
     spec = RunSpec()
     for bad in ("mpi", "naive", "", None):
         with pytest.raises(ValueError, match="ZeRO's all-reduce must be one of auto, ring"):
-            ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), 0,
-                 allreduce=bad)
-    eng = ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), 0)
+            ZeRO(one_rank(), spec, stage=0, allreduce=bad)
+    eng = ZeRO(one_rank(), spec, stage=0)
     assert eng.allreduce == "auto" and eng.grad_allreduce() == "recursive_doubling"
-    assert ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), 1,
-                allreduce="tree").grad_allreduce() is None
+    assert ZeRO(one_rank(), spec, stage=1, allreduce="tree").grad_allreduce() is None
+
+
+def test_options_are_refused_in_one_line_before_any_message() -> None:
+    """strategies.build("zero", ...): an unknown option, a bad stage, offload target or
+    remat interval, no grid: ValueError (a grid with other axes and a batch smaller than
+    the ranks: tests/mpi/zero_check.py)."""
+    from minipar.parallel import strategies
+
+    spec = RunSpec()
+    for options, words in (({"stages": 2}, "ZeRO takes no options ['stages']"),
+                           ({"stage": 4}, "ZeRO stage must be 0"),
+                           ({"offload": "gpu"}, "ZeRO's offload must be one of host, disk"),
+                           ({"offload_optimizer": "nvme"}, "offload_optimizer must be one of"),
+                           ({"offload_dir": "/tmp"}, "needs offload or offload_optimizer 'disk'"),
+                           ({"remat": 9}, "remat must be an integer from 0 to 4")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            strategies.build("zero", spec, one_rank(), **options)
+    with pytest.raises(ValueError, match="ZeRO needs a grid"):
+        strategies.build("zero", spec, None)
 
 
 def test_exact_bytes_and_the_stage_0_note() -> None:
@@ -130,20 +156,16 @@ def test_units_tile_the_flat_buffer() -> None:
 def test_one_rank_every_stage_is_the_serial_run_bit_for_bit(precision: str) -> None:
     """On one rank the unit-by-unit forward/backward is GPT.loss_and_grads exactly, in
     every precision (mixed-fp16: loss scaling, skipped overflow steps included)."""
-    from mpi4py import MPI
-
-    from minipar.comm import TracedComm
     from minipar.parallel.common import serial_reference
     from minipar.parallel.zero.engine import ZeRO
 
     spec = RunSpec(steps=2, precision=precision)
     ref = serial_reference(spec)
     for stage in range(4):
-        eng = ZeRO(TracedComm(MPI.COMM_SELF), spec.model(), spec.initial_params(), stage,
-                   precision, spec.optimizer, **spec.opt_kwargs())
-        losses = [eng.train_step(*spec.global_batch(s)) for s in range(spec.steps)]
+        eng = ZeRO(one_rank(), spec, stage=stage)
+        losses = [eng.step(spec.batch_at(s)).loss for s in range(spec.steps)]
         assert losses == ref["losses"], stage
-        assert eng.full_params().tobytes() == ref["params"].tobytes(), stage
+        assert eng.layout.flatten(eng.full_params()).tobytes() == ref["params"].tobytes(), stage
         if precision == "mixed-fp16":
             assert eng.states.scaler.scale == ref["states"].scaler.scale
             assert eng.states.scaler.skipped == ref["states"].scaler.skipped
@@ -340,6 +362,18 @@ def test_figures_draw_the_measured_bars_and_the_formulas() -> None:
     fig2 = vz.traffic_bars(results)
     sent = [p.get_height() * 1e3 for p in fig2.axes[0].patches]
     assert sent == pytest.approx([r["sent"] for r in table])
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_another_axis_or_too_few_rows_is_refused_before_any_message(n: int) -> None:
+    """ZeRO on a grid that is not dp = N, or on fewer rows than ranks: one line, on every
+    rank, before the engine sends a byte."""
+    refused = zero_check(n)["refused"]
+    assert len(refused) == 2
+    assert refused[0].startswith("ZeRO shards over data-parallel ranks only: the grid must "
+                                 f"be dp = {n}")
+    assert f"{n} data-parallel ranks but the global batch has only {n - 1} rows" in refused[1]
+    assert all("\n" not in r for r in refused)
 
 
 @pytest.mark.parametrize("n", WORLDS)

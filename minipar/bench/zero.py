@@ -39,16 +39,18 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     """Rank side: ``o["mode"]`` is "measure" (memory and bytes of every stage, the
     notebook's figures) or "time" (step times); the result on rank 0."""
     from minipar.comm import TracedComm
-    from minipar.parallel.common import RunSpec, loss_weight
+    from minipar.comm.topology import Grid
+    from minipar.parallel.common import RunSpec
     from minipar.parallel.zero.engine import STAGES, ZeRO
-    from minipar.parallel.zero.measure import measure_stage
+    from minipar.parallel.zero.measure import measure_stage, step_bytes
 
     comm = TracedComm()
+    grid = Grid(comm, dp=comm.size)
     spec = RunSpec(**o["spec"])
     if o["mode"] == "measure":
         out = {}
         for stage in o.get("stages", STAGES):
-            m = measure_stage(comm, spec, stage, allreduce=o.get("allreduce", "auto"))
+            m = measure_stage(grid, spec, stage, allreduce=o.get("allreduce", "auto"))
             rows = comm.comm.gather({k: m[k] for k in ("ledger", "tracemalloc_bytes", "shard",
                                                        "bytes_sent_per_step", "step_peak_bytes")})
             out[stage] = {"psi": m["engine"].layout.size, "ranks": rows}
@@ -59,22 +61,19 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
     dp = DataParallel(comm, spec)
     runners: dict[str, Any] = {"DDP": dp.train_step}
-    w = loss_weight(spec.batch, comm.rank, comm.size)
     for stage in o["stages"]:
-        eng = ZeRO(comm, spec.model(), spec.initial_params(), stage, spec.precision,
-                   spec.optimizer, **spec.opt_kwargs())
-        runners[f"ZeRO-{stage}"] = lambda s, eng=eng: eng.train_step(
-            *spec.local_batch(s, comm.rank, comm.size), w)
+        eng = ZeRO(grid, spec, stage=stage)
+        runners[f"ZeRO-{stage}"] = lambda s, eng=eng: eng.step(spec.batch_at(s))
     from minipar.progress import tick
 
     res: dict[str, Any] = {k: {"times": [], "bytes": 0.0} for k in runners}
     for r in range(o["steps"] + 1):  # interleaved rounds: drift hits every strategy alike
         for name, fn in runners.items():
-            sent = comm.stats.bytes_sent()
+            sent = step_bytes(comm.stats)  # not ZeRO's sum of the loss (DDP's is counted)
             t = measure_step_time(lambda s, fn=fn, r=r: fn(r), 1, comm, warmup=0)
             if r:  # round 0 is the warm-up
                 res[name]["times"].append(t)
-                res[name]["bytes"] = comm.stats.bytes_sent() - sent
+                res[name]["bytes"] = step_bytes(comm.stats) - sent
         if comm.rank == 0:
             tick(o.get("progress"))
     for v in res.values():

@@ -17,7 +17,7 @@ families (layer 5)     ``data_parallel/`` (DDP, the parameter server), ``zero/``
                        ``pipeline/`` (GPipe, 1F1B, interleaved) — they never import each other
 composition (layer 6)  ``hybrid`` (dp x pp x cp x tp on one grid, ZeRO in a pipeline)
 on any engine (7)      ``strategies`` (one table builds every engine), ``loop`` (one
-                       training loop), ``sharded_checkpoint`` (save and resume any layout)
+                       training loop), ``checkpoint`` (save and resume any layout)
 =====================  =====================================================================
 
 Who holds what, 8 ranks as dp 2 x pp 2 x tp 2 (rank = (d·pp + p)·tp + t)::

@@ -4,10 +4,11 @@ EN ZeRO, Zero Redundancy Optimizer · RU оптимизатор без избы�
 
 Launcher side: ``--stage`` (0-3), ``--allreduce`` (stage 0's all-reduce and
 the one-number ones: auto, ring, recursive_doubling, tree) and the batch
-check.  Rank side: :func:`minipar.parallel.zero.measure.measure_stage` trains
-ZeRO-K (:class:`minipar.parallel.zero.engine.ZeRO`; Rajbhandari et al. 2019, arXiv
-1910.02054) and measures; :func:`measure` reports it per rank next to the
-paper's figures (:func:`minipar.parallel.zero.measure.formulas`):
+check.  Rank side (:mod:`minipar.run.worker`): the grid is dp = N
+(:func:`grid_sizes`), the engine ZeRO-K (:class:`minipar.parallel.zero.engine.ZeRO`;
+Rajbhandari et al. 2019, arXiv 1910.02054; :func:`engine_options`), trained by the one
+loop; :func:`report` reports per rank next to the paper's figures
+(:func:`minipar.parallel.zero.measure.formulas`):
 model-state bytes, the replica's (2+2+K)Ψ with the optimizer states split N
 ways at stage 1, the gradients too at stage 2 and the parameters too at
 stage 3; and bytes sent per step, counted, next to the exact figure of what
@@ -57,47 +58,62 @@ def check(options: dict[str, Any], spec: Any) -> None:
     remat_offload.check(options, spec)
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Rank side: ZeRO-``--stage``; rank 0 returns every rank's figures."""
-    import numpy as np
-    from mpi4py import MPI
+def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """Every rank is a data-parallel rank: the grid is dp = -n."""
+    return {"dp": options["ranks"]}
 
-    from minipar.collectives import allreduce
-    from minipar.comm import TracedComm
-    from minipar.parallel.zero.measure import formulas, measure_stage
 
-    stage, algorithm = options.get("stage", 1), options.get("allreduce", "auto")
-    comm = TracedComm(MPI.COMM_WORLD)
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """ZeRO's options (:class:`minipar.parallel.zero.engine.ZeRO`) from the command line's."""
+    return {"stage": options.get("stage", 1), "allreduce": options.get("allreduce", "auto"),
+            **{k: options[k] for k in ("remat", "offload", "offload_optimizer", "offload_dir")
+               if options.get(k) is not None}}
+
+
+def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after the steps: every rank's bytes and memory next to the paper's
+    figures; rank 0 returns them.
+
+    Bytes sent per step: what the steps sent (:func:`~minipar.parallel.zero.measure.step_bytes`:
+    not the loss's own sum, not stage 3's gathering of ``full_params``) over the steps;
+    the bytes by tracemalloc and the step peak: a second engine built and stepped under
+    tracemalloc (:func:`~minipar.parallel.zero.measure.traced_engine`)."""
+    from minipar.parallel.zero.measure import (
+        engine_exact_bytes,
+        formulas,
+        step_bytes,
+        traced_engine,
+    )
     from minipar.run import remat_offload
 
-    wrap = remat_offload.wrapper(options)
-    m = measure_stage(comm, spec, stage, allreduce=algorithm, wrap_hooks=wrap,
-                      **remat_offload.optimizer_keywords(options))
-    memory, memory_notes = remat_offload.summary_notes(wrap, last=1)
+    stage, algorithm = engine.stage, engine.allreduce
+    sent = step_bytes(grid.world.stats) / spec.steps
+    memory, memory_notes = remat_offload.summary_notes(engine.memory_wrap, last=1)
     if stage == 3 and options.get("remat") is not None:
         memory_notes.append("remat under stage 3 all-gathers each recomputed unit again: the "
                             "bytes counted exceed the formula by those gathers")
-    off = m["engine"].offload
+    off = engine.offload
+    places = engine.ledger().bytes_by_place()
     if off is not None:
         memory_notes.append(f"optimizer states on {off.place} (ZeRO-Offload): "
                             f"{off.offloaded_bytes:,} bytes off the device; per step "
                             f"{off.moved['to_host'] // off.steps:,} bytes of gradients down, "
                             f"{off.moved['to_device'] // off.steps:,} of parameters up, "
                             f"{off.seconds / off.steps * 1e3:.2f} ms in the host step")
-        places = m["engine"].ledger().bytes_by_place()
         memory_notes.append("model-state bytes by place (this rank; the figure above counts "
                             "every place): " + ", ".join(f"{k} {v:,}" for k, v in places.items()))
-    with comm.operation("report"):
-        losses = allreduce(comm, np.array(m["losses"], dtype=np.float64), algorithm=algorithm)
-    final = m["engine"].full_params()
-    rows = comm.comm.gather((m["bytes_sent_per_step"], sum(m["ledger"].values()),
-                             m["tracemalloc_bytes"], m["step_peak_bytes"],
-                             m["bytes_exact_per_step"]))
-    if comm.rank != 0:
+    traced = traced_engine(grid, spec, **engine_options(options, spec))
+    traced["engine"].close()
+    rows = grid.world.comm.gather((sent, sum(engine.ledger().bytes_by_category().values()),
+                                   traced["tracemalloc_bytes"], traced["step_peak_bytes"],
+                                   engine_exact_bytes(engine)))
+    if grid.rank != 0:
         return None
-    psi, n = m["engine"].layout.size, comm.size
+    psi, n = engine.layout.size, grid.world.size
     f = formulas(psi, n, stage, spec.precision, algorithm)
-    ran = m["grad_allreduce"] or "ring reduce-scatter + all-gather"
+    grad_allreduce = engine.grad_allreduce()
+    ran = grad_allreduce or "ring reduce-scatter + all-gather"
     notes = [f"Ψ = {psi:,} parameters; ZeRO stage {stage}; precision {spec.precision}",
              "model-state bytes by tracemalloc per rank: " + ", ".join(f"{r[2]:,}" for r in rows),
              "step peak (tracemalloc, activations + transients): "
@@ -110,8 +126,7 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
                      "parameter); this run uses the same partitioning with this precision's "
                      "sizes. Run with --precision mixed for the paper's numbers.")
     return {"ranks": n, "data_parallel_ranks": n, "stage": stage, "allreduce": algorithm,
-            "grad_allreduce": m["grad_allreduce"],
-            "losses": [float(v) for v in losses], "params": final, "psi": psi,
+            "grad_allreduce": grad_allreduce, "psi": psi,
             "bytes_sent_per_rank": [r[0] for r in rows],
             "bytes_exact_per_rank": [r[4] for r in rows],
             "bytes_exact_text": ran.replace("_", " "), "bytes_formula": f["bytes"],
@@ -121,4 +136,4 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
             "model_state_formula": f["model_state"],
             "model_state_formula_text": f["model_state_text"], "notes": notes,
             **({"memory": memory} if memory else {}),
-            "model_state_by_place": m["engine"].ledger().bytes_by_place()}
+            "model_state_by_place": places}

@@ -32,10 +32,12 @@ from mpi4py import MPI
 
 from minipar import spans
 from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
 from minipar.optim import FlatParams
-from minipar.parallel.common import RunSpec, loss_weight, serial_reference
+from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.data_parallel.ddp import DataParallel
 from minipar.parallel.data_parallel.parameter_server import ParameterServer
+from minipar.parallel.engine import Batch, StepResult
 from minipar.parallel.parity import compare
 from minipar.parallel.zero.engine import ZeRO
 
@@ -123,13 +125,13 @@ class StaleShard(ZeRO):
         self.victim = spans.span(self.layout.size, n, n - 1)  # the last rank's shard
         self.lag = self.params[slice(*self.victim)].copy()
 
-    def train_step(self, tokens: Any, targets: Any, weight: float = 1.0) -> float:
-        loss = super().train_step(tokens, targets, weight)
+    def step(self, batch: Batch) -> StepResult:
+        result = super().step(batch)
         if self.comm.rank != self.comm.size - 1:
             fresh = self.params[slice(*self.victim)].copy()
             self.params[slice(*self.victim)] = self.lag
             self.lag = fresh
-        return loss
+        return result
 
 
 # -- one run on a sub-communicator -----------------------------------------------------------
@@ -160,13 +162,14 @@ def run_case(c: TracedComm, strategy: str, spec: RunSpec, variant: int, bug: str
         return losses, np.concatenate([s for s in shards if s is not None])  # servers in order
     stage = int(strategy[-1])
     cls = StaleShard if bug == "stale shard" else ZeRO
-    eng = cls(c, spec.model(), spec.initial_params(), stage, spec.precision, spec.optimizer,
-              **spec.opt_kwargs())
-    weight = 1.0 if bug == "no 1/N" and r == 1 else loss_weight(spec.batch, r, w)
-    local = [eng.train_step(*spec.local_batch(s, r, w), weight) for s in range(spec.steps)]
-    losses = c.comm.reduce(np.array(local), op=MPI.SUM, root=0)  # reporting only
-    final = eng.full_params()
-    return (list(losses), final) if r == 0 else (None, None)
+    grid = Grid(c, dp=w)
+    eng = cls(grid, spec, stage=stage)
+    if bug == "no 1/N" and r == 1:
+        eng.weight = 1.0
+    losses = [eng.step(spec.batch_at(s)).loss for s in range(spec.steps)]
+    final = eng.layout.flatten(eng.full_params())
+    grid.free()
+    return (losses, final) if r == 0 else (None, None)
 
 
 def _dropped(loss_and_grads: Any) -> Any:

@@ -40,7 +40,12 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
     # the parameter server
     "ps": [],
     # ZeRO 0-3
-    "zero": [],
+    "zero": [({"dp": 1}, {"stage": 3}, {}), ({"dp": 2}, {"stage": 0}, {}),
+             ({"dp": 2}, {"stage": 2}, {"experts": 4, "top_k": 2, "capacity_factor": 1.0,
+                                        "routing": (2,)}),
+             ({"dp": 4}, {"stage": 1}, {}),
+             ({"dp": 4}, {"stage": 3, "offload_optimizer": "host"}, {}),
+             ({"dp": 8}, {"stage": 2}, {})],
     # tensor parallelism
     "tp": [({"tp": 1}, {}, {}), ({"tp": 2}, {}, {}), ({"tp": 4}, {}, {"heads": 4, "vocab": 12}),
            ({"dp": 2, "tp": 2}, {}, {}),

@@ -17,8 +17,8 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from minipar.collectives import ring_allreduce
 from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
 from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity, serial_reference
 from minipar.parallel.zero.engine import STAGES, ZeRO
 from minipar.parallel.zero.measure import measure_stage
@@ -33,14 +33,15 @@ MEMORY = RunSpec(vocab=16, seq=8, d_model=32, layers=4, heads=2, batch=8, steps=
                  precision="mixed")
 
 comm = TracedComm(MPI.COMM_WORLD)
-out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "memory": {}, "auto": []}
+grid = Grid(comm, dp=comm.size)
+out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "memory": {}, "auto": [],
+             "refused": []}
 for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2, 3))):
     serial = serial_reference(spec, comm.size) if comm.rank == 0 else None
     for stage in stages:
-        m = measure_stage(comm, spec, stage)
-        with comm.operation("report"):
-            losses = ring_allreduce(comm, np.array(m["losses"]))
-        final = m["engine"].full_params()
+        m = measure_stage(grid, spec, stage)
+        losses = m["losses"]  # the global losses, the same on every rank
+        final = m["engine"].layout.flatten(m["engine"].full_params())
         if key == "parity" and stage == 0:  # the default all-reduce: auto, exact bytes
             rows = comm.comm.gather({"sent": m["bytes_sent_per_step"],
                                      "exact": m["bytes_exact_per_step"],
@@ -55,7 +56,7 @@ for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2,
                 "max_loss_diff": max_abs_diff(losses, serial["losses"]),
             }
 for stage in STAGES:
-    m = measure_stage(comm, MEMORY, stage, allreduce="ring")  # the paper's stage 0
+    m = measure_stage(grid, MEMORY, stage, allreduce="ring")  # the paper's stage 0
     row = {k: m[k] for k in ("ledger", "tracemalloc_bytes", "bytes_sent_per_step", "shard",
                              "step_peak_bytes", "held_after_steps_bytes",
                              "bytes_exact_per_step", "grad_allreduce")}
@@ -77,16 +78,33 @@ _, g = fp16.with_(precision="float32").model().loss_and_grads(init32, x, y, w)
 gmax = comm.comm.allreduce(max(float(np.abs(v).max()) for v in g.values()), op=MPI.MAX)
 out["fp16_skip"] = {}
 for stage in (1, 2, 3):
-    eng = ZeRO(comm, fp16.model(), fp16.initial_params(), stage, fp16.precision,
-               fp16.optimizer, **fp16.opt_kwargs())
-    before = eng.full_params()
+    eng = ZeRO(grid, fp16, stage=stage)
+    before = eng.layout.flatten(eng.full_params())
     eng.states.scaler.scale = 65504.0 / (0.5 * gmax)  # the same on every rank
     with np.errstate(over="ignore", invalid="ignore"):
-        eng.train_step(x, y, w)
-    row = (eng.states.scaler.skipped, bool(eng.states.local_found_inf()),
-           before.tobytes() == eng.full_params().tobytes())
+        said = eng.step(fp16.batch_at(0)).skipped  # the StepResult says so too
+    row = (eng.states.scaler.skipped if said else 0, bool(eng.states.local_found_inf()),
+           before.tobytes() == eng.layout.flatten(eng.full_params()).tobytes())
     rows = comm.comm.gather(row)
     if comm.rank == 0:
         out["fp16_skip"][stage] = rows
+# refused on every rank before any message, in one line: a grid with another axis, a
+# batch with fewer rows than ranks
+bad = []
+if comm.size > 1:
+    tp_grid = Grid(comm, tp=comm.size)
+    bad.append((tp_grid, PARITY))
+bad.append((grid, PARITY.with_(batch=comm.size - 1) if comm.size > 1 else None))
+for g, spec in bad:
+    if spec is None:
+        continue
+    sent = comm.stats.bytes_sent()
+    try:
+        ZeRO(g, spec, stage=1)
+        out["refused"].append("built")
+    except ValueError as e:
+        out["refused"].append(str(e) if comm.stats.bytes_sent() == sent else "sent")
+if comm.size > 1:
+    tp_grid.free()
 if comm.rank == 0:
     print("ZERO_CHECK " + json.dumps(out), flush=True)

@@ -9,8 +9,10 @@ Read in this order:
   ``overlap`` of the two;
 - :mod:`.hooks` — ``ZeroHooks`` on the units executor: stage 3 all-gathers a unit
   before it runs and drops it after, stages 2-3 reduce-scatter its gradients;
-- :mod:`.engine` — ``ZeRO`` (Rajbhandari et al. 2019, arXiv 1910.02054): the step of
-  each stage, its all-reduce choice, what a rank holds (``ledger``);
+- :mod:`.engine` — ``ZeRO`` (Rajbhandari et al. 2019, arXiv 1910.02054), an
+  :class:`~minipar.parallel.engine.Engine`: the step of each stage on this rank's rows
+  of the global batch, its all-reduce choice, what a rank holds (``ledger``) and its
+  ``state_dict`` (the flat ranges cut per tensor, so any layout resumes any other);
 - :mod:`.measure` — a run's bytes sent and held, next to their exact figure and the
   paper's.
 

@@ -80,11 +80,27 @@ from typing import Any
 
 import numpy as np
 
+from minipar import checks
 from minipar.collectives import all_gather, allreduce, choose_allreduce, reduce_scatter
-from minipar.comm.traced import TracedComm, traced
+from minipar.comm.traced import TracedComm
 from minipar.memory import Ledger
 from minipar.nn import executor
-from minipar.nn.gpt import GPT
+from minipar.nn.loss import cross_entropy_forward
+from minipar.parallel.common import local_rows, loss_weight
+from minipar.parallel.engine import (
+    Batch,
+    Shard,
+    State,
+    StepResult,
+    flat_pieces,
+    load_pieces,
+    optimizer_scalars,
+    sources_of,
+    whole,
+)
+from minipar.parallel.offload.activations import Offload
+from minipar.parallel.offload.store import TARGETS
+from minipar.parallel.offload.wrap import remat_offload_wrapper
 from minipar.parallel.zero.hooks import ZeroHooks
 from minipar.parallel.zero.shard import layout_of, shard_range, unit_table
 from minipar.precision import ModelStates, get
@@ -93,11 +109,17 @@ STAGES = (0, 1, 2, 3)
 #: the all-reduces ZeRO can run for stage 0's gradients and the one-number reductions
 #: (``minipar.collectives.allreduce``'s names; ``"auto"`` by message size and N)
 ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
+#: the operations (``TracedComm.operation``) that are not ZeRO's own communication (the
+#: byte figures leave them out: :func:`minipar.parallel.zero.measure.step_bytes`): the
+#: loss's sum over the ranks in ``step`` and ``evaluate``, stage 3's ``full_params``
+OP_LOSS, OP_EVAL, OP_GATHER = "zero_loss_allreduce", "zero_eval_allreduce", "gather_for_check"
+#: the options :func:`build` takes (``ZeRO``'s keywords)
+OPTIONS = ("stage", "allreduce", "remat", "offload", "offload_optimizer", "offload_dir")
 
 
 def check_stage(stage: Any) -> int:
     """The stage as an int; ValueError unless 0, 1, 2 or 3."""
-    if isinstance(stage, bool) or not isinstance(stage, (int, np.integer)) or stage not in STAGES:
+    if not checks.is_integer(stage) or stage not in STAGES:
         raise ValueError(f"ZeRO stage must be 0 (plain DP), 1 (optimizer states), 2 (+ gradients) "
                          f"or 3 (+ parameters); got {stage!r}")
     return int(stage)
@@ -112,49 +134,75 @@ def check_allreduce(algorithm: Any) -> str:
 
 
 class ZeRO:
-    """One rank's part of ZeRO-``stage`` training of a GPT.
+    """One rank's part of ZeRO-``stage`` training of ``spec``'s GPT on ``grid`` (dp = N).
 
-    ``init`` is the full float64 initial parameter dict (every rank draws the
-    same; partition-independent init) — kept only as the stage allows.
-    Attributes: ``params`` full flat 16-bit/param-dtype buffer (stages 0-2, else
-    None), ``grads`` full flat gradient buffer (stages 0-1, else None),
-    ``states`` the :class:`~minipar.precision.ModelStates` of this rank's
-    slice ``opt_range`` (master weights, moments; its params/grads are views
-    into the full buffers where those exist), ``zero_hooks`` its executor hooks
-    (:class:`~minipar.parallel.zero.hooks.ZeroHooks`), ``hooks`` those the executor
-    walks (``zero_hooks``, or what ``wrap_hooks`` made of them), ``allreduce`` the
-    all-reduce of stage 0 and of found_inf (keyword only: ``"auto"``, ``"ring"``,
-    ``"recursive_doubling"``, ``"tree"``).  Memory options (keyword only):
-    ``offload_optimizer`` ``"host"``/``"disk"`` keeps the master weights and moments
-    there and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload.optimizer`;
-    files in ``offload_dir``), ``wrap_hooks(hooks, units) -> hooks`` wraps ZeRO's hooks
-    (remat, activation offload: :class:`minipar.parallel.offload.wrap.MemoryWrap`).
+    The engine interface (:class:`minipar.parallel.engine.Engine`): ``step(batch)`` takes
+    this rank's rows ``[lo_r, hi_r)`` of the global batch (:func:`minipar.spans.span`,
+    weight w_r = b_r / B) and returns the global mean loss.  Every rank draws the same
+    float64 initial parameters (``spec.initial_params()``) and keeps only what its stage
+    allows.  Attributes: ``params`` the full flat param-dtype buffer (stages 0-2, else
+    None), ``grads`` the full flat gradient buffer (stages 0-1, else None), ``states`` the
+    :class:`~minipar.precision.ModelStates` of this rank's slice ``opt_range`` (master
+    weights, moments; its params/grads are views into the full buffers where those
+    exist), ``zero_hooks`` its executor hooks (:class:`~minipar.parallel.zero.hooks.ZeroHooks`),
+    ``hooks`` those the executor walks (``zero_hooks``, or wrapped by remat/offload).
+
+    Options (keyword only, each checked on every rank before any message):
+    ``stage`` 0-3 (default 1); ``allreduce`` the all-reduce of stage 0's gradients and
+    of the one-number reductions (found_inf, the loss): ``"auto"``, ``"ring"``,
+    ``"recursive_doubling"``, ``"tree"``; ``remat`` (K: keep every K-th unit's input,
+    0: K = ceil(sqrt n); :mod:`minipar.parallel.remat`) and ``offload`` ``"host"`` /
+    ``"disk"`` (saved activations: :mod:`minipar.parallel.offload.activations`), made into
+    ``memory_wrap`` (:class:`~minipar.parallel.offload.wrap.MemoryWrap`);
+    ``offload_optimizer`` ``"host"``/``"disk"`` keeps the master weights and moments there
+    and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload.optimizer`);
+    ``offload_dir`` the folder of whichever offload goes to disk.
     """
 
-    def __init__(self, comm: Any, model: GPT, init: dict[str, Any], stage: int,
-                 precision: str = "float64", optimizer: str = "adamw", *,
-                 allreduce: str = "auto", offload_optimizer: str | None = None,
-                 offload_dir: str | None = None, wrap_hooks: Any = None,
-                 **opt_kwargs: Any) -> None:
-        self.stage, self.policy = check_stage(stage), get(precision)
+    def __init__(self, grid: Any, spec: Any, *, stage: int = 1, allreduce: str = "auto",
+                 remat: int | None = None, offload: str | None = None,
+                 offload_optimizer: str | None = None, offload_dir: str | None = None) -> None:
+        self.stage, self.policy = check_stage(stage), get(spec.precision)
         self.allreduce = check_allreduce(allreduce)
-        if str(model.cfg.dtype) != self.policy.model_dtype:
-            raise ValueError(f"model dtype {model.cfg.dtype} does not match precision "
-                             f"{precision!r} (expects {self.policy.model_dtype})")
-        self.comm: TracedComm = traced(comm)
-        self.model, self.layout = model, layout_of(model.cfg)
-        self.units = tuple(u for u, *_ in unit_table(model.cfg))
-        psi, n, r = self.layout.size, self.comm.size, self.comm.rank
+        if grid is None:
+            raise ValueError("ZeRO needs a grid of its ranks: Grid(comm, dp=N)")
+        if grid.size("dp") != grid.world.size:
+            raise ValueError(f"ZeRO shards over data-parallel ranks only: the grid must be "
+                             f"dp = {grid.world.size}, got {grid!r}")
+        for name, target in (("offload", offload), ("offload_optimizer", offload_optimizer)):
+            if target is not None and target not in TARGETS:
+                raise ValueError(f"ZeRO's {name} must be one of {', '.join(TARGETS)}; "
+                                 f"got {target!r}")
+        if offload_dir is not None and "disk" not in (offload, offload_optimizer):
+            raise ValueError(f"offload_dir {offload_dir} needs offload or offload_optimizer "
+                             "'disk'")
+        self.grid, self.spec = grid, spec
+        self.comm: TracedComm = grid.comm("dp")
+        n, r = self.comm.size, self.comm.rank
+        self.model = spec.model()
+        self.layout = layout_of(self.model.cfg)
+        self.units = tuple(u for u, *_ in unit_table(self.model.cfg))
+        psi = self.layout.size
         self.shard = shard_range(psi, n, r)  # ValueError before any message
+        self.rows = local_rows(spec.batch, r, n)  # this rank's rows of the global batch
+        self.weight = loss_weight(spec.batch, r, n)  # w_r = b_r / B
+        if remat is not None:
+            checks.integer("remat", remat, 0, len(self.units))  # 0: ceil(sqrt n)
+        act_dir = offload_dir if offload == "disk" else None
+        opt_dir = offload_dir if offload_optimizer == "disk" else None
+        self.memory_wrap = remat_offload_wrapper(remat, offload, act_dir)
         self.opt_range = (0, psi) if self.stage == 0 else self.shard
         self.param_range = self.shard if self.stage == 3 else (0, psi)
-        self.optimizer_name, self.opt_kwargs, self.step_count = optimizer, dict(opt_kwargs), 0
-        flat = self.layout.flatten(init, np.float64)
+        self.optimizer_name, self.opt_kwargs = spec.optimizer, spec.opt_kwargs()
+        self.steps_done = 0
+        flat = self.layout.flatten(spec.initial_params(), np.float64)
         lo, hi = self.opt_range
-        self.states = ModelStates(self.policy, {"shard": flat[lo:hi]}, optimizer, **opt_kwargs)
+        self.states = ModelStates(self.policy, {"shard": flat[lo:hi]}, spec.optimizer,
+                                  **self.opt_kwargs)
         pd = self.policy.param_dtype
         self.params = None if self.stage == 3 else flat.astype(pd)
         self.grads = np.zeros(psi, pd) if self.stage <= 1 else None
+        del flat
         if self.params is not None:
             self.states.params = self.params[lo:hi]  # the slice the optimizer writes
         if self.grads is not None:
@@ -164,20 +212,33 @@ class ZeRO:
         if offload_optimizer is not None:
             from minipar.parallel.offload.optimizer import OptimizerOffload
 
-            self.offload = OptimizerOffload(self.states, offload_optimizer, offload_dir)
-        if wrap_hooks is not None:
-            self.hooks = wrap_hooks(self.hooks, self.units)
+            self.offload = OptimizerOffload(self.states, offload_optimizer, opt_dir)
+        if self.memory_wrap is not None:
+            self.hooks = self.memory_wrap(self.hooks, self.units)
+        self._sent = grid.bytes_by_axis()
+        self._sent_all = self.comm.stats.bytes_sent()
 
     # -- one training step ---------------------------------------------------
-    def train_step(self, tokens: Any, targets: Any, weight: float = 1.0) -> float:
+    def _local(self, batch: Batch) -> tuple[Any, Any]:
+        """This rank's rows of the global batch, as arrays of their own (a view would
+        keep, and be counted with, the whole batch in the saved activations)."""
+        lo, hi = self.rows
+        return batch.tokens[lo:hi].copy(), batch.targets[lo:hi].copy()
+
+    def _global_loss(self, local: float, what: str) -> float:
+        """Σ_r w_r ℓ_r over the ranks: the global mean loss, the same on every rank."""
+        with self.comm.operation(what):
+            return float(allreduce(self.comm, np.array([self.weight * local]),
+                                   algorithm=self.allreduce)[0])
+
+    def step(self, batch: Batch) -> StepResult:
         """Forward, backward, communication and optimizer step on this rank's rows.
 
-        ``weight`` = b_r / B (``common.loss_weight``): the gradients are those
-        of weight x local mean loss, and summing over ranks gives the serial
-        mean.  Returns weight x local loss (sum it over ranks for the loss).
-        """
-        loss = executor.loss_and_grads(self.units, self.hooks, tokens, targets,
-                                       weight * self.states.loss_scale)
+        The gradients are those of w_r x the local mean loss, so the sum over ranks is
+        the serial mean's.  The loss is summed over the ranks (operation :data:`OP_LOSS`)."""
+        x, y = self._local(batch)
+        loss = executor.loss_and_grads(self.units, self.hooks, x, y,
+                                       self.weight * self.states.loss_scale)
         if self.stage == 0:
             self.grads[...] = allreduce(self.comm, self.grads, algorithm=self.allreduce)
         elif self.stage == 1:
@@ -187,11 +248,20 @@ class ZeRO:
             with self.comm.operation("found_inf"):
                 flag = np.array([float(self.states.local_found_inf())])
                 found_inf = bool(allreduce(self.comm, flag, algorithm=self.allreduce)[0] > 0)
-        (self.offload or self.states).step(found_inf)
+        done = (self.offload or self.states).step(found_inf)
         if self.stage in (1, 2):
             self.params[...] = all_gather(self.comm, self.states.params)
-        self.step_count += 1
-        return weight * loss
+        self.steps_done += 1
+        return StepResult(self._global_loss(loss, OP_LOSS), skipped=not done)
+
+    def evaluate(self, batch: Batch) -> float:
+        """The global mean loss without a step: a forward of this rank's rows through
+        ZeRO's own hooks (stage 3 gathers each unit), summed over the ranks."""
+        x, y = self._local(batch)
+        aux: list[float] = []
+        logits, kept = executor.forward(self.units, self.zero_hooks, x, aux=aux)
+        del kept
+        return self._global_loss(cross_entropy_forward(logits, y)[0] + sum(aux), OP_EVAL)
 
     def grad_allreduce(self) -> str | None:
         """The algorithm stage 0's gradient all-reduce runs (``auto`` resolved by the
@@ -202,7 +272,66 @@ class ZeRO:
             return self.allreduce
         return choose_allreduce(self.grads.nbytes, self.comm.size)
 
-    # -- what a rank holds, and the whole model for checks -------------------
+    # -- the state, layout-independent ---------------------------------------
+    def state_dict(self) -> State:
+        """Every array this rank holds, as pieces of the serial tensors (views).
+
+        ``param``: the whole tensors (stages 0-2, replica = this rank: rank 0's copy is
+        the one saved), or stage 3's flat range ``[lo_r, hi_r)`` cut per tensor
+        (:func:`~minipar.parallel.engine.flat_pieces`, replica 0); ``master``,
+        ``exp_avg``, ``exp_avg_sq`` (or ``momentum``): the range ``opt_range`` cut per
+        tensor, replica 0 (stage 0: the whole, replica = this rank).  Scalars: ``step``
+        and the optimizer's and loss scaler's (:func:`~minipar.parallel.engine.optimizer_scalars`)."""
+        st, r = State(), self.comm.rank
+        st.scalars.update(optimizer_scalars(self.states))
+        st.scalars["step"] = self.steps_done
+        params = self.params if self.params is not None else self.states.params
+        kinds = [("param", params, self.param_range, r if self.stage < 3 else 0)]
+        flats = [("master", self.states.master)] if self.states.master is not None else []
+        opt = self.states.optimizer
+        if getattr(opt, "m", None) is not None:
+            flats += [("exp_avg", opt.m), ("exp_avg_sq", opt.v)]
+        elif getattr(opt, "buf", None) is not None:
+            flats += [("momentum", opt.buf)]
+        kinds += [(k, a, self.opt_range, r if self.stage == 0 else 0) for k, a in flats]
+        for n, shape in zip(self.layout.names, self.layout.shapes):
+            t0, t1 = self.layout.span(n)
+            full = whole(n, shape)
+            for kind, flat, (lo, hi), replica in kinds:
+                a, b = max(t0, lo), min(t1, hi)
+                if a >= b:
+                    continue
+                st.arrays[(kind, n)] = (Shard(n, shape, flat_pieces(full, shape, a - t0, b - t0),
+                                              replica), flat[a - lo:b - lo])
+        return st
+
+    def load_state_dict(self, state: State | Any) -> None:
+        """Fill every array from the overlapping pieces of ``state`` (one State, or every
+        rank's of any layout), then the optimizer's step count, the loss scale and ``step``."""
+        sources = sources_of(state)
+        load_pieces(self.state_dict(), sources)
+        scalars: dict[str, Any] = {}
+        for s in sources:
+            scalars.update(s.scalars)
+        if "optimizer.t" in scalars:
+            self.states.optimizer.t = int(scalars["optimizer.t"])
+        if self.states.scaler is not None and "scaler.scale" in scalars:
+            self.states.scaler.scale = float(scalars["scaler.scale"])
+            self.states.scaler.good_steps = int(scalars["scaler.good_steps"])
+            self.states.scaler.skipped = int(scalars["scaler.skipped"])
+        self.steps_done = int(scalars.get("step", 0))
+
+    def full_params(self) -> dict[str, Any]:
+        """The whole model under its serial names, on every rank (collective: stage 3
+        all-gathers it, operation :data:`OP_GATHER`); copies in the param dtype."""
+        if self.params is not None:
+            flat = self.params.copy()
+        else:
+            with self.comm.operation(OP_GATHER):
+                flat = all_gather(self.comm, self.states.params)
+        return self.layout.unflatten(flat)
+
+    # -- what a rank holds and sends -----------------------------------------
     def ledger(self) -> Ledger:
         """Model-state bytes this rank holds, by category (each buffer once)."""
         led = Ledger(self.comm.rank)
@@ -214,9 +343,43 @@ class ZeRO:
             led.add("optimizer states", "fp32 master weights", self.states.master, where)
         return led
 
-    def full_params(self) -> np.ndarray:
-        """The whole flat parameter buffer (stage 3 all-gathers it: op ``gather_for_check``)."""
-        if self.params is not None:
-            return self.params.copy()
-        with self.comm.operation("gather_for_check"):
-            return all_gather(self.comm, self.states.params)
+    def memory(self) -> dict[str, int]:
+        """Model-state bytes by category (:meth:`ledger`), the most stage 3 held gathered
+        at once (``gathered_peak``) and, under remat, the activation peak."""
+        out = {k: int(v) for k, v in self.ledger().bytes_by_category().items()}
+        out["gathered_peak"] = int(self.zero_hooks.peak_gathered_bytes)
+        if self.memory_wrap is not None:
+            peak = self.memory_wrap.summary().get("remat_activation_peak_bytes")
+            if peak is not None:
+                out["activations_peak"] = int(peak)
+        return out
+
+    def traffic(self) -> dict[str, int]:
+        """Bytes this rank sent since the last call, by grid axis (ZeRO's go on ``dp``;
+        ``world``: what the ranks' other communicators sent meanwhile, if anything)."""
+        now, total = self.grid.bytes_by_axis(), self.comm.stats.bytes_sent()
+        out = {k: v - self._sent.get(k, 0) for k, v in now.items()}
+        out = {k: v for k, v in out.items() if v or k == "dp"}
+        other = (total - self._sent_all) - sum(out.values())
+        if other:
+            out["world"] = other
+        self._sent, self._sent_all = now, total
+        return out
+
+    def close(self) -> None:
+        """Remove the offload files (optimizer states, activations on disk)."""
+        if self.offload is not None:
+            self.offload.close()
+        if self.memory_wrap is not None:
+            for h in self.memory_wrap.made:
+                if isinstance(h, Offload):
+                    h.close()
+
+
+def build(spec: Any, grid: Any, **options: Any) -> ZeRO:
+    """The ZeRO engine (:mod:`minipar.parallel.strategies`' row "zero"); ``options``:
+    :data:`OPTIONS` (``ZeRO``'s keywords)."""
+    unknown = sorted(options.keys() - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"ZeRO takes no options {unknown}; its options: {', '.join(OPTIONS)}")
+    return ZeRO(grid, spec, **options)

@@ -3,7 +3,7 @@
 EN ZeRO measurements · RU измерения ZeRO · ZH ZeRO 测量
 
 :func:`measure_stage` trains ZeRO-K (:class:`minipar.parallel.zero.engine.ZeRO`) on a
-communicator and returns this rank's measurements: bytes sent per step (the
+grid and returns this rank's measurements: bytes sent per step (the
 traced communicator's counters) next to :func:`exact_bytes_sent` (the exact
 figure of the algorithms that ran), model-state bytes by category (the ledger
 of the arrays) and by tracemalloc, the step's peak, and what stage 3 gathered.
@@ -29,15 +29,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto",
-                  **engine: Any) -> dict[str, Any]:
-    """Train ``spec.steps`` steps of ZeRO-``stage`` on ``comm``; this rank's measurements.
+def measure_stage(grid: Any, spec: Any, stage: int, *, allreduce: str = "auto",
+                  **options: Any) -> dict[str, Any]:
+    """Train ``spec.steps`` steps of ZeRO-``stage`` on ``grid`` (dp = N); this rank's
+    measurements.
 
     ``allreduce``: the engine's all-reduce (stage 0 and found_inf; see
-    :class:`~minipar.parallel.zero.engine.ZeRO`); other keywords go to ``ZeRO`` too
-    (``offload_optimizer``, ``wrap_hooks``, ...).  Returns ``engine``, local ``losses``
-    (weighted), ``bytes_sent_per_step`` (all operations of the steps, counted),
-    ``bytes_exact_per_step`` (:func:`exact_bytes_sent` for what ran),
+    :class:`~minipar.parallel.zero.engine.ZeRO`); other keywords are ZeRO's options too
+    (``remat``, ``offload``, ``offload_optimizer``, ...).  A first engine steps once
+    outside the measured regions (first-use caches: causal masks, layout tables,
+    NumPy's dtype caches).  Returns ``engine``, the global ``losses``,
+    ``bytes_sent_per_step`` (every operation of the steps but the loss's own sum,
+    counted), ``bytes_exact_per_step`` (:func:`exact_bytes_sent` for what ran),
     ``grad_allreduce`` (stage 0's algorithm, None for stages 1-3), ``ledger`` by
     category, ``tracemalloc_bytes`` (net bytes of building the engine),
     ``held_after_steps_bytes`` (net bytes still held after the steps: a full
@@ -47,42 +50,64 @@ def measure_stage(comm: Any, spec: Any, stage: int, *, allreduce: str = "auto",
     """
     import gc
 
-    from minipar.comm.traced import traced
-    from minipar.memory import measure
-    from minipar.parallel.common import loss_weight
-    from minipar.parallel.zero.engine import ZeRO, check_allreduce, check_stage
+    from minipar.parallel.zero.engine import ZeRO
 
-    c = traced(comm)
-    check_stage(stage)
-    check_allreduce(allreduce)
-    model, init = spec.model(), spec.initial_params()
-    w = loss_weight(spec.batch, c.rank, c.size)
-    warm = ZeRO(c, model, init, stage, spec.precision, spec.optimizer, allreduce=allreduce,
-                **engine, **spec.opt_kwargs())
-    warm.train_step(*spec.local_batch(0, c.rank, c.size), w)  # first-use caches (causal
-    del warm  # masks, layout tables, NumPy's dtype caches) fill outside the measured regions
-    c.stats.reset()
+    stats = grid.world.stats
+    warm = ZeRO(grid, spec, stage=stage, allreduce=allreduce, **options)
+    warm.step(spec.batch_at(0))
+    warm.close()
+    del warm
     gc.collect()
-    losses, peak = [0.0] * spec.steps, 0
-    with measure() as whole:
-        with measure() as built:
-            eng = ZeRO(c, model, init, stage, spec.precision, spec.optimizer,
-                       allreduce=allreduce, **engine, **spec.opt_kwargs())
-        for s in range(spec.steps):
-            with measure() as step:
-                losses[s] = eng.train_step(*spec.local_batch(s, c.rank, c.size), w)
-            peak = max(peak, step.peak_bytes)
-        gc.collect()  # cyclic garbage of the steps is not held memory
-    psi, itemsize = eng.layout.size, eng.policy.param_dtype.itemsize
-    exact = exact_bytes_sent(psi, c.size, c.rank, stage, itemsize, allreduce,
-                             found_inf=eng.states.scaler is not None)
-    return {"engine": eng, "losses": losses,
-            "bytes_sent_per_step": c.stats.bytes_sent() / spec.steps,
-            "bytes_exact_per_step": exact, "grad_allreduce": eng.grad_allreduce(),
-            "ledger": eng.ledger().bytes_by_category(), "tracemalloc_bytes": built.current_bytes,
-            "held_after_steps_bytes": whole.current_bytes, "step_peak_bytes": peak,
+    before = step_bytes(stats)  # not reset: the counters' rows exist, none is made below
+    out = traced_engine(grid, spec, stage=stage, allreduce=allreduce, **options)
+    eng = out["engine"]
+    return {**out, "bytes_sent_per_step": (step_bytes(stats) - before) / spec.steps,
+            "bytes_exact_per_step": engine_exact_bytes(eng), "grad_allreduce": eng.grad_allreduce(),
+            "ledger": eng.ledger().bytes_by_category(),
             "peak_gathered_bytes": eng.zero_hooks.peak_gathered_bytes,
             "gathered_after_steps": len(eng.zero_hooks.gathered), "shard": eng.shard}
+
+
+def traced_engine(grid: Any, spec: Any, **options: Any) -> dict[str, Any]:
+    """A ZeRO engine built and trained ``spec.steps`` steps under tracemalloc:
+    ``engine``, global ``losses``, ``tracemalloc_bytes`` (net bytes of building it),
+    ``step_peak_bytes`` (the highest step's peak) and ``held_after_steps_bytes``.
+    Collective (the steps communicate); first-use caches should be warm already."""
+    import gc
+
+    from minipar.memory import measure
+    from minipar.parallel.zero.engine import ZeRO
+
+    losses, peak = [0.0] * spec.steps, 0
+    gc.collect()  # garbage of before is not this engine's
+    with measure() as whole:
+        with measure() as built:
+            eng = ZeRO(grid, spec, **options)
+            gc.collect()  # cyclic garbage of building (the random generators of the init)
+        for s in range(spec.steps):
+            with measure() as step:
+                losses[s] = eng.step(spec.batch_at(s)).loss
+            peak = max(peak, step.peak_bytes)
+        gc.collect()  # cyclic garbage of the steps is not held memory
+    return {"engine": eng, "losses": losses, "tracemalloc_bytes": built.current_bytes,
+            "held_after_steps_bytes": whole.current_bytes, "step_peak_bytes": peak}
+
+
+def step_bytes(stats: Any) -> int:
+    """Bytes ``stats`` counts, but for the operations that are not ZeRO's own
+    communication: the sum of the loss over the ranks (each step, each evaluation) and
+    stage 3's gathering of the model for ``full_params``.  The difference over the steps
+    is their gradients', parameters' and found_inf's bytes."""
+    from minipar.parallel.zero.engine import OP_EVAL, OP_GATHER, OP_LOSS
+
+    return stats.bytes_sent() - sum(stats.bytes_sent(op) for op in (OP_LOSS, OP_EVAL, OP_GATHER))
+
+
+def engine_exact_bytes(eng: Any) -> int:
+    """:func:`exact_bytes_sent` of a :class:`~minipar.parallel.zero.engine.ZeRO` engine."""
+    return exact_bytes_sent(eng.layout.size, eng.comm.size, eng.comm.rank, eng.stage,
+                            eng.policy.param_dtype.itemsize, eng.allreduce,
+                            found_inf=eng.states.scaler is not None)
 
 
 def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,
