@@ -4,7 +4,7 @@ Every way of training in minipar — the serial model, data parallelism, the
 parameter server, ZeRO 0-3, tensor, sequence, context, pipeline and expert
 parallelism, and their hybrid — is an object with the same methods
 (:class:`Engine`), so that one training loop (:mod:`minipar.parallel.loop`),
-one checkpoint (:mod:`minipar.parallel.sharded_checkpoint`), one parity check
+one checkpoint (:mod:`minipar.parallel.checkpoint`), one parity check
 and one ``minipar run`` serve them all:
 
 ==========================  ===========================================================
