@@ -70,17 +70,13 @@ class HybridZero:
             self.full_buf = full.copy()
             self.states.params = self.full_buf[lo:hi]
             return
-        from types import SimpleNamespace
-
         from minipar.parallel.zero.hooks import ZeroHooks
         from minipar.parallel.zero.shard import units_table
 
         units = [u for units in self.chunk_units for u in units]
-        eng = SimpleNamespace(stage=3, comm=comm, layout=self.stage_layout, shard=(lo, hi),
-                              states=self.states, params=None, grads=None,
-                              policy=self.states.policy)
-        self.zero_hooks = ZeroHooks(eng, units_table(units, self.stage_layout),
-                                    accumulate=True)
+        self.zero_hooks = ZeroHooks(3, comm, self.stage_layout.size, (lo, hi), self.states,
+                                    units_table(units, self.stage_layout),
+                                    dtype=self.states.policy.param_dtype, accumulate=True)
 
     def stage_hooks(self) -> Any:
         """ZeRO-2: views of the full parameters, gradients added to a full buffer made for
