@@ -12,7 +12,7 @@ Launcher side: :func:`minipar.parallel.hybrid.layout.check_hybrid` before MPI st
 (dp·pp·cp·tp = N, tp dividing heads / d_ff / vocab, pp at most the layers, ep dividing
 the experts and dp·cp, the pipeline's own checks; cp with tp: Megatron's CP × TP, ring or
 Ulysses attention on each tp rank's n_head/t heads, not with --sequence-parallel).  Rank side:
-:class:`minipar.parallel.hybrid.engine.HybridParallel` (PTD-P, Narayanan et al. 2021, arXiv
+:func:`minipar.parallel.hybrid.engine.build` (PTD-P, Narayanan et al. 2021, arXiv
 2104.04473) trains ``--steps`` steps, and the summary adds, per rank: its coordinates,
 the bytes sent per step on each grid axis (counted) next to the exact formula, the
 model-state and activation bytes held next to the planner's
@@ -124,6 +124,8 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
 def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
            history: Any) -> dict[str, Any] | None:
     """Rank side, after training: every rank's figures, gathered; rank 0 returns them."""
+    from minipar.parallel.hybrid.measure import engine_bytes
+
     z = sizes(options, spec)
     steps = len(history.losses)
     counted = {a: b / steps for a, b in h.traffic().items()}
@@ -132,7 +134,7 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
                                                                       "ep", "edp")},
             "axes": {a: counted[a] for a in AXES},
             "tp_ops": {op: ops.get(op, 0) for op in TP_OPS},
-            "formula": None if spec.experts else h.bytes_formula(),
+            "formula": None if spec.experts else engine_bytes(h),
             "states": sum(h.model_state_bytes().values()), "params": h.stage_layout.size,
             "act": h.activation_peak_bytes}
     everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather

@@ -27,7 +27,8 @@ from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
 from minipar.parallel import loop, parity
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.hybrid.engine import HybridParallel
+from minipar.parallel.hybrid.engine import build
+from minipar.parallel.hybrid.measure import engine_bytes
 from minipar.plan.hybrid import model_state_bytes_3d
 from minipar.plan.layouts import Layout, gpt_model, layout_memory, stage_param_count
 from minipar.plan.step_time import axis_traffic
@@ -63,7 +64,8 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
             + (f" {kw}" if kw else ""))
     grid = Grid(world, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
     world.stats.reset()
-    h = HybridParallel(grid, spec, kind, m, v, zero=zero, cp_kind=cp_kind, **kw)
+    h = build(spec, grid, schedule=kind, micro_batches=m, chunks=v, zero=zero, cp_kind=cp_kind,
+              **kw)
     losses = loop.train(h, spec.batch_at, spec.steps).losses
     params = np.concatenate([np.asarray(v).ravel() for v in h.full_params().values()])
     ser = oracle(spec, dp * m if spec.experts else 1)
@@ -74,7 +76,7 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
     counted = {k: b / spec.steps for k, b in grid.bytes_by_axis().items()}
     ops = {op: s.bytes_sent / spec.steps for op, s in world.stats.ops.items()}
     if not spec.experts:
-        f = h.bytes_formula()
+        f = engine_bytes(h)
         blocks_tp = ops.get("tp_f", 0) + ops.get("tp_g", 0)  # the blocks' f and g
         blocks_tp += ops.get("sp_f", 0) + ops.get("sp_g", 0)  # SP's pairs: the same bytes
         tp_sum = blocks_tp + ops.get("pp_tp_gather", 0)  # + PTD-P's scatter/gather
@@ -95,8 +97,8 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
             want = 4 * model_state_bytes_3d(psi * pp * tp, pp, tp, n_shard, zero, K=4)["total"]
             check(abs(held - want) <= (32 if psi % n_shard else 0),
                   f"{what}: model states {held} vs ZeRO-{zero}'s {want}")
-            check(zero != 2 or h.grad_accumulation_bytes == psi * 8,
-                  f"{what}: ZeRO-2 accumulates {h.grad_accumulation_bytes} bytes, not Ψ_p·8")
+            check(zero != 2 or h.sync.grad_accumulation_bytes == psi * 8,
+                  f"{what}: ZeRO-2 accumulates {h.sync.grad_accumulation_bytes} bytes, not Ψ_p·8")
         if grid.coord("pp") == plan["stage"]:
             check(abs(held - plan["states"]) <= 0.05 * plan["states"],
                   f"{what}: model states {held} vs plan {plan['states']}")
@@ -155,7 +157,7 @@ def bad_input(spec: RunSpec) -> list[str]:
             continue
         world.stats.reset()
         try:
-            HybridParallel(g, s, "1f1b", 1)
+            build(s, g, schedule="1f1b", micro_batches=1)
             check(False, f"bad input accepted: {what}")
         except ValueError as e:
             check(world.stats.msgs_sent() == 0 and world.stats.msgs_recv() == 0,

@@ -20,10 +20,14 @@ Read in this order (one module each; nothing is imported here):
 
 - :mod:`.layout` — ``check_hybrid`` (every size rule, before any message) and
   ``micro_rows`` (the rows of each micro-batch), without MPI;
-- :mod:`.zero` — ZeRO-1, 2 and 3 over the dp·cp ranks of one stage (the sharded
-  states, the hooks each step runs the stage's units with);
-- :mod:`.engine` — ``HybridParallel``: the pipeline engine given tensor-, context- or
-  expert-parallel units, PTD-P's scatter/gather between stages and the gradient sync;
+- :mod:`.stages` — ``HybridStage``, the stage model: tensor-, context- or expert-parallel
+  units, my tp shard of the stage's parameters and where each sits in the serial tensor,
+  my rows and positions of the batch, the loss;
+- :mod:`.wire` — what travels between stages: PTD-P's scatter/gather, the SP shard;
+- :mod:`.sync` — the gradient sync: all-reduce over the dp·cp ranks, experts apart, or
+  ZeRO-1, 2 and 3 over them (the sharded states, the hooks each step runs the units with);
+- :mod:`.engine` — ``build``: those three parts made from the grid and the options, handed
+  to the one pipeline engine (:class:`~minipar.parallel.pipeline.engine.PipelineParallel`):
   the :class:`~minipar.parallel.engine.Engine` interface (``minipar run hybrid``);
 - :mod:`.measure` — ``bytes_formula``: the exact bytes per step on each grid axis.
 """

@@ -3,7 +3,7 @@
 
 EN 3D parallelism (hybrid layout) · RU трёхмерный (гибридный) параллелизм · ZH 3D 并行（混合布局）
 
-What :class:`minipar.parallel.hybrid.engine.HybridParallel` can be told, checked in the
+What the hybrid engine (:func:`minipar.parallel.hybrid.engine.build`) can be told, checked in the
 launching process before MPI starts (``minipar run hybrid``) and again on every
 rank before any message (:func:`check_hybrid`), and the rows of each micro-batch
 (:func:`micro_rows`).  N = dp·pp·cp·tp ranks (Narayanan et al. 2021, arXiv
@@ -21,7 +21,7 @@ from minipar import spans
 __all__ = ["ZERO_STAGES", "check_hybrid", "micro_rows"]
 
 #: the ZeRO stages over the dp·cp ranks (DeepSpeed refuses 2 and 3 with a pipeline; here
-#: ZeRO-2 reduce-scatters after the flush and ZeRO-3 gathers per micro-batch: zero.py)
+#: ZeRO-2 reduce-scatters after the flush and ZeRO-3 gathers per micro-batch: sync.py)
 ZERO_STAGES = (0, 1, 2, 3)
 
 

@@ -4,9 +4,10 @@
 EN 3D parallelism (bytes per axis) · RU трёхмерный (гибридный) параллелизм: байты по осям ·
 ZH 3D 并行（各轴字节）
 
-The exact bytes a rank of :class:`minipar.parallel.hybrid.engine.HybridParallel` sends
-per step on each grid axis (:func:`bytes_formula`), the figures the tests compare with
-the counters (Narayanan et al. 2021, arXiv 2104.04473, PTD-P).
+The exact bytes a rank of the hybrid engine (:func:`minipar.parallel.hybrid.engine.build`)
+sends per step on each grid axis (:func:`bytes_formula`; of a built engine:
+:func:`engine_bytes`), the figures the tests compare with the counters (Narayanan et al.
+2021, arXiv 2104.04473, PTD-P).
 
 Per step, rank (d, p, c, t); micro-batch i of my replica has b_i rows, s_c = s/cp
 tokens of each, h = d_model, e bytes per element, L_p my stage's blocks,
@@ -37,7 +38,7 @@ from typing import Any
 from minipar import spans
 from minipar.parallel.hybrid.layout import micro_rows
 
-__all__ = ["bytes_formula"]
+__all__ = ["bytes_formula", "engine_bytes"]
 
 
 def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: int,
@@ -117,3 +118,30 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
     else:
         out[axis] = allreduce_bytes_sent(psi_stage, itemsize, n, rank, "ring")
     return out
+
+
+def engine_bytes(engine: Any) -> dict[str, int]:
+    """:func:`bytes_formula` of this rank of a built hybrid engine (a
+    :class:`~minipar.parallel.pipeline.engine.PipelineParallel` given a
+    :class:`~minipar.parallel.hybrid.stages.HybridStage`): its stage's blocks, sends and
+    receives per micro-batch, Ψ_p, ZeRO stage, wire and the units remat recomputes (dense
+    GPT)."""
+    from minipar.nn.units import spans as unit_spans
+    from minipar.parallel.hybrid.sync import ZeroSync
+    from minipar.parallel.hybrid.wire import ScatterGather
+    from minipar.parallel.pipeline.schedule import RecvAct, RecvGrad, SendAct, SendGrad
+
+    h, model = engine, engine.stage_model
+    units = [u for us in h.chunk_units for u in us]
+    blocks = sum(u.name.startswith("block") for u in units)
+    sends, recvs = ((sum(isinstance(i, k) for i in h.instructions) // h.m if h.p > 1 else 0)
+                    for k in ((SendAct, SendGrad), (RecvAct, RecvGrad)))
+    again = h.stage_memory.recomputed_units()
+    at = dict(zip((u.name for u in units), unit_spans(units, h.stage_layout)))
+    zero = h.sync.stage if isinstance(h.sync, ZeroSync) else 0
+    gathers = recvs if isinstance(h.wire, ScatterGather) else 0
+    coords = {a: h.grid.coord(a) for a in ("dp", "pp", "cp", "tp")}
+    return bytes_formula(h.spec, h.grid.layout, coords, h.m, blocks, sends,
+                         h.stage_layout.size, h.states.params.itemsize, zero, model.cp_kind,
+                         gathers, model.sp, sum(u.name.startswith("block") for u in again),
+                         (list(at.values()), [at[u.name] for u in again]))

@@ -33,10 +33,13 @@ Read in this order (one module each; nothing is imported here):
   list), and every check of a pipeline's sizes, without MPI;
 - :mod:`.stage` — a stage's hooks (gradient accumulation, remat, offload) and its
   activation ledger;
-- :mod:`.p2p` — the messages between stages: non-blocking sends, blocking receives,
-  tags, a rank's hand-off to itself, what travels;
+- :mod:`.p2p` — ``StageLink``, the messages between stages: non-blocking sends, blocking
+  receives, tags, a rank's hand-off to itself; what travels is its wire (``Whole``);
+- :mod:`.parts` — what the engine is given: a stage model (``SerialStage``: the serial
+  GPT's units, whole tensors) and a gradient sync (``AllReduceSync`` over dp);
 - :mod:`.engine` — ``PipelineParallel``: the instruction lists run over the grid's
-  pipeline neighbours on real MPI ranks, every instruction timed (imports mpi4py); the
+  pipeline neighbours on real MPI ranks, every instruction timed (imports mpi4py), given a
+  stage model, a wire and a sync (the hybrid's: :mod:`minipar.parallel.hybrid`); the
   engine interface (``step(batch)``, ``evaluate``, ``state_dict``: each stage's tensors
   whole under their serial names, replica = the dp coordinate), ``build`` (strategy "pp");
 - :mod:`.measure` — the bubble of a timeline and its text chart; a recorded run's

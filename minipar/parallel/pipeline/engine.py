@@ -13,15 +13,19 @@ micro-batch; the last virtual stage adds the loss); ``Backward`` its backward,
 the gradients *added* to the stage's flat buffer; ``SendAct``/``SendGrad`` a
 non-blocking ``Isend`` (Megatron's ``batch_isend_irecv``: every schedule
 that passes :func:`~.check.check_schedules` runs without deadlock);
-``OptimizerStep`` waits for the sends, all-reduces the gradients over the
-``dp`` axis (pipeline replicas) and steps the stage's slice.  The messages — where they go, their tags, the
-local hand-off of interleaving, and what travels — are :mod:`.p2p`.
+``OptimizerStep`` waits for the sends and hands the gradients to the sync (the
+pipeline's: all-reduce them over the ``dp`` axis, the pipeline replicas, and step the
+stage's slice).  The messages — where they go, their tags, the local hand-off of
+interleaving — are a :class:`~.p2p.StageLink` the engine holds.
 
-**A composed strategy** (:class:`minipar.parallel.hybrid.engine.HybridParallel`)
-subclasses the executor and replaces its hooks (the template-method pattern):
-the units, the stage's parameters, the batch, the loss, what travels between
-stages (:class:`~.p2p.StageMessages`) and the step after the flush; the
-schedule, its dispatch and the bookkeeping stay here, written once.
+**Composition, not inheritance.**  The engine is *given* three parts (:mod:`.parts`):
+a stage model (the units, the stage's parameters and their placement, the batch, the
+loss: :class:`~.parts.SerialStage` by default), a wire (what travels between stages:
+:class:`~.p2p.Whole`) and a gradient sync (the model states and the step after the
+flush: :class:`~.parts.AllReduceSync` over dp).  The hybrid engine
+(:func:`minipar.parallel.hybrid.engine.build`) is this class given tensor-, context- or
+expert-parallel stage models, PTD-P's scatter/gather and ZeRO; the schedule, its
+dispatch and the bookkeeping stay here, written once.
 
 **Why it equals the serial run.**  Micro-batch i holds rows ``[lo_i, hi_i)``
 of the replica's rows (the ``array_split`` rule); its loss and gradients are
@@ -53,27 +57,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
-
-import numpy as np
-from mpi4py import MPI
 
 from minipar import spans
 from minipar.nn import executor
 from minipar.nn.dtypes import check_model_dtype
-from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
-from minipar.parallel.common import check_world, local_rows
-from minipar.parallel.engine import (
-    Batch,
-    State,
-    StepResult,
-    load_model_states,
-    memory_of,
-    model_states,
-    sources_of,
-)
-from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageMessages
+from minipar.parallel.common import check_world
+from minipar.parallel.engine import Batch, State, StepResult, sources_of
+from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageLink, Whole
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
+from minipar.parallel.pipeline.parts import AllReduceSync, SerialStage, all_reduce
 from minipar.parallel.pipeline.schedule import (
     Backward,
     Forward,
@@ -89,7 +83,6 @@ from minipar.parallel.pipeline.schedule import (
 )
 from minipar.parallel.pipeline.simulate import WHAT, Record
 from minipar.parallel.pipeline.stage import StageMemory
-from minipar.precision import ModelStates
 
 __all__ = ["OPTIONS", "OP_ACT", "OP_GRAD", "PipelineParallel", "build"]
 
@@ -100,7 +93,7 @@ OPTIONS = ("schedule", "micro_batches", "chunks", "balance", "remat", "offload",
            "offload_dir", "instructions")
 
 
-class PipelineParallel(StageMessages):
+class PipelineParallel:
     """Stage ``grid.coord("pp")`` of a pipeline replica ``grid.coord("dp")``.
 
     ``schedule``: naive, gpipe, 1f1b or interleaved (``chunks`` v > 1);
@@ -111,16 +104,18 @@ class PipelineParallel(StageMessages):
     checkpointing: the kept activations move out between forward and backward;
     ``offload_dir`` for disk); ``instructions``: run this list instead of the
     schedule's (a learner's schedule).  Every argument is checked on every rank before any message.
-    A composed strategy subclasses it (:class:`minipar.parallel.hybrid.engine.HybridParallel`) and
-    replaces the units, the stage's parameters, the batch, the loss, what travels between
-    stages (:mod:`.p2p`) and the step after the flush (the methods below ``AXES``).
+    Keyword only, the parts (:mod:`.parts`): ``stage_model`` (default
+    :class:`~.parts.SerialStage`), ``wire`` (default :class:`~.p2p.Whole`), ``sync``
+    (default :class:`~.parts.AllReduceSync` over dp) — the hybrid engine gives its own.
     """
 
     def __init__(self, grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 1,
                  chunks: int = 1, balance: Sequence[int] | None = None, remat: Any = None,
                  offload: str | None = None, offload_dir: str | None = None,
-                 instructions: Sequence[Instruction] | None = None) -> None:
-        if any(grid.size(a) != 1 for a in ("tp", "cp", "ep") if a not in self.AXES):
+                 instructions: Sequence[Instruction] | None = None, *,
+                 stage_model: Any = None, wire: Any = None, sync: Any = None) -> None:
+        axes = SerialStage.axes if stage_model is None else stage_model.axes
+        if any(grid.size(a) != 1 for a in ("tp", "cp", "ep") if a not in axes):
             raise ValueError("the pipeline executor runs on a dp x pp grid (tp = cp = ep = 1)")
         self.grid, self.spec, self.kind = grid, spec, schedule
         self.p, self.dp = grid.size("pp"), grid.size("dp")
@@ -133,65 +128,27 @@ class PipelineParallel(StageMessages):
         self.instructions = (list(instructions) if instructions is not None else
                              stage_schedule(schedule, self.stage, self.p, micro_batches,
                                             chunks))
-        self.model = spec.model()
-        self.chunk_units = stage_units(self.units(), self.balance, self.stage, self.p, chunks)
-        self.states = ModelStates(spec.precision, self.stage_params(), spec.optimizer,
-                                  **spec.opt_kwargs())
+        self.stage_model = SerialStage(grid, spec) if stage_model is None else stage_model
+        self.world = grid.world
+        self.sync = (AllReduceSync(self.world, all_reduce(grid.comm("dp"), OP_DP))
+                     if sync is None else sync)
+        self.model = self.stage_model.model
+        self.chunk_units = stage_units(self.stage_model.units(), self.balance, self.stage,
+                                       self.p, chunks)
+        units = [u for us in self.chunk_units for u in us]
+        params = self.stage_model.params([n for u in units for n in u.full_names])
+        self.states = self.sync.build(spec, params, units)
+        self.stage_layout = self.sync.layout  # the stage's Ψ_p parameters, flat
         self.act_dtype = check_model_dtype(self.model.cfg.dtype)
-        self.p2p, self.dp_comm, self.world = grid.p2p, grid.comm("dp"), grid.world
+        self.wire = Whole() if wire is None else wire
+        self.link = StageLink(grid.p2p, self.stage, self.p, self.v, self.act_dtype,
+                              spec.d_model, self.wire)
         self.stage_memory = StageMemory(self.chunk_units, remat, offload, offload_dir)
         self.records: list[list[Record]] = []  # per step: wall-clock seconds from its start
         self.cpu_records: list[list[Record]] = []  # per step: CPU seconds (process_time)
         self.steps_done = 0
         self._eval_hooks: Any = None  # evaluate(): the hooks of a forward-only pass
         self._sent = self._bytes_sent()  # traffic(): bytes by axis at the last call
-
-    # -- what a composed strategy (minipar.parallel.hybrid) replaces ----------------------
-    AXES: tuple[str, ...] = ("dp", "pp")  #: the grid axes this executor handles
-
-    def units(self) -> Any:  # the whole model's units (embed, blocks, head), cut into stages
-        return self.model.units()
-
-    def stage_params(self) -> dict[str, Any]:  # this stage's initial params, by full name
-        init = self.spec.initial_params()
-        return {n: init[n] for units in self.chunk_units for u in units for n in u.full_names}
-
-    def local_batch(self, batch: Batch) -> tuple[Any, Any]:
-        """This replica's rows of the global batch, (tokens, targets), copied: the stage
-        holds its own rows (the activation ledger would count a view's whole buffer)."""
-        lo, hi = local_rows(batch.size, self.replica, self.dp)
-        return batch.tokens[lo:hi].copy(), batch.targets[lo:hi].copy()
-
-    def loss_forward(self, logits: Any, targets: Any) -> tuple[float, Any]:
-        return cross_entropy_forward(logits, targets)
-
-    def loss_backward(self, saved: Any, scale: float) -> Any:
-        return cross_entropy_backward(saved, scale)
-
-    def loss_share(self) -> float:  # this rank's part of the global loss (summed over ranks)
-        return self._loss
-
-    def stage_hooks(self) -> Any:  # the chunks' innermost hooks; None: StageHooks on states
-        return None
-
-    def eval_hooks(self) -> Any:  # the hooks a forward-only pass (evaluate) runs units with
-        return executor.Hooks(self.states.param_views())
-
-    # what travels to the neighbour stage: to_wire, wire_shape, from_wire (.p2p)
-
-    def step_stage(self) -> bool:
-        """After the flush: all-reduce the gradients over ``dp``, step the stage's slice;
-        False when a 16-bit overflow skipped the update (on every rank alike)."""
-        st = self.states
-        if self.dp > 1:  # data parallelism across pipeline replicas (imported only then)
-            from minipar.collectives import allreduce
-
-            with self.dp_comm.operation(OP_DP):
-                st.grads[...] = allreduce(self.dp_comm, st.grads)
-        found_inf = None
-        if st.scaler is not None:  # every stage skips together (one flag: MPI's own max)
-            found_inf = bool(self.world.comm.allreduce(st.local_found_inf(), op=MPI.LOR))
-        return st.step(found_inf=found_inf)
 
     @property
     def activation_peak_bytes(self) -> int:
@@ -212,7 +169,7 @@ class PipelineParallel(StageMessages):
         t0 = time.perf_counter()
         self._begin(batch)
         st.grads[...] = 0
-        self.stage_memory.start_step(st, self.stage_hooks())
+        self.stage_memory.start_step(st, self.sync.step_hooks())
         self._done = True
         wall: list[Record] = []
         cpu: list[Record] = []  # the same instructions timed in this process's CPU seconds
@@ -236,39 +193,45 @@ class PipelineParallel(StageMessages):
         """Forward only: every micro-batch through the stages (no backward, nothing kept);
         the global mean loss, the same on every rank."""
         self._begin(batch)
-        self._eval_hooks = self.eval_hooks()
+        self._eval_hooks = self.sync.eval_hooks()
         try:
             for ins in forward_schedule(self.stage, self.p, self.m, self.v):
                 self._run(ins)
-            self._wait_sends()
+            self.link.wait()
         finally:
             self._eval_hooks = None
         return self._finish("evaluate")
 
     def state_dict(self) -> State:
-        """The stage's params and optimizer states, whole tensors under their serial names
-        (replica: my dp coordinate); scalars: ``step`` and the optimizer's."""
-        st = model_states(self.states, replica=self.replica)
+        """The stage's params and optimizer states under their serial names, each with the
+        pieces of the serial tensor it holds (the stage model's placements; the sync's
+        ranges) and its replica (the pipeline's: whole tensors, my dp coordinate); scalars:
+        ``step`` and the optimizer's."""
+        st = self.sync.state(self.stage_model.placements(self.stage_layout.names))
+        for key, (shard, arr) in st.arrays.items():
+            replica = self.stage_model.replica(key[1], self.sync.ranged(key[0]))
+            st.arrays[key] = (replace(shard, replica=replica), arr)
         st.scalars["step"] = self.steps_done
         return st
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
         """Read my stage's tensors from the overlapping pieces of ``state`` (any layout)."""
         sources = sources_of(state)
-        load_model_states(self.states, sources)
+        self.sync.load(sources, self.stage_model.placements(self.stage_layout.names))
         self.steps_done = max(int(s.scalars.get("step", 0)) for s in sources)
 
     def full_params(self) -> dict[str, Any]:
         """The whole model under its serial names, serial order, on every rank (collective;
-        a report: the pickled all-gather on the world's own communicator is not counted)."""
-        mine = self.states.param_views() if self.replica == 0 else {}
-        everyone = self.world.comm.allgather({k: np.asarray(v) for k, v in mine.items()})
-        merged = {k: v for d in everyone for k, v in d.items()}
-        return {n: merged[n] for n in self.model.param_shapes()}
+        a report: the pickled all-gathers on the world's own communicators are not counted)."""
+        return self.stage_model.gather(self.world, self.sync.stage_params())
+
+    def model_state_bytes(self) -> dict[str, int]:
+        """Params, grads and optimizer states this rank holds between steps (bytes, by kind)."""
+        return self.sync.model_state_bytes()
 
     def memory(self) -> dict[str, int]:
         """Model-state bytes by kind, and the activation peak of the stage."""
-        return {**memory_of(self.states), "activations_peak": int(self.activation_peak_bytes)}
+        return {**self.model_state_bytes(), "activations_peak": int(self.activation_peak_bytes)}
 
     def traffic(self) -> dict[str, int]:
         """Bytes this rank sent since the last call, by grid axis (and the grid's world)."""
@@ -288,7 +251,7 @@ class PipelineParallel(StageMessages):
     # -- one pass over the instructions -------------------------------------------
     def _begin(self, batch: Batch) -> None:
         """My replica's rows of ``batch``, cut into m micro-batches; the step's boxes."""
-        x, y = self.local_batch(batch)
+        x, y = self.stage_model.local_batch(batch)
         if len(x) < self.m:
             raise ValueError(f"m={self.m} micro-batches but this replica has only {len(x)} "
                              f"rows of the batch of {batch.size}: each needs at least one row")
@@ -297,23 +260,23 @@ class PipelineParallel(StageMessages):
         self._cuts = [spans.span(len(x), self.m, i) for i in range(self.m)]
         self._held: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> (kept, loss state)
         self._box: dict[tuple[str, int, int], Any] = {}  # outputs, inputs, grads by (what, mb, c)
-        self._local: dict[tuple[str, int, int], Any] = {}  # self-sends: (kind, mb, to vs)
-        self._sends: list[tuple[Any, Any]] = []
+        self.link.begin()
         self._loss = 0.0
 
     def _finish(self, what: str) -> float:
         """Nothing may be left over; the global loss (one number: MPI's own sum)."""
-        if self._held or self._box or self._local:
+        left = self.link.unreceived()
+        if self._held or self._box or left:
             raise ValueError(f"stage {self.stage}: the {what} ended with work left: "
                              f"micro-batches without backward {sorted(self._held)}, unsent or "
-                             f"unused messages {sorted(self._box) + sorted(self._local)}")
+                             f"unused messages {sorted(self._box) + left}")
         with self.world.operation(OP_LOSS):
-            return float(self.world.comm.allreduce(self.loss_share()))
+            return float(self.world.comm.allreduce(self.stage_model.loss_share(self._loss)))
 
     # -- the instructions ---------------------------------------------------------
     def _weight(self, mb: int) -> float:
         lo, hi = self._cuts[mb]
-        return (hi - lo) / self._rows
+        return self.stage_model.weight((hi - lo) / self._rows)
 
     def _run(self, ins: Instruction) -> None:
         """Dispatch one instruction from the table (DeepSpeed's ``_INSTRUCTION_MAP``)."""
@@ -355,7 +318,7 @@ class PipelineParallel(StageMessages):
         w = self._weight(mb)
         self._loss += w * sum(aux)
         if vs == last:
-            ce, s_ce = self.loss_forward(out, self._y[lo:hi])
+            ce, s_ce = self.stage_model.loss_forward(out, self._y[lo:hi])
             self._loss += w * ce
             if kept is not None:
                 self._held[(mb, chunk)] = (kept, s_ce)
@@ -371,7 +334,7 @@ class PipelineParallel(StageMessages):
         kept, s_ce = self._held.pop((mb, chunk))
         scale = self._weight(mb) * self.states.loss_scale
         if vs == last:
-            dy = self.loss_backward(s_ce, scale)
+            dy = self.stage_model.loss_backward(s_ce, scale)
         else:
             dy = self._box.pop(("dout", mb, chunk), None)
             if dy is None:
@@ -383,9 +346,22 @@ class PipelineParallel(StageMessages):
         if vs > 0:
             self._box[("din", mb, chunk)] = dx
 
+    def _send(self, mb: int, chunk: int, kind: str, step: int) -> None:
+        """``SendAct`` ("act": the chunk's output, to vs + 1) or ``SendGrad`` ("grad": its
+        input's gradient, to vs − 1)."""
+        vs = self._vs(chunk)
+        data = self._box.pop(("out" if kind == "act" else "din", mb, chunk), None)
+        self.link.send(mb, chunk, vs, kind, step, data)
+
+    def _recv(self, mb: int, chunk: int, kind: str, step: int) -> None:
+        """``RecvAct`` ("act", from vs − 1) or ``RecvGrad`` ("grad", from vs + 1)."""
+        lo, hi = self._cuts[mb]
+        buf = self.link.recv(mb, chunk, self._vs(chunk), kind, step, hi - lo, self._x.shape[1])
+        self._box[("in" if kind == "act" else "dout", mb, chunk)] = buf
+
     def _optimizer_step(self) -> None:
-        self._wait_sends()
-        self._done = self.step_stage()
+        self.link.wait()
+        self._done = self.sync.step()
 
     # -- evidence -----------------------------------------------------------------
     def gather_records(self, step: int = -1, clock: str = "wall") -> list[Record]:

@@ -12,7 +12,7 @@ chunk ``vs // p`` (:func:`~.schedule.virtual_stage`), so a stage's
 - **Send: non-blocking.**  ``Isend`` on the grid's ``pp_p2p`` communicator
   (Megatron's ``batch_isend_irecv``); the buffer is kept until
   ``OptimizerStep`` waits for every send of the step
-  (:meth:`StageMessages._wait_sends`).  A rank never blocks on its own
+  (:meth:`StageLink.wait`).  A rank never blocks on its own
   sends, so every schedule that passes :func:`~.check.check_schedules` runs without
   deadlock: only the receives wait, and the checker has proved that each
   receive's matching send comes earlier in its sender's list.
@@ -23,13 +23,12 @@ chunk ``vs // p`` (:func:`~.schedule.virtual_stage`), so a stage's
   micro-batch i of chunk 0 from micro-batch i of chunk 1.
 - **A rank's message to itself** (interleaving on one rank: its chunk c
   feeds its chunk c + 1) is handed over in memory, never sent.
-- **What travels** is a hook: :meth:`~StageMessages.to_wire` before the send,
-  :meth:`~StageMessages.wire_shape` / :meth:`~StageMessages.from_wire` at the
-  receiver.  The plain pipeline sends the whole activation; a composed
-  strategy replaces them (:class:`minipar.parallel.hybrid.HybridParallel`:
-  PTD-P's scatter/gather, §4.1 — each of the t tensor-parallel ranks sends
-  1/t and the receivers all-gather, or, under sequence parallelism, the
-  sequence shard alone).
+- **What travels** is the link's *wire*, an object given to it: ``to_wire(buf)``
+  before the send, ``wire_shape(shape)`` / ``from_wire(buf, shape)`` at the
+  receiver.  The plain pipeline's is :class:`Whole` (the whole activation); the
+  hybrid engine gives PTD-P's scatter/gather (§4.1: each of the t tensor-parallel
+  ranks sends 1/t and the receivers all-gather) or, under sequence parallelism,
+  the sequence shard alone (:mod:`minipar.parallel.hybrid.wire`).
 
 **Bytes per rank per step** (p > 1, no interleaving, whole activations):
 a middle stage sends m activations and m gradients of b_i·s·h elements,
@@ -44,23 +43,14 @@ from typing import Any
 from minipar.backend import xp
 from minipar.comm.tags import pipeline_tag
 
-__all__ = ["OP_ACT", "OP_GRAD", "StageMessages"]
+__all__ = ["OP_ACT", "OP_GRAD", "StageLink", "Whole"]
 
 OP_ACT, OP_GRAD = "pp_send_act", "pp_send_grad"
 
 
-class StageMessages:
-    """The send and receive half of :class:`~.engine.PipelineParallel` (a mixin, its base).
+class Whole:
+    """The pipeline's wire: the whole tensor travels, as it is."""
 
-    It reads the executor's state: ``p``, ``v``, ``stage``, ``p2p`` (the grid's
-    ``pp_p2p`` communicator), ``act_dtype``, ``spec`` (``d_model``), the method
-    ``_vs(chunk)`` (the chunk's virtual stage, checked), and for the step under way
-    ``_x``, ``_cuts``, ``_box`` (tensors by (what, micro-batch, chunk)), ``_local``
-    (self-sends) and ``_sends`` (requests in flight, with their buffers); it writes
-    ``_box``, ``_local`` and ``_sends``.
-    """
-
-    # -- what travels: the hooks a composed strategy replaces ----------------------------
     def to_wire(self, buf: Any) -> Any:
         """What this rank sends for the tensor ``buf`` (here: all of it)."""
         return buf
@@ -73,35 +63,60 @@ class StageMessages:
         """The tensor of ``shape`` rebuilt from what arrived."""
         return buf
 
-    # -- the messages ---------------------------------------------------------------------
+
+class StageLink:
+    """Stage ``stage``'s messages to its neighbours: ``StageLink(comm, stage, p, v, dtype,
+    width, wire)``, ``comm`` the grid's ``pp_p2p`` communicator, p ranks of v chunks each,
+    activations of ``dtype`` and ``width`` (d_model) features, ``wire`` what travels
+    (:class:`Whole` or a composed strategy's).
+
+    It holds the messages of the step under way: the self-sends of interleaving on one
+    rank (``(kind, mb, to vs)`` -> buffer) and the sends in flight (requests, with their
+    buffers); :meth:`begin` starts a step, :meth:`wait` ends its sends."""
+
+    def __init__(self, comm: Any, stage: int, p: int, v: int, dtype: Any, width: int,
+                 wire: Any) -> None:
+        self.comm, self.stage, self.p, self.v = comm, stage, p, v
+        self.dtype, self.width, self.wire = dtype, width, wire
+        self.begin()
+
+    def begin(self) -> None:
+        """A new step: no self-sends waiting, no sends in flight."""
+        self._local: dict[tuple[str, int, int], Any] = {}
+        self._sends: list[tuple[Any, Any]] = []
+
+    def unreceived(self) -> list[tuple[str, int, int]]:
+        """The self-sends nobody received, sorted (empty after a correct step)."""
+        return sorted(self._local)
+
     def _peer(self, vs: int) -> tuple[int, int]:
         """(rank in the pp communicator, its chunk) of virtual stage ``vs``."""
         return vs % self.p, vs // self.p
 
-    def _send(self, mb: int, chunk: int, kind: str, step: int) -> None:
-        """``SendAct`` (kind "act", step +1) or ``SendGrad`` ("grad", −1): non-blocking."""
-        vs = self._vs(chunk)
+    def send(self, mb: int, chunk: int, vs: int, kind: str, step: int, data: Any) -> None:
+        """``SendAct`` (kind "act", step +1) or ``SendGrad`` ("grad", −1) of micro-batch
+        ``mb`` from ``chunk`` (virtual stage ``vs``): non-blocking; ``data`` None: the
+        Forward or Backward that makes it has not run."""
         to = vs + step
         if not 0 <= to < self.p * self.v:
             raise ValueError(f"stage {self.stage}: no virtual stage {to} to send to")
-        key = ("out" if kind == "act" else "din", mb, chunk)
-        data = self._box.pop(key, None)
         if data is None:
             raise ValueError(f"stage {self.stage}: Send{kind.title()}({mb}, {chunk}) before "
                              f"the {'Forward' if kind == 'act' else 'Backward'} that makes it")
         rank, their_chunk = self._peer(to)
-        buf = xp.ascontiguousarray(data.astype(self.act_dtype, copy=False))
+        buf = xp.ascontiguousarray(data.astype(self.dtype, copy=False))
         if rank == self.stage:  # interleaving on one rank: a local hand-off
             self._local[(kind, mb, to)] = buf
             return
-        buf = self.to_wire(buf)
-        with self.p2p.operation(OP_ACT if kind == "act" else OP_GRAD):
-            req = self.p2p.Isend(buf, rank, pipeline_tag(kind, mb, their_chunk))
+        buf = self.wire.to_wire(buf)
+        with self.comm.operation(OP_ACT if kind == "act" else OP_GRAD):
+            req = self.comm.Isend(buf, rank, pipeline_tag(kind, mb, their_chunk))
         self._sends.append((req, buf))  # the buffer lives until the send completes
 
-    def _recv(self, mb: int, chunk: int, kind: str, step: int) -> None:
-        """``RecvAct`` (kind "act", from vs − 1) or ``RecvGrad`` ("grad", vs + 1): blocking."""
-        vs = self._vs(chunk)
+    def recv(self, mb: int, chunk: int, vs: int, kind: str, step: int, rows: int,
+             seq: int) -> Any:
+        """``RecvAct`` (kind "act", from vs − 1) or ``RecvGrad`` ("grad", vs + 1) of micro-batch
+        ``mb`` (``rows`` x ``seq`` positions) into ``chunk``: blocking; the tensor."""
         frm = vs + step
         if not 0 <= frm < self.p * self.v:
             raise ValueError(f"stage {self.stage}: no virtual stage {frm} to receive from")
@@ -111,15 +126,13 @@ class StageMessages:
             if buf is None:
                 raise ValueError(f"stage {self.stage}: Recv{kind.title()}({mb}, {chunk}) "
                                  f"before this rank sent it to itself")
-        else:
-            lo, hi = self._cuts[mb]
-            shape = (hi - lo, self._x.shape[1], self.spec.d_model)
-            buf = xp.empty(self.wire_shape(shape), dtype=self.act_dtype)
-            self.p2p.Recv(buf, rank, pipeline_tag(kind, mb, chunk))
-            buf = self.from_wire(buf, shape)
-        self._box[("in" if kind == "act" else "dout", mb, chunk)] = buf
+            return buf
+        shape = (rows, seq, self.width)
+        buf = xp.empty(self.wire.wire_shape(shape), dtype=self.dtype)
+        self.comm.Recv(buf, rank, pipeline_tag(kind, mb, chunk))
+        return self.wire.from_wire(buf, shape)
 
-    def _wait_sends(self) -> None:
+    def wait(self) -> None:
         """Wait for every send of the step (their buffers may go after this)."""
-        self.p2p.waitall([req for req, _ in self._sends])
+        self.comm.waitall([req for req, _ in self._sends])
         self._sends = []

@@ -80,6 +80,19 @@ class StageMemory:
         self.activation_peak_bytes = 0
         self.offload_stats = {"bytes_out": 0, "bytes_back": 0, "peak_bytes": 0, "seconds": 0.0}
 
+    def recomputed_units(self) -> list[Any]:
+        """Units whose forward runs again in backward: remat=True recomputes each chunk as
+        one segment, remat=k all but the chunk's last segment of k units."""
+        remat, out = self.remat, []
+        for units in self.chunk_units:
+            n = len(units)
+            if remat is True:
+                out += list(units)
+            elif remat:
+                k = min(remat, n)
+                out += list(units[:(-(-n // k) - 1) * k])
+        return out
+
     def start_step(self, states: Any, base: Any = None) -> None:
         """New hooks for each chunk over ``states`` (a ModelStates: params, grads), or over
         ``base``, the innermost hooks if given (ZeRO-3's all-gathering ones in a hybrid)."""

@@ -207,7 +207,9 @@ class ZeRO:
             self.states.params = self.params[lo:hi]  # the slice the optimizer writes
         if self.grads is not None:
             self.states.grads = self.grads[lo:hi]
-        self.zero_hooks = self.hooks = ZeroHooks(self)
+        self.zero_hooks = self.hooks = ZeroHooks(
+            self.stage, self.comm, psi, self.shard, self.states, unit_table(self.model.cfg),
+            params=self.params, grads=self.grads, dtype=self.policy.param_dtype)
         self.offload = None
         if offload_optimizer is not None:
             from minipar.parallel.offload.optimizer import OptimizerOffload

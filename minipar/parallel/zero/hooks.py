@@ -29,39 +29,47 @@ import numpy as np
 from minipar.collectives import all_gather, reduce_scatter
 from minipar.nn import executor
 from minipar.nn.units import Unit
-from minipar.parallel.zero.shard import overlap, shard_range, unit_table
+from minipar.parallel.zero.shard import overlap, shard_range
 
 
 class ZeroHooks(executor.Hooks):
-    """The executor's hooks for one :class:`~minipar.parallel.zero.engine.ZeRO` engine.
+    """The executor's hooks of ZeRO-``stage`` over ``comm`` (the N ranks that share the
+    flat buffer of ``size`` elements; this rank owns ``shard`` = [lo, hi) of it).
+
+    ``states``: the :class:`~minipar.precision.ModelStates` of my shard (stage 3 gathers
+    from ``states.params`` and writes ``states.grads``); ``table``: the units and their
+    spans (:func:`~minipar.parallel.zero.shard.unit_table` of a GPT,
+    :func:`~minipar.parallel.zero.shard.units_table` of other units, a pipeline stage's);
+    ``params`` / ``grads``: the full flat buffers where the stage keeps them (parameters:
+    stages 0-2; gradients: stages 0-1; else None); ``dtype``: the gradients' on the wire
+    (the parameter dtype); ``accumulate=True``: stages 2-3 *add* each reduce-scattered
+    gradient to the shard (a pipeline's micro-batches; the caller zeroes it each step).
 
     ``gathered`` holds the all-gathered parameters of the units between their
     ``fetch`` and ``release`` (stage 3; at most one unit at a time), and
     ``peak_gathered_bytes`` the most it ever held at once: the measured answer
-    to "does stage 3 free what it gathers?".  ``table``:
-    :func:`~minipar.parallel.zero.shard.units_table` of other units (a pipeline stage's;
-    default the GPT's); ``accumulate=True``: stages 2-3 *add* each reduce-scattered
-    gradient to the shard (a pipeline's micro-batches; the caller zeroes it each step).  ``eng`` is read for its ``stage``, ``comm``, ``layout``, ``shard``,
-    ``states``, ``params``, ``grads``, ``policy`` (and ``model`` without ``table``)."""
+    to "does stage 3 free what it gathers?"."""
 
-    def __init__(self, eng: Any, table: Any = None, accumulate: bool = False) -> None:
+    def __init__(self, stage: int, comm: Any, size: int, shard: tuple[int, int], states: Any,
+                 table: Any, *, params: Any = None, grads: Any = None, dtype: Any = None,
+                 accumulate: bool = False) -> None:
         super().__init__()
-        self.eng, self.accumulate = eng, accumulate
-        table = unit_table(eng.model.cfg) if table is None else table
+        self.stage, self.comm, self.shard, self.states = stage, comm, shard, states
+        self.params, self.grads, self.dtype = params, grads, dtype
+        self.accumulate = accumulate
         self.table = {u.name: (lo, hi, lay) for u, lo, hi, lay in table}
         self.gathered: dict[str, np.ndarray] = {}
         self.peak_gathered_bytes = 0
-        n = eng.comm.size
-        self.shards = [shard_range(eng.layout.size, n, q) for q in range(n)]
+        n = comm.size
+        self.shards = [shard_range(size, n, q) for q in range(n)]
 
     def fetch(self, unit: Unit) -> dict[str, Any]:
         """Views of the full buffer (stages 0-2), or the unit all-gathered (stage 3)."""
-        e = self.eng
         a, b, lay = self.table[unit.name]
-        if e.stage < 3:
-            return lay.unflatten(e.params[a:b])
-        i, j = overlap(a, b, *e.shard)
-        flat = all_gather(e.comm, e.states.params[i:j])
+        if self.stage < 3:
+            return lay.unflatten(self.params[a:b])
+        i, j = overlap(a, b, *self.shard)
+        flat = all_gather(self.comm, self.states.params[i:j])
         self.gathered[unit.name] = flat
         self.peak_gathered_bytes = max(self.peak_gathered_bytes,
                                        sum(v.nbytes for v in self.gathered.values()))
@@ -73,17 +81,16 @@ class ZeroHooks(executor.Hooks):
 
     def on_grads(self, unit: Unit, grads: dict[str, Any]) -> None:
         """Into the full gradient buffer (stages 0-1) or reduce-scattered to the owners (2-3)."""
-        e = self.eng
         a, b, lay = self.table[unit.name]
-        if e.stage <= 1:
-            for name, view in lay.unflatten(e.grads[a:b]).items():
+        if self.stage <= 1:
+            for name, view in lay.unflatten(self.grads[a:b]).items():
                 view[...] = grads[name]
             return
-        flat = lay.flatten({k: grads[k] for k in lay.names}, e.policy.param_dtype)
+        flat = lay.flatten({k: grads[k] for k in lay.names}, self.dtype)
         counts = [max(0, min(b, hi) - max(a, lo)) for lo, hi in self.shards]
-        i, j = overlap(a, b, *e.shard)
-        mine = reduce_scatter(e.comm, flat, counts=counts)
+        i, j = overlap(a, b, *self.shard)
+        mine = reduce_scatter(self.comm, flat, counts=counts)
         if self.accumulate:
-            e.states.grads[i:j] += mine
+            self.states.grads[i:j] += mine
         else:
-            e.states.grads[i:j] = mine
+            self.states.grads[i:j] = mine
