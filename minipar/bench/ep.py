@@ -87,6 +87,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     spec = RunSpec(**o["spec"])
     if o["mode"] == "traffic":
         return _traffic(comm, spec, o.get("ep"))
+    from minipar.comm.topology import Grid
     from minipar.parallel.data_parallel.ddp import DataParallel
     from minipar.progress import tick
 
@@ -95,7 +96,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     alone: dict[str, Any] = {}
     if comm.rank == 0:  # the 1-rank runs, on rank 0 while the others wait
         alone["MoE, 1 rank"] = ExpertParallel(MPI.COMM_SELF, spec).train_step
-        alone["dense, 1 rank"] = DataParallel(MPI.COMM_SELF, spec.with_(experts=0)).train_step
+        dense = DataParallel(Grid(MPI.COMM_SELF), spec.with_(experts=0))
+        alone["dense, 1 rank"] = lambda s: dense.step(dense.spec.batch_at(s))
     names = ["MoE, 1 rank", "dense, 1 rank", f"MoE, EP on {comm.size} ranks",
              f"MoE, DP on {comm.size} ranks"]
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in names}

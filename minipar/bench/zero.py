@@ -55,10 +55,11 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             del m
         return out if comm.rank == 0 else None
     from minipar.bench.dp import measure_step_time
+    from minipar.comm.topology import Grid
     from minipar.parallel.data_parallel.ddp import DataParallel
 
-    dp = DataParallel(comm, spec)
-    runners: dict[str, Any] = {"DDP": dp.train_step}
+    dp = DataParallel(Grid(comm, dp=comm.size), spec)
+    runners: dict[str, Any] = {"DDP": lambda s: dp.step(spec.batch_at(s))}
     w = loss_weight(spec.batch, comm.rank, comm.size)
     for stage in o["stages"]:
         eng = ZeRO(comm, spec.model(), spec.initial_params(), stage, spec.precision,

@@ -15,21 +15,24 @@ import sys
 from mpi4py import MPI
 
 from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
+from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.data_parallel.parameter_server import ParameterServer
 
-comm = TracedComm(MPI.COMM_WORLD)
+grid = Grid(TracedComm(MPI.COMM_WORLD), dp=MPI.COMM_WORLD.Get_size())
+comm = grid.comm("dp")
 N, R = comm.size, comm.rank
 SPEC = RunSpec(batch=10, steps=4, seq=8, vocab=10, d_model=16, layers=2, heads=2, lr=1e-2)
 out: dict = {"N": N, "rank": R, "errors": {}, "cases": []}
 
 bad = {
-    "servers0": lambda: ParameterServer(comm, SPEC, servers=0),
-    "no-worker": lambda: ParameterServer(comm, SPEC, servers=N),
-    "mode": lambda: ParameterServer(comm, SPEC, mode="bogus"),
-    "staleness": lambda: ParameterServer(comm, SPEC, mode="async", staleness=-1),
-    "too-many-ranks": lambda: ParameterServer(comm, SPEC.with_(batch=N - 2 if N > 2 else 0)),
-    "fp16": lambda: ParameterServer(comm, SPEC.with_(precision="mixed-fp16")),
+    "servers0": lambda: ParameterServer(grid, SPEC, servers=0),
+    "no-worker": lambda: ParameterServer(grid, SPEC, servers=N),
+    "mode": lambda: ParameterServer(grid, SPEC, mode="bogus"),
+    "staleness": lambda: ParameterServer(grid, SPEC, mode="async", staleness=-1),
+    "too-many-ranks": lambda: ParameterServer(grid, SPEC.with_(batch=N - 2 if N > 2 else 0)),
+    "fp16": lambda: ParameterServer(grid, SPEC.with_(precision="mixed-fp16")),
 }
 for name, make in bad.items():
     before = comm.stats.msgs_sent()
@@ -41,10 +44,13 @@ for name, make in bad.items():
 
 
 def case(label: str, spec: RunSpec, **kw: object) -> None:
-    ps = ParameterServer(comm, spec, **kw)
+    ps = ParameterServer(grid, spec, **kw)
     comm.stats.reset()
-    losses = ps.train()
+    history = loop.train(ps, spec.batch_at, spec.steps)
     st = comm.stats
+    losses = ps.pushed_losses()  # per step, on the servers (async: the loop's are NaN)
+    if ps.mode == "sync":  # the loop's losses: the global loss on every rank, server 0's sums
+        assert history.losses == MPI.COMM_WORLD.bcast(losses, root=0), history.losses
     out["cases"].append({
         "label": label, "server": ps.is_server, "losses": losses,
         "shard": ps.states.params.tolist() if ps.is_server else None,
