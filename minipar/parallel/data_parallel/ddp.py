@@ -102,6 +102,7 @@ ALGORITHMS = ("auto", "ring", "mpi")
 OPTIONS = ("bucket_bytes", "algorithm", "overlap", "ring_min_bytes", "wrap_hooks")
 OP_GRADS = "dp_grad_allreduce"
 OP_LOSS = "dp_loss_allreduce"
+OP_EVAL = "dp_eval_allreduce"
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's bucket_cap_mb
 
 
@@ -319,7 +320,7 @@ class DataParallel:
         """Forward only: this rank's rows' mean loss x b_r / B, summed over the ranks."""
         x, y, weight = self.local_batch(batch)
         loss = self.model.loss(self.states.param_views(), x, y)
-        with self.comm.operation(OP_LOSS):
+        with self.comm.operation(OP_EVAL):
             return float(allreduce(self.comm, np.array([weight * loss]))[0])
 
     # -- the engine's state -----------------------------------------------------

@@ -100,7 +100,7 @@ MODES = ("sync", "async")
 #: the keyword options of :class:`ParameterServer` (``strategies.build("ps", spec, grid, **options)``)
 OPTIONS = ("servers", "mode", "staleness", "straggler_s")
 OP_PUSH, OP_PULL, OP_HEADER = "ps_push", "ps_pull", "ps_header"
-OP_LOSS = "ps_loss_allreduce"  # evaluate: the workers' weighted losses summed
+OP_EVAL = "ps_eval_allreduce"  # evaluate: the workers' weighted losses summed
 TAG_HEADER, TAG_GRAD, TAG_PARAM = PS_HEADER, PS_GRAD, PS_PARAM  # minipar.comm.tags
 
 
@@ -317,7 +317,7 @@ class ParameterServer:
         if not self.is_server:
             x, y, weight = self.local_batch(batch)
             mine = weight * self.model.loss(self.layout.unflatten(self.params), x, y)
-        with self.comm.operation(OP_LOSS):
+        with self.comm.operation(OP_EVAL):
             return float(allreduce(self.comm, np.array([mine]))[0])
 
     def pushed_losses(self) -> list[float] | None:
