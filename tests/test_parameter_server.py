@@ -68,6 +68,22 @@ def test_synchronous_ps_equals_serial(n: int) -> None:
                 assert np.array_equal(c["worker_params"], params), label
 
 
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_a_run_resumes_on_another_layout(n: int) -> None:
+    """Two servers train 2 steps; their states (a flat range each, cut per tensor) resume
+    on the serial engine, whose state resumes on one server: steps 2 and 3 of all three
+    equal the uninterrupted serial run (float64 rounding)."""
+    out = _results(n)
+    for o in out:
+        r = o["resume"]
+        assert r["steps"] == {"two": 4, "serial": 4, "one": 4}
+        for k in ("two", "serial", "one"):
+            np.testing.assert_allclose(r["losses"][k], out[0]["serial_losses"][2:], **TOL,
+                                       err_msg=k)
+            np.testing.assert_allclose(r["params"][k], out[0]["serial_params"], **TOL,
+                                       err_msg=k)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_server_link_carries_w_times_s(n: int) -> None:
     steps = 4

@@ -80,6 +80,7 @@ def _spec(o: dict[str, Any]) -> Any:
 def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     """Rank side: time ``o["mode"]`` ("serial" on one rank, "dp" on N); the figures on rank 0."""
     from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
     from minipar.parallel.data_parallel.ddp import DataParallel
     from minipar.parallel.data_parallel.measure import bytes_formula
     from minipar.precision import ModelStates
@@ -97,9 +98,9 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
         return {"seconds": measure_step_time(step, o["steps"]), "psi": states.layout.size}
     comm = TracedComm()
-    dp = DataParallel(comm, spec, bucket_bytes=int(o["bucket_mb"] * 2**20),
+    dp = DataParallel(Grid(comm, dp=comm.size), spec, bucket_bytes=int(o["bucket_mb"] * 2**20),
                       algorithm=o.get("algorithm", "auto"))
-    t = measure_step_time(dp.train_step, o["steps"], comm)
+    t = measure_step_time(lambda s: dp.step(spec.batch_at(s)), o["steps"], comm)
     if comm.rank != 0:
         return None
     return {"seconds": t, "psi": dp.layout.size, "buckets": len(dp.buckets),

@@ -14,13 +14,16 @@ from typing import Any
 
 
 def work(o: dict[str, Any]) -> dict[str, Any] | None:
-    """One rank's part: :func:`measure_overlap` on COMM_WORLD (rank 0 returns the result)."""
+    """One rank's part: :func:`measure_overlap` on COMM_WORLD (a grid of dp ranks) (rank 0 returns the result)."""
     from minipar.comm import TracedComm
+    from minipar.comm.topology import Grid
     from minipar.parallel.common import RunSpec
     from minipar.parallel.data_parallel.measure import measure_overlap
 
-    return measure_overlap(TracedComm(), RunSpec(**o["spec"]), int(o["bucket_bytes"]),
-                           int(o.get("repeats", 5)), o.get("algorithm", "ring"))
+    world = TracedComm()
+    return measure_overlap(Grid(world, dp=world.size), RunSpec(**o["spec"]),
+                           int(o["bucket_bytes"]), int(o.get("repeats", 5)),
+                           o.get("algorithm", "ring"))
 
 
 if __name__ == "__main__":

@@ -59,8 +59,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.bench.dp import measure_step_time
     from minipar.parallel.data_parallel.ddp import DataParallel
 
-    dp = DataParallel(comm, spec)
-    runners: dict[str, Any] = {"DDP": dp.train_step}
+    dp = DataParallel(grid, spec)
+    runners: dict[str, Any] = {"DDP": lambda s: dp.step(spec.batch_at(s))}
     for stage in o["stages"]:
         eng = ZeRO(grid, spec, stage=stage)
         runners[f"ZeRO-{stage}"] = lambda s, eng=eng: eng.step(spec.batch_at(s))

@@ -3,12 +3,13 @@
 EN data parallelism · RU параллелизм по данным · ZH 数据并行
 
 Launcher side: the bucket and algorithm options and their checks.  Rank
-side: :func:`measure` trains ``--steps`` steps with
-:class:`minipar.parallel.data_parallel.ddp.DataParallel` (Li et al. 2020, PyTorch
+side (:mod:`minipar.run.worker` trains the engine): :func:`grid_sizes` (every
+rank on the dp axis), :func:`engine_options` (the keywords of
+:class:`minipar.parallel.data_parallel.ddp.DataParallel`, Li et al. 2020, PyTorch
 DDP, arXiv 2006.15704: gradient buckets all-reduced as backward fills them)
-and gathers, per rank, the bytes sent per step next to the exact figure of
-what each bucket ran and the ring's 2(N-1)/N x S (the paper's figure), the
-model-state bytes held and the timeline.  ``--algorithm auto`` (the default)
+and :func:`report`, which gathers, per rank, the bytes sent per step next to
+the exact figure of what each bucket ran and the ring's 2(N-1)/N x S (the
+paper's figure), the model-state bytes held and the timeline.  ``--algorithm auto`` (the default)
 runs each bucket by size: the overlapped ring from 8 MiB up on 3+ ranks,
 blocking recursive doubling below (a note lists which bucket ran which).
 ``--remat [K]`` and ``--offload host|disk`` wrap each step's DDP hooks
@@ -70,29 +71,40 @@ def bucket_bytes_option(options: dict[str, Any]) -> int:
     return max(1, int(mb * 2**20))
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Rank side: train with DDP; rank 0 returns the measurements of every rank."""
-    from minipar.comm import TracedComm
-    from minipar.parallel.data_parallel.ddp import DataParallel
+def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """Every rank a data-parallel replica."""
+    return {"dp": options["ranks"]}
+
+
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """:class:`~minipar.parallel.data_parallel.ddp.DataParallel`'s keywords: buckets,
+    algorithm, overlap, and the remat / offload wrapper of its hooks."""
+    from minipar.run import remat_offload
+
+    return {"bucket_bytes": bucket_bytes_option(options),
+            "algorithm": options.get("algorithm", "auto"),
+            "overlap": not options.get("no_overlap", False),
+            "wrap_hooks": remat_offload.wrapper(options)}
+
+
+def report(dp: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after training: every rank's bytes per step next to the exact figure of
+    what each bucket ran and the ring's 2(N-1)/N x S, the model-state bytes held and the
+    last step's timeline; rank 0 returns them (None elsewhere)."""
     from minipar.parallel.data_parallel.measure import bytes_formula, replica_model_state_bytes
     from minipar.run import remat_offload
 
-    wrap = remat_offload.wrapper(options)
-    dp = DataParallel(TracedComm(), spec, bucket_bytes_option(options),
-                      options.get("algorithm", "auto"), not options.get("no_overlap", False),
-                      wrap_hooks=wrap)
-    losses = dp.train()
-    held = sum(dp.states.bytes_by_category().values())
+    held = sum(dp.memory().values())
     mine = (dp.bytes_sent_per_step(), bytes_formula(dp), held, dp.timelines[-1].as_dict())
     everyone = dp.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
-    memory, memory_notes = remat_offload.summary_notes(wrap)
+    memory, memory_notes = remat_offload.summary_notes(dp.wrap_hooks)
     if dp.rank != 0:
         return None
     psi, n = dp.layout.size, dp.world
     S = psi * dp.itemsize
     return {
-        "ranks": n, "data_parallel_ranks": n, "losses": losses, "params": dp.states.params,
-        "psi": psi,
+        "ranks": n, "data_parallel_ranks": n, "psi": psi,
         "bytes_sent_per_rank": [e[0] for e in everyone],
         "bytes_exact_per_rank": [e[1] for e in everyone],
         "bytes_exact_text": ("MPI's Iallreduce: the ring's figure, for comparison"

@@ -4,11 +4,14 @@ EN parameter server · RU сервер параметров · ZH 参数服务�
 
 Launcher side: ``--servers``, ``--async``, ``--staleness``, ``--straggler-ms``
 and their checks (a worker must remain; ``--staleness`` only means something
-with ``--async``).  Rank side: :func:`measure` trains with
-:class:`minipar.parallel.data_parallel.parameter_server.ParameterServer` (Li et al. 2014,
-OSDI; stale-synchronous parallel: Ho et al. 2013, NeurIPS) and gathers the
-bytes each rank sent and received: a server's link carries W x S_shard per
-step, where a ring all-reduce rank would send 2(W-1)/W x S.
+with ``--async``).  Rank side (:mod:`minipar.run.worker` trains the engine):
+:func:`grid_sizes` (servers and workers on the dp axis), :func:`engine_options`
+(the keywords of
+:class:`minipar.parallel.data_parallel.parameter_server.ParameterServer`, Li et
+al. 2014, OSDI; stale-synchronous parallel: Ho et al. 2013, NeurIPS) and
+:func:`report`, which gathers the bytes each rank sent and received: a
+server's link carries W x S_shard per step, where a ring all-reduce rank would
+send 2(W-1)/W x S.
 """
 
 from __future__ import annotations
@@ -67,32 +70,40 @@ def not_comparable(options: dict[str, Any]) -> str | None:
     return None
 
 
-def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Rank side: train with a parameter server; rank 0 (a server) returns every rank's figures."""
-    import numpy as np
+def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
+    """Servers and workers, all on the dp axis."""
+    return {"dp": options["ranks"]}
 
-    from minipar.comm import TracedComm
-    from minipar.parallel.data_parallel.parameter_server import ParameterServer
+
+def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """:class:`~minipar.parallel.data_parallel.parameter_server.ParameterServer`'s keywords."""
+    return {"servers": options.get("servers", 1),
+            "mode": "async" if options.get("asynchronous") else "sync",
+            "staleness": options.get("staleness") or 0,
+            "straggler_s": options.get("straggler_ms", 0.0) / 1e3}
+
+
+def report(ps: Any, grid: Any, options: dict[str, Any], spec: Any,
+           history: Any) -> dict[str, Any] | None:
+    """Rank side, after training: every rank's role, bytes sent and received per step and
+    model-state bytes; rank 0 (a server) returns them (None elsewhere).  Under ``--async``
+    the losses are the ones server 0 received, by the step they were computed for (the
+    loop's are NaN: a step's loss is complete only when every worker has pushed it)."""
     from minipar.plan.collectives import parameter_server_bytes_at_server, ring_allreduce_volume
 
-    mode = "async" if options.get("asynchronous") else "sync"
-    ps = ParameterServer(TracedComm(), spec, options.get("servers", 1), mode,
-                         options.get("staleness") or 0, options.get("straggler_ms", 0.0) / 1e3)
-    losses = ps.train()
-    shard = ps.states.params if ps.is_server else None
-    mine = (ps.is_server, ps.bytes_per_step(), ps.model_state_bytes(), shard, ps.max_delay)
+    mine = (ps.is_server, ps.bytes_per_step(), ps.model_state_bytes(), ps.max_delay)
     everyone = ps.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
     if ps.rank != 0:
         return None
-    params = np.concatenate([e[3] for e in everyone if e[0]])
-    itemsize = params.itemsize
+    itemsize = ps.states.params.itemsize
     S, W = ps.layout.size * itemsize, ps.workers
     S0 = (ps.spans[0][1] - ps.spans[0][0]) * itemsize
     roles = ["server" if e[0] else "worker" for e in everyone]
-    staleness = f" (staleness {ps.staleness})" if mode == "async" else ""
+    staleness = f" (staleness {ps.staleness})" if ps.mode == "async" else ""
     return {
-        "ranks": len(everyone), "data_parallel_ranks": W, "losses": losses, "params": params,
-        "psi": ps.layout.size, "mode": mode, "staleness": ps.staleness, "servers": ps.servers,
+        "ranks": len(everyone), "data_parallel_ranks": W,
+        **({"losses": ps.pushed_losses()} if ps.mode == "async" else {}),
+        "psi": ps.layout.size, "mode": ps.mode, "staleness": ps.staleness, "servers": ps.servers,
         "workers": W, "roles": roles,
         "bytes_sent_per_rank": [e[1][0] for e in everyone],
         "bytes_recv_per_rank": [e[1][1] for e in everyone],
@@ -100,8 +111,9 @@ def measure(options: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         "bytes_formula_text": f"server 0: W x S_shard (W = {W} workers, S_shard = {S0:,} B)",
         "ring_rank_bytes": ring_allreduce_volume(S, W),
         "model_state_bytes_per_rank": [e[2] for e in everyone],
-        "max_delay": max(e[4] for e in everyone),
-        "notes": [f"roles: {', '.join(f'{r}:{x}' for r, x in enumerate(roles))}; {mode}{staleness}",
+        "max_delay": max(e[3] for e in everyone),
+        "notes": [(f"roles: {', '.join(f'{r}:{x}' for r, x in enumerate(roles))}; "
+                   f"{ps.mode}{staleness}"),
                   (f"a ring all-reduce rank would send 2(W-1)/W x S = "
                    f"{ring_allreduce_volume(S, W):,.0f} B per step (S = {S:,} B); "
                    f"each worker sends S = {S:,} B")],

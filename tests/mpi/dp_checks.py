@@ -29,23 +29,26 @@ from mpi4py import MPI
 from minipar.collectives.cost import allreduce_bytes, ring_allreduce_bytes
 from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
 from minipar.comm import TracedComm
+from minipar.comm.topology import Grid
+from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.data_parallel.ddp import DataParallel
 from minipar.parallel.data_parallel.measure import bytes_formula
 
-comm = TracedComm(MPI.COMM_WORLD)
+grid = Grid(TracedComm(MPI.COMM_WORLD), dp=MPI.COMM_WORLD.Get_size())
+comm = grid.comm("dp")
 N, R = comm.size, comm.rank
 SPEC = RunSpec(batch=10, steps=4, seq=8, vocab=10, d_model=16, layers=2, heads=2, lr=1e-2)
 out: dict = {"N": N, "errors": {}, "nonblocking": [], "dp": []}
 
 # -- bad input: ValueError on every rank, before any communication ----------------
 bad = {
-    "bucket0": lambda: DataParallel(comm, SPEC, bucket_bytes=0),
-    "bucket-neg": lambda: DataParallel(comm, SPEC, bucket_bytes=-5),
-    "algorithm": lambda: DataParallel(comm, SPEC, algorithm="tree"),
-    "too-many-ranks": lambda: DataParallel(comm, SPEC.with_(batch=N - 1 if N > 1 else 0)),
-    "ring-min-0": lambda: DataParallel(comm, SPEC, ring_min_bytes=0),
-    "ring-min-not-auto": lambda: DataParallel(comm, SPEC, algorithm="ring", ring_min_bytes=64),
+    "bucket0": lambda: DataParallel(grid, SPEC, bucket_bytes=0),
+    "bucket-neg": lambda: DataParallel(grid, SPEC, bucket_bytes=-5),
+    "algorithm": lambda: DataParallel(grid, SPEC, algorithm="tree"),
+    "too-many-ranks": lambda: DataParallel(grid, SPEC.with_(batch=N - 1 if N > 1 else 0)),
+    "ring-min-0": lambda: DataParallel(grid, SPEC, ring_min_bytes=0),
+    "ring-min-not-auto": lambda: DataParallel(grid, SPEC, algorithm="ring", ring_min_bytes=64),
 }
 for name, make in bad.items():
     before = comm.stats.msgs_sent()
@@ -95,9 +98,9 @@ serial = serial_reference(SPEC)
 cases = [("tiny", 1, "ring", True), ("medium", 4096, "ring", True), ("all", 1 << 30, "ring", True),
          ("medium-no-overlap", 4096, "ring", False), ("mpi", 4096, "mpi", True)]
 for label, bucket, algo, overlap in cases:
-    dp = DataParallel(comm, SPEC, bucket_bytes=bucket, algorithm=algo, overlap=overlap)
+    dp = DataParallel(grid, SPEC, bucket_bytes=bucket, algorithm=algo, overlap=overlap)
     comm.stats.reset()
-    losses = dp.train()
+    losses = loop.train(dp, dp.spec.batch_at, dp.spec.steps).losses
     params = MPI.COMM_WORLD.allgather(dp.states.params)
     out["dp"].append({
         "label": label, "buckets": len(dp.buckets),
@@ -116,9 +119,9 @@ for label, bucket, algo, overlap in cases:
 out["auto"] = []
 for label, bucket, ring_min in (("auto", 4096, None), ("auto-one-bucket", 1 << 30, None),
                                 ("auto-both-kinds", 4096, 8704)):
-    dp = DataParallel(comm, SPEC, bucket_bytes=bucket, ring_min_bytes=ring_min)
+    dp = DataParallel(grid, SPEC, bucket_bytes=bucket, ring_min_bytes=ring_min)
     comm.stats.reset()
-    losses = dp.train()
+    losses = loop.train(dp, dp.spec.batch_at, dp.spec.steps).losses
     params = MPI.COMM_WORLD.allgather(dp.states.params)
     out["auto"].append({
         "label": label, "algorithm": dp.algorithm, "bucket_sizes": [b.size for b in dp.buckets],
@@ -132,13 +135,14 @@ for label, bucket, ring_min in (("auto", 4096, None), ("auto-one-bucket", 1 << 3
 
 # -- SGD with momentum: parity as well; mixed precision: bytes of 16-bit grads, 16 bytes/param --
 sgd = SPEC.with_(optimizer="sgd", weight_decay=0.0, lr=0.05)
-dp = DataParallel(comm, sgd, bucket_bytes=4096)
-out["sgd"] = {"losses": dp.train(), "params": dp.states.params.tolist(),
+dp = DataParallel(grid, sgd, bucket_bytes=4096)
+out["sgd"] = {"losses": loop.train(dp, sgd.batch_at, sgd.steps).losses,
+              "params": dp.states.params.tolist(),
               "serial_losses": serial_reference(sgd)["losses"],
               "serial_params": serial_reference(sgd)["params"].tolist()}
-dp = DataParallel(comm, SPEC.with_(precision="mixed"), bucket_bytes=4096, algorithm="ring")
+dp = DataParallel(grid, SPEC.with_(precision="mixed"), bucket_bytes=4096, algorithm="ring")
 comm.stats.reset()
-dp.train()
+loop.train(dp, SPEC.batch_at, SPEC.steps)
 params = MPI.COMM_WORLD.allgather(dp.states.params.view(np.uint16))
 out["mixed"] = {"sent_per_step": dp.bytes_sent_per_step(), "formula": bytes_formula(dp),
                 "itemsize": dp.itemsize, "psi": dp.layout.size,
@@ -147,8 +151,8 @@ out["mixed"] = {"sent_per_step": dp.bytes_sent_per_step(), "formula": bytes_form
 
 # -- a mixture of experts: the aux loss and its gradient go through the same walk ----------
 moe = SPEC.with_(experts=4, top_k=2, capacity_factor=1.0)
-dp = DataParallel(comm, moe, bucket_bytes=4096)
-losses = dp.train()
+dp = DataParallel(grid, moe, bucket_bytes=4096)
+losses = loop.train(dp, dp.spec.batch_at, dp.spec.steps).losses
 grouped, full = serial_reference(moe, N), serial_reference(moe)
 x, _ = moe.local_batch(0, R, N)
 _, cache = moe.model().forward(moe.initial_params(), x)  # this rank's step-0 routing

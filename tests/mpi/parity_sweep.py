@@ -34,6 +34,7 @@ from minipar import spans
 from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
 from minipar.optim import FlatParams
+from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.data_parallel.ddp import DataParallel
 from minipar.parallel.data_parallel.parameter_server import ParameterServer
@@ -115,6 +116,22 @@ class DroppedGradient(DataParallel):
         return super().start_bucket(b)
 
 
+class NoOneOverN(DataParallel):
+    """DDP whose rank 1 weights its rows' loss and gradients by 1 instead of b_r / B."""
+
+    def local_batch(self, batch: Any) -> tuple[Any, Any, float]:
+        x, y, weight = super().local_batch(batch)
+        return x, y, 1.0 if self.rank == 1 else weight
+
+
+class NoOneOverNServer(ParameterServer):
+    """A parameter server whose worker 0 weights its rows by 1 instead of b_w / B."""
+
+    def local_batch(self, batch: Any) -> tuple[Any, Any, float]:
+        x, y, weight = super().local_batch(batch)
+        return x, y, 1.0 if self.worker == 0 else weight
+
+
 class StaleShard(ZeRO):
     """ZeRO-1/2 where every rank but the last keeps the last rank's slice of the gathered
     parameters one step behind (the values of the previous step's all-gather)."""
@@ -138,28 +155,12 @@ class StaleShard(ZeRO):
 def run_case(c: TracedComm, strategy: str, spec: RunSpec, variant: int, bug: str | None):
     """(losses, final flat params) on rank 0 of ``c``, (None, None) elsewhere."""
     r, w = c.rank, c.size
-    if strategy == "dp":
-        cls = {"bucket skipped": SkippedBucket,
-               "gradient dropped": DroppedGradient}.get(bug, DataParallel)
-        bucket = 4096 if bug else 1 if w <= 3 else BUCKETS[variant % len(BUCKETS)]
-        eng = cls(c, spec, bucket)
-        assert bug != "bucket skipped" or len(eng.buckets) > 2, "the bug needs several buckets"
-        if bug == "no 1/N" and r == 1:
-            eng.weight = 1.0
-        losses = eng.train()
-        return (losses, eng.states.params.copy()) if r == 0 else (None, None)
-    if strategy == "ps":
-        servers = 2 if w >= 3 and variant % 2 else 1
-        ps = ParameterServer(c, spec, servers, "sync")
-        if not ps.is_server and bug == "no 1/N" and ps.worker == 0:
-            ps.weight = 1.0
-        if not ps.is_server and bug == "gradient dropped" and ps.worker == ps.workers - 1:
-            ps.model.loss_and_grads = _dropped(ps.model.loss_and_grads)
-        losses = ps.train()
-        shards = c.comm.gather(ps.states.params.copy() if ps.is_server else None, root=0)
-        if r != 0:
-            return None, None
-        return losses, np.concatenate([s for s in shards if s is not None])  # servers in order
+    if strategy in ("dp", "ps"):
+        grid = Grid(c, dp=w)
+        try:
+            return _run_data_parallel(grid, strategy, spec, variant, bug)
+        finally:
+            grid.free()
     stage = int(strategy[-1])
     cls = StaleShard if bug == "stale shard" else ZeRO
     grid = Grid(c, dp=w)
@@ -170,6 +171,28 @@ def run_case(c: TracedComm, strategy: str, spec: RunSpec, variant: int, bug: str
     final = eng.layout.flatten(eng.full_params())
     grid.free()
     return (losses, final) if r == 0 else (None, None)
+
+
+def _run_data_parallel(grid: Grid, strategy: str, spec: RunSpec, variant: int, bug: str | None):
+    """DDP or the synchronous parameter server through the engine interface: (losses, final
+    flat params) on rank 0, (None, None) elsewhere."""
+    r, w = grid.rank, grid.size("dp")
+    if strategy == "dp":
+        cls = {"bucket skipped": SkippedBucket, "gradient dropped": DroppedGradient,
+               "no 1/N": NoOneOverN}.get(bug, DataParallel)
+        bucket = 4096 if bug else 1 if w <= 3 else BUCKETS[variant % len(BUCKETS)]
+        eng = cls(grid, spec, bucket)
+        assert bug != "bucket skipped" or len(eng.buckets) > 2, "the bug needs several buckets"
+    else:
+        servers = 2 if w >= 3 and variant % 2 else 1
+        eng = (NoOneOverNServer if bug == "no 1/N" else ParameterServer)(grid, spec, servers, "sync")
+        if not eng.is_server and bug == "gradient dropped" and eng.worker == eng.workers - 1:
+            eng.model.loss_and_grads = _dropped(eng.model.loss_and_grads)
+    losses = loop.train(eng, spec.batch_at, spec.steps).losses
+    params = eng.full_params()
+    if r != 0:
+        return None, None
+    return losses, FlatParams.like(params).flatten(params)
 
 
 def _dropped(loss_and_grads: Any) -> Any:

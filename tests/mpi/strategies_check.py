@@ -36,9 +36,13 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
     "serial": [({}, {}, {}), ({}, {}, {"precision": "mixed"}),
                ({}, {"routing": (2,)}, {"experts": 4, "top_k": 2, "capacity_factor": 1.0})],
     # data parallelism (DDP)
-    "dp": [],
+    "dp": [({"dp": 1}, {}, {}), ({"dp": 2}, {"bucket_bytes": 4096, "algorithm": "ring"}, {}),
+           ({"dp": 4}, {}, {}), ({"dp": 8}, {"bucket_bytes": 4096, "overlap": False}, {}),
+           ({"dp": 4}, {"bucket_bytes": 4096},
+            {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "routing": (4,)}),
+           ({"dp": 2}, {}, {"precision": "mixed"})],  # round trip, evaluate; no parity
     # the parameter server
-    "ps": [],
+    "ps": [({"dp": 2}, {}, {}), ({"dp": 4}, {"servers": 2}, {})],
     # ZeRO 0-3
     "zero": [({"dp": 1}, {"stage": 3}, {}), ({"dp": 2}, {"stage": 0}, {}),
              ({"dp": 2}, {"stage": 2}, {"experts": 4, "top_k": 2, "capacity_factor": 1.0,

@@ -10,6 +10,12 @@ Read in this order:
 - :mod:`.parameter_server` — ``ParameterServer`` (Li et al. 2014, OSDI '14): workers
   push gradients to server ranks and pull parameters, synchronous or with bounded
   staleness;
+
+both are :class:`~minipar.parallel.engine.Engine` s on a grid of dp ranks
+(``strategies.build("dp" | "ps", spec, grid, **options)``): ``step(batch)`` cuts
+a rank's rows of the global batch; ``state_dict()`` holds, in DDP, whole tensors
+with replica = the dp rank, in the parameter server a server's flat range cut
+per tensor (replica 0) and a worker's whole parameters (replica 1 + worker);
 - :mod:`.measure` — the formulas next to the counters (bytes per bucket, a replica's
   model-state bytes) and the overlap measured, then rebuilt on a link of its own.
 

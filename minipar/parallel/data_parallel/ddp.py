@@ -81,15 +81,28 @@ import numpy as np
 from minipar.collectives import allreduce
 from minipar.collectives.auto import RING_MIN_BYTES
 from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
-from minipar.comm.traced import TracedComm, traced
+from minipar.comm.topology import Grid
+from minipar.comm.traced import TracedComm
 from minipar.nn import executor
 from minipar.optim import FlatParams
-from minipar.parallel.common import RunSpec, check_world, local_rows, loss_weight
+from minipar.parallel.common import RunSpec, check_world, local_rows
+from minipar.parallel.engine import (
+    Batch,
+    State,
+    StepResult,
+    load_model_states,
+    memory_of,
+    model_states,
+    sources_of,
+)
 from minipar.precision import ModelStates
 
 ALGORITHMS = ("auto", "ring", "mpi")
+#: the keyword options of :class:`DataParallel` (``strategies.build("dp", spec, grid, **options)``)
+OPTIONS = ("bucket_bytes", "algorithm", "overlap", "ring_min_bytes", "wrap_hooks")
 OP_GRADS = "dp_grad_allreduce"
 OP_LOSS = "dp_loss_allreduce"
+OP_EVAL = "dp_eval_allreduce"
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's bucket_cap_mb
 
 
@@ -192,24 +205,39 @@ class DDPHooks(executor.Hooks):
 
 
 class DataParallel:
-    """A DDP replica on this rank: ``train_step(step) -> global loss`` (same on every rank).
+    """A DDP replica on this rank, an :class:`~minipar.parallel.engine.Engine`:
+    ``step(batch)`` cuts this rank's rows of the global batch, runs forward and the
+    bucketed, overlapped backward + all-reduce, and the optimizer step; the global loss
+    (the same on every rank).
 
-    ``comm``: a TracedComm (or plain communicator) over the data-parallel ranks;
-    ``bucket_bytes``: bucket capacity in bytes; ``algorithm``: ``"auto"`` (per bucket:
-    the overlapped ring from 8 MiB up on 3+ ranks, else blocking recursive doubling;
-    :func:`bucket_algorithm`), ``"ring"`` (ours, every bucket overlapped) or ``"mpi"``
-    (MPI's Iallreduce); ``overlap``: start each bucket during backward (True) or all of
-    them after backward (False); ``ring_min_bytes``: with ``"auto"`` only, the bucket
-    size in bytes from which the ring runs instead of auto's measured 8 MiB (None);
-    ``wrap_hooks(hooks, units) -> hooks``: wraps each step's DDP hooks (remat,
-    activation offload: :class:`minipar.parallel.offload.wrap.MemoryWrap`; None).
-    ``bucket_algorithms[i]`` is bucket i's algorithm.  Every argument is checked on
-    every rank before any message.
+    ``grid``: a :class:`~minipar.comm.topology.Grid` of dp ranks only (pp = cp = tp =
+    ep = 1); the all-reduces run on ``grid.comm("dp")``.  ``bucket_bytes``: bucket
+    capacity in bytes; ``algorithm``: ``"auto"`` (per bucket: the overlapped ring from
+    8 MiB up, else blocking recursive doubling; :func:`bucket_algorithm`), ``"ring"``
+    (ours, every bucket overlapped) or ``"mpi"`` (MPI's Iallreduce); ``overlap``: start
+    each bucket during backward (True) or all of them after backward (False);
+    ``ring_min_bytes``: with ``"auto"`` only, the bucket size in bytes from which the
+    ring runs instead of auto's measured 8 MiB (None); ``wrap_hooks(hooks, units) ->
+    hooks``: wraps each step's DDP hooks (remat, activation offload:
+    :class:`minipar.parallel.offload.wrap.MemoryWrap`; None).  ``bucket_algorithms[i]``
+    is bucket i's algorithm.  Every argument is checked on every rank before any message.
+
+    State (:meth:`state_dict`): whole tensors under their serial names — params, the
+    fp32 master weights (mixed precision) and the optimizer's moments — with replica =
+    this rank's dp coordinate (replica 0 is the copy a checkpoint saves); scalars
+    ``step`` and the optimizer's.  A mixture of experts routes each rank's rows as one
+    group: the serial oracle's routing is ``(dp,)`` (``spec.routing`` () or that).
     """
 
-    def __init__(self, comm: Any, spec: RunSpec, bucket_bytes: int = int(DEFAULT_BUCKET_MB * 2**20),
+    def __init__(self, grid: Grid, spec: RunSpec, bucket_bytes: int = int(DEFAULT_BUCKET_MB * 2**20),
                  algorithm: str = "auto", overlap: bool = True,
                  ring_min_bytes: int | None = None, wrap_hooks: Any = None) -> None:
+        if not isinstance(grid, Grid):
+            raise TypeError(f"data parallelism runs on a Grid of dp ranks, got {grid!r}")
+        others = {a: grid.size(a) for a in ("pp", "cp", "tp", "ep") if grid.size(a) != 1}
+        if others:
+            raise ValueError(f"data parallelism uses the dp axis only; the grid has "
+                             f"{', '.join(f'{a} = {n}' for a, n in others.items())}")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown data-parallel algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
         if ring_min_bytes is not None and (algorithm != "auto" or isinstance(ring_min_bytes, bool)
@@ -217,9 +245,15 @@ class DataParallel:
                                            or ring_min_bytes <= 0):
             raise ValueError(f"ring_min_bytes must be a positive number of bytes, and only with "
                              f"algorithm 'auto'; got {ring_min_bytes!r} with {algorithm!r}")
-        self.comm: TracedComm = traced(comm)
+        if wrap_hooks is not None and not callable(wrap_hooks):
+            raise ValueError(f"wrap_hooks must be a function (hooks, units) -> hooks, got {wrap_hooks!r}")
+        self.grid = grid
+        self.comm: TracedComm = grid.comm("dp")
         self.rank, self.world = self.comm.rank, self.comm.size
         check_world(spec.batch, self.world)
+        if spec.experts and spec.routing not in ((), (self.world,)):
+            raise ValueError(f"DDP routes each of its {self.world} ranks' rows as one MoE group: "
+                             f"routing must be () or ({self.world},), got {spec.routing}")
         self.spec, self.algorithm, self.overlap = spec, algorithm, bool(overlap)
         self.model = spec.model()
         self.states = ModelStates(spec.precision, spec.initial_params(), spec.optimizer,
@@ -229,23 +263,34 @@ class DataParallel:
         self.buckets = make_buckets(self.layout, bucket_bytes, self.itemsize)
         self.bucket_algorithms = [bucket_algorithm(b.size * self.itemsize, self.world, algorithm,
                                                    ring_min_bytes) for b in self.buckets]
-        self.rows = local_rows(spec.batch, self.rank, self.world)
-        self.weight = loss_weight(spec.batch, self.rank, self.world)
         self.timelines: list[Timeline] = []
         self.wrap_hooks = wrap_hooks
+        self.walks: list[Any] = []  # what wrap_hooks made (closed by close())
+        self.steps_done = 0
+        self._sent = grid.bytes_by_axis()
 
     # -- one step -------------------------------------------------------------
-    def train_step(self, step: int) -> float:
-        """Forward, bucketed and overlapped backward + all-reduce, optimizer step."""
+    def local_batch(self, batch: Batch) -> tuple[Any, Any, float]:
+        """This rank's rows of the global ``batch`` (:func:`~minipar.parallel.common.local_rows`)
+        and their weight b_r / B: the weighted sum over ranks is the global mean."""
+        lo, hi = local_rows(batch.size, self.rank, self.world)
+        # copies: a view would hold the whole batch (and remat's ledger counts what is held)
+        return batch.tokens[lo:hi].copy(), batch.targets[lo:hi].copy(), (hi - lo) / batch.size
+
+    def step(self, batch: Batch) -> StepResult:
+        """Forward, bucketed and overlapped backward + all-reduce, optimizer step.
+        ``records``: this rank's :class:`Timeline` of the step."""
         c, st = self.comm, self.states
         c.Barrier()  # align the ranks' clocks for the timeline (not counted as gradient bytes)
         t0 = time.perf_counter()
-        x, y = self.spec.local_batch(step, self.rank, self.world)
+        x, y, weight = self.local_batch(batch)
         hooks = DDPHooks(self, st.param_views())
         units = self.model.units()
         walk = hooks if self.wrap_hooks is None else self.wrap_hooks(hooks, units)
+        if walk is not hooks and hasattr(walk, "close"):
+            self.walks.append(walk)
         records: list[tuple[str, str, float, float]] = []
-        loss = executor.loss_and_grads(units, walk, x, y, self.weight * st.loss_scale, records)
+        loss = executor.loss_and_grads(units, walk, x, y, weight * st.loss_scale, records)
         hooks.finish()
         tl = Timeline(self.rank)
         fwd = [r for r in records if r[0] == "forward"]
@@ -254,12 +299,13 @@ class DataParallel:
         tl.comm += [(b.index, req.t_start - t0, req.t_end - t0)
                     for b, req in zip(self.buckets, hooks.inflight)]
         t_opt = time.perf_counter()
-        st.step(found_inf=st.local_found_inf() if st.scaler else None)  # grads equal on all ranks
+        done = st.step(found_inf=st.local_found_inf() if st.scaler else None)  # grads equal on all ranks
         tl.compute.append(("optimizer", t_opt - t0, time.perf_counter() - t0))
         self.timelines.append(tl)
+        self.steps_done += 1
         with c.operation(OP_LOSS):
-            total = allreduce(c, np.array([self.weight * loss]))  # auto: recursive doubling
-        return float(total[0])
+            total = allreduce(c, np.array([weight * loss]))  # auto: recursive doubling
+        return StepResult(float(total[0]), skipped=not done, records=(tl,))
 
     def start_bucket(self, b: Bucket) -> Any:
         """Start bucket ``b``'s all-reduce: a request in flight (ring, MPI) or done (blocking)."""
@@ -270,12 +316,59 @@ class DataParallel:
         return iallreduce(self.comm, buf, TAG_BASE + b.index, algo,
                           name=OP_GRADS if algo == "ring" else "mpi_" + OP_GRADS)
 
-    def train(self) -> list[float]:
-        """``spec.steps`` steps; the global losses."""
-        return [self.train_step(s) for s in range(self.spec.steps)]
+    def evaluate(self, batch: Batch) -> float:
+        """Forward only: this rank's rows' mean loss x b_r / B, summed over the ranks."""
+        x, y, weight = self.local_batch(batch)
+        loss = self.model.loss(self.states.param_views(), x, y)
+        with self.comm.operation(OP_EVAL):
+            return float(allreduce(self.comm, np.array([weight * loss]))[0])
+
+    # -- the engine's state -----------------------------------------------------
+    def state_dict(self) -> State:
+        """Whole tensors (params, master, moments), replica = this rank's dp coordinate."""
+        st = model_states(self.states, replica=self.rank)
+        st.scalars["step"] = self.steps_done
+        return st
+
+    def load_state_dict(self, state: State | list[State]) -> None:
+        """Params, master weights, moments and the optimizer's t from any layout's states."""
+        sources = sources_of(state)
+        load_model_states(self.states, sources)
+        self.steps_done = int(sources[0].scalars.get("step", 0))
+
+    def full_params(self) -> dict[str, Any]:
+        """The replica's parameters (every rank holds them all: no message)."""
+        return {n: v.copy() for n, v in self.states.param_views().items()}
+
+    def memory(self) -> dict[str, int]:
+        """Model-state bytes of the replica, by kind."""
+        return memory_of(self.states)
+
+    def traffic(self) -> dict[str, int]:
+        """Bytes this rank sent since the last call, by grid axis."""
+        now = self.grid.bytes_by_axis()
+        out = {a: now[a] - self._sent[a] for a in now}
+        self._sent = now
+        return out
+
+    def close(self) -> None:
+        """Free what the hooks' wrappers made (offload files)."""
+        for walk in self.walks:
+            walk.close()
+        self.walks = []
 
     # -- evidence -------------------------------------------------------------
     def bytes_sent_per_step(self) -> float:
         """Bytes this rank sent in gradient all-reduces, per step (counted)."""
         return self.comm.stats.bytes_sent(OP_GRADS) / max(1, len(self.timelines))
 
+
+def build(spec: RunSpec, grid: Grid, **options: Any) -> DataParallel:
+    """The ``"dp"`` row of :mod:`minipar.parallel.strategies`: ``DataParallel(grid, spec,
+    **options)`` (``bucket_bytes``, ``algorithm``, ``overlap``, ``ring_min_bytes``,
+    ``wrap_hooks``); ValueError naming any other option."""
+    unknown = sorted(options.keys() - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"data parallelism takes no option {', '.join(unknown)}; "
+                         f"its options: {', '.join(OPTIONS)}")
+    return DataParallel(grid, spec, **options)

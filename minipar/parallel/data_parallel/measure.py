@@ -193,9 +193,10 @@ def _median_allreduce_seconds(comm: Any, nbytes: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure_overlap(comm: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
+def measure_overlap(grid: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
                     algorithm: str = "ring") -> dict[str, Any] | None:
-    """Rank side: DDP with and without overlap, alternating ``repeats`` times; rank 0 returns
+    """Rank side: DDP with and without overlap on ``grid`` (dp ranks), alternating
+    ``repeats`` times; rank 0 returns
     ``step_s`` {"overlap": [...], "no_overlap": [...]} (seconds, slowest rank, after one
     warm-up step each), ``timeline`` (every rank's last step, per mode), ``buckets``
     (names), ``bucket_bytes``, ``ready_after``, ``alpha_s``, ``beta_bytes_per_s``,
@@ -206,16 +207,18 @@ def measure_overlap(comm: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    engines = {"overlap": DataParallel(comm, spec, bucket_bytes, algorithm, overlap=True),
-               "no_overlap": DataParallel(comm, spec, bucket_bytes, algorithm, overlap=False)}
+    engines = {"overlap": DataParallel(grid, spec, bucket_bytes, algorithm, overlap=True),
+               "no_overlap": DataParallel(grid, spec, bucket_bytes, algorithm, overlap=False)}
+    comm = grid.comm("dp")
     losses: dict[str, list[float]] = {k: [] for k in engines}
     step_s: dict[str, list[float]] = {k: [] for k in engines}
     for r in range(repeats + 1):
         order = list(engines) if r % 2 == 0 else list(reversed(engines))  # neither always first
+        batch = spec.batch_at(r)
         for mode in order:
             comm.Barrier()
             t0 = time.perf_counter()
-            losses[mode].append(engines[mode].train_step(r))
+            losses[mode].append(engines[mode].step(batch).loss)
             dt = comm.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)  # reporting only
             if r > 0:
                 step_s[mode].append(dt)
