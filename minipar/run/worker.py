@@ -26,11 +26,7 @@ def work(options: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.run.summary import build
 
     spec = RunSpec.from_options(options)
-    module = strategy_module(options["strategy"])
-    if not hasattr(module, "report"):  # a strategy not yet on the engine interface
-        m = module.measure(options, spec)
-        return None if m is None else build(options, spec, m)
-    m = run_engine(options, spec, module)
+    m = run_engine(options, spec, strategy_module(options["strategy"]))
     return None if m is None else build(options, spec, m)
 
 
