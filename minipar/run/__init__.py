@@ -13,17 +13,20 @@ How it works, in three places:
 * **the launcher** (this process): :mod:`minipar.run.options` parses and
   checks every option before MPI starts (a bad value: one line, exit 2);
   :func:`main` starts N ranks with :func:`minipar.launch.run_json`;
-* **the ranks** run :mod:`minipar.run.worker`, which calls the strategy's
-  ``measure(options, spec)``;
+* **the ranks** run :mod:`minipar.run.worker`: every strategy's engine is built
+  by :func:`minipar.parallel.strategies.build` on the strategy's grid, trained by
+  :func:`minipar.parallel.loop.train`, and its parameters come from
+  ``full_params()`` — the same code for every strategy;
 * **the summary**: rank 0 builds it (:mod:`minipar.run.summary`, the keys
   are documented there), the launcher formats it or prints it as JSON.
 
 A strategy is one small module here, named in ``minipar.registry.STRATEGIES``
 (:mod:`minipar.run.dp`, :mod:`minipar.run.ps`, :mod:`minipar.run.zero`) with
 ``add_arguments(parser)``, ``check(options, spec)`` (launcher side, raises
-ValueError naming the option), ``measure(options, spec)`` (rank side: the
-measurements on rank 0, None elsewhere) and optionally
-``not_comparable(options)``; the technique itself lives in
+ValueError naming the option), and, rank side, ``grid_sizes(options, spec)``,
+``engine_options(options, spec)`` and ``report(engine, grid, options, spec,
+history)`` (its own measurements and notes, on rank 0; None elsewhere), and
+optionally ``not_comparable(options)``; the technique itself lives in
 :mod:`minipar.parallel`.
 
 Exit status: 0, or 1 when the verdict is "different" or the ranks failed

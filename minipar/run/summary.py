@@ -2,8 +2,9 @@
 
 EN run summary · RU сводка запуска · ZH 运行摘要
 
-A strategy's rank-side ``measure(options, spec)`` returns, on rank 0, the
-final parameters, the per-step losses and its own measurements;
+The worker (:mod:`minipar.run.worker`) gives, on rank 0, the final parameters
+(``engine.full_params()``), the per-step losses and the strategy's own measurements
+(its ``report``);
 :func:`build` adds the serial oracle's run and the verdict
 (:mod:`minipar.parallel.parity`) and returns one JSON-able dict, printed by
 rank 0 as one ``MINIPAR_SUMMARY {json}`` line.  The launcher prints it with
@@ -70,7 +71,7 @@ def not_comparable_reason(options: dict[str, Any]) -> str | None:
 
 
 def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, Any]:
-    """The summary of a run (rank 0): ``m`` from the strategy's ``measure``.
+    """The summary of a run (rank 0): ``m`` from the worker (losses, params, report).
 
     ``m`` holds ``ranks``, ``losses`` (per step), ``params`` (the final flat
     parameters), ``data_parallel_ranks`` (the ranks that split the batch: the
