@@ -219,8 +219,8 @@ def parity(losses: Any, serial_losses: Any, params: Any, serial_params: Any,
 
 def found_inf(comm: Any, states: Any, algorithm: str = "auto") -> bool | None:
     """Under loss scaling, whether any rank of ``comm`` found an inf or nan in the gradients
-    it holds (:meth:`~minipar.precision.ModelStates.local_found_inf`): one all-reduce (max) of
-    a flag, counted as ``"found_inf"``, so that every rank skips the step alike (the
+    it holds (:meth:`~minipar.precision.ModelStates.local_found_inf`): one all-reduce of a
+    0/1 flag (any ``algorithm``), counted as ``"found_inf"``, so that every rank skips the step alike (the
     scaler's rule, :class:`~minipar.precision.DynamicLossScaler`).  None without a scaler:
     nothing to agree on, the step is taken (``ModelStates.step(found_inf=None)``)."""
     if states.scaler is None:
@@ -228,5 +228,5 @@ def found_inf(comm: Any, states: Any, algorithm: str = "auto") -> bool | None:
     from minipar.collectives import allreduce
 
     with comm.operation("found_inf"):
-        flag = allreduce(comm, np.array([float(states.local_found_inf())]), "max", algorithm)
+        flag = allreduce(comm, np.array([float(states.local_found_inf())]), "sum", algorithm)
     return bool(flag[0] > 0)

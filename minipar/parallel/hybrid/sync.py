@@ -47,6 +47,7 @@ import numpy as np
 
 from minipar.collectives import all_gather, reduce_scatter
 from minipar.nn import executor
+from minipar.parallel.common import found_inf
 from minipar.parallel.engine import (
     Shard,
     State,
@@ -55,7 +56,6 @@ from minipar.parallel.engine import (
     load_pieces,
     model_states,
 )
-from minipar.parallel.pipeline.parts import found_inf
 from minipar.precision import ModelStates
 
 __all__ = ["OP_EXPERT_GRADS", "OP_GRADS", "OP_ZERO_AG", "OP_ZERO_RS", "ZeroSync",
@@ -152,7 +152,7 @@ class ZeroSync:
                 else:
                     st.grads[...] = reduce_scatter(comm, self._acc)
                     self._acc = None  # ZeRO-2 keeps only its shard of the gradients
-        done = st.step(found_inf=found_inf(st, self.world))
+        done = st.step(found_inf=found_inf(self.world, st))
         if self.stage in (1, 2):
             full = st.params if self.stage == 1 else self.full_buf
             with comm.operation(OP_ZERO_AG):

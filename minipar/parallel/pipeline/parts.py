@@ -30,11 +30,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from minipar.nn import executor
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
-from minipar.parallel.common import local_rows
+from minipar.parallel.common import found_inf, local_rows
 from minipar.parallel.engine import (
     Shard,
     State,
@@ -45,7 +44,7 @@ from minipar.parallel.engine import (
 )
 from minipar.precision import ModelStates
 
-__all__ = ["AllReduceSync", "SerialStage", "all_reduce", "found_inf", "replica_rows"]
+__all__ = ["AllReduceSync", "SerialStage", "all_reduce", "replica_rows"]
 
 
 def replica_rows(batch: Any, replica: int, dp: int) -> tuple[Any, Any]:
@@ -53,14 +52,6 @@ def replica_rows(batch: Any, replica: int, dp: int) -> tuple[Any, Any]:
     the stage holds its own rows (the activation ledger would count a view's whole buffer)."""
     lo, hi = local_rows(batch.size, replica, dp)
     return batch.tokens[lo:hi].copy(), batch.targets[lo:hi].copy()
-
-
-def found_inf(states: ModelStates, world: Any) -> bool | None:
-    """A 16-bit overflow anywhere (one flag, MPI's own max over ``world``), so every rank
-    skips the step together; None without a loss scaler."""
-    if states.scaler is None:
-        return None
-    return bool(world.comm.allreduce(states.local_found_inf(), op=MPI.LOR))
 
 
 class SerialStage:
@@ -162,7 +153,7 @@ class AllReduceSync:
         overflow skipped the update (on every rank alike)."""
         st = self.states
         self.reduce(st.grads, self.layout)
-        return st.step(found_inf=found_inf(st, self.world))
+        return st.step(found_inf=found_inf(self.world, st))  # every stage skips alike
 
     def ranged(self, kind: str) -> bool:
         """Whether I hold only a range of ``kind`` (no: every tensor whole)."""

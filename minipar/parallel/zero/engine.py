@@ -86,7 +86,7 @@ from minipar.comm.traced import TracedComm
 from minipar.memory import Ledger
 from minipar.nn import executor
 from minipar.nn.loss import cross_entropy_forward
-from minipar.parallel.common import local_rows, loss_weight
+from minipar.parallel.common import found_inf, local_rows, loss_weight
 from minipar.parallel.engine import (
     Batch,
     Shard,
@@ -245,12 +245,8 @@ class ZeRO:
             self.grads[...] = allreduce(self.comm, self.grads, algorithm=self.allreduce)
         elif self.stage == 1:
             self.states.grads[...] = reduce_scatter(self.comm, self.grads)
-        found_inf = None
-        if self.states.scaler is not None:  # every rank must agree to skip a step
-            with self.comm.operation("found_inf"):
-                flag = np.array([float(self.states.local_found_inf())])
-                found_inf = bool(allreduce(self.comm, flag, algorithm=self.allreduce)[0] > 0)
-        done = (self.offload or self.states).step(found_inf)
+        # every rank must agree to skip a step (one flag, counted as "found_inf")
+        done = (self.offload or self.states).step(found_inf(self.comm, self.states, self.allreduce))
         if self.stage in (1, 2):
             self.params[...] = all_gather(self.comm, self.states.params)
         self.steps_done += 1
