@@ -52,3 +52,36 @@ def tp_bytes_per_rank(
     """Bytes each TP rank sends per step for ``n_layer`` layers (ring all-reduces)."""
     return count("n_layer", n_layer) * tp_bytes_per_rank_per_layer(
         b, s, h, t, bytes_per_elem, backward)
+
+
+#: what Megatron cuts t ways, and why: the rule of tensor (and sequence) parallelism's sizes
+TP_CUTS = (("heads", "each rank takes heads/t whole heads"),
+           ("d_ff", "each rank takes d_ff/t MLP columns"),
+           ("vocab", "each rank takes vocab/t embedding rows"))
+SP_CUT = ("seq", "each rank keeps seq/t positions")
+
+
+def tp_indivisible(t: int, heads: int, d_ff: int, vocab: int | None = None,
+                   seq: int | None = None) -> list[tuple[str, int, str]]:
+    """``(name, size, why)`` of every size that ``t`` does not divide — heads, the MLP width,
+    the vocabulary (when given) and, for sequence parallelism, the sequence (when given):
+    empty when the model cuts ``t`` ways.  The one home of this rule; each caller says it
+    in its own words (an engine names the sizes, the command line its options)."""
+    sizes = {"heads": heads, "d_ff": d_ff, "vocab": vocab, "seq": seq}
+    return [(what, sizes[what], why) for what, why in (*TP_CUTS, SP_CUT)
+            if sizes[what] is not None and sizes[what] % t]
+
+
+def check_tp_sizes(t: int, heads: int, d_ff: int, vocab: int, seq: int | None = None, *,
+                   sequence_parallel: bool = False, experts: int = 0) -> None:
+    """ValueError naming the first size ``t`` does not divide (``seq``: checked when given);
+    sequence parallelism also refuses a mixture of experts.  Every rank raises alike."""
+    for what, n, why in tp_indivisible(t, heads, d_ff, vocab, seq):
+        if what == "seq":
+            raise ValueError(f"sequence length {n} is not divisible by the sequence-parallel "
+                             f"size t = {t}: {why}")
+        raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel size "
+                         f"t = {t}: {why}")
+    if sequence_parallel and experts:
+        raise ValueError("sequence parallelism with a mixture of experts is not built: "
+                         "use tensor parallelism alone (run tp) for an MoE GPT")

@@ -41,8 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser, sequence_parallel: bool = Fal
 
 def _slices(spec: Any, t: int, sequence_parallel: bool) -> bool:
     """Whether the model cuts t ways: heads, the MLP width 4·d, the vocabulary (SP: seq)."""
-    ok = spec.heads % t == 0 and (4 * spec.d_model) % t == 0 and spec.vocab % t == 0
-    return ok and (not sequence_parallel or spec.seq % t == 0)
+    from minipar.plan.tensor import tp_indivisible
+
+    return not tp_indivisible(t, spec.heads, 4 * spec.d_model, spec.vocab,
+                              spec.seq if sequence_parallel else None)
 
 
 def grid_sizes(options: dict[str, Any], spec: Any = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from minipar import spans
+from minipar.plan.tensor import check_tp_sizes
 
 __all__ = ["ZERO_STAGES", "check_hybrid", "micro_rows"]
 
@@ -46,19 +47,9 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
         raise ValueError(f"Grid: ep = {ep} must divide dp·cp = {dp}·{cp} = {dp * cp} (expert "
                          "parallelism reuses the data-parallel ranks, as in DeepSpeed-MoE)")
     cfg = spec.config()
-    for what, n, why in (("heads", cfg.n_head, "each rank takes heads/t whole heads"),
-                         ("d_ff", cfg.d_ff, "each rank takes d_ff/t MLP columns"),
-                         ("vocab", cfg.vocab_size, "each rank takes vocab/t embedding rows")):
-        if n % tp:
-            raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel size "
-                             f"t = {tp}: {why}")
-    if sequence_parallel and tp > 1:
-        if spec.seq % tp:
-            raise ValueError(f"sequence length {spec.seq} is not divisible by the "
-                             f"sequence-parallel size t = {tp}: each rank keeps seq/t positions")
-        if spec.experts:
-            raise ValueError("sequence parallelism with a mixture of experts is not built: "
-                             "use tensor parallelism alone for an MoE GPT")
+    sp = sequence_parallel and tp > 1
+    check_tp_sizes(tp, cfg.n_head, cfg.d_ff, cfg.vocab_size, spec.seq if sp else None,
+                   sequence_parallel=sp, experts=spec.experts)
     check_world(spec.batch, dp)
     check_pipeline(spec.layers, pp, micro_batches, schedule, chunks, balance,
                    spans.counts(spec.batch, dp)[-1], remat)

@@ -57,6 +57,7 @@ from minipar.parallel.mappings import (
     reduce_from_parallel,
     scatter_to_sequence,
 )
+from minipar.plan.tensor import check_tp_sizes
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
            "check_tp", "gather_params", "kind_of", "placements", "shard_params", "split_columns",
@@ -71,19 +72,8 @@ def check_tp(cfg: GPTConfig, t: int, sequence_parallel: bool = False,
     every rank raises alike, before any message).  SP also needs ``seq`` % t == 0."""
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
         raise ValueError(f"the tensor-parallel size must be a positive integer, got {t!r}")
-    for what, n, why in (("heads", cfg.n_head, "each rank takes heads/t whole heads"),
-                         ("d_ff", cfg.d_ff, "each rank takes d_ff/t MLP columns"),
-                         ("vocab", cfg.vocab_size, "each rank takes vocab/t embedding rows")):
-        if n % t:
-            raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel size "
-                             f"t = {t}: {why}")
-    if sequence_parallel:
-        if seq is not None and seq % t:
-            raise ValueError(f"sequence length {seq} is not divisible by the sequence-parallel "
-                             f"size t = {t}: each rank keeps seq/t positions")
-        if cfg.n_experts:
-            raise ValueError("sequence parallelism with a mixture of experts is not built: "
-                             "use tensor parallelism alone (run tp) for an MoE GPT")
+    check_tp_sizes(t, cfg.n_head, cfg.d_ff, cfg.vocab_size, seq if sequence_parallel else None,
+                   sequence_parallel=sequence_parallel, experts=cfg.n_experts)
 
 
 def split_columns(a: Any, t: int, r: int, parts: int = 1) -> Any:
