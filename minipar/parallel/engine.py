@@ -452,3 +452,25 @@ def build(spec: Any, grid: Any = None, **options: Any) -> SerialEngine:
     return SerialEngine(spec.model(), spec.precision, spec.optimizer, spec.seed,
                         routing=options.get("routing", getattr(spec, "routing", ())),
                         **spec.opt_kwargs())
+
+
+class AxisTraffic:
+    """An engine's ``traffic()`` on a grid: the bytes this rank sent since the last call on
+    each of the grid's communicators (every axis, zeros included) and under ``"world"`` on
+    the grid's own communicator (a loss all-reduce, ``found_inf``).  All of a grid's
+    communicators share one counter, so the values add up to what it counted."""
+
+    def __init__(self, grid: Any) -> None:
+        self.grid = grid
+        self.last = self.now()
+
+    def now(self) -> dict[str, int]:
+        """Bytes sent so far, by axis and ``"world"``."""
+        w = self.grid.world
+        return {**self.grid.bytes_by_axis(), "world": w.stats.bytes_sent(comm=w.name)}
+
+    def __call__(self) -> dict[str, int]:
+        now = self.now()
+        out = {k: v - self.last.get(k, 0) for k, v in now.items()}
+        self.last = now
+        return out

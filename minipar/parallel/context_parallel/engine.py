@@ -59,6 +59,7 @@ from minipar.parallel.common import RunSpec
 from minipar.parallel.context_parallel.layout import check, sharding
 from minipar.parallel.context_parallel.model import cp_units
 from minipar.parallel.engine import (
+    AxisTraffic,
     Batch,
     State,
     StepResult,
@@ -110,7 +111,7 @@ class ContextParallel:
                                   spec.optimizer, **spec.opt_kwargs())
         self.weight = len(self.positions) / spec.seq  # w_r = t_r / s
         self.steps_done = 0
-        self._sent = grid.bytes_by_axis()  # traffic(): bytes by axis since the last call
+        self._traffic = AxisTraffic(grid)
 
     def shard(self, a: Any) -> Any:
         """My columns (positions) of a (batch, seq) array."""
@@ -175,11 +176,8 @@ class ContextParallel:
         return memory_of(self.states)
 
     def traffic(self) -> dict[str, int]:
-        """Bytes I sent since the last call, by grid axis (cp, and any other that sent)."""
-        now = self.grid.bytes_by_axis()
-        out = {a: v - self._sent.get(a, 0) for a, v in now.items()}
-        self._sent = now
-        return {a: v for a, v in out.items() if v or a == "cp"}
+        """Bytes this rank sent since the last call, by grid axis (and ``"world"``)."""
+        return self._traffic()
 
     def close(self) -> None:
         """Nothing to free: the grid (and its communicators) belongs to the caller."""

@@ -87,6 +87,7 @@ from minipar.nn import executor
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, check_world, local_rows
 from minipar.parallel.engine import (
+    AxisTraffic,
     Batch,
     State,
     StepResult,
@@ -267,7 +268,7 @@ class DataParallel:
         self.wrap_hooks = wrap_hooks
         self.walks: list[Any] = []  # what wrap_hooks made (closed by close())
         self.steps_done = 0
-        self._sent = grid.bytes_by_axis()
+        self._traffic = AxisTraffic(grid)
 
     # -- one step -------------------------------------------------------------
     def local_batch(self, batch: Batch) -> tuple[Any, Any, float]:
@@ -345,11 +346,8 @@ class DataParallel:
         return memory_of(self.states)
 
     def traffic(self) -> dict[str, int]:
-        """Bytes this rank sent since the last call, by grid axis."""
-        now = self.grid.bytes_by_axis()
-        out = {a: now[a] - self._sent[a] for a in now}
-        self._sent = now
-        return out
+        """Bytes this rank sent since the last call, by grid axis (and ``"world"``)."""
+        return self._traffic()
 
     def close(self) -> None:
         """Free what the hooks' wrappers made (offload files)."""

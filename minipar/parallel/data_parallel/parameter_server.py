@@ -83,6 +83,7 @@ from minipar.nn import GPT
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, check_world, local_rows
 from minipar.parallel.engine import (
+    AxisTraffic,
     Batch,
     Shard,
     State,
@@ -164,7 +165,7 @@ class ParameterServer:
         self.spans = [shard_span(self.layout.size, servers, k) for k in range(servers)]
         self.max_delay = 0  # async: most updates applied between a pull and the push it led to
         self.steps_done = 0
-        self._sent = grid.bytes_by_axis()
+        self._traffic = AxisTraffic(grid)
         if self.is_server:
             self.lo, self.hi = self.spans[self.rank]
             # the server's model states: its shard of params, grads and optimizer states
@@ -378,11 +379,8 @@ class ParameterServer:
         return {"params": int(self.params.nbytes), "grads": int(self.grads.nbytes)}
 
     def traffic(self) -> dict[str, int]:
-        """Bytes this rank sent since the last call, by grid axis."""
-        now = self.grid.bytes_by_axis()
-        out = {a: now[a] - self._sent[a] for a in now}
-        self._sent = now
-        return out
+        """Bytes this rank sent since the last call, by grid axis (and ``"world"``)."""
+        return self._traffic()
 
     def close(self) -> None:
         """Nothing to free: the communicators are the grid's."""

@@ -83,6 +83,7 @@ from minipar.nn.loss import cross_entropy_forward
 from minipar.optim import FlatParams
 from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows, loss_weight
 from minipar.parallel.engine import (
+    AxisTraffic,
     Batch,
     State,
     StepResult,
@@ -210,7 +211,7 @@ class ExpertParallel:
         self.stats: list[list[dict[str, Any]]] = []
         self.steps_done = 0
         self._step_bytes = dict.fromkeys(self._sent(), 0)  # sent by step() alone
-        self._last = self._sent()  # traffic() since here
+        self._traffic = AxisTraffic(grid)
 
     def _sent(self) -> dict[str, int]:
         """Bytes this rank has sent on each grid axis and on the grid's own communicator
@@ -301,11 +302,8 @@ class ExpertParallel:
         return memory_of(self.states)
 
     def traffic(self) -> dict[str, int]:
-        """Bytes this rank sent since the last call, by grid axis (and ``world``: the loss)."""
-        now = self._sent()
-        out = {k: v - self._last.get(k, 0) for k, v in now.items()}
-        self._last = now
-        return out
+        """Bytes this rank sent since the last call, by grid axis (and ``"world"``)."""
+        return self._traffic()
 
     def close(self) -> None:
         """Nothing to free: the communicators are the grid's (its owner frees them)."""

@@ -64,7 +64,7 @@ from minipar import spans
 from minipar.nn import executor
 from minipar.nn.dtypes import check_model_dtype
 from minipar.parallel.common import check_world
-from minipar.parallel.engine import Batch, State, StepResult, sources_of
+from minipar.parallel.engine import AxisTraffic, Batch, State, StepResult, sources_of
 from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageLink, Whole
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.parts import AllReduceSync, SerialStage, all_reduce
@@ -148,7 +148,7 @@ class PipelineParallel:
         self.cpu_records: list[list[Record]] = []  # per step: CPU seconds (process_time)
         self.steps_done = 0
         self._eval_hooks: Any = None  # evaluate(): the hooks of a forward-only pass
-        self._sent = self._bytes_sent()  # traffic(): bytes by axis at the last call
+        self._traffic = AxisTraffic(grid)
 
     @property
     def activation_peak_bytes(self) -> int:
@@ -234,19 +234,12 @@ class PipelineParallel:
         return {**self.model_state_bytes(), "activations_peak": int(self.activation_peak_bytes)}
 
     def traffic(self) -> dict[str, int]:
-        """Bytes this rank sent since the last call, by grid axis (and the grid's world)."""
-        now = self._bytes_sent()
-        out = {k: now[k] - self._sent.get(k, 0) for k in now}
-        self._sent = now
-        return out
+        """Bytes this rank sent since the last call, by grid axis (and ``"world"``)."""
+        return self._traffic()
 
     def close(self) -> None:
         """Remove what an interrupted step left offloaded (the grid is the caller's)."""
         self.stage_memory.end_step()
-
-    def _bytes_sent(self) -> dict[str, int]:
-        return {**self.grid.bytes_by_axis(),
-                "world": self.world.stats.bytes_sent(comm=self.world.name)}
 
     # -- one pass over the instructions -------------------------------------------
     def _begin(self, batch: Batch) -> None:

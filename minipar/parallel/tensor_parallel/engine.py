@@ -43,6 +43,7 @@ from minipar.collectives import allreduce
 from minipar.nn import executor
 from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows
 from minipar.parallel.engine import (
+    AxisTraffic,
     Batch,
     State,
     StepResult,
@@ -102,7 +103,7 @@ class TensorParallel:
                                   spec.optimizer, **spec.opt_kwargs())
         self.placements = placements(self.cfg, t, self.tp.rank)
         self.steps_done = 0
-        self._sent = self._counted()
+        self._traffic = AxisTraffic(grid)
 
     # -- the batch -------------------------------------------------------------------
     def _mine(self, batch: Batch) -> tuple[Any, Any, float]:
@@ -164,16 +165,9 @@ class TensorParallel:
     def memory(self) -> dict[str, int]:
         return memory_of(self.states)
 
-    def _counted(self) -> dict[str, int]:
-        stats = self.grid.world.stats
-        return {**self.grid.bytes_by_axis(),
-                "world": stats.bytes_sent(comm=self.grid.world.name)}  # found-inf
-
     def traffic(self) -> dict[str, int]:
-        """Bytes sent since the last call, by grid axis (and the world's found-inf)."""
-        now, before = self._counted(), self._sent
-        self._sent = now
-        return {k: v - before.get(k, 0) for k, v in now.items()}
+        """Bytes this rank sent since the last call, by grid axis (and ``"world"``)."""
+        return self._traffic()
 
     def close(self) -> None:
         """Nothing to free: the grid's communicators are its owner's."""

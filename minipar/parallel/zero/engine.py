@@ -88,6 +88,7 @@ from minipar.nn import executor
 from minipar.nn.loss import cross_entropy_forward
 from minipar.parallel.common import found_inf, local_rows, loss_weight
 from minipar.parallel.engine import (
+    AxisTraffic,
     Batch,
     Shard,
     State,
@@ -217,8 +218,7 @@ class ZeRO:
             self.offload = OptimizerOffload(self.states, offload_optimizer, opt_dir)
         if self.memory_wrap is not None:
             self.hooks = self.memory_wrap(self.hooks, self.units)
-        self._sent = grid.bytes_by_axis()
-        self._sent_all = self.comm.stats.bytes_sent()
+        self._traffic = AxisTraffic(grid)
 
     # -- one training step ---------------------------------------------------
     def _local(self, batch: Batch) -> tuple[Any, Any]:
@@ -353,16 +353,8 @@ class ZeRO:
         return out
 
     def traffic(self) -> dict[str, int]:
-        """Bytes this rank sent since the last call, by grid axis (ZeRO's go on ``dp``;
-        ``world``: what the ranks' other communicators sent meanwhile, if anything)."""
-        now, total = self.grid.bytes_by_axis(), self.comm.stats.bytes_sent()
-        out = {k: v - self._sent.get(k, 0) for k, v in now.items()}
-        out = {k: v for k, v in out.items() if v or k == "dp"}
-        other = (total - self._sent_all) - sum(out.values())
-        if other:
-            out["world"] = other
-        self._sent, self._sent_all = now, total
-        return out
+        """Bytes this rank sent since the last call, by grid axis (and ``"world"``)."""
+        return self._traffic()
 
     def close(self) -> None:
         """Remove the offload files (optimizer states, activations on disk)."""
