@@ -327,12 +327,15 @@ def optimizer_scalars(states: ModelStates, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def load_model_states(states: ModelStates, sources: Iterable[State],
-                      placements: dict[str, Shard] | None = None, prefix: str = "") -> None:
-    """Fill ``states`` (params, master, moments, optimizer t, loss scale) from the
-    overlapping pieces of ``sources`` (any layout's states)."""
+def saved_step(sources: Iterable[State]) -> int:
+    """The steps the saved run had taken (scalar ``"step"``; 0 when none is saved)."""
+    return max((int(s.scalars["step"]) for s in sources if "step" in s.scalars), default=0)
+
+
+def load_scalars(states: ModelStates, sources: Iterable[State], prefix: str = "") -> int:
+    """The optimizer's t and the loss scaler's state from ``sources`` into ``states``;
+    returns :func:`saved_step`."""
     sources = list(sources)
-    load_pieces(model_states(states, placements, prefix=prefix), sources)
     scalars: dict[str, Any] = {}
     for s in sources:
         scalars.update(s.scalars)
@@ -342,6 +345,16 @@ def load_model_states(states: ModelStates, sources: Iterable[State],
         states.scaler.scale = float(scalars[f"{prefix}scaler.scale"])
         states.scaler.good_steps = int(scalars[f"{prefix}scaler.good_steps"])
         states.scaler.skipped = int(scalars[f"{prefix}scaler.skipped"])
+    return saved_step(sources)
+
+
+def load_model_states(states: ModelStates, sources: Iterable[State],
+                      placements: dict[str, Shard] | None = None, prefix: str = "") -> int:
+    """Fill ``states`` (params, master, moments, optimizer t, loss scale) from the
+    overlapping pieces of ``sources`` (any layout's states); returns the saved step."""
+    sources = list(sources)
+    load_pieces(model_states(states, placements, prefix=prefix), sources)
+    return load_scalars(states, sources, prefix)
 
 
 def memory_of(states: ModelStates) -> dict[str, int]:
@@ -427,9 +440,7 @@ class SerialEngine:
         return st
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
-        sources = sources_of(state)
-        load_model_states(self.states, sources)
-        self.steps_done = int(sources[0].scalars.get("step", 0))
+        self.steps_done = load_model_states(self.states, sources_of(state))
 
     def full_params(self) -> dict[str, Array]:
         return {n: v.copy() for n, v in self.views.items()}

@@ -164,9 +164,7 @@ class ContextParallel:
         return st
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
-        sources = sources_of(state)
-        load_model_states(self.states, sources)
-        self.steps_done = int(sources[0].scalars.get("step", 0))
+        self.steps_done = load_model_states(self.states, sources_of(state))
 
     def full_params(self) -> dict[str, Any]:
         """The whole model, serial names and order: every rank holds it (no message)."""

@@ -333,9 +333,7 @@ class DataParallel:
 
     def load_state_dict(self, state: State | list[State]) -> None:
         """Params, master weights, moments and the optimizer's t from any layout's states."""
-        sources = sources_of(state)
-        load_model_states(self.states, sources)
-        self.steps_done = int(sources[0].scalars.get("step", 0))
+        self.steps_done = load_model_states(self.states, sources_of(state))
 
     def full_params(self) -> dict[str, Any]:
         """The replica's parameters (every rank holds them all: no message)."""

@@ -90,8 +90,10 @@ from minipar.parallel.engine import (
     StepResult,
     flat_pieces,
     load_pieces,
+    load_scalars,
     memory_of,
     model_states,
+    saved_step,
     sources_of,
     whole,
 )
@@ -355,13 +357,9 @@ class ParameterServer:
         master, moments, the optimizer's t), a worker its parameters."""
         sources = sources_of(state)
         load_pieces(self.state_dict(), sources)
-        scalars: dict[str, Any] = {}
-        for s in sources:
-            scalars.update(s.scalars)
-        self.steps_done = int(scalars.get("step", 0))
+        self.steps_done = saved_step(sources)
         if self.is_server:
-            if "optimizer.t" in scalars:
-                self.states.optimizer.t = int(scalars["optimizer.t"])
+            load_scalars(self.states, sources)
             self._restart(self.steps_done)
 
     def full_params(self) -> dict[str, Any]:

@@ -275,9 +275,7 @@ class ExpertParallel:
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
         """This rank's tensors from the overlapping pieces of ``state`` (any layout's)."""
-        sources = sources_of(state)
-        load_model_states(self.states, sources)
-        self.steps_done = int(sources[0].scalars.get("step", 0))
+        self.steps_done = load_model_states(self.states, sources_of(state))
 
     def full_params(self) -> dict[str, Any]:
         """Collective: the whole model on every rank, serial names in the serial order, the

@@ -54,6 +54,7 @@ from minipar.parallel.engine import (
     flat_pieces,
     load_model_states,
     load_pieces,
+    load_scalars,
     model_states,
 )
 from minipar.precision import ModelStates
@@ -196,23 +197,13 @@ class ZeroSync:
     def load(self, sources: Iterable[State], placements: dict[str, Shard]) -> None:
         """Fill my range (ZeRO-2: and the full parameters) from the overlapping pieces of
         ``sources`` (any layout's states), then the optimizer's t and the loss scale
-        (:func:`minipar.parallel.engine.load_model_states` does the same for one container
-        of whole tensors, ZeRO-1's)."""
+        (:func:`minipar.parallel.engine.load_scalars`)."""
         sources = list(sources)
         if self.stage == 1:
             load_model_states(self.states, sources, placements)
             return
         load_pieces(self.state(placements), sources)
-        scalars: dict[str, Any] = {}
-        for s in sources:
-            scalars.update(s.scalars)
-        st = self.states
-        if "optimizer.t" in scalars:
-            st.optimizer.t = int(scalars["optimizer.t"])
-        if st.scaler is not None and "scaler.scale" in scalars:
-            st.scaler.scale = float(scalars["scaler.scale"])
-            st.scaler.good_steps = int(scalars["scaler.good_steps"])
-            st.scaler.skipped = int(scalars["scaler.skipped"])
+        load_scalars(self.states, sources)
 
     def stage_params(self) -> dict[str, Any]:
         """My stage's parameters, tensor by tensor (ZeRO-3: my stage's shards all-gathered,

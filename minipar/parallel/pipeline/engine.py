@@ -64,7 +64,7 @@ from minipar import spans
 from minipar.nn import executor
 from minipar.nn.dtypes import check_model_dtype
 from minipar.parallel.common import check_world
-from minipar.parallel.engine import AxisTraffic, Batch, State, StepResult, sources_of
+from minipar.parallel.engine import AxisTraffic, Batch, State, StepResult, saved_step, sources_of
 from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageLink, Whole
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.parts import AllReduceSync, SerialStage, all_reduce
@@ -218,7 +218,7 @@ class PipelineParallel:
         """Read my stage's tensors from the overlapping pieces of ``state`` (any layout)."""
         sources = sources_of(state)
         self.sync.load(sources, self.stage_model.placements(self.stage_layout.names))
-        self.steps_done = max(int(s.scalars.get("step", 0)) for s in sources)
+        self.steps_done = saved_step(sources)
 
     def full_params(self) -> dict[str, Any]:
         """The whole model under its serial names, serial order, on every rank (collective;

@@ -153,9 +153,7 @@ class TensorParallel:
         return st
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
-        sources = sources_of(state)
-        load_model_states(self.states, sources, self.placements)
-        self.steps_done = int(next((s.scalars["step"] for s in sources if "step" in s.scalars), 0))
+        self.steps_done = load_model_states(self.states, sources_of(state), self.placements)
 
     def full_params(self) -> dict[str, Any]:
         """The whole model on every rank: serial names and order, the params' dtype

@@ -95,6 +95,7 @@ from minipar.parallel.engine import (
     StepResult,
     flat_pieces,
     load_pieces,
+    load_scalars,
     optimizer_scalars,
     sources_of,
     whole,
@@ -308,16 +309,7 @@ class ZeRO:
         rank's of any layout), then the optimizer's step count, the loss scale and ``step``."""
         sources = sources_of(state)
         load_pieces(self.state_dict(), sources)
-        scalars: dict[str, Any] = {}
-        for s in sources:
-            scalars.update(s.scalars)
-        if "optimizer.t" in scalars:
-            self.states.optimizer.t = int(scalars["optimizer.t"])
-        if self.states.scaler is not None and "scaler.scale" in scalars:
-            self.states.scaler.scale = float(scalars["scaler.scale"])
-            self.states.scaler.good_steps = int(scalars["scaler.good_steps"])
-            self.states.scaler.skipped = int(scalars["scaler.skipped"])
-        self.steps_done = int(scalars.get("step", 0))
+        self.steps_done = load_scalars(self.states, sources)
 
     def full_params(self) -> dict[str, Any]:
         """The whole model under its serial names, on every rank (collective: stage 3
