@@ -9,15 +9,14 @@ the exact bytes of what it chose.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
+from conftest import MPI_DIR, summary_of
 
 import minipar.collectives as C
 from minipar import launch
 from minipar.collectives import auto
 
-MPI_DIR = Path(__file__).parent / "mpi"
 MiB = 1 << 20
 
 
@@ -75,9 +74,6 @@ def test_auto_is_the_default():
 def test_auto_on_real_ranks(n):
     proc = launch.run(n, str(MPI_DIR / "auto_check.py"), timeout=180,
                       env={"MINIPAR_WATCHDOG_S": "60"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("AUTO-SUMMARY")]
-    assert line, proc.stdout[-3000:]
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
+    fields = summary_of(proc, "AUTO")
     assert fields["N"] == str(n) and fields["failures"] == "0", proc.stdout[-3000:]
     assert int(fields["checks"]) > 50 * n

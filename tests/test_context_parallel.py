@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MPI_DIR, summary_of
 
 from minipar import launch, run
 from minipar.nn.attention import attention_core_backward, attention_core_forward
@@ -52,8 +53,6 @@ from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
 )
-
-MPI_DIR = Path(__file__).parent / "mpi"
 
 
 def _qkv(b: int = 2, h: int = 3, t: int = 12, dh: int = 4, seed: int = 0) -> list[np.ndarray]:
@@ -205,10 +204,7 @@ def test_tracemalloc_of_an_attention_forward_on_one_rank() -> None:
 def test_parity_bytes_and_memory_on_ranks(n: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "cp_check.py"), timeout=240,
                       env={"MINIPAR_WATCHDOG_S": "60"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("CP-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
+    fields = summary_of(proc, "CP")
     assert fields["N"] == str(n) and fields["failures"] == "0"
     assert int(fields["checks"]) >= 130 * n
 

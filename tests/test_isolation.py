@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MPI_DIR, summary_of
 
 from minipar import launch
 from minipar.comm import tags as T
 
-MPI_DIR = Path(__file__).parent / "mpi"
 PKG = Path(__file__).parent.parent / "minipar"
 
 
@@ -29,10 +29,7 @@ PKG = Path(__file__).parent.parent / "minipar"
 def test_foreign_messages_pending_while_collectives_run(n: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "isolation_check.py"), timeout=180,
                       env={"MINIPAR_WATCHDOG_S": "30"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ISOLATION-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
+    fields = summary_of(proc, "ISOLATION")
     assert fields["N"] == str(n) and fields["failures"] == "0"
     assert int(fields["checks"]) > 100 * n
 

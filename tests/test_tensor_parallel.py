@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MPI_DIR, summary_of
 
 from minipar import launch
 from minipar.nn import GPT, GPTConfig
@@ -31,17 +31,12 @@ from minipar.parallel.tensor_parallel.layers import (
     unshard_params,
 )
 
-MPI_DIR = Path(__file__).parent / "mpi"
-
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_tp_layers_gpt_counts_and_training(n: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "tp_check.py"), timeout=180,
                       env={"MINIPAR_WATCHDOG_S": "90"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
+    fields = summary_of(proc, "TP")
     assert fields["N"] == str(n) and fields["failures"] == "0"
     assert int(fields["checks"]) > 100
 
