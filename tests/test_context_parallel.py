@@ -20,14 +20,11 @@ prints the verdict and its JSON holds the measurements.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MPI_DIR, summary_of
+from conftest import MPI_DIR, refused_before_mpi, summary_of
 
 from minipar import launch, run
 from minipar.nn.attention import attention_core_backward, attention_core_forward
@@ -222,17 +219,8 @@ BAD = [
 @pytest.mark.parametrize("args,words", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_a_bad_cp_option_is_one_line_and_exit_2_before_mpi(args: list[str], words: str,
                                                            tmp_path: Path) -> None:
-    mark = tmp_path / "mpiexec-was-started"
-    fake = tmp_path / "fake-mpiexec"
-    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
-    fake.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, launch.MPIEXEC_VAR: str(fake)})
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("minipar run: ") and words in lines[0], lines
-    assert proc.stdout == "" and not mark.exists()
+    line = refused_before_mpi(["run", *args], tmp_path).stderr.strip()
+    assert line.startswith("minipar run: ") and words in line, line
 
 
 def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None:
