@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import MPI_DIR, summary_of
+from conftest import launch_checks
 
 import minipar.collectives as C
-from minipar import launch
 from minipar.collectives import auto
 
 MiB = 1 << 20
@@ -72,8 +71,5 @@ def test_auto_is_the_default():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
 def test_auto_on_real_ranks(n):
-    proc = launch.run(n, str(MPI_DIR / "auto_check.py"), timeout=180,
-                      env={"MINIPAR_WATCHDOG_S": "60"})
-    fields = summary_of(proc, "AUTO")
-    assert fields["N"] == str(n) and fields["failures"] == "0", proc.stdout[-3000:]
+    fields = launch_checks(n, "auto_check.py", "AUTO", timeout=180, watchdog_s=60)
     assert int(fields["checks"]) > 50 * n

@@ -13,12 +13,10 @@ through a real ``python -m minipar.cli`` process as well.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import STARTED, fake_mpiexec
+from conftest import STARTED, fake_mpiexec, run_minipar
 
 from minipar import cli, launch
 
@@ -248,6 +246,5 @@ def test_unknown_verb(capsys: pytest.CaptureFixture[str]) -> None:
      "does not create it)")),
 ])
 def test_through_a_real_process(argv: list[str], line: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "minipar.cli", *argv], capture_output=True,
-                          text=True, timeout=60, check=False)
+    proc = run_minipar(*argv, timeout=60)
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import run_minipar
 
 TINY = ["-n", "2", "--d-model", "16", "--layers", "1", "--heads", "2", "--seq", "8",
         "--batch", "4", "--vocab", "16", "--steps", "1"]
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "bench", "ep", *args],
-                          capture_output=True, text=True, timeout=180, check=False)
+    return run_minipar("bench", "ep", *args, timeout=180)
 
 
 def test_bench_ep_times_four_runs_and_prints_the_capacity_table() -> None:

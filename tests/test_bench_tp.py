@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from conftest import run_minipar
 
 TINY = ["--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--steps", "1"]
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "bench", "tp", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return run_minipar("bench", "tp", *args, timeout=120)
 
 
 def test_bench_tp_times_both_and_counts_the_ring_bytes() -> None:

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from conftest import run_minipar
 
 TINY = ["-n", "2", "--d-model", "16", "--layers", "1", "--heads", "2", "--seq", "8",
         "--batch", "4", "--vocab", "16", "--steps", "1"]
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "bench", "zero", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return run_minipar("bench", "zero", *args, timeout=120)
 
 
 def test_bench_zero_reports_every_stage_and_the_3_to_2_traffic() -> None:

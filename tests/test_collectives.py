@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import MPI_DIR, summary_of
+from conftest import MPI_DIR, launch_checks
 
 import minipar.collectives as C
 from minipar import launch
@@ -20,10 +20,7 @@ from minipar import launch
 
 @pytest.mark.parametrize("n", range(1, 9))
 def test_collectives_match_mpi_and_formulas(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "coll_check.py"), timeout=120,
-                      env={"MINIPAR_WATCHDOG_S": "30"})
-    fields = summary_of(proc, "COLL")
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "coll_check.py", "COLL", timeout=120, watchdog_s=30)
     assert int(fields["checks"]) > 600
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MPI_DIR, refused_before_mpi, summary_of
+from conftest import launch_checks, refused_before_mpi
 
-from minipar import launch, run
+from minipar import run
 from minipar.nn.attention import attention_core_backward, attention_core_forward
 from minipar.nn.blockwise_attention import (
     attention_block_backward,
@@ -199,10 +199,7 @@ def test_tracemalloc_of_an_attention_forward_on_one_rank() -> None:
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_parity_bytes_and_memory_on_ranks(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "cp_check.py"), timeout=240,
-                      env={"MINIPAR_WATCHDOG_S": "60"})
-    fields = summary_of(proc, "CP")
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "cp_check.py", "CP", timeout=240, watchdog_s=60)
     assert int(fields["checks"]) >= 130 * n
 
 

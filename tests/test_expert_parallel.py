@@ -16,14 +16,12 @@ rank's EP block bit-identical to the serial block.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import refused_before_mpi
+from conftest import refused_before_mpi, run_minipar
 from mpi4py import MPI
 
 from minipar import launch
@@ -112,9 +110,7 @@ def test_one_rank_ep_block_is_the_serial_block_bit_for_bit() -> None:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", "ep", *args],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, **(env or {})})
+    return run_minipar("run", "ep", *args, env=env)
 
 
 def test_minipar_run_ep_json_has_the_routing_and_the_bytes_per_axis() -> None:

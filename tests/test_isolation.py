@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MPI_DIR, summary_of
+from conftest import launch_checks
 
-from minipar import launch
 from minipar.comm import tags as T
 
 PKG = Path(__file__).parent.parent / "minipar"
@@ -27,10 +26,7 @@ PKG = Path(__file__).parent.parent / "minipar"
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_foreign_messages_pending_while_collectives_run(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "isolation_check.py"), timeout=180,
-                      env={"MINIPAR_WATCHDOG_S": "30"})
-    fields = summary_of(proc, "ISOLATION")
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "isolation_check.py", "ISOLATION", timeout=180, watchdog_s=30)
     assert int(fields["checks"]) > 100 * n
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import refused_before_mpi
+from conftest import refused_before_mpi, run_minipar
 
 from minipar.memory import PLACES, Ledger, buffers, bytes_by_place, measure, nbytes
 from minipar.nn import GPT, GPTConfig, Hooks, executor
@@ -307,12 +307,7 @@ def test_the_launcher_side_copy_of_the_targets_agrees() -> None:
 
 # ------------------------------------------------------------------ minipar run dp | zero
 def _cli(*args: str, env: dict[str, str] | None = None) -> Any:
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, **(env or {})})
+    return run_minipar("run", *args, env=env, timeout=300)
 
 
 @pytest.mark.parametrize("args", [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import MPI_DIR, summary_of
+from conftest import MPI_DIR, launch_checks
 from mpi4py import MPI
 
 from minipar import launch
@@ -30,10 +30,7 @@ from minipar.plan.collectives import (
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_pairs_adjoint_exact_and_bytes(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "pairs_check.py"), timeout=90,
-                      env={"MINIPAR_WATCHDOG_S": "30"})
-    fields = summary_of(proc, "PAIRS")
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "pairs_check.py", "PAIRS", timeout=90, watchdog_s=30)
     assert int(fields["checks"]) > 250
 
 

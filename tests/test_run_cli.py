@@ -10,14 +10,12 @@ stay well under a second (the check needs no model, no rank).
 from __future__ import annotations
 
 import json
-import os
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import refused_before_mpi
+from conftest import refused_before_mpi, run_minipar
 
 from minipar import launch, run
 
@@ -53,9 +51,7 @@ BAD = [
 
 def _cli(*args: str, env: dict[str, str] | None = None,
          timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False,
-                          env={**os.environ, **(env or {})})
+    return run_minipar("run", *args, env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize("args,option", BAD, ids=[" ".join(a) for a, _ in BAD])

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import MPI_DIR, summary_of
+from conftest import launch_checks, run_minipar
 
-from minipar import launch
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.tensor_parallel.layers import (
     check_tp,
@@ -34,10 +32,7 @@ from minipar.parallel.tensor_parallel.layers import (
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_tp_layers_gpt_counts_and_training(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "tp_check.py"), timeout=180,
-                      env={"MINIPAR_WATCHDOG_S": "90"})
-    fields = summary_of(proc, "TP")
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "tp_check.py", "TP", timeout=180, watchdog_s=90)
     assert int(fields["checks"]) > 100
 
 
@@ -82,8 +77,7 @@ def test_bad_slicing_is_one_clear_line(cfg: GPTConfig, t: int, sp: bool, seq: in
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
-                          capture_output=True, text=True, timeout=180, check=False)
+    return run_minipar("run", *args, timeout=180)
 
 
 @pytest.mark.parametrize("args,words", [
