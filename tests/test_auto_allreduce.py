@@ -9,15 +9,13 @@ the exact bytes of what it chose.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
+from conftest import launch_checks
 
 import minipar.collectives as C
-from minipar import launch
 from minipar.collectives import auto
 
-MPI_DIR = Path(__file__).parent / "mpi"
 MiB = 1 << 20
 
 
@@ -73,11 +71,5 @@ def test_auto_is_the_default():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
 def test_auto_on_real_ranks(n):
-    proc = launch.run(n, str(MPI_DIR / "auto_check.py"), timeout=180,
-                      env={"MINIPAR_WATCHDOG_S": "60"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("AUTO-SUMMARY")]
-    assert line, proc.stdout[-3000:]
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
-    assert fields["N"] == str(n) and fields["failures"] == "0", proc.stdout[-3000:]
+    fields = launch_checks(n, "auto_check.py", "AUTO", timeout=180, watchdog_s=60)
     assert int(fields["checks"]) > 50 * n

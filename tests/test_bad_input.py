@@ -13,13 +13,12 @@ through a real ``python -m minipar.cli`` process as well.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import STARTED, fake_mpiexec, run_minipar
 
-from minipar import cli
+from minipar import cli, launch
 
 
 def refuse(argv: list[str], names: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -225,15 +224,11 @@ def test_a_duration_past_1e6_seconds(argv: list[str], tmp_path: Path, no_grading
                                      capsys: pytest.CaptureFixture[str]) -> None:
     """Past ~2.1e6 s the operating system's wait overflows (it crashed with
     ``OverflowError: timeout is too large``); every --timeout / --watchdog says its range."""
-    mark = tmp_path / "mpiexec-was-started"
-    fake = tmp_path / "fake-mpiexec"
-    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("MINIPAR_MPIEXEC", str(fake))
+    monkeypatch.setenv(launch.MPIEXEC_VAR, str(fake_mpiexec(tmp_path)))
     option = argv[-2]
     line = f"{option} must be a number of seconds > 0 and at most 1e6 (11.6 days), got {argv[-1]}"
     refuse(argv, [line], capsys)
-    assert not mark.exists(), "mpiexec was started for a bad option"
+    assert not (tmp_path / STARTED).exists(), "mpiexec was started for a bad option"
 
 
 def test_unknown_verb(capsys: pytest.CaptureFixture[str]) -> None:
@@ -251,6 +246,5 @@ def test_unknown_verb(capsys: pytest.CaptureFixture[str]) -> None:
      "does not create it)")),
 ])
 def test_through_a_real_process(argv: list[str], line: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "minipar.cli", *argv], capture_output=True,
-                          text=True, timeout=60, check=False)
+    proc = run_minipar(*argv, timeout=60)
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, line + "\n", "")

@@ -10,26 +10,17 @@ The byte formulas themselves are checked in-process against hand counts.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import MPI_DIR, launch_checks
 
 import minipar.collectives as C
 from minipar import launch
 
-MPI_DIR = Path(__file__).parent / "mpi"
-
 
 @pytest.mark.parametrize("n", range(1, 9))
 def test_collectives_match_mpi_and_formulas(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "coll_check.py"), timeout=120,
-                      env={"MINIPAR_WATCHDOG_S": "30"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("COLL-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "coll_check.py", "COLL", timeout=120, watchdog_s=30)
     assert int(fields["checks"]) > 600
 
 

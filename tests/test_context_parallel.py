@@ -20,15 +20,13 @@ prints the verdict and its JSON holds the measurements.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import launch_checks, refused_before_mpi
 
-from minipar import launch, run
+from minipar import run
 from minipar.nn.attention import attention_core_backward, attention_core_forward
 from minipar.nn.blockwise_attention import (
     attention_block_backward,
@@ -52,8 +50,6 @@ from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
 )
-
-MPI_DIR = Path(__file__).parent / "mpi"
 
 
 def _qkv(b: int = 2, h: int = 3, t: int = 12, dh: int = 4, seed: int = 0) -> list[np.ndarray]:
@@ -203,13 +199,7 @@ def test_tracemalloc_of_an_attention_forward_on_one_rank() -> None:
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_parity_bytes_and_memory_on_ranks(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "cp_check.py"), timeout=240,
-                      env={"MINIPAR_WATCHDOG_S": "60"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("CP-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "cp_check.py", "CP", timeout=240, watchdog_s=60)
     assert int(fields["checks"]) >= 130 * n
 
 
@@ -226,17 +216,8 @@ BAD = [
 @pytest.mark.parametrize("args,words", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_a_bad_cp_option_is_one_line_and_exit_2_before_mpi(args: list[str], words: str,
                                                            tmp_path: Path) -> None:
-    mark = tmp_path / "mpiexec-was-started"
-    fake = tmp_path / "fake-mpiexec"
-    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
-    fake.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, launch.MPIEXEC_VAR: str(fake)})
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("minipar run: ") and words in lines[0], lines
-    assert proc.stdout == "" and not mark.exists()
+    line = refused_before_mpi(["run", *args], tmp_path).stderr.strip()
+    assert line.startswith("minipar run: ") and words in line, line
 
 
 def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,6 +42,13 @@ def same(a: dict, b: dict) -> bool:
     return list(a) == list(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+def assert_walk_is_the_model(model: GPT | MLP, p: dict, hooks: Hooks, x: Any, y: Any) -> None:
+    """The executor's walk with ``hooks`` gives the model's own loss and gradients, to the bit."""
+    loss, grads = model.loss_and_grads(p, x, y)
+    assert executor.loss_and_grads(model.units(), hooks, x, y) == loss
+    assert same({k: hooks.grads[k] for k in p}, grads)
+
+
 # ------------------------------------------------------------------ units
 @pytest.mark.parametrize("kind", ["dense", "moe", "mlp"])
 def test_units_tile_the_parameter_order(kind: str) -> None:
@@ -103,10 +110,8 @@ class Log(Hooks):
 @pytest.mark.parametrize("kind", ["dense", "moe", "mlp"])
 def test_the_walk_is_the_models_loss_and_grads_and_calls_the_hooks_in_order(kind: str) -> None:
     model, p, x, y = setup(kind)
-    loss, grads = model.loss_and_grads(p, x, y)
     hooks = Log(p)
-    assert executor.loss_and_grads(model.units(), hooks, x, y) == loss
-    assert same({k: hooks.grads[k] for k in p}, grads)
+    assert_walk_is_the_model(model, p, hooks, x, y)
     names = [u.name for u in model.units()]
     fwd = [(h, n) for n in names for h in ("fetch", "release", "on_saved")]
     bwd = [(h, n) for n in reversed(names) for h in ("fetch", "restore", "release", "on_grads")]
@@ -168,13 +173,9 @@ def _copy(tree: Any) -> Any:
 @pytest.mark.parametrize("kind", ["dense", "moe", "mlp"])
 def test_dropping_or_moving_saved_changes_nothing(kind: str) -> None:
     model, p, x, y = setup(kind)
-    loss, grads = model.loss_and_grads(p, x, y)
-    hooks = Offload(p)
-    assert executor.loss_and_grads(model.units(), hooks, x, y) == loss
-    assert same({k: hooks.grads[k] for k in p}, grads)
+    assert_walk_is_the_model(model, p, Offload(p), x, y)
     ck = Checkpoint(p)
-    assert executor.loss_and_grads(model.units(), ck, x, y) == loss
-    assert same({k: ck.grads[k] for k in p}, grads)
+    assert_walk_is_the_model(model, p, ck, x, y)
     _, kept = executor.forward(model.units(), ck, x)
     assert kept[0] is x and all(isinstance(k, np.ndarray) for k in kept)  # inputs only
 

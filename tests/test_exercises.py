@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
+from conftest import MPI_DIR, assert_caught, failed
 
 from minipar.exercises import EXERCISES, get
 from minipar.exercises import cli as ex_cli
 from minipar.exercises.grading import check
-
-MPI_DIR = Path(__file__).parent / "mpi"
-
-
-def failed(report) -> list:
-    return [c for c in report.checks if c.ok is False]
 
 
 # -- list / start --------------------------------------------------------------------
@@ -178,12 +172,7 @@ WRONG = [
 @pytest.mark.parametrize("file, name, n, check_name, words", WRONG, ids=[w[0] for w in WRONG])
 def test_wrong_solution_is_caught(file, name, n, check_name, words):
     report = check(name, MPI_DIR / file, n, timeout=60)
-    assert not report.passed
-    hits = [c for c in failed(report) if check_name in c.name]
-    assert hits, report.text()
-    for w in words:
-        assert w in hits[0].detail, report.text()
-    assert report.verdict.startswith("FAIL")
+    assert_caught(report, check_name, words)
 
 
 def test_wrong_chunking_is_still_a_ring():

@@ -8,21 +8,15 @@ tests/test_exercises.py, which iterates over EXERCISES.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import MPI_DIR, assert_caught, failed
 
 from minipar.exercises import get
 from minipar.exercises.grading import check
 from minipar.exercises.moe_dispatch import grader
 
-MPI_DIR = Path(__file__).parent / "mpi"
 NAME = "moe_dispatch"
-
-
-def failed(report) -> list:
-    return [c for c in report.checks if c.ok is False]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -62,12 +56,7 @@ WRONG = [
 @pytest.mark.parametrize("file, check_name, words", WRONG, ids=[w[0] for w in WRONG])
 def test_wrong_solution_is_caught(file, check_name, words):
     report = check(NAME, MPI_DIR / file, 4, timeout=60, watchdog=3)
-    assert not report.passed
-    hits = [c for c in failed(report) if check_name in c.name]
-    assert hits, report.text()
-    for w in words:
-        assert w in hits[0].detail, report.text()
-    assert report.verdict.startswith("FAIL")
+    assert_caught(report, check_name, words)
 
 
 def test_only_the_named_check_fails_when_the_result_is_right():

@@ -12,12 +12,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import MPI_DIR, failed
 
 from minipar.exercises import get
 from minipar.exercises.gpipe_schedule import grader as common
 from minipar.exercises.grading import check
-
-MPI_DIR = Path(__file__).parent / "mpi"
 
 
 def learner(path: Path):
@@ -25,10 +24,6 @@ def learner(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.schedule
-
-
-def failed(report) -> list:
-    return [c for c in report.checks if c.ok is False]
 
 
 @pytest.mark.parametrize("name, kind", [("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b")])

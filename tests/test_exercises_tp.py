@@ -9,22 +9,16 @@ untouched skeletons of every exercise are tested in tests/test_exercises.py.)
 from __future__ import annotations
 
 from itertools import pairwise
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MPI_DIR, failed
 
 from minipar.exercises import get
 from minipar.exercises.grading import check
 from minipar.exercises.ring_attention_merge import grader as ra
 from minipar.exercises.ring_attention_merge import solution as ra_sol
 from minipar.exercises.tp_mlp import grader as tp
-
-MPI_DIR = Path(__file__).parent / "mpi"
-
-
-def failed(report) -> list:
-    return [c for c in report.checks if c.ok is False]
 
 
 # -- in-process: the maths the graders rely on -----------------------------------------------

@@ -16,13 +16,12 @@ rank's EP block bit-identical to the serial block.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import refused_before_mpi, run_minipar
 from mpi4py import MPI
 
 from minipar import launch
@@ -114,9 +113,7 @@ def test_one_rank_ep_block_is_the_serial_block_bit_for_bit() -> None:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", "ep", *args],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, **(env or {})})
+    return run_minipar("run", "ep", *args, env=env)
 
 
 def test_minipar_run_ep_json_has_the_routing_and_the_bytes_per_axis() -> None:
@@ -149,15 +146,8 @@ def test_minipar_run_ep_json_has_the_routing_and_the_bytes_per_axis() -> None:
 ])
 def test_minipar_run_ep_refuses_bad_input_before_mpi(args: list[str], option: str,
                                                      tmp_path: Path) -> None:
-    mark = tmp_path / "mpiexec-was-started"
-    fake = tmp_path / "fake-mpiexec"
-    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
-    fake.chmod(0o755)
-    proc = _cli(*args, env={launch.MPIEXEC_VAR: str(fake)})
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("minipar run: ") and option in lines[0], lines
-    assert not mark.exists()
+    line = refused_before_mpi(["run", "ep", *args], tmp_path).stderr.strip()
+    assert line.startswith("minipar run: ") and option in line, line
 
 
 def _arrays(tree: object) -> list[np.ndarray]:

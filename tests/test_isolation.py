@@ -17,23 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import launch_checks
 
-from minipar import launch
 from minipar.comm import tags as T
 
-MPI_DIR = Path(__file__).parent / "mpi"
 PKG = Path(__file__).parent.parent / "minipar"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_foreign_messages_pending_while_collectives_run(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "isolation_check.py"), timeout=180,
-                      env={"MINIPAR_WATCHDOG_S": "30"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ISOLATION-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "isolation_check.py", "ISOLATION", timeout=180, watchdog_s=30)
     assert int(fields["checks"]) > 100 * n
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import refused_before_mpi, run_minipar
 
 from minipar.memory import PLACES, Ledger, buffers, bytes_by_place, measure, nbytes
 from minipar.nn import GPT, GPTConfig, Hooks, executor
@@ -306,12 +307,7 @@ def test_the_launcher_side_copy_of_the_targets_agrees() -> None:
 
 # ------------------------------------------------------------------ minipar run dp | zero
 def _cli(*args: str, env: dict[str, str] | None = None) -> Any:
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, **(env or {})})
+    return run_minipar("run", *args, env=env, timeout=300)
 
 
 @pytest.mark.parametrize("args", [
@@ -348,13 +344,5 @@ def test_runs_with_remat_and_offload_equal_the_serial_run(args: list[str],
 ])
 def test_bad_memory_options_are_one_line_before_mpi(args: list[str], option: str,
                                                     tmp_path: Path) -> None:
-    from minipar import launch
-
-    mark = tmp_path / "mpiexec-was-started"
-    fake = tmp_path / "fake-mpiexec"
-    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
-    fake.chmod(0o755)
-    proc = _cli(*args, env={launch.MPIEXEC_VAR: str(fake)})
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and option in lines[0], proc.stderr
-    assert not mark.exists()
+    line = refused_before_mpi(["run", *args], tmp_path).stderr.strip()
+    assert option in line, line

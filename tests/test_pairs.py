@@ -12,10 +12,9 @@ asymptotic volumes.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import MPI_DIR, launch_checks
 from mpi4py import MPI
 
 from minipar import launch
@@ -28,18 +27,10 @@ from minipar.plan.collectives import (
     ring_allreduce_volume,
 )
 
-MPI_DIR = Path(__file__).parent / "mpi"
-
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_pairs_adjoint_exact_and_bytes(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "pairs_check.py"), timeout=90,
-                      env={"MINIPAR_WATCHDOG_S": "30"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PAIRS-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "pairs_check.py", "PAIRS", timeout=90, watchdog_s=30)
     assert int(fields["checks"]) > 250
 
 

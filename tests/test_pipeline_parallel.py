@@ -21,6 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from conftest import refused_before_mpi
 
 from minipar import launch
 from minipar.nn import GPTConfig, gpt_units
@@ -194,19 +195,8 @@ def test_run_pp_bad_option_is_one_line_exit_2(args: list[str], words: str,
 
 
 def test_run_pp_refuses_before_mpi_starts(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    mark = tmp_path / "mpiexec-was-started"
-    fake = tmp_path / "fake-mpiexec"
-    fake.write_text(f"#!/bin/sh\ntouch {mark}\nexit 99\n")
-    fake.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "run", "pp", "-n", "5"],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, launch.MPIEXEC_VAR: str(fake)})
-    assert proc.returncode == 2 and "5 stages but the model has only 4 layers" in proc.stderr
-    assert not mark.exists()
+    proc = refused_before_mpi(["run", "pp", "-n", "5"], tmp_path)
+    assert "5 stages but the model has only 4 layers" in proc.stderr
 
 
 def test_run_pp_json_on_a_2x2_grid_with_interleaving_remat_and_a_timeline(

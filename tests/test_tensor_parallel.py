@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import launch_checks, refused_before_mpi, run_minipar
 
-from minipar import launch
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.tensor_parallel.layers import (
     check_tp,
@@ -31,18 +30,10 @@ from minipar.parallel.tensor_parallel.layers import (
     unshard_params,
 )
 
-MPI_DIR = Path(__file__).parent / "mpi"
-
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_tp_layers_gpt_counts_and_training(n: int) -> None:
-    proc = launch.run(n, str(MPI_DIR / "tp_check.py"), timeout=180,
-                      env={"MINIPAR_WATCHDOG_S": "90"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP-SUMMARY")]
-    assert line, proc.stdout
-    fields = dict(kv.split("=") for kv in line[0].split()[1:])
-    assert fields["N"] == str(n) and fields["failures"] == "0"
+    fields = launch_checks(n, "tp_check.py", "TP", timeout=180, watchdog_s=90)
     assert int(fields["checks"]) > 100
 
 
@@ -87,8 +78,7 @@ def test_bad_slicing_is_one_clear_line(cfg: GPTConfig, t: int, sp: bool, seq: in
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minipar.cli", "run", *args],
-                          capture_output=True, text=True, timeout=180, check=False)
+    return run_minipar("run", *args, timeout=180)
 
 
 @pytest.mark.parametrize("args,words", [
@@ -100,11 +90,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     (["sp", "-n", "2", "--tp", "2", "--seq", "7"], "--seq 7"),
     (["sp", "-n", "2", "--experts", "2"], "--experts"),
 ])
-def test_run_bad_input_is_one_line_exit_2(args: list[str], words: str) -> None:
-    proc = _cli(*args, "--timeout", "5")
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
-    assert proc.stdout == ""
+def test_run_bad_input_is_one_line_exit_2(args: list[str], words: str, tmp_path: Path) -> None:
+    line = refused_before_mpi(["run", *args, "--timeout", "5"], tmp_path).stderr.strip()
+    assert words in line, line
 
 
 def test_run_tp_on_a_2x2_grid_and_sp_json() -> None:

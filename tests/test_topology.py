@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import pytest
+from conftest import MPI_DIR, summary_of
 
 from minipar import launch
 from minipar.comm.topology import AXES, EXPERT_AXES, Layout
-
-MPI_DIR = Path(__file__).parent / "mpi"
 
 # rank: (dp, pp, tp coordinates), tp group, pp group, dp group -- written out by hand
 HAND_2x2x2 = {  # dp 2, pp 2, tp 2: rank = 4d + 2p + t
@@ -146,10 +144,7 @@ def test_grid_on_real_ranks(n):
     proc = launch.run(n, str(MPI_DIR / "topology_check.py"), timeout=240,
                       env={"MINIPAR_WATCHDOG_S": "60"})
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    summary = [ln for ln in proc.stdout.splitlines() if ln.startswith("TOPO-SUMMARY")]
-    assert summary, out[-4000:]
-    fields = dict(kv.split("=") for kv in summary[0].split()[1:])
+    fields = summary_of(proc, "TOPO")
     assert fields["N"] == str(n) and fields["failures"] == "0", out[-4000:]
     assert int(fields["grids"]) == len(list(_factorisations(n)))
 

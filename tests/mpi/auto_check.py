@@ -9,9 +9,14 @@ algorithm does the same.  Prints ``AUTO-SUMMARY N=.. checks=.. failures=..``.
 """
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks
 
 from minipar import collectives as C
 from minipar.collectives.auto import choose_allreduce, ring_threshold
@@ -19,15 +24,7 @@ from minipar.comm import TracedComm
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
-failures: list[str] = []
-checks = 0
-
-
-def check(ok: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(f"rank {R}: {what}")
+c = Checks("AUTO")
 
 
 item = 8
@@ -48,23 +45,17 @@ for n in lengths:
             chosen = choose_allreduce(n * item, N)
             seen.add(chosen)
             what = f"{how} n={n} {op} ({chosen})"
-            check(np.array_equal(got, want), what + ": result differs from MPI's Allreduce")
+            c.check(np.array_equal(got, want), what + ": result differs from MPI's Allreduce")
             name = f"{chosen}_allreduce"
             sent, recv = C.allreduce_bytes(n, item, N, R, "auto")
-            check(set(comm.stats.ops) <= {name}, what + f": counted under {set(comm.stats.ops)}")
-            check((comm.stats.bytes_sent(name), comm.stats.bytes_recv(name)) == (sent, recv),
-                  what + f": counted {comm.stats.bytes_sent(name)}/{comm.stats.bytes_recv(name)}"
-                  f", formula {sent}/{recv}")
-            check(C.allreduce_bytes_sent(n, item, N, R) == sent, what + ": _sent")
+            c.check(set(comm.stats.ops) <= {name}, what + f": counted under {set(comm.stats.ops)}")
+            c.check((comm.stats.bytes_sent(name), comm.stats.bytes_recv(name)) == (sent, recv),
+                    what + f": counted {comm.stats.bytes_sent(name)}/{comm.stats.bytes_recv(name)}"
+                    f", formula {sent}/{recv}")
+            c.check(C.allreduce_bytes_sent(n, item, N, R) == sent, what + ": _sent")
 if math.isfinite(threshold):
-    check(seen == {"recursive_doubling", "ring"}, f"both algorithms used: {seen}")
+    c.check(seen == {"recursive_doubling", "ring"}, f"both algorithms used: {seen}")
 else:
-    check(seen == {"recursive_doubling"}, f"only recursive doubling on {N} ranks: {seen}")
+    c.check(seen == {"recursive_doubling"}, f"only recursive doubling on {N} ranks: {seen}")
 
-all_failures = comm.comm.gather(failures)
-total = comm.comm.reduce(checks)
-if R == 0:
-    flat = [f for fs in all_failures for f in fs]
-    for f in flat[:20]:
-        print("FAIL", f)
-    print(f"AUTO-SUMMARY N={N} checks={total} failures={len(flat)}", flush=True)
+c.summary()

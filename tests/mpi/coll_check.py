@@ -12,27 +12,25 @@ against (a) a reference every rank computes locally from every rank's data and
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 from ml_dtypes import bfloat16
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks
 
 import minipar.collectives as C
 from minipar.comm import TracedComm
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
+c = Checks("COLL")
 RIGHT, LEFT = (R + 1) % N, (R - 1) % N
 LENGTHS = sorted({0, 1, max(N - 1, 0), N, N + 1, 1000, 1001})
 ALL_DTYPES = [np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64, bfloat16]
-checks = 0
-failures: list[str] = []
-
-
-def check(ok: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(f"rank {R}: {what}")
 
 
 def data(rank: int, shape: tuple[int, ...] | int, dtype: type, salt: int = 0) -> np.ndarray:
@@ -53,9 +51,9 @@ def same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
 
 def bytes_ok(name: str, sent: int, recv: int, what: str) -> None:
     s = comm.stats
-    check(s.bytes_sent(name) == sent and s.bytes_recv(name) == recv,
-          f"{what}: counted sent/recv {s.bytes_sent(name)}/{s.bytes_recv(name)}, "
-          f"formula {sent}/{recv}")
+    c.check(s.bytes_sent(name) == sent and s.bytes_recv(name) == recv,
+            f"{what}: counted sent/recv {s.bytes_sent(name)}/{s.bytes_recv(name)}, "
+            f"formula {sent}/{recv}")
 
 
 # -- all-reduce: every algorithm, lengths x dtypes x ops -----------------------------
@@ -74,33 +72,33 @@ for n in LENGTHS:
             keep = x.copy()
             want = reference(n, dt, op)
             mpi = C.allreduce(comm, x, op, algorithm="mpi")
-            check(same(mpi, want), f"mpi allreduce n={n} {np.dtype(dt)} {op}")
+            c.check(same(mpi, want), f"mpi allreduce n={n} {np.dtype(dt)} {op}")
             for algo, (name, formula) in ALLREDUCE.items():
                 comm.stats.reset()
                 got = C.allreduce(comm, x, op, algorithm=algo)
                 what = f"{algo} allreduce n={n} {np.dtype(dt)} {op}"
-                check(same(got, mpi), what + ": result differs from MPI's Allreduce")
-                check(np.array_equal(x, keep), what + ": input modified")
+                c.check(same(got, mpi), what + ": result differs from MPI's Allreduce")
+                c.check(np.array_equal(x, keep), what + ": input modified")
                 bytes_ok(name, *formula(n, np.dtype(dt).itemsize), what)
                 if algo == "ring" and N > 1:
-                    check(set(comm.stats.peers_sent(name)) <= {RIGHT}
-                          and set(comm.stats.peers_recv(name)) <= {LEFT},
-                          what + f": peers {comm.stats.peers_sent(name)} "
-                          f"{comm.stats.peers_recv(name)} are not the ring neighbours")
-                    check(comm.stats.msgs_sent(name) == 2 * (N - 1), what + ": 2(N-1) messages")
+                    c.check(set(comm.stats.peers_sent(name)) <= {RIGHT}
+                            and set(comm.stats.peers_recv(name)) <= {LEFT},
+                            what + f": peers {comm.stats.peers_sent(name)} "
+                            f"{comm.stats.peers_recv(name)} are not the ring neighbours")
+                    c.check(comm.stats.msgs_sent(name) == 2 * (N - 1), what + ": 2(N-1) messages")
                     if n % N == 0:
                         s = n * np.dtype(dt).itemsize
-                        check(comm.stats.bytes_sent(name) * N == 2 * (N - 1) * s,
-                              what + ": 2(N-1)/N x S exactly")
+                        c.check(comm.stats.bytes_sent(name) * N == 2 * (N - 1) * s,
+                                what + ": 2(N-1)/N x S exactly")
 
 # shapes: all-reduce keeps the shape; a non-contiguous input gives the right answer
 x2 = data(R, (6, 5), np.float64)
-check(same(C.ring_allreduce(comm, x2), reference((6, 5), np.float64, "sum")), "2-D ring")
+c.check(same(C.ring_allreduce(comm, x2), reference((6, 5), np.float64, "sum")), "2-D ring")
 xs = data(R, 40, np.int64)
 got = C.ring_allreduce(MPI.COMM_WORLD, xs[::2])  # plain communicator, strided input
-check(same(got, np.ascontiguousarray(reference(40, np.int64, "sum")[::2])), "strided input")
-check(same(C.ring_allreduce(comm, np.int64(R)), np.array(N * (N - 1) // 2, np.int64)),
-      "0-d ring all-reduce")
+c.check(same(got, np.ascontiguousarray(reference(40, np.int64, "sum")[::2])), "strided input")
+c.check(same(C.ring_allreduce(comm, np.int64(R)), np.array(N * (N - 1) // 2, np.int64)),
+        "0-d ring all-reduce")
 
 # -- reduce-scatter and all-gather ----------------------------------------------------
 for n in LENGTHS:
@@ -113,8 +111,8 @@ for n in LENGTHS:
             comm.stats.reset()
             got = C.reduce_scatter(comm, x, op)
             what = f"reduce_scatter n={n} {np.dtype(dt)} {op}"
-            check(same(got, want) and same(mpi, want), what)
-            check(np.array_equal(x, keep), what + ": input modified")
+            c.check(same(got, want) and same(mpi, want), what)
+            c.check(np.array_equal(x, keep), what + ": input modified")
             bytes_ok("reduce_scatter", *C.reduce_scatter_bytes(n, np.dtype(dt).itemsize, N, R),
                      what)
         full = data(0, n, dt)
@@ -122,20 +120,20 @@ for n in LENGTHS:
         comm.stats.reset()
         got = C.all_gather(comm, chunk)
         what = f"all_gather n={n} {np.dtype(dt)}"
-        check(same(got, full) and same(C.all_gather(comm, chunk, algorithm="mpi"), full), what)
+        c.check(same(got, full) and same(C.all_gather(comm, chunk, algorithm="mpi"), full), what)
         counts = C.chunk_counts(n, N)
         bytes_ok("all_gather", *C.all_gather_bytes(counts, np.dtype(dt).itemsize, R), what)
         if N > 1:
-            check(set(comm.stats.peers_sent("all_gather")) <= {RIGHT}, what + ": peers")
+            c.check(set(comm.stats.peers_sent("all_gather")) <= {RIGHT}, what + ": peers")
 
 rows = 2 * N + 1  # 2-D: split along axis 0
 x3 = data(R, (rows, 3), np.int64)
 want = np.array_split(reference((rows, 3), np.int64, "sum"), N)[R]
 comm.stats.reset()
 got = C.reduce_scatter(comm, x3)
-check(same(got, want), "2-D reduce_scatter rows")
+c.check(same(got, want), "2-D reduce_scatter rows")
 bytes_ok("reduce_scatter", *C.reduce_scatter_bytes(rows, 3 * 8, N, R), "2-D reduce_scatter")
-check(same(C.all_gather(comm, got), reference((rows, 3), np.int64, "sum")), "2-D all_gather")
+c.check(same(C.all_gather(comm, got), reference((rows, 3), np.int64, "sum")), "2-D all_gather")
 # explicit counts (ZeRO cuts buffers at shard boundaries): rank q gets counts[q] rows
 counts = [(q * 5 + 3) % 4 for q in range(N)]  # uneven, some zero
 full = reference((sum(counts), 3), np.int64, "sum")
@@ -143,13 +141,13 @@ xc = data(R, (sum(counts), 3), np.int64)
 comm.stats.reset()
 got = C.reduce_scatter(comm, xc, counts=counts)
 lo = sum(counts[:R])
-check(same(got, full[lo: lo + counts[R]]), "reduce_scatter with counts")
-check(same(C.reduce_scatter(comm, xc, counts=counts, algorithm="mpi"), got), "counts vs MPI")
-check(comm.stats.bytes_sent("reduce_scatter") == (sum(counts) - counts[R]) * 3 * 8 * (N > 1),
-      "reduce_scatter with counts: bytes")
+c.check(same(got, full[lo: lo + counts[R]]), "reduce_scatter with counts")
+c.check(same(C.reduce_scatter(comm, xc, counts=counts, algorithm="mpi"), got), "counts vs MPI")
+c.check(comm.stats.bytes_sent("reduce_scatter") == (sum(counts) - counts[R]) * 3 * 8 * (N > 1),
+        "reduce_scatter with counts: bytes")
 mine = np.full((R % 3, 2), R, np.int16)  # uneven, arbitrary lengths
 want = np.concatenate([np.full((q % 3, 2), q, np.int16) for q in range(N)])
-check(same(C.all_gather(comm, mine), want), "all_gather of uneven chunks")
+c.check(same(C.all_gather(comm, mine), want), "all_gather of uneven chunks")
 
 # -- broadcast and reduce, every root ---------------------------------------------------
 for root in range(N):
@@ -160,15 +158,15 @@ for root in range(N):
             what = f"broadcast root={root} n={n} {np.dtype(dt)}"
             comm.stats.reset()
             got = C.broadcast(comm, x, root=root)
-            check(same(got, data(root, n, dt)), what)
-            check(np.array_equal(x, keep), what + ": input modified")
+            c.check(same(got, data(root, n, dt)), what)
+            c.check(np.array_equal(x, keep), what + ": input modified")
             bytes_ok("broadcast", *C.broadcast_bytes(x.nbytes, N, R, root), what)
-            check(same(C.broadcast(comm, x, root, algorithm="mpi"), data(root, n, dt)),
-                  what + " (mpi)")
+            c.check(same(C.broadcast(comm, x, root, algorithm="mpi"), data(root, n, dt)),
+                    what + " (mpi)")
             for algo in ("binomial", "mpi"):  # non-roots that do not know length or dtype
                 comm.stats.reset()
                 got = C.broadcast(comm, x if R == root else None, root, algorithm=algo)
-                check(same(got, data(root, n, dt)), what + f" to None-callers ({algo})")
+                c.check(same(got, data(root, n, dt)), what + f" to None-callers ({algo})")
                 if algo == "binomial":
                     bytes_ok("broadcast", *C.broadcast_bytes(x.nbytes, N, R, root), what)
             for op in ("sum", "max"):
@@ -177,10 +175,10 @@ for root in range(N):
                 got = C.reduce(comm, x, root=root, op=op)
                 mpi = C.reduce(comm, x, root, op, algorithm="mpi")
                 if R == root:
-                    check(same(got, reference(n, dt, op)) and same(mpi, got), what)
+                    c.check(same(got, reference(n, dt, op)) and same(mpi, got), what)
                 else:
-                    check(got is None and mpi is None, what + ": non-root gets None")
-                check(np.array_equal(x, keep), what + ": input modified")
+                    c.check(got is None and mpi is None, what + ": non-root gets None")
+                c.check(np.array_equal(x, keep), what + ": input modified")
                 bytes_ok("reduce", *C.reduce_bytes(x.nbytes, N, R, root), what)
 
 # -- all-to-all -------------------------------------------------------------------------
@@ -193,8 +191,8 @@ for trailing in ((), (2,)):
     what = f"all_to_all trailing={trailing}"
     for j in range(N):
         want = np.full(((j + R) % 3, *trailing), 10 * j + R, np.int32)
-        check(same(got[j], want) and same(mpi[j], want), what + f" chunk from {j}")
-    check(all(np.array_equal(a, b) for a, b in zip(chunks, keep)), what + ": input modified")
+        c.check(same(got[j], want) and same(mpi[j], want), what + f" chunk from {j}")
+    c.check(all(np.array_equal(a, b) for a, b in zip(chunks, keep)), what + ": input modified")
     sent = sum(c.nbytes for i, c in enumerate(chunks) if i != R)
     recv = sum(g.nbytes for j, g in enumerate(got) if j != R)
     bytes_ok("all_to_all", sent, recv, what)
@@ -215,17 +213,9 @@ for call, what in [
 ]:
     try:
         call()
-        check(False, f"{what}: no error")
+        c.check(False, f"{what}: no error")
     except ValueError as e:
-        check(len(str(e)) > 20, f"{what}: message too short: {e}")
-check(comm.stats.msgs_sent() == before, "errors sent messages before raising")
+        c.check(len(str(e)) > 20, f"{what}: message too short: {e}")
+c.check(comm.stats.msgs_sent() == before, "errors sent messages before raising")
 
-everything = comm.comm.gather((checks, failures), root=0)
-if R == 0:
-    total = sum(k for k, _ in everything)
-    bad = [f for _, fs in everything for f in fs]
-    print(f"COLL-SUMMARY N={N} checks={total} failures={len(bad)}")
-    for f in bad[:20]:
-        print("FAIL", f)
-    if bad:
-        raise SystemExit(1)
+c.summary()

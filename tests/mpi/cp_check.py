@@ -28,8 +28,14 @@ ring attention (zigzag), float64:
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks
 
 from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
@@ -61,16 +67,8 @@ from minipar.plan.activations import (
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
+c = Checks("CP")
 grid = Grid(comm, cp=N)  # the engines of 2. and 7.; measure() makes its own
-checks = 0
-failures: list[str] = []
-
-
-def check(ok: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(f"rank {R}: {what}")
 
 
 def _arrays(tree: object) -> list[np.ndarray]:
@@ -80,13 +78,6 @@ def _arrays(tree: object) -> list[np.ndarray]:
     items = tree.values() if isinstance(tree, dict) else tree if isinstance(
         tree, (list, tuple)) else []
     return [a for t in items for a in _arrays(t)]
-
-
-def close(a: object, b: object, what: str, rtol: float = 1e-11, atol: float = 1e-14) -> None:
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    ok = a64.shape == b64.shape and np.allclose(a64, b64, rtol=rtol, atol=atol)
-    gap = float(np.abs(a64 - b64).max()) if ok or a64.shape == b64.shape else float("nan")
-    check(ok, f"{what}: max |diff| {gap:.3g}")
 
 
 CONFIGS = [("ulysses", False), ("ring", False), ("ring", True)]
@@ -116,81 +107,84 @@ for zz in (False, True):
     lay = Sharding(s, N, zz)
     pos = lay.positions(R)
     o, saved = ring_attention_forward(comm, q[:, :, pos], k[:, :, pos], v[:, :, pos], lay)
-    close(o, o_ref[:, :, pos], f"ring(zigzag={zz}) output")
+    c.close(o, o_ref[:, :, pos], f"ring(zigzag={zz}) output", tol=1e-14, rtol=1e-11)
     grads = ring_attention_backward(comm, saved, do[:, :, pos])
     for name, g, ref in zip("qkv", grads, (dq_ref, dk_ref, dv_ref)):
-        close(g, ref[:, :, pos], f"ring(zigzag={zz}) d{name}")
+        c.close(g, ref[:, :, pos], f"ring(zigzag={zz}) d{name}", tol=1e-14, rtol=1e-11)
 lo, hi = R * s // N, (R + 1) * s // N
 qkv = np.concatenate([merge_heads(a) for a in (q, k, v)], axis=-1)  # (b, s, 3d)
 o, saved = ulysses.ulysses_attention_forward(comm, qkv[:, lo:hi], H)
-close(o, merge_heads(o_ref)[:, lo:hi], "Ulysses output")
+c.close(o, merge_heads(o_ref)[:, lo:hi], "Ulysses output", tol=1e-14, rtol=1e-11)
 dqkv = ulysses.ulysses_attention_backward(comm, saved, merge_heads(do)[:, lo:hi])
 ref = np.concatenate([merge_heads(a) for a in (dq_ref, dk_ref, dv_ref)], axis=-1)
-close(dqkv, ref[:, lo:hi], "Ulysses d(qkv)")
+c.close(dqkv, ref[:, lo:hi], "Ulysses d(qkv)", tol=1e-14, rtol=1e-11)
 
 for kind, zz in CONFIGS:
     name = f"{kind}{' zigzag' if zz else ''}"
     # 2. one forward/backward of the CP GPT against the serial GPT
     cp = ContextParallel(grid, spec, kind, zz)
     logits, kept = cp.forward(params, tokens)
-    close(logits, serial_logits[:, cp.positions], f"{name}: logits at my positions")
+    c.close(logits, serial_logits[:, cp.positions], f"{name}: logits at my positions",
+            tol=1e-14, rtol=1e-11)
     shared = [n for a in _arrays(kept) for n, w in params.items() if np.shares_memory(a, w)]
-    check(not shared, f"{name}: saved activations share memory with parameters {shared}")
+    c.check(not shared, f"{name}: saved activations share memory with parameters {shared}")
     del kept
     loss, grads = cp.loss_and_grads(params, tokens, targets)
-    check(abs(loss - serial_loss) <= 1e-13 * abs(serial_loss),
-          f"{name}: loss {loss!r} vs serial {serial_loss!r}")
+    c.check(abs(loss - serial_loss) <= 1e-13 * abs(serial_loss),
+            f"{name}: loss {loss!r} vs serial {serial_loss!r}")
     for p in params:
-        close(grads[p], serial_grads[p], f"{name}: grad {p}", rtol=1e-9,
-              atol=1e-13 * float(np.abs(serial_grads[p]).max()))
+        c.close(grads[p], serial_grads[p], f"{name}: grad {p}", rtol=1e-9,
+                tol=1e-13 * float(np.abs(serial_grads[p]).max()))
     cp.close()
     # 3.-6. training, counted bytes, activation ledger, work
     m = measure(comm, spec, kind, zz)
     v = compare(m["losses"], serial["losses"], m["params"], serial["params"], initial)
-    check(v.status == "equal", f"{name}: verdict {v.status}: {v.line}")
+    c.check(v.status == "equal", f"{name}: verdict {v.status}: {v.line}")
     for op, want in m["bytes_by_op_formula"].items():
-        check(m["bytes_by_op"][op] == want,
-              f"{name}: {op} sent {m['bytes_by_op'][op]} per step, formula {want}")
+        c.check(m["bytes_by_op"][op] == want,
+                f"{name}: {op} sent {m['bytes_by_op'][op]} per step, formula {want}")
     total = sum(m["bytes_by_op_formula"].values())
-    check(m["bytes_by_axis"] == ({"cp": total} if total else {}),
-          f"{name}: bytes by axis {m['bytes_by_axis']}")
+    c.check(m["bytes_by_axis"] == ({"cp": total} if total else {}),
+            f"{name}: bytes by axis {m['bytes_by_axis']}")
     fwd = m["attention_forward_bytes_per_layer"]
     if kind == "ring":
         want = ring_forward_bytes(spec.batch, s, spec.d_model, N, 8)
-        check(fwd == want == ring_attention_bytes_per_rank(s, spec.batch, spec.d_model, N, 8),
-              f"{name}: one layer forward sent {fwd}, formula {want}")
+        c.check(fwd == want == ring_attention_bytes_per_rank(s, spec.batch, spec.d_model, N, 8),
+                f"{name}: one layer forward sent {fwd}, formula {want}")
     else:
         per_link = ulysses_alltoall_elements_per_link(spec.batch * s, spec.d_model, N) * 8
-        check(fwd == round(per_link * (N - 1) / N),
-              f"{name}: one layer forward sent {fwd}, 4Nh/P·(P−1)/P = {per_link * (N - 1) / N}")
+        c.check(fwd == round(per_link * (N - 1) / N),
+                f"{name}: one layer forward sent {fwd}, "
+                f"4Nh/P·(P−1)/P = {per_link * (N - 1) / N}")
     act = m["activation_per_layer"]
     f = attention_activation_formula(kind, spec.batch, s, spec.d_model, spec.heads, N, 8)
-    check(act == [f] * spec.layers, f"{name}: attention activations {act}, formula {f}")
+    c.check(act == [f] * spec.layers, f"{name}: attention activations {act}, formula {f}")
     tm = m["activation_tracemalloc"]
-    check(tm["ledger"] == tm["formula"] == f and f <= tm["tracemalloc"] <= f + SLACK,
-          f"{name}: tracemalloc {tm}, the run's ledger {act}, formula {f}")
+    c.check(tm["ledger"] == tm["formula"] == f and f <= tm["tracemalloc"] <= f + SLACK,
+            f"{name}: tracemalloc {tm}, the run's ledger {act}, formula {f}")
     big = attention_activation_tracemalloc(comm, kind, zz, *BIG)
     fb = attention_activation_formula(kind, *BIG, N, 8)
-    check(big["ledger"] == fb <= big["tracemalloc"] <= 1.02 * fb,
-          f"{name}: tracemalloc {big['tracemalloc']} not within 2% of the ledger "
-          f"{big['ledger']} (formula {fb}), b, s, d, H = {BIG}")
+    c.check(big["ledger"] == fb <= big["tracemalloc"] <= 1.02 * fb,
+            f"{name}: tracemalloc {big['tracemalloc']} not within 2% of the ledger "
+            f"{big['ledger']} (formula {fb}), b, s, d, H = {BIG}")
     if kind == "ring":  # no s² term: far below what Ulysses keeps for the same layer
-        check(big["tracemalloc"] * 2 < attention_activation_formula("ulysses", *BIG, N, 8),
-              f"{name}: tracemalloc {big['tracemalloc']} keeps an s² term")
+        c.check(big["tracemalloc"] * 2 < attention_activation_formula("ulysses", *BIG, N, 8),
+                f"{name}: tracemalloc {big['tracemalloc']} keeps an s² term")
     if kind == "ulysses":
-        check(all(a * N == sa for a, sa in zip(act, serial_act)),
-              f"{name}: activations {act} x {N} != serial {serial_act}")
+        c.check(all(a * N == sa for a, sa in zip(act, serial_act)),
+                f"{name}: activations {act} x {N} != serial {serial_act}")
     else:
-        check(N == 1 or all(a < sa for a, sa in zip(act, serial_act)),
-              f"{name}: activations {act} not below the serial {serial_act}")
+        c.check(N == 1 or all(a < sa for a, sa in zip(act, serial_act)),
+                f"{name}: activations {act} not below the serial {serial_act}")
     work = comm.comm.allgather(m["score_elements"])
     if kind == "ring" and zz:
-        c = s // (2 * N)
-        check(work == [(2 * N + 1) * c * c * spec.heads] * N, f"{name}: zigzag work {work}")
+        chunk = s // (2 * N)
+        c.check(work == [(2 * N + 1) * chunk * chunk * spec.heads] * N,
+                f"{name}: zigzag work {work}")
     elif kind == "ring":
-        check(work == [(r + 1) * (s // N) ** 2 * spec.heads for r in range(N)],
-              f"{name}: contiguous work {work}")
-        check(score_elements(Sharding(s, N, False), R) * spec.heads == work[R], "score_elements")
+        c.check(work == [(r + 1) * (s // N) ** 2 * spec.heads for r in range(N)],
+                f"{name}: contiguous work {work}")
+        c.check(score_elements(Sharding(s, N, False), R) * spec.heads == work[R], "score_elements")
 
 # 7. bad input: a ValueError on every rank before any message
 before = comm.stats.bytes_sent()
@@ -203,10 +197,10 @@ for kind, zz, bad, word in [("ring", True, spec.with_(seq=2 * N + 2), "2·cp"),
         continue
     try:
         ContextParallel(grid, bad, kind, zz)
-        check(False, f"{kind} zigzag={zz}: no error for seq {bad.seq}, heads {bad.heads}")
+        c.check(False, f"{kind} zigzag={zz}: no error for seq {bad.seq}, heads {bad.heads}")
     except ValueError as e:
-        check(word in str(e), f"{kind}: {e}")
-check(comm.stats.bytes_sent() == before, "bytes were sent before a bad configuration was refused")
+        c.check(word in str(e), f"{kind}: {e}")
+c.check(comm.stats.bytes_sent() == before, "bytes were sent before a bad configuration was refused")
 
 # 8. the state: whole tensors, serial names, replica = cp rank; any layout resumes it
 for kind, zz in CONFIGS:
@@ -215,29 +209,21 @@ for kind, zz in CONFIGS:
     cp.step(spec.batch_at(0))
     st = cp.state_dict()
     names = list(model.param_shapes())
-    check([n for (k, n) in st.arrays if k == "param"] == names, f"{name}: state names")
+    c.check([n for (k, n) in st.arrays if k == "param"] == names, f"{name}: state names")
     cover = {key: sum(int(np.prod([x.stop - x.start for x in pc.global_])) for pc in sh.pieces)
              for key, (sh, _) in st.arrays.items()}  # elements of the global tensor held
-    check(all(sh.replica == R and a.size == cover[key] == int(np.prod(sh.global_shape))
-              and (key[0] != "param" or a.shape == sh.global_shape)
-              for key, (sh, a) in st.arrays.items()), f"{name}: not whole tensors of replica {R}")
-    check(st.scalars["step"] == 1 and st.scalars["optimizer.t"] == 1, f"{name}: {st.scalars}")
+    c.check(all(sh.replica == R and a.size == cover[key] == int(np.prod(sh.global_shape))
+                and (key[0] != "param" or a.shape == sh.global_shape)
+                for key, (sh, a) in st.arrays.items()), f"{name}: not whole tensors of replica {R}")
+    c.check(st.scalars["step"] == 1 and st.scalars["optimizer.t"] == 1, f"{name}: {st.scalars}")
     ser = serial_build(spec)
     ser.load_state_dict(st)
     same = all(np.array_equal(a, b) for a, b in zip(ser.full_params().values(),
                                                     cp.full_params().values()))
-    check(same and list(ser.full_params()) == names, f"{name}: serial engine loaded differs")
+    c.check(same and list(ser.full_params()) == names, f"{name}: serial engine loaded differs")
     a, b = cp.step(spec.batch_at(1)).loss, ser.step(spec.batch_at(1)).loss
-    check(abs(a - b) <= 1e-13 * abs(b), f"{name}: next loss {a!r} vs serial loaded {b!r}")
+    c.check(abs(a - b) <= 1e-13 * abs(b), f"{name}: next loss {a!r} vs serial loaded {b!r}")
     cp.close()
 grid.free()
 
-everyone = comm.comm.gather((checks, failures), root=0)
-if R == 0:
-    total = sum(c for c, _ in everyone)
-    bad = [f for _, fs in everyone for f in fs]
-    print(f"CP-SUMMARY N={N} checks={total} failures={len(bad)}", flush=True)
-    for f in bad[:20]:
-        print("FAIL", f, flush=True)
-    if bad:
-        raise SystemExit(1)
+c.summary()

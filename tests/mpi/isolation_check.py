@@ -16,11 +16,16 @@ Data are small integers: every sum is exact and compares with array_equal.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks
 
 import minipar.collectives as C
 from minipar.collectives.nonblocking import iallreduce, nonblocking_tag
@@ -29,15 +34,7 @@ from minipar.comm.tags import pipeline_tag
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
-checks = 0
-failures: list[str] = []
-
-
-def check(ok: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(f"rank {R}: {what}")
+c = Checks("ISOLATION")
 
 
 def data(rank: int, n: int, salt: int = 0) -> np.ndarray:
@@ -71,8 +68,8 @@ def with_foreign(what: str, n_elems: int, fn: Callable[..., Any], *args: Any) ->
             for mb in reversed(range(len(sizes))):  # out of order: matched by tag, not arrival
                 got = np.full(sizes[mb], -1.0)
                 comm.Recv(got, src, pipeline_tag("act", mb))
-                check(np.array_equal(got, payload(src, R, mb, sizes[mb])),
-                      f"{what}: pipeline message {mb} from rank {src} damaged")
+                c.check(np.array_equal(got, payload(src, R, mb, sizes[mb])),
+                        f"{what}: pipeline message {mb} from rank {src} damaged")
     comm.waitall(reqs)
     return result
 
@@ -88,16 +85,16 @@ def collectives_with_foreign() -> None:
                          ("naive_allreduce", C.naive_allreduce)]:
             comm.stats.reset()
             out = with_foreign(f"{name} n={n}", chunk, fn, x)
-            check(np.array_equal(out, want), f"{name} n={n}: differs from MPI's Allreduce")
+            c.check(np.array_equal(out, want), f"{name} n={n}: differs from MPI's Allreduce")
             if name == "ring_allreduce":
-                check(comm.stats.bytes_sent(name) == C.ring_allreduce_bytes(n, 8, N, R)[0],
-                      f"ring_allreduce n={n}: bytes differ from the formula")
+                c.check(comm.stats.bytes_sent(name) == C.ring_allreduce_bytes(n, 8, N, R)[0],
+                        f"ring_allreduce n={n}: bytes differ from the formula")
         rows = np.stack([data(R, 3, salt=i) for i in range(n)]) if n else np.zeros((0, 3))
         mine = with_foreign(f"reduce_scatter n={n}", chunk * 3, C.reduce_scatter, rows)
         full = mpi_allreduce(rows)
-        check(np.array_equal(mine, np.array_split(full, N)[R]), f"reduce_scatter n={n}")
+        c.check(np.array_equal(mine, np.array_split(full, N)[R]), f"reduce_scatter n={n}")
         gathered = with_foreign(f"all_gather n={n}", chunk * 3, C.all_gather, mine)
-        check(np.array_equal(gathered, full), f"all_gather n={n}: differs from MPI's Allreduce")
+        c.check(np.array_equal(gathered, full), f"all_gather n={n}: differs from MPI's Allreduce")
         for root in {0, N - 1}:
             ref = x.copy()
             comm.comm.Bcast(ref, root=root)
@@ -105,12 +102,12 @@ def collectives_with_foreign() -> None:
                                  x if R == root else np.zeros_like(x), root)
             learned = with_foreign(f"broadcast(None) root={root}", n, C.broadcast,
                                    x if R == root else None, root)
-            check(np.array_equal(known, ref) and np.array_equal(learned, ref),
-                  f"broadcast root={root} n={n}")
+            c.check(np.array_equal(known, ref) and np.array_equal(learned, ref),
+                    f"broadcast root={root} n={n}")
         chunks = [np.full((R + j) % 3, 10.0 * R + j) for j in range(N)]
         got = with_foreign(f"all_to_all n={n}", 2, C.all_to_all, chunks)
-        check(all(np.array_equal(got[j], np.full((j + R) % 3, 10.0 * j + R)) for j in range(N)),
-              "all_to_all with pending foreign messages")
+        c.check(all(np.array_equal(got[j], np.full((j + R) % 3, 10.0 * j + R)) for j in range(N)),
+                "all_to_all with pending foreign messages")
 
 
 def nonblocking_interleaved() -> None:
@@ -130,30 +127,22 @@ def nonblocking_interleaved() -> None:
         got3 = C.ring_allreduce(comm, x)
         ra.wait()
         ra.wait()  # a request finished twice is still counted once (below)
-        check(np.array_equal(a, want_a) and np.array_equal(b, want_b),
-              f"non-blocking n={n}: differ from MPI's Allreduce")
-        check(all(np.array_equal(g, want_x) for g in (got1, got2, got3)),
-              f"blocking between non-blocking n={n}: differ from MPI's Allreduce")
+        c.check(np.array_equal(a, want_a) and np.array_equal(b, want_b),
+                f"non-blocking n={n}: differ from MPI's Allreduce")
+        c.check(all(np.array_equal(g, want_x) for g in (got1, got2, got3)),
+                f"blocking between non-blocking n={n}: differ from MPI's Allreduce")
     comm.stats.reset()
-    c = data(R, 4 * N)
-    req = iallreduce(comm, c, nonblocking_tag(7), name="nb")
+    y = data(R, 4 * N)
+    req = iallreduce(comm, y, nonblocking_tag(7), name="nb")
     C.ring_allreduce(comm, data(R, 4 * N))
     req.wait()
     req.wait()
-    check(comm.stats.bytes_recv("nb") == C.ring_allreduce_bytes(4 * N, 8, N, R)[1],
-          f"non-blocking bytes received {comm.stats.bytes_recv('nb')} != formula")
+    c.check(comm.stats.bytes_recv("nb") == C.ring_allreduce_bytes(4 * N, 8, N, R)[1],
+            f"non-blocking bytes received {comm.stats.bytes_recv('nb')} != formula")
 
 
 collectives_with_foreign()
 nonblocking_interleaved()
 comm.Barrier()
 
-everything = comm.comm.gather((checks, failures), root=0)
-if R == 0:
-    total = sum(k for k, _ in everything)
-    bad = [f for _, fs in everything for f in fs]
-    print(f"ISOLATION-SUMMARY N={N} checks={total} failures={len(bad)}")
-    for f in bad[:20]:
-        print("FAIL", f)
-    if bad:
-        raise SystemExit(1)
+c.summary()

@@ -17,9 +17,13 @@ CollectiveMismatchError).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks
 
 from minipar import spans
 from minipar.comm import TracedComm
@@ -27,20 +31,12 @@ from minipar.parallel import mappings as P
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
-checks = 0
-failures: list[str] = []
+c = Checks("PAIRS")
 
 if sys.argv[1:] == ["mismatch"]:  # rank 0 holds 4 positions, the others 5: not detectable locally
     P.scatter_to_sequence.forward(comm, np.ones((2, 4 + (R > 0), 3)))
     comm.Barrier()  # a rank whose chunks happened to fit waits here for the one that noticed
     raise SystemExit("the mismatch went unnoticed")
-
-
-def check(ok: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(f"rank {R}: {what}")
 
 
 def rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -66,7 +62,7 @@ def shard_shape(full: tuple[int, ...], axis: int, rank: int) -> tuple[int, ...]:
 
 def adjoint(pair: P.Pair, x: np.ndarray, dy: np.ndarray, what: str, **kw: object) -> None:
     lhs, rhs = P.adjoint_sides(comm, pair, x, dy, **kw)
-    check(abs(lhs - rhs) <= 1e-12 * max(abs(lhs), abs(rhs), 1.0),
+    c.check(abs(lhs - rhs) <= 1e-12 * max(abs(lhs), abs(rhs), 1.0),
           f"adjoint {pair.letter} {what}: <Ax,dy>={lhs!r} <x,A^T dy>={rhs!r}")
 
 
@@ -102,28 +98,28 @@ for S in SEQS:
     full = (2, S, 4)
     xs = [ints(full, j) for j in range(N)]
     total = np.sum(xs, axis=0)
-    check(np.array_equal(P.copy_to_parallel.forward(comm, xs[0]), xs[0]), f"f fwd S={S}")
-    check(np.array_equal(P.copy_to_parallel.backward(comm, xs[R]), total), f"f bwd S={S}")
-    check(np.array_equal(P.reduce_from_parallel.forward(comm, xs[R]), total), f"g fwd S={S}")
-    check(np.array_equal(P.reduce_from_parallel.backward(comm, xs[0]), xs[0]), f"g bwd S={S}")
+    c.check(np.array_equal(P.copy_to_parallel.forward(comm, xs[0]), xs[0]), f"f fwd S={S}")
+    c.check(np.array_equal(P.copy_to_parallel.backward(comm, xs[R]), total), f"f bwd S={S}")
+    c.check(np.array_equal(P.reduce_from_parallel.forward(comm, xs[R]), total), f"g fwd S={S}")
+    c.check(np.array_equal(P.reduce_from_parallel.backward(comm, xs[0]), xs[0]), f"g bwd S={S}")
     g = ints(full, 99, np.int64)  # one global activation, sharded along the sequence
-    check(np.array_equal(P.gather_from_sequence.forward(comm, part(g, 1, R)), g),
+    c.check(np.array_equal(P.gather_from_sequence.forward(comm, part(g, 1, R)), g),
           f"SP f fwd S={S}")
     got = P.gather_from_sequence.backward(comm, xs[R].astype(np.int64))
-    check(got.dtype == np.int64 and np.array_equal(got, part(total, 1, R)), f"SP f bwd S={S}")
-    check(np.array_equal(P.scatter_to_sequence.forward(comm, xs[R]), part(total, 1, R)),
+    c.check(got.dtype == np.int64 and np.array_equal(got, part(total, 1, R)), f"SP f bwd S={S}")
+    c.check(np.array_equal(P.scatter_to_sequence.forward(comm, xs[R]), part(total, 1, R)),
           f"SP g fwd S={S}")
-    check(np.array_equal(P.scatter_to_sequence.backward(comm, part(g, 1, R)), g),
+    c.check(np.array_equal(P.scatter_to_sequence.backward(comm, part(g, 1, R)), g),
           f"SP g bwd S={S}")
     if S >= N:
         u = ints((2, S, N + 1, 3), 42, np.int64)
         y = P.all_to_all.forward(comm, part(u, 1, R))
-        check(np.array_equal(y, part(u, 2, R)), f"a2a fwd S={S}")
-        check(np.array_equal(P.all_to_all.backward(comm, y), part(u, 1, R)), f"a2a bwd S={S}")
+        c.check(np.array_equal(y, part(u, 2, R)), f"a2a fwd S={S}")
+        c.check(np.array_equal(P.all_to_all.backward(comm, y), part(u, 1, R)), f"a2a bwd S={S}")
 tok = [ints((int(table[j].sum()), 3), j) for j in range(N)]
 want = np.concatenate([np.split(tok[j], np.cumsum(table[j])[:-1])[R] for j in range(N)])
-check(np.array_equal(P.all_to_all.forward(comm, tok[R], **kw), want), "dispatch exact")
-check(np.array_equal(P.all_to_all.backward(comm, want, **kw), tok[R]), "combine exact")
+c.check(np.array_equal(P.all_to_all.forward(comm, tok[R], **kw), want), "dispatch exact")
+c.check(np.array_equal(P.all_to_all.backward(comm, want, **kw), tok[R]), "combine exact")
 
 # -- 3. bytes per rank = the formula -------------------------------------------------
 def counted(pair: P.Pair, direction: str, arg: np.ndarray, op: str | None = None,
@@ -132,9 +128,9 @@ def counted(pair: P.Pair, direction: str, arg: np.ndarray, op: str | None = None
     getattr(pair, direction)(comm, arg, **({**kw, "op": op} if op else kw))
     name = op or pair.name
     sent, recv = comm.stats.bytes_sent(name), comm.stats.bytes_recv(name)
-    check(comm.stats.bytes_sent() == sent, f"{pair.letter} {direction}: bytes outside {name}")
+    c.check(comm.stats.bytes_sent() == sent, f"{pair.letter} {direction}: bytes outside {name}")
     tot = comm.comm.allreduce(np.array([sent, recv]))  # MPI's own: uncounted, read after
-    check(tot[0] == tot[1], f"{pair.letter} {direction}: sent {tot[0]} != received {tot[1]}")
+    c.check(tot[0] == tot[1], f"{pair.letter} {direction}: sent {tot[0]} != received {tot[1]}")
     return sent, recv
 
 
@@ -145,7 +141,7 @@ for S in sorted({N, N + 1, 2 * N - 1, 13}):
             want_f, want_b = pair.bytes_sent(full, isz, N, R, algorithm=algo)
             got_f = counted(pair, "forward", rand(full, 1), algorithm=algo)[0]
             got_b = counted(pair, "backward", rand(full, 1), algorithm=algo)[0]
-            check((got_f, got_b) == (want_f, want_b),
+            c.check((got_f, got_b) == (want_f, want_b),
                   f"{pair.letter} {algo} bytes S={S}: counted {(got_f, got_b)}, "
                   f"formula {(want_f, want_b)}")
     for pair, fwd_in, bwd_in in ((P.gather_from_sequence, "shard", "full"),
@@ -153,16 +149,16 @@ for S in sorted({N, N + 1, 2 * N - 1, 13}):
         arr = {"shard": rand(shard_shape(full, 1, R), 2), "full": rand(full, 3)}
         got = (counted(pair, "forward", arr[fwd_in])[0], counted(pair, "backward", arr[bwd_in])[0])
         want2 = pair.bytes_sent(full, isz, N, R)
-        check(got == want2, f"{pair.letter} bytes S={S}: counted {got}, formula {want2}")
+        c.check(got == want2, f"{pair.letter} bytes S={S}: counted {got}, formula {want2}")
         if S % N == 0:  # the ring's (N-1)/N x S, each way
-            check(got[0] * N == got[1] * N == (N - 1) * int(np.prod(full)) * isz,
+            c.check(got[0] * N == got[1] * N == (N - 1) * int(np.prod(full)) * isz,
                   f"{pair.letter} (N-1)/N x S, S={S}")
     u = (2, S, 2 * N + 1, 3)
     got = (counted(P.all_to_all, "forward", rand(shard_shape(u, 1, R), 4), op="cp_a2a")[0],
            counted(P.all_to_all, "backward", rand(shard_shape(u, 2, R), 5), op="cp_a2a")[0])
-    check(got == P.all_to_all.bytes_sent(u, 8, N, R),
+    c.check(got == P.all_to_all.bytes_sent(u, 8, N, R),
           f"a2a bytes S={S}: counted {got}, formula {P.all_to_all.bytes_sent(u, 8, N, R)}")
-check(comm.stats.ops["cp_a2a"].calls == 1, "one call counted per backward")
+c.check(comm.stats.ops["cp_a2a"].calls == 1, "one call counted per backward")
 
 # -- 4. bad input: ValueError on every rank, before any message ---------------------
 x3 = np.ones((2, 2 * N, 3))
@@ -186,24 +182,17 @@ for what, fn, arg, kw2 in BAD:
     comm.stats.reset()
     try:
         fn(comm, arg, **kw2)
-        check(False, f"bad input accepted: {what}")
+        c.check(False, f"bad input accepted: {what}")
     except ValueError as e:
-        check(comm.stats.bytes_sent() == 0 and comm.stats.msgs_recv() == 0,
+        c.check(comm.stats.bytes_sent() == 0 and comm.stats.msgs_recv() == 0,
               f"{what}: messages before the error")
-        check(len(str(e).splitlines()) == 1, f"{what}: not one line: {e}")
+        c.check(len(str(e).splitlines()) == 1, f"{what}: not one line: {e}")
 if N > 1:  # shards out of array_split order: every rank that holds a wrong share says so
     sizes = spans.counts(2 * N + 1, N)[::-1]
     try:
         P.gather_from_sequence.forward(comm, np.ones((2, sizes[R], 3)))
-        check(sizes[R] == spans.counts(2 * N + 1, N)[R], "wrong shard accepted")
+        c.check(sizes[R] == spans.counts(2 * N + 1, N)[R], "wrong shard accepted")
     except ValueError as e:
-        check("array_split" in str(e) and sizes[R] != spans.counts(2 * N + 1, N)[R], str(e))
+        c.check("array_split" in str(e) and sizes[R] != spans.counts(2 * N + 1, N)[R], str(e))
 
-all_failures = comm.comm.gather(failures, root=0)
-if R == 0:
-    flat = [f for fs in all_failures for f in fs]
-    print(f"PAIRS-SUMMARY N={N} checks={checks} failures={len(flat)}", flush=True)
-    for f in flat[:20]:
-        print("  ", f, flush=True)
-    if flat:
-        raise SystemExit(1)
+c.summary()

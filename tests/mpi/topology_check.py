@@ -18,9 +18,14 @@ the grids the test compares with hand-written tables, ``TOPO-BAD <json>``
 """
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks
 
 from minipar import collectives as C
 from minipar.comm import TracedComm
@@ -29,16 +34,8 @@ from minipar.comm.topology import AXES, COMM_NAMES, EXPERT_AXES, Grid
 raw = MPI.COMM_WORLD  # MPI's own collectives: the test's uncounted channel
 world = TracedComm(raw, name="world")
 N, R = world.size, world.rank
+c = Checks("TOPO")
 HAND = {(2, 2, 1, 2, 1), (1, 2, 1, 4, 1), (2, 1, 1, 2, 1), (4, 1, 1, 2, 2)}
-failures: list[str] = []
-checks = 0
-
-
-def check(ok: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(f"rank {R}: {what}")
 
 
 def divisors(k: int) -> list[int]:
@@ -61,9 +58,9 @@ for dp, pp, cp, tp in shapes(N):
         grid = Grid(world, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
         grids += 1
         co = {a: grid.coord(a) for a in AXES + EXPERT_AXES}
-        check(R == ((co["dp"] * pp + co["pp"]) * cp + co["cp"]) * tp + co["tp"], f"{shape}: {co}")
+        c.check(R == ((co["dp"] * pp + co["pp"]) * cp + co["cp"]) * tp + co["tp"], f"{shape}: {co}")
         e = co["dp"] * cp + co["cp"]
-        check((co["ep"], co["edp"]) == (e % ep, e // ep), f"{shape}: ep/edp {co}")
+        c.check((co["ep"], co["edp"]) == (e % ep, e // ep), f"{shape}: ep/edp {co}")
         everyone = raw.allgather(co)
         sizes = {"dp": dp, "pp": pp, "cp": cp, "tp": tp, "ep": ep, "edp": dp * cp // ep}
         groups = {}
@@ -72,27 +69,27 @@ for dp, pp, cp, tp in shapes(N):
             members = list(sub.world_ranks)  # from MPI's own group: what was really built
             groups[axis] = members
             what = f"{shape} {axis}: group {members}"
-            check(sub.name == axis and grid.size(axis) == sub.size == sizes[axis], what)
-            check(sub.rank == co[axis] and members == grid.ranks(axis), what)
-            check([everyone[m][axis] for m in members] == list(range(sizes[axis])), what)
-            check(all(everyone[m][k] == co[k] for m in members for k in SAME[axis]), what)
+            c.check(sub.name == axis and grid.size(axis) == sub.size == sizes[axis], what)
+            c.check(sub.rank == co[axis] and members == grid.ranks(axis), what)
+            c.check([everyone[m][axis] for m in members] == list(range(sizes[axis])), what)
+            c.check(all(everyone[m][k] == co[k] for m in members for k in SAME[axis]), what)
         p2p = grid.comm("pp_p2p")
-        check(list(p2p.world_ranks) == groups["pp"] and p2p.rank == co["pp"], f"{shape}: pp_p2p")
+        c.check(list(p2p.world_ranks) == groups["pp"] and p2p.rank == co["pp"], f"{shape}: pp_p2p")
         prev_ = co["pp"] - 1 if co["pp"] > 0 else None
         next_ = co["pp"] + 1 if co["pp"] < pp - 1 else None
-        check((grid.prev_stage, grid.next_stage) == (prev_, next_), f"{shape}: neighbours")
+        c.check((grid.prev_stage, grid.next_stage) == (prev_, next_), f"{shape}: neighbours")
 
         # one all-reduce per axis: only the group's ranks contribute, bytes land on that axis
         for axis in AXES + EXPERT_AXES:
             world.stats.reset()
             got = C.allreduce(grid.comm(axis), np.full(3, 1 << R, dtype=np.int64))
             want = sum(1 << m for m in groups[axis])
-            check(bool((got == want).all()), f"{shape} {axis}: all-reduce {got} != {want}")
-            check(set(world.stats.peers_sent()) <= set(groups[axis]) - {R},
+            c.check(bool((got == want).all()), f"{shape} {axis}: all-reduce {got} != {want}")
+            c.check(set(world.stats.peers_sent()) <= set(groups[axis]) - {R},
                   f"{shape} {axis}: sent to {world.stats.peers_sent()} outside {groups[axis]}")
             sent = C.allreduce_bytes_sent(3, 8, sizes[axis], co[axis])
             expect = {name: (sent if name == axis else 0) for name in COMM_NAMES}
-            check(grid.bytes_by_axis() == expect, f"{shape} {axis}: {grid.bytes_by_axis()} != "
+            c.check(grid.bytes_by_axis() == expect, f"{shape} {axis}: {grid.bytes_by_axis()} != "
                   f"{expect}")
         # pipeline traffic on its own communicator: send my rank to the next stage
         world.stats.reset()
@@ -101,10 +98,10 @@ for dp, pp, cp, tp in shapes(N):
         if prev_ is not None:
             box = np.empty(1, np.int64)
             grid.p2p.Recv(box, grid.prev_stage, tag=7)
-            check(int(box[0]) == groups["pp"][prev_], f"{shape}: from the previous stage")
+            c.check(int(box[0]) == groups["pp"][prev_], f"{shape}: from the previous stage")
         grid.p2p.waitall(reqs)
         by_axis = grid.bytes_by_axis()
-        check(by_axis["pp_p2p"] == (8 if next_ is not None else 0) and by_axis["pp"] == 0,
+        c.check(by_axis["pp_p2p"] == (8 if next_ is not None else 0) and by_axis["pp"] == 0,
               f"{shape}: pipeline bytes {by_axis}")
 
         table = raw.gather({"rank": R, "coords": co, "groups": groups,
@@ -116,7 +113,7 @@ for dp, pp, cp, tp in shapes(N):
         grid.free()
         try:
             grid.comm("tp")
-            check(False, f"{shape}: a freed grid still hands out communicators")
+            c.check(False, f"{shape}: a freed grid still hands out communicators")
         except ValueError:
             pass
 
@@ -132,18 +129,12 @@ for kwargs in BAD:
         messages.append(None)
     except ValueError as exc:
         messages.append(str(exc))
-    check(world.stats.bytes_sent() == 0 and world.stats.msgs_sent() == 0, f"bad {kwargs}: sent")
+    c.check(world.stats.bytes_sent() == 0 and world.stats.msgs_sent() == 0, f"bad {kwargs}: sent")
 everyone = raw.gather(messages)
 if R == 0:
-    check(all(m == messages for m in everyone), f"bad sizes: messages differ between ranks "
+    c.check(all(m == messages for m in everyone), f"bad sizes: messages differ between ranks "
           f"{everyone}")
     print("TOPO-BAD " + json.dumps({"kwargs": [{k: str(v) for k, v in kw.items()} for kw in BAD],
                                     "messages": messages}), flush=True)
 
-all_failures = raw.gather(failures)
-total = raw.reduce(checks)
-if R == 0:
-    flat = [f for fs in all_failures for f in fs]
-    for f in flat[:20]:
-        print("FAIL", f)
-    print(f"TOPO-SUMMARY N={N} grids={grids} checks={total} failures={len(flat)}", flush=True)
+c.summary(grids=grids)

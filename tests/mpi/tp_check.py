@@ -18,8 +18,14 @@ Run by tests/test_tensor_parallel.py as ``launch.run(N, this file)``; rank 0 pri
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_checks import Checks
 
 from minipar import data
 from minipar.collectives.cost import allreduce_bytes_sent
@@ -54,22 +60,7 @@ from minipar.parallel.tensor_parallel.model import TensorParallelGPT
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
-checks = 0
-failures: list[str] = []
-
-
-def check(ok: bool, what: str) -> None:
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(f"rank {R}: {what}")
-
-
-def close(a: object, b: object, what: str, tol: float = 1e-12) -> None:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    ok = a.shape == b.shape and np.allclose(a, b, rtol=tol, atol=tol)
-    err = float(np.abs(a - b).max()) if a.shape == b.shape and a.size else "shape"
-    check(ok, f"{what}: {a.shape} vs {b.shape}, max err {err}")
+c = Checks("TP")
 
 
 def rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -91,17 +82,17 @@ p_col = {"w": split_columns(w, N, R), "b": split_columns(b, N, R)}
 for gather in (False, True):
     col = ColumnParallelLinear(comm, gather_output=gather)
     y, s = col.forward(p_col, x)
-    close(y if gather else gather_last(y), y_ser, f"column y gather={gather}")
+    c.close(y if gather else gather_last(y), y_ser, f"column y gather={gather}", rtol=1e-12)
     dx, g = col.backward(p_col, s, dy if gather else split_columns(dy, N, R))
-    close(dx, dx_ser, f"column dx gather={gather}")
-    close(g["w"], split_columns(dw_ser, N, R), "column dw")
-    close(g["b"], split_columns(dy.sum(axis=(0, 1)), N, R), "column db")
+    c.close(dx, dx_ser, f"column dx gather={gather}", rtol=1e-12)
+    c.close(g["w"], split_columns(dw_ser, N, R), "column dw", rtol=1e-12)
+    c.close(g["b"], split_columns(dy.sum(axis=(0, 1)), N, R), "column db", rtol=1e-12)
 col = ColumnParallelLinear(comm, sequence_parallel=True)
 y, s = col.forward(p_col, split_sequence(x, N, R))
-close(gather_last(y), y_ser, "column SP y")
+c.close(gather_last(y), y_ser, "column SP y", rtol=1e-12)
 dx, g = col.backward(p_col, s, split_columns(dy, N, R))
-close(dx, split_sequence(dx_ser, N, R), "column SP dx")
-close(g["w"], split_columns(dw_ser, N, R), "column SP dw")
+c.close(dx, split_sequence(dx_ser, N, R), "column SP dx", rtol=1e-12)
+c.close(g["w"], split_columns(dw_ser, N, R), "column SP dw", rtol=1e-12)
 
 w2, b2 = rand((F, D), 5), rand((D,), 6)
 h = rand((B_, S_, F), 7)
@@ -113,33 +104,34 @@ p_row = {"w": split_rows(w2, N, R), "b": b2}
 for parallel_in in (True, False):
     row = RowParallelLinear(comm, input_is_parallel=parallel_in)
     y, s = row.forward(p_row, split_columns(h, N, R) if parallel_in else h)
-    close(y, y2_ser, f"row y input_is_parallel={parallel_in}")
+    c.close(y, y2_ser, f"row y input_is_parallel={parallel_in}", rtol=1e-12)
     dh, g = row.backward(p_row, s, dy2)
-    close(dh, split_columns(dh_ser, N, R) if parallel_in else dh_ser, "row dx")
-    close(g["w"], split_rows(dw2_ser, N, R), "row dw")
-    close(g["b"], dy2.sum(axis=(0, 1)), "row db (bias once)")
+    c.close(dh, split_columns(dh_ser, N, R) if parallel_in else dh_ser, "row dx", rtol=1e-12)
+    c.close(g["w"], split_rows(dw2_ser, N, R), "row dw", rtol=1e-12)
+    c.close(g["b"], dy2.sum(axis=(0, 1)), "row db (bias once)", rtol=1e-12)
 row = RowParallelLinear(comm, sequence_parallel=True)
 y, s = row.forward(p_row, split_columns(h, N, R))
-close(y, split_sequence(y2_ser, N, R), "row SP y")
+c.close(y, split_sequence(y2_ser, N, R), "row SP y", rtol=1e-12)
 
 V = 4 * N
 table = rand((V, D), 9)
 ids = np.random.default_rng(10).integers(0, V, (B_, S_))
 emb = VocabParallelEmbedding(comm, V)
 e, s = emb.forward({"table": split_rows(table, N, R)}, ids)
-close(e, embedding_forward(table, ids)[0], "vocab-parallel embedding")
+c.close(e, embedding_forward(table, ids)[0], "vocab-parallel embedding", rtol=1e-12)
 de = rand((B_, S_, D), 11)
 dtab = np.zeros_like(table)
 np.add.at(dtab, ids.reshape(-1), de.reshape(-1, D))
-close(emb.backward({"table": split_rows(table, N, R)}, s, de)[1]["table"],
-      split_rows(dtab, N, R), "vocab-parallel embedding dtable")
+c.close(emb.backward({"table": split_rows(table, N, R)}, s, de)[1]["table"],
+        split_rows(dtab, N, R), "vocab-parallel embedding dtable", rtol=1e-12)
 
 logits, targets = rand((B_, S_, V), 12) * 3, np.random.default_rng(13).integers(0, V, (B_, S_))
 loss_ser, s_ce = cross_entropy_forward(logits, targets)
 loss, s_vp = vocab_parallel_cross_entropy_forward(comm, split_columns(logits, N, R), targets)
-close(loss, loss_ser, "vocab-parallel cross-entropy", 1e-13)
-close(vocab_parallel_cross_entropy_backward(s_vp, 0.5),
-      split_columns(cross_entropy_backward(s_ce, 0.5), N, R), "vocab-parallel CE grad")
+c.close(loss, loss_ser, "vocab-parallel cross-entropy", tol=1e-13, rtol=1e-13)
+c.close(vocab_parallel_cross_entropy_backward(s_vp, 0.5),
+        split_columns(cross_entropy_backward(s_ce, 0.5), N, R), "vocab-parallel CE grad",
+        rtol=1e-12)
 
 # -- 2 and 3. the GPT, counted ------------------------------------------------------------
 H = 3 if N == 3 else 4
@@ -153,26 +145,27 @@ def gpt_parity(cfg: GPTConfig, sp: bool, what: str) -> None:
     logits_ser, _ = GPT(cfg).forward(full, tok)
     tp = TensorParallelGPT(cfg, comm, sp)
     shard = tp.shard(full)
-    close(gather_last(tp.forward(shard, tok)), logits_ser, f"{what}: logits")
+    c.close(gather_last(tp.forward(shard, tok)), logits_ser, f"{what}: logits", rtol=1e-12)
     comm.stats.reset()
     loss, g = tp.loss_and_grads(shard, tok, tgt)
-    close(loss, loss_ser, f"{what}: loss", 1e-13)
+    c.close(loss, loss_ser, f"{what}: loss", tol=1e-13, rtol=1e-13)
     g_full = gather_params(comm, g, cfg)
     for k in g_ser:
-        close(g_full[k], g_ser[k], f"{what}: grad {k}")
+        c.close(g_full[k], g_ser[k], f"{what}: grad {k}", rtol=1e-12)
     ops, S = comm.stats.ops, BATCH * SEQ * cfg.d_model
     ring = allreduce_bytes_sent(S, 8, N, R, "ring")
     if not sp and not cfg.n_experts:
         for op in ("tp_f", "tp_g"):
-            check(ops[op].calls == 2 * L, f"{what}: {op} ran {ops[op].calls} times, not 2 per block")
-            check(ops[op].bytes_sent == 2 * L * ring, f"{what}: {op} sent {ops[op].bytes_sent} "
-                  f"bytes, ring formula {2 * L * ring}")
+            c.check(ops[op].calls == 2 * L,
+                    f"{what}: {op} ran {ops[op].calls} times, not 2 per block")
+            c.check(ops[op].bytes_sent == 2 * L * ring, f"{what}: {op} sent {ops[op].bytes_sent} "
+                    f"bytes, ring formula {2 * L * ring}")
     if sp:
         for op in ("sp_f", "sp_g"):  # all-gather forward + reduce-scatter backward, and back
-            check(ops[op].calls == 4 * L, f"{what}: {op} ran {ops[op].calls} times")
-        check(ops["sp_f"].bytes_sent + ops["sp_g"].bytes_sent == 4 * L * ring,
-              f"{what}: SP's pairs sent {ops['sp_f'].bytes_sent + ops['sp_g'].bytes_sent}, "
-              f"TP's ring figure is {4 * L * ring}")
+            c.check(ops[op].calls == 4 * L, f"{what}: {op} ran {ops[op].calls} times")
+        c.check(ops["sp_f"].bytes_sent + ops["sp_g"].bytes_sent == 4 * L * ring,
+                f"{what}: SP's pairs sent {ops['sp_f'].bytes_sent + ops['sp_g'].bytes_sent}, "
+                f"TP's ring figure is {4 * L * ring}")
 
 
 dense = GPTConfig(vocab_size=4 * N, block_size=SEQ, n_layer=L, n_head=H, d_model=2 * H * N)
@@ -183,8 +176,8 @@ shard = tp_model.shard(GPT(dense).init(0))
 tok, tgt = data.modular_sum(0, 0, BATCH, SEQ, dense.vocab_size)
 comm.stats.reset()
 tp_model.forward(shard, tok)
-check(comm.stats.ops["tp_g"].calls == 2 * L and comm.stats.ops["tp_f"].calls == 0,
-      "forward: 2 g all-reduces per block, no f")
+c.check(comm.stats.ops["tp_g"].calls == 2 * L and comm.stats.ops["tp_f"].calls == 0,
+        "forward: 2 g all-reduces per block, no f")
 if N in (2, 4):
     gpt_parity(dense, True, f"TP+SP t={N}")
 moe = GPTConfig(vocab_size=4 * N, block_size=SEQ, n_layer=L, n_head=H, d_model=2 * H * N,
@@ -205,18 +198,18 @@ def train(spec: RunSpec, dp: int, sp: bool, what: str) -> None:
     ser = serial_reference(spec, dp)
     init = spec.initial_params()
     v = compare(losses, ser["losses"], flat, ser["params"], FlatParams.like(init).flatten(init))
-    check(v.status == "equal", f"{what}: {v.line()}")
+    c.check(v.status == "equal", f"{what}: {v.line()}")
     by_op = bytes_by_op(grid.world.stats, run.steps_done)
     blocks = sum(by_op.get(op, 0) for op in BLOCK_OPS)
     sizes = (run.cfg, run.rows(), spec.seq, run.tp.size, run.tp.rank, run.states.params.itemsize)
     exact = block_bytes_formula(*sizes)
-    check(blocks == exact, f"{what}: blocks' f and g sent {blocks} bytes "
-          f"per step, exact formula {exact}")
+    c.check(blocks == exact, f"{what}: blocks' f and g sent {blocks} bytes "
+            f"per step, exact formula {exact}")
     if not sp and N // dp > 1:  # the whole tp axis: blocks, embedding, head, the loss
         tp_axis = grid.bytes_by_axis()["tp"] / run.steps_done
         exact = tp_axis_bytes_formula(*sizes)
-        check(tp_axis == exact, f"{what}: tp axis sent {tp_axis} bytes "
-              f"per step, exact formula {exact}")
+        c.check(tp_axis == exact, f"{what}: tp axis sent {tp_axis} bytes "
+                f"per step, exact formula {exact}")
     grid.free()
 
 
@@ -239,16 +232,9 @@ if N > 1:
             m = TensorParallelGPT(cfg, comm, sp)
             tok = np.zeros((1, seq), np.int64)
             m.loss_and_grads(m.shard(GPT(cfg).init(0)), tok, tok)
-            check(False, f"bad {what} accepted")
+            c.check(False, f"bad {what} accepted")
         except ValueError as e:
-            check(comm.stats.bytes_sent() == 0, f"bad {what}: messages before the error")
-            check(len(str(e).splitlines()) == 1 and what in str(e), f"bad {what}: {e}")
+            c.check(comm.stats.bytes_sent() == 0, f"bad {what}: messages before the error")
+            c.check(len(str(e).splitlines()) == 1 and what in str(e), f"bad {what}: {e}")
 
-all_failures = comm.comm.gather(failures, root=0)
-if R == 0:
-    flat = [f for fs in all_failures for f in fs]
-    print(f"TP-SUMMARY N={N} checks={checks} failures={len(flat)}", flush=True)
-    for f in flat[:20]:
-        print("  ", f, flush=True)
-    if flat:
-        raise SystemExit(1)
+c.summary()
