@@ -402,14 +402,14 @@ def test_cli_params_needs_the_shape(capsys):
 
 def test_cli_small_model_memory_reads_in_its_unit_and_faster_says_faster(capsys):
     """A tiny model's memory per GPU is not "0.0 GB"; a ratio below 1 reads "× faster"."""
-    from minipar.cli.plan_layouts import _mem, _than
+    from minipar.cli.plan_layouts import compare_text, memory_text
 
     assert plan_main(["--gpt", "4,64,512,128", "--gpus", "7", "--cluster", "dgx-a100",
                    "--top", "1"]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln[:3].strip() == "1")
     assert " MB " in row and "0.0 GB" not in row
-    assert _mem(73.1e9) == "73.1 GB" and _mem(2.54e6) == "2.54 MB"
-    assert _than(14.5, 10.0) == "1.45× slower" and _than(18.40, 18.90) == "1.03× faster"
+    assert memory_text(73.1e9) == "73.1 GB" and memory_text(2.54e6) == "2.54 MB"
+    assert compare_text(14.5, 10.0) == "1.45× slower" and compare_text(18.40, 18.90) == "1.03× faster"
 
 
 def test_ring_cp_activations_keep_no_scores():

@@ -135,12 +135,12 @@ def _s(x: float) -> str:
     return f"{x * 1e3:.3g}ms" if x < 1 else f"{x:.2f}s"
 
 
-def _mem(x: float) -> str:
+def memory_text(x: float) -> str:
     """Memory per GPU as it reads: 73.1 GB; below 0.1 GB in the unit that shows it (939 kB)."""
     return f"{x / 1e9:.1f} GB" if x >= 1e8 else human_bytes(x)
 
 
-def _than(other: float, this: float) -> str:
+def compare_text(other: float, this: float) -> str:
     """How ``other`` compares with ``this`` (seconds): "1.45× slower", or "1.03× faster"."""
     r = other / this
     return f"{r:.2f}× slower" if r >= 1 else f"{1 / r:.2f}× faster"
@@ -188,7 +188,7 @@ def render_layouts(r: dict[str, Any]) -> str:
         lines.append(
             f"{i:>3} {lay['d']:>4} {lay['t']:>3} {lay['p']:>3} {lay['c']:>3} {lay['zero']:>4} "
             f"{lay['remat']:<9} {lay['b']:>2} {lay['m']:>5} {lay['placement']:<8} "
-            f"{_mem(e['memory']['total']):>9} {e['bubble_ratio']:>6.1%}  "
+            f"{memory_text(e['memory']['total']):>9} {e['bubble_ratio']:>6.1%}  "
             + " ".join(f"{a:>14}" for a in axes)
             + f" {_s(e['step_s']):>8} {e['mfu']:>6.1%}")
     lines.append("  traffic: bytes one rank sends per step / their α-β seconds; bubble: "
@@ -203,13 +203,13 @@ def render_layouts(r: dict[str, Any]) -> str:
             f"  t={lay['t']} p={lay['p']} d={lay['d']} c={lay['c']}: tensor groups inside a "
             f"server{pipe[0]}: {_s(x['tp_inside_step_s'])}; {pipe[1]}tensor groups "
             f"across servers: {_s(x['tp_across_step_s'])} "
-            f"({_than(x['tp_across_step_s'], x['tp_inside_step_s'])})")
+            f"({compare_text(x['tp_across_step_s'], x['tp_inside_step_s'])})")
     if "t_le_node_vs_t_gt_node" in tk:
         x = tk["t_le_node_vs_t_gt_node"]
         lines.append(
             f"  best with t ≤ {c['gpus_per_node']} (one server): {_s(x['step_s'])}; best with "
             f"t > {c['gpus_per_node']}: {_s(x['step_s_t_gt_node'])} "
-            f"({_than(x['step_s_t_gt_node'], x['step_s'])})")
+            f"({compare_text(x['step_s_t_gt_node'], x['step_s'])})")
     if not tk:
         lines.append(f"  (nothing to compare: {'all GPUs are in one server' if r['gpus'] <= G else 'no fitting layout uses tensor parallelism'})")
     return "\n".join(lines)

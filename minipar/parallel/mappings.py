@@ -73,8 +73,7 @@ from typing import Any
 import numpy as np
 
 from minipar import spans
-from minipar.collectives import allreduce, cost
-from minipar.collectives.alltoall import all_to_all as _all_to_all
+from minipar.collectives import allreduce, alltoall, cost
 from minipar.collectives.ring import all_gather, reduce_scatter
 from minipar.comm.tags import dtype_code
 from minipar.comm.traced import traced
@@ -339,7 +338,7 @@ class AllToAll(Pair):
         parts = [np.ascontiguousarray(np.take(x, range(o, o + k), axis=sa)).reshape(-1)
                  for o, k in zip(spans.offsets(sizes), sizes)]
         with c.operation(op):
-            got = _all_to_all(c, parts)
+            got = alltoall.all_to_all(c, parts)
         lengths = [g.size // per_position for g in got]
         want = expect if expect is not None else spans.counts(sum(lengths), n)
         if lengths != want:
