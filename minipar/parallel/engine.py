@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -276,17 +276,20 @@ def load_pieces(target: State, sources: Iterable[State]) -> None:
 # -- the one container of model states ----------------------------------------------
 
 def model_states(states: ModelStates, placements: dict[str, Shard] | None = None,
-                 replica: int = 0, moments_replica: int | None = None,
+                 replica: int | Callable[[str], int] = 0, moments_replica: int | None = None,
                  prefix: str = "") -> State:
     """The :class:`State` of a :class:`~minipar.precision.ModelStates`.
 
     ``placements[local name]``: where each local tensor sits in the global one (absent:
     the local tensor IS the global one, named as locally); ``replica``: which copy of
-    the parameters this rank's are; ``moments_replica``: of the master weights and
+    the parameters this rank's are — one number, or a function of the serial name when
+    tensors are copied over different groups (tensor parallelism: a slice's copies are
+    the dp ranks, a replicated tensor's every rank; experts: the expert-data-parallel
+    ranks); ``moments_replica``: of the master weights and
     moments (ZeRO: 0, each rank holds its own range; default ``replica``); ``prefix``
     names the scalars of one of several containers.  Arrays are views."""
     placements = placements or {}
-    mrep = replica if moments_replica is None else moments_replica
+    copy_of = replica if callable(replica) else (lambda name: replica)
     st = State()
     lay = states.layout
     params = lay.unflatten(states.params)
@@ -299,8 +302,10 @@ def model_states(states: ModelStates, placements: dict[str, Shard] | None = None
     lo, hi = states.lo, states.hi
     for n, shape in zip(lay.names, lay.shapes):
         place = placements.get(n) or whole(n, shape)
+        rep = copy_of(place.name)
+        mrep = rep if moments_replica is None else moments_replica
         st.arrays[("param", place.name)] = (
-            Shard(place.name, place.global_shape, place.pieces, replica), params[n])
+            Shard(place.name, place.global_shape, place.pieces, rep), params[n])
         t0, t1 = lay.span(n)
         a, b = max(t0, lo), min(t1, hi)
         if a >= b:

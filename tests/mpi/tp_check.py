@@ -193,20 +193,21 @@ def train(spec: RunSpec, dp: int, sp: bool, what: str) -> None:
     grid = Grid(comm, dp=dp, tp=N // dp)
     run = TensorParallel(grid, spec, sp)
     losses = loop.train(run, spec.batch_at, spec.steps).losses
+    tp_sent = grid.bytes_by_axis()["tp"]  # the training's, before full_params' all-gather
+    by_op = bytes_by_op(grid.world.stats, run.steps_done)
     full = run.full_params()
     flat = FlatParams.like(full).flatten(full)
     ser = serial_reference(spec, dp)
     init = spec.initial_params()
     v = compare(losses, ser["losses"], flat, ser["params"], FlatParams.like(init).flatten(init))
     c.check(v.status == "equal", f"{what}: {v.line()}")
-    by_op = bytes_by_op(grid.world.stats, run.steps_done)
     blocks = sum(by_op.get(op, 0) for op in BLOCK_OPS)
     sizes = (run.cfg, run.rows(), spec.seq, run.tp.size, run.tp.rank, run.states.params.itemsize)
     exact = block_bytes_formula(*sizes)
     c.check(blocks == exact, f"{what}: blocks' f and g sent {blocks} bytes "
             f"per step, exact formula {exact}")
     if not sp and N // dp > 1:  # the whole tp axis: blocks, embedding, head, the loss
-        tp_axis = grid.bytes_by_axis()["tp"] / run.steps_done
+        tp_axis = tp_sent / run.steps_done
         exact = tp_axis_bytes_formula(*sizes)
         c.check(tp_axis == exact, f"{what}: tp axis sent {tp_axis} bytes "
                 f"per step, exact formula {exact}")

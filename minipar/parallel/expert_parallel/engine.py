@@ -69,7 +69,6 @@ before any message.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -265,11 +264,8 @@ class ExpertParallel:
         """Every tensor whole, in its serial name: the dense ones on every rank (replica =
         the rank, 0 saves them), each expert's on the ranks holding it (replica = the edp
         coordinate, 0 saves them); params, master weights and moments alike."""
-        st = model_states(self.states, replica=self.grid.coord("dp"))
-        edp = self.grid.coord("edp")
-        for key, (shard, arr) in st.arrays.items():
-            if is_expert(shard.name):
-                st.arrays[key] = (replace(shard, replica=edp), arr)
+        dp, edp = self.grid.coord("dp"), self.grid.coord("edp")
+        st = model_states(self.states, replica=lambda name: edp if is_expert(name) else dp)
         st.scalars["step"] = self.steps_done
         return st
 

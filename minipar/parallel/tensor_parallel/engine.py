@@ -34,7 +34,6 @@ ledger of a step are in :mod:`minipar.parallel.tensor_parallel.measure`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -145,10 +144,8 @@ class TensorParallel:
         """Every slice with its shard (serial names, global shapes); replica = my dp
         coordinate for slices, dp·t + tp for the tensors every tp rank holds whole."""
         dp, t, r = self.grid.coord("dp"), self.grid.size("tp"), self.grid.coord("tp")
-        st = model_states(self.states, self.placements, replica=dp)
-        for key, (shard, arr) in st.arrays.items():
-            if kind_of(key[1]) == "replicated":
-                st.arrays[key] = (replace(shard, replica=dp * t + r), arr)
+        st = model_states(self.states, self.placements, replica=lambda name: (
+            dp * t + r if kind_of(name) == "replicated" else dp))
         st.scalars["step"] = self.steps_done
         return st
 
@@ -157,7 +154,7 @@ class TensorParallel:
 
     def full_params(self) -> dict[str, Any]:
         """The whole model on every rank: serial names and order, the params' dtype
-        (gathered over tp, a pickled all-gather not counted as traffic: reporting)."""
+        (the slices ring all-gathered over tp, counted on ``tp`` as ``tp_full_params``)."""
         return gather_params(self.tp, self.states.param_views(), self.cfg)
 
     def memory(self) -> dict[str, int]:

@@ -173,11 +173,24 @@ def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, An
     return out
 
 
-def gather_params(comm: Any, shard: dict[str, Any], cfg: GPTConfig) -> dict[str, Any]:
-    """The full parameters on every rank of ``comm`` (pickled all-gather: reporting only)."""
+def gather_params(comm: Any, shard: dict[str, Any], cfg: GPTConfig,
+                  op: str = "tp_full_params") -> dict[str, Any]:
+    """The full parameters (or gradients) on every rank of ``comm``: every rank's shard,
+    flattened in the serial order (the same shapes on every rank), ring all-gathered —
+    counted under ``op`` — and put back together by :func:`unshard_params`."""
+    names = list(param_shapes(cfg))
+    flat = xp.concatenate([xp.ravel(shard[n]) for n in names])
     c = traced(comm)
-    with c.operation("report"):
-        shards = c.comm.allgather(shard)
+    with c.operation(op):
+        every = all_gather(c, flat).reshape(c.size, flat.size)
+    shards = []
+    for row in every:
+        out, at = {}, 0
+        for n in names:
+            k = shard[n].size
+            out[n] = row[at:at + k].reshape(shard[n].shape)
+            at += k
+        shards.append(out)
     return unshard_params(shards, cfg)
 
 

@@ -56,6 +56,7 @@ from minipar.nn.moe_steps import expert_capacity
 from minipar.parallel.tensor_parallel.layers import shard_params, split_sequence
 from minipar.parallel.tensor_parallel.model import TPBlockUnit
 from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
+from minipar.trees import arrays, owner
 
 __all__ = ["BLOCK_OPS", "MODES", "BlockLedger", "activation_bytes_per_block",
            "block_bytes_formula", "bytes_by_op", "calls_by_op", "ledger", "saved_arrays",
@@ -119,27 +120,11 @@ def calls_by_op(stats: Any, steps: int) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------- activations kept
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
 def saved_arrays(saved: Any) -> list[np.ndarray]:
-    """The distinct arrays ``saved`` keeps alive: every array in it (dicts, tuples, lists
-    walked), each replaced by the array that owns its memory, each counted once."""
-    out: dict[int, np.ndarray] = {}
-    stack = [saved]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, np.ndarray):
-            if s.dtype != object:
-                r = _root(s)
-                out[id(r)] = r
-        elif isinstance(s, dict):
-            stack.extend(s.values())
-        elif isinstance(s, (tuple, list)):
-            stack.extend(s)
+    """The distinct arrays ``saved`` keeps alive: every array in it (:func:`minipar.trees.arrays`),
+    each replaced by the array that owns its memory (:func:`minipar.trees.owner`), each counted
+    once; object arrays (no activation bytes of their own) left out."""
+    out = {id(r): r for r in map(owner, arrays(saved)) if r.dtype != object}
     return list(out.values())
 
 
