@@ -3,7 +3,8 @@
 The verb of :mod:`minipar.train`: it builds the small GPT (modular-sum
 sequences) or the MLP (2-D spirals) from its options, refuses options that do
 not fit before any model is built (one line, exit 2), trains with
-:func:`minipar.train.train` and prints one line (``--json``: the loss curve
+:func:`minipar.parallel.loop.train` — the one loop of every engine — on the
+serial engine (:class:`minipar.parallel.engine.SerialEngine`) and prints one line (``--json``: the loss curve
 into a file).
 
 Divergence: the verb stops at the first step whose loss is NaN or infinite,
@@ -34,7 +35,9 @@ from minipar.cli_errors import ArgumentParser, integer, number, output_file
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
 from minipar.plan import gpt_param_count
 from minipar.precision import get
-from minipar.train import Diverged, gpt_task, mlp_task, train
+from minipar.parallel import loop
+from minipar.parallel.engine import Batch, SerialEngine
+from minipar.train import Diverged, gpt_task, mlp_task
 
 #: ``minipar train`` stops when the loss exceeds this many times the first step's loss
 DIVERGENCE_FACTOR = 10.0
@@ -156,8 +159,9 @@ def main(argv: list[str]) -> int:
             model = MLP(MLPConfig(sizes=(2, a.hidden, a.hidden, 3), dtype=dtype))
             batch, floor = mlp_task(a.batch, dtype=dtype), ""
         extra = {"weight_decay": 0.0} if a.optimizer == "adamw" else {}
-        out = train(model, batch, a.steps, a.precision, a.optimizer, a.seed,
-                    None if a.quiet else sys.stderr, diverge_factor=a.diverge, lr=a.lr, **extra)
+        engine = SerialEngine(model, a.precision, a.optimizer, a.seed, lr=a.lr, **extra)
+        out = loop.train(engine, lambda s: Batch(s, *batch(s)), a.steps,
+                         progress=None if a.quiet else sys.stderr, diverge_factor=a.diverge)
     except Diverged as e:  # the run, not the input, went wrong: one line, exit 1
         default = _parser().get_default("lr")
         print(f"minipar train: {e} (this run: --lr {a.lr:g}; the default is {default:g})",
@@ -170,13 +174,13 @@ def main(argv: list[str]) -> int:
         smaller = "--batch or --hidden" if a.model == "mlp" else "--batch, --seq or model"
         print(f"minipar train: out of memory; use a smaller {smaller}", file=sys.stderr)
         return 1
-    losses = out["losses"]
+    losses = out.losses
     print(f"{a.model}: {model.n_params()} parameters, {a.precision}, {a.steps} steps in "
-          f"{out['seconds']:.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}{floor}")
+          f"{out.seconds:.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}{floor}")
     if a.json:
         try:
             with open(a.json, "w", encoding="utf-8") as f:
-                json.dump({"args": vars(a), "losses": losses, "seconds": out["seconds"]}, f)
+                json.dump({"args": vars(a), "losses": losses, "seconds": out.seconds}, f)
         except OSError as e:
             print(f"minipar train: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
             return 1

@@ -9,7 +9,10 @@ nanoGPT's ``train.py`` in a dozen lines, for any :class:`~minipar.parallel.engin
         every save_every steps:  save(engine, step + 1)  # e.g. a sharded checkpoint
 
 ``steps`` is the total: a run resumed at ``start`` (the engine loaded from a
-checkpoint of ``start`` steps) goes on to the same end.  ``source(step)`` is
+checkpoint of ``start`` steps) goes on to the same end.  The bar shows the loss,
+tokens per second and the time left; ``diverge_factor`` f stops the run with
+:class:`minipar.train.Diverged` at the first loss that is NaN, infinite or above
+f x the first loss of this run (:func:`minipar.train.check_loss`).  ``source(step)`` is
 deterministic in the step (:meth:`minipar.parallel.common.RunSpec.batch_at`), so a
 resumed run sees the batches the uninterrupted one would have.
 """
@@ -17,29 +20,39 @@ resumed run sees the batches the uninterrupted one would have.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from minipar.parallel.engine import Batch, Engine
 from minipar.progress import bar as progress_bar
+from minipar.train import check_loss
 
 
 @dataclass
 class History:
     """What a run of the loop gives back: the loss of every step it ran (from ``start``),
-    which steps were skipped (16-bit overflow), and the validation losses by step."""
+    which steps were skipped (16-bit overflow), the validation losses by step, and the
+    seconds and tokens of its steps (evaluation and saving not counted)."""
 
     start: int = 0
     losses: list[float] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     validation: dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    tokens: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: int = 0,
           eval_source: Callable[[int], Batch] | None = None, eval_every: int = 0,
           save: Callable[[Engine, int], Any] | None = None, save_every: int = 0,
-          progress: TextIO | bool | None = None) -> History:
+          progress: TextIO | bool | None = None,
+          diverge_factor: float | None = None) -> History:
     """Train ``engine`` from step ``start`` to ``steps`` (the total); see the module text.
 
     ``progress``: a stream for a bar (:func:`minipar.progress.bar`), True for a notebook
@@ -53,16 +66,25 @@ def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: 
         steps - start, "step", None if progress is True else progress, notebook=progress is True)
     try:
         for s in range(start, steps):
-            r = engine.step(source(s))
+            batch = source(s)
+            t0 = time.perf_counter()
+            r = engine.step(batch)
+            h.seconds += time.perf_counter() - t0
+            h.tokens += int(batch.tokens.size)
             h.losses.append(r.loss)
             if r.skipped:
                 h.skipped.append(s)
+            if diverge_factor is not None:
+                check_loss(s, r.loss, h.losses[0], diverge_factor)
             if eval_source is not None and eval_every and (s + 1) % eval_every == 0:
                 h.validation[s + 1] = engine.evaluate(eval_source(s))
             if save is not None and save_every and (s + 1) % save_every == 0:
                 save(engine, s + 1)
             if bar is not None:
                 text = f"loss {r.loss:.4f}" if math.isfinite(r.loss) else f"loss {r.loss}"
+                if h.validation:
+                    text += f", val {h.validation[max(h.validation)]:.4f}"
+                text += f", {h.tokens_per_second:,.0f} tok/s"
                 bar.set_postfix_str(text, refresh=False)
                 bar.update(1)
     finally:
