@@ -33,10 +33,10 @@ import sys
 from minipar import data
 from minipar.cli_errors import ArgumentParser, integer, number, output_file
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
-from minipar.plan import gpt_param_count
-from minipar.precision import get
 from minipar.parallel import loop
 from minipar.parallel.engine import Batch, SerialEngine
+from minipar.plan import gpt_param_count
+from minipar.precision import get
 from minipar.train import Diverged, gpt_task, mlp_task
 
 #: ``minipar train`` stops when the loss exceeds this many times the first step's loss
