@@ -3,7 +3,7 @@
 One parametrised test per verb (``minipar run`` / ``demo`` / the multi-rank
 benches: tests/test_run_cli.py).  Each case goes through ``minipar.cli.main``
 in-process, the way the console script runs it, and checks the contract of
-:mod:`minipar.cli_errors`: status 2, exactly one non-empty line on stderr
+:mod:`minipar.cli.options`: status 2, exactly one non-empty line on stderr
 that names the option (and, where there is a short list, the allowed
 values), nothing that looks like a traceback.  The work a verb would do
 (training, grading, measuring) is replaced by a function that fails the

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from minipar import cli
 from minipar.bench import collectives as bench
 from minipar.collectives import choose_allreduce
 
@@ -67,7 +68,8 @@ def test_table_reports_chosen_algorithm_and_targets():
 
 
 def test_nothing_to_compare_is_refused(capsys):
-    assert bench.main(["--collectives", "reduce_scatter", "--algorithms", "auto"]) == 2
+    assert cli.main(["bench", "collectives", "--collectives", "reduce_scatter", "--algorithms",
+                     "auto"]) == 2
     assert "no algorithm to compare" in capsys.readouterr().err
 
 
@@ -127,7 +129,7 @@ def test_plot_has_one_panel_per_collective_and_the_rows_as_lines(tmp_path):
 
 
 def test_one_rank_is_refused_with_the_reason(capsys):
-    assert bench.main(["-n", "1"]) == 2
+    assert cli.main(["bench", "collectives", "-n", "1"]) == 2
     err = capsys.readouterr().err
     assert err == f"minipar bench collectives: {bench.ONE_RANK}\n"
     assert "2(N-1)/N is 0" in err

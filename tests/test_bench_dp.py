@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from minipar import cli
 from minipar.bench import dp as bench_dp
 
 
@@ -59,6 +60,6 @@ def test_measure_step_time_is_the_median_after_warmup(monkeypatch: pytest.Monkey
 def test_bad_options_are_one_line_and_exit_2(args: list[str], option: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Checked in this process, before any rank starts."""
-    assert bench_dp.main(args) == 2
+    assert cli.main(["bench", "dp", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("minipar bench dp: ") and option in err[0], err

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from minipar import cli
 from minipar.bench import pp as bench_pp
 
 TINY = ["--d-model", "16", "--layers", "2", "--heads", "2", "--seq", "8", "--batch", "8",
@@ -43,6 +44,6 @@ def test_the_text_view(capsys: pytest.CaptureFixture[str]) -> None:
 ])
 def test_bad_options_are_one_line_and_exit_2(args: list[str], words: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_pp.main([*TINY, *args]) == 2
+    assert cli.main(["bench", "pp", *TINY, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from minipar import cli
 from minipar.bench import offload as bench_offload
 from minipar.bench import remat as bench_remat
 from minipar.plan.checkpointing import recompute_forward_layers
@@ -34,7 +35,7 @@ def test_remat_cli_runs_in_a_subprocess(tmp_path: Path, capsys) -> None:
                              "8", "--batch", "2", "--json", str(out)]) == 0
     assert "one thread" in capsys.readouterr().out
     assert [r["layers"] for r in json.loads(out.read_text())] == [1, 2]
-    assert bench_remat.main(["--layers", "1", "--every", "9"]) == 2
+    assert cli.main(["bench", "remat", "--layers", "1", "--every", "9"]) == 2
     assert "--every 9 exceeds the 3 units" in capsys.readouterr().err
 
 

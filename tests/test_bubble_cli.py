@@ -15,7 +15,7 @@ import pytest
 
 from minipar import cli, trace
 from minipar.cli import bubble
-from minipar.cli_errors import ArgumentParser
+from minipar.cli.options import ArgumentParser
 from minipar.parallel.pipeline import measure
 from minipar.parallel.pipeline.measure import chart, write_timeline
 from minipar.parallel.pipeline.schedule import in_flight, schedules

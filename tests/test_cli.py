@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from minipar import cli
-from minipar.cli_errors import Terminated
+from minipar.cli.options import Terminated
 from minipar.registry import BENCHES, STRATEGIES, VERBS
 
 
@@ -35,6 +35,24 @@ def test_a_verbs_help_and_usage_errors_return_their_status(capsys):
     assert "--params" in capsys.readouterr().out
     assert cli.main(["exercise", "nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    assert cli.main(["bench", "dp", "--rounds", "0"]) == 2  # a bench through the same path
+    assert capsys.readouterr().err == "minipar bench dp: --rounds must be an integer >= 1, got 0\n"
+
+
+def test_only_the_verb_table_turns_systemexit_into_a_status():
+    """One error path: no verb catches argparse's ``SystemExit`` (``--help``, a bad option);
+    ``minipar.cli.main`` alone turns it into the exit status (the source read, not run)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cli.__file__).resolve().parent.parent
+    catching = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ExceptHandler) and (node.type is None or "SystemExit" in {
+                    n.id for n in ast.walk(node.type) if isinstance(n, ast.Name)}):
+                catching.append(path.relative_to(root.parent).as_posix())
+    assert catching == ["minipar/cli/__init__.py"], catching
 
 
 def test_console_entry_point_runs():
@@ -119,7 +137,7 @@ def _parsers(argv, monkeypatch):
     parse instead of printing: every verb builds its parser on the way to ``parse_args``."""
     import argparse
 
-    from minipar import cli_errors
+    from minipar.cli import options
 
     seen = []
 
@@ -127,7 +145,7 @@ def _parsers(argv, monkeypatch):
         seen.append(self)
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli_errors.ArgumentParser, "parse_args", record)
+    monkeypatch.setattr(options.ArgumentParser, "parse_args", record)
     assert cli.main([*argv, "--help"]) == 0
     todo = list(seen)
     while todo:

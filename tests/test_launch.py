@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from minipar import launch
-from minipar.cli_errors import Terminated
+from minipar.cli.options import Terminated
 from minipar.launch import failure
 
 MPI_DIR = Path(__file__).parent / "mpi"

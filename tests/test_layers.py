@@ -37,7 +37,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     6: ("minipar.parallel.hybrid",),
     7: ("minipar.parallel.strategies", "minipar.parallel.checkpoint", "minipar.parallel.loop"),
     8: ("minipar.launch", "minipar.run", "minipar.bench", "minipar.viz", "minipar.exercises",
-        "minipar.cli", "minipar.cli_errors"),
+        "minipar.cli"),  # minipar.cli.options too: option types, the one usage-error path
 }
 
 #: layer 5: family -> its module prefixes (families never import each other)

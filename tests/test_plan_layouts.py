@@ -31,6 +31,7 @@ import math
 
 import pytest
 
+from minipar import cli
 from minipar import plan as P
 from minipar.cli.plan import main as plan_main
 from minipar.plan.activations import minipar_activation_formula
@@ -387,7 +388,7 @@ def test_cli_bad_input_one_line_exit_2(capsys, argv, says):
     for k in range(0, len(argv), 2):  # replace the option's value in the base command
         i = base.index(argv[k])
         base[i + 1] = argv[k + 1]
-    assert plan_main(base) == 2
+    assert cli.main(["plan", *base]) == 2  # what `minipar plan ...` returns
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("minipar plan: ") and says in err
 

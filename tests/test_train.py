@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from minipar import cli
 from minipar import train as T
 from minipar.cli.train import main as train_main
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
@@ -98,7 +99,7 @@ def test_cli_verb(tmp_path, capsys) -> None:
     assert saved["args"]["d_model"] == 16 and saved["args"]["experts"] == 0  # defaults filled in
     assert train_main(["--model", "mlp", "--steps", "2", "--quiet"]) == 0
     assert capsys.readouterr().err == ""  # --quiet: no bar at all
-    assert train_main(["--d-model", "30", "--heads", "4", "--steps", "1", "--quiet"]) == 2
+    assert cli.main(["train", "--d-model", "30", "--heads", "4", "--steps", "1", "--quiet"]) == 2
     err = capsys.readouterr().err  # more bad input: tests/test_bad_input.py
     assert err == ("minipar train: --heads 4 does not divide --d-model 30 (each head takes "
                    "d_model / heads columns); --heads must be one of 1, 2, 3, 5, 6, 10, 15, 30\n")

@@ -5,7 +5,7 @@ machine is shared and noisy, so a benchmark reports *ratios* of things
 measured in the same run (our ring vs MPI's Allreduce, our model vs PyTorch).
 Each benchmark is a module with ``main(argv) -> int``; its options are
 checked before anything is measured, one line and exit 2 on a bad one
-(:mod:`minipar.cli_errors`).
+(:mod:`minipar.cli.options`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from minipar.cli_errors import EXIT_USAGE
+from minipar.cli.options import EXIT_USAGE
 from minipar.registry import BENCHES
 
 

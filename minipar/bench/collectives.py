@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, output_file, seconds
+from minipar.cli.options import ArgumentParser, integer, output_file, seconds
 
 #: (collective, algorithm) in the order they are measured at each size
 CASES = [
@@ -251,18 +251,15 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     p = _parser()
-    try:
-        args = p.parse_args(argv)
-        odd = [s for s in args.sizes if s % 4]
-        if odd:
-            p.error(f"--sizes must be multiples of 4 bytes (float32 elements), got {odd[0]}")
-        if args.ranks == 1:
-            p.error(ONE_RANK)
-        if all(a == "mpi" for _, a in cases(args.collectives, args.algorithms)):
-            p.error(f"--algorithms {' '.join(args.algorithms or [])}: no algorithm to compare "
-                    f"with MPI's own for {' '.join(args.collectives)}")
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+    args = p.parse_args(argv)
+    odd = [s for s in args.sizes if s % 4]
+    if odd:
+        p.error(f"--sizes must be multiples of 4 bytes (float32 elements), got {odd[0]}")
+    if args.ranks == 1:
+        p.error(ONE_RANK)
+    if all(a == "mpi" for _, a in cases(args.collectives, args.algorithms)):
+        p.error(f"--algorithms {' '.join(args.algorithms or [])}: no algorithm to compare "
+                f"with MPI's own for {' '.join(args.collectives)}")
     from minipar.progress import watched
 
     payload = {k: getattr(args, k) for k in ("sizes", "iters", "warmup", "collectives",

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, number, seconds
+from minipar.cli.options import ArgumentParser, integer, number, seconds
 
 PROG = "minipar bench dp"
 
@@ -207,14 +207,11 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     p = _parser()
+    a = p.parse_args(argv)
     try:
-        a = p.parse_args(argv)
-        try:
-            check_bench_options(vars(a))
-        except ValueError as e:
-            p.error(str(e))
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+        check_bench_options(vars(a))
+    except ValueError as e:
+        p.error(str(e))
     try:
         row = run_bench(vars(a), progress=sys.stderr)
     except launch.LaunchError as e:  # any failure of the launch

@@ -51,7 +51,7 @@ import time
 from typing import Any
 
 from minipar.bench.dp import add_bench_arguments, check_bench_options
-from minipar.cli_errors import ArgumentParser, integer, number
+from minipar.cli.options import ArgumentParser, integer, number
 
 PROG = "minipar bench ep"
 
@@ -197,18 +197,15 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     p = _parser()
+    a = p.parse_args(argv)
     try:
-        a = p.parse_args(argv)
-        try:
-            spec = check_bench_options(vars(a)).with_(
-                experts=a.experts, top_k=a.top_k, capacity_factor=a.capacity_factor)
-            from minipar.parallel.expert_parallel.layout import check_ep
+        spec = check_bench_options(vars(a)).with_(
+            experts=a.experts, top_k=a.top_k, capacity_factor=a.capacity_factor)
+        from minipar.parallel.expert_parallel.layout import check_ep
 
-            check_ep(a.experts, a.top_k, a.capacity_factor, a.ranks, a.ranks)
-        except ValueError as e:
-            p.error(str(e).replace("--ep", "-n"))
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+        check_ep(a.experts, a.top_k, a.capacity_factor, a.ranks, a.ranks)
+    except ValueError as e:
+        p.error(str(e).replace("--ep", "-n"))
     from minipar.progress import watched
 
     try:

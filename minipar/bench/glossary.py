@@ -17,7 +17,7 @@ import sys
 import time
 
 from minipar import glossary as g
-from minipar.cli_errors import ArgumentParser, integer
+from minipar.cli.options import ArgumentParser, integer
 
 #: exact, spelling variants, Russian inflections, spun Chinese, typos, slang and family words,
 #: misses (a nonsense word; 天气预报 "weather forecast", Chinese with no term in it), a long query
@@ -89,10 +89,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeat", type=integer(1), default=20,
                    help="timed lookups per query (default 20)")
     p.add_argument("--runs", type=integer(1), default=10, help="cold process runs (default 10)")
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
-        return int(e.code or 0)
+    args = p.parse_args(argv)
 
     loads = {}
     g.clear_caches()

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from minipar.bench import write_json
-from minipar.cli_errors import ArgumentParser, integer, output_file
+from minipar.cli.options import ArgumentParser, integer, output_file
 from minipar.progress import tick
 
 #: name -> (d_model, n_layer, n_head, seq_len, batch, vocab)
@@ -162,10 +162,7 @@ def main(argv: list[str]) -> int:
     from minipar.progress import watched
 
     p = _parser()
-    try:
-        a = p.parse_args(argv)
-    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
-        return int(e.code or 0)
+    a = p.parse_args(argv)
     if a.inner:  # the measuring subprocess: print rows as JSON
         print(json.dumps(measure(a.sizes, a.repeat, not a.no_torch, a.progress)))
         return 0

@@ -36,7 +36,7 @@ from typing import Any
 
 from minipar.bench import write_json
 from minipar.bench.remat import THREAD_VARS, Sink, setup
-from minipar.cli_errors import ArgumentParser, integer, output_file
+from minipar.cli.options import ArgumentParser, integer, output_file
 
 PROG = "minipar bench offload"
 
@@ -151,17 +151,14 @@ def _parser() -> ArgumentParser:
 
 def main(argv: list[str]) -> int:
     p = _parser()
-    try:
-        a = p.parse_args(argv)
-        if a.offload_dir is not None:
-            from minipar.parallel.offload.store import check_target
+    a = p.parse_args(argv)
+    if a.offload_dir is not None:
+        from minipar.parallel.offload.store import check_target
 
-            try:
-                check_target("disk", a.offload_dir)
-            except ValueError as e:
-                p.error(f"--offload-dir: {e}")
-    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
-        return int(e.code or 0)
+        try:
+            check_target("disk", a.offload_dir)
+        except ValueError as e:
+            p.error(f"--offload-dir: {e}")
     if a.inner:
         print(json.dumps([activations(a.layers, a.repeat, a.offload_dir),
                           optimizer_states(a.layers, a.repeat, a.offload_dir)]))

@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer
+from minipar.cli.options import ArgumentParser, integer
 
 PROG = "minipar bench pp"
 
@@ -187,14 +187,11 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     p = _parser()
+    a = p.parse_args(argv)
     try:
-        a = p.parse_args(argv)
-        try:
-            check_options(vars(a))
-        except ValueError as e:
-            p.error(str(e))
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+        check_options(vars(a))
+    except ValueError as e:
+        p.error(str(e))
     try:
         row = run_bench(vars(a))
     except launch.LaunchError as e:

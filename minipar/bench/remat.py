@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from minipar.bench import write_json
-from minipar.cli_errors import ArgumentParser, integer, output_file
+from minipar.cli.options import ArgumentParser, integer, output_file
 from minipar.nn.executor import Hooks
 
 PROG = "minipar bench remat"
@@ -155,16 +155,13 @@ def _parser() -> ArgumentParser:
 def main(argv: list[str]) -> int:
     p = _parser()
     size = dict(DEFAULT_SIZE)
-    try:
-        a = p.parse_args(argv)
-        if a.every is not None and a.every > min(a.layers) + 2:
-            p.error(f"--every {a.every} exceeds the {min(a.layers) + 2} units of the smallest "
-                    f"model (--layers {min(a.layers)} + embedding + head)")
-        size.update(d_model=a.d_model, seq=a.seq, batch=a.batch)
-        if a.d_model % size["heads"]:
-            p.error(f"--d-model {a.d_model} must be a multiple of {size['heads']} (the heads)")
-    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
-        return int(e.code or 0)
+    a = p.parse_args(argv)
+    if a.every is not None and a.every > min(a.layers) + 2:
+        p.error(f"--every {a.every} exceeds the {min(a.layers) + 2} units of the smallest "
+                f"model (--layers {min(a.layers)} + embedding + head)")
+    size.update(d_model=a.d_model, seq=a.seq, batch=a.batch)
+    if a.d_model % size["heads"]:
+        p.error(f"--d-model {a.d_model} must be a multiple of {size['heads']} (the heads)")
     if a.inner:  # the measuring subprocess: print rows as JSON
         print(json.dumps(measure(a.layers, a.repeat, a.every, **size)))
         return 0

@@ -28,7 +28,7 @@ import json
 import sys
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, seconds
+from minipar.cli.options import ArgumentParser, integer, seconds
 
 PROG = "minipar bench tp"
 
@@ -125,14 +125,11 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     p = _parser()
+    a = p.parse_args(argv)
     try:
-        a = p.parse_args(argv)
-        try:
-            check(vars(a))
-        except ValueError as e:
-            p.error(str(e))
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+        check(vars(a))
+    except ValueError as e:
+        p.error(str(e))
     try:
         row, _ = launch.run_json(a.ranks, "minipar.bench.tp", vars(a), timeout=a.timeout,
                                  check=True)

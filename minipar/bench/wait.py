@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from minipar.cli_errors import ArgumentParser, integer, seconds
+from minipar.cli.options import ArgumentParser, integer, seconds
 
 PROG = "minipar bench wait"
 MODES = ("mpi", "traced")
@@ -119,10 +119,7 @@ def format_table(res: dict) -> str:
 def main(argv: list[str]) -> int:
     from minipar import launch
 
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+    args = _parser().parse_args(argv)
     from minipar.progress import watched
 
     runs = {}

@@ -30,7 +30,7 @@ import sys
 from typing import Any
 
 from minipar.bench.dp import add_bench_arguments, check_bench_options
-from minipar.cli_errors import ArgumentParser
+from minipar.cli.options import ArgumentParser
 
 PROG = "minipar bench zero"
 
@@ -130,14 +130,11 @@ def main(argv: list[str]) -> int:
     from minipar import launch
 
     p = _parser()
+    a = p.parse_args(argv)
     try:
-        a = p.parse_args(argv)
-        try:
-            spec = check_bench_options(vars(a))
-        except ValueError as e:
-            p.error(str(e))
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+        spec = check_bench_options(vars(a))
+    except ValueError as e:
+        p.error(str(e))
     from minipar.progress import watched
 
     try:

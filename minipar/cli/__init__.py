@@ -3,19 +3,22 @@
 Every verb lives in its own module, imported only when that verb runs, so
 ``minipar glossary ...`` starts without NumPy or mpi4py.  A verb module
 exposes ``main(argv: list[str]) -> int`` and builds its own argparse parser
-with ``prog="minipar VERB"``.  The verbs' front ends are this package's
+with ``prog="minipar VERB"`` (:class:`minipar.cli.options.ArgumentParser`).  The verbs' front ends are this package's
 modules (:mod:`minipar.cli.plan`, ...); ``bench``, ``run`` and ``exercise``
 have their own packages.
 
 To add a verb: add one row to ``minipar.registry.VERBS``; nothing else changes here.
 
-Errors are one line (:mod:`minipar.cli_errors`): a bad option exits 2 with
+Errors are one line (:mod:`minipar.cli.options`): a bad option exits 2 with
 ``minipar VERB: --option …``; Ctrl-C exits 130 with ``minipar: interrupted``
 and no traceback, SIGTERM (``kill``, ``timeout``, a scheduler) exits 143 with
-``minipar: terminated`` (:func:`minipar.cli_errors.sigterm_as_interrupt`); in
+``minipar: terminated`` (:func:`minipar.cli.options.sigterm_as_interrupt`); in
 both cases a multi-rank launch stops every rank and removes its files first
 (see :func:`minipar.launch.run`).  ``main`` returns the exit status of the verb,
-including a verb's argparse ``SystemExit``, so it can be called in-process.
+so it can be called in-process: it is the one place where argparse's
+``SystemExit`` (``--help``: 0, a bad option: 2, its line already printed) becomes
+that status, for every verb — no verb catches it (``minipar run``, ``exercise``
+and each ``minipar bench WHAT`` included; ``python -m minipar.run`` comes here too).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from minipar.cli_errors import (
+from minipar.cli.options import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,

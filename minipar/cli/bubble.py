@@ -44,7 +44,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, error_line, integer, output_file
+from minipar.cli.options import ArgumentParser, error_line, integer, output_file
 from minipar.parallel.pipeline.schedule import KINDS
 
 PROG = "minipar bubble"
@@ -247,10 +247,7 @@ def _resolve(args: Any) -> tuple[str, int, int, int, dict | None, list | None]:
 
 def main(argv: list[str]) -> int:
     """Exit 0 after printing; 2 for bad input (one line, nothing simulated)."""
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+    args = parser().parse_args(argv)
     try:
         kind, p, m, v, _, wall = _resolve(args)
         check_args(kind, p, m, v)

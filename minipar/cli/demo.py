@@ -23,7 +23,7 @@ import json
 import sys
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, seconds
+from minipar.cli.options import ArgumentParser, integer, seconds
 
 PROG = "minipar demo"
 #: the demo's last line: the next step of the README's learning path
@@ -105,10 +105,7 @@ def parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+    args = parser().parse_args(argv)
     from minipar import launch
 
     try:

@@ -60,7 +60,7 @@ def _clean(s: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from minipar.cli_errors import ArgumentParser, output_file_or_stdout
+    from minipar.cli.options import ArgumentParser, output_file_or_stdout
 
     p = ArgumentParser(prog="minipar glossary", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -11,7 +11,7 @@ are drawn by :mod:`minipar.cli.plan_render`, the sizes read by
 :mod:`minipar.cli.plan_sizes`, and ``--cluster`` hands the command line to the
 layout planner (:mod:`minipar.cli.plan_layouts`).
 
-Bad input is one line and exit 2 (:mod:`minipar.cli_errors`): sizes are
+Bad input is one line and exit 2 (:mod:`minipar.cli.options`): sizes are
 whole numbers from 1 to 10¹² (Ψ up to 10³⁰), the heads must divide d_model
 and t the heads.  Numbers too long to read (Ψ ≥ 10¹⁵, more than 1000 PB)
 are printed in scientific notation: ``1.00e+30 parameters``.
@@ -24,9 +24,9 @@ import json
 import sys
 from typing import Any
 
+from minipar.cli.options import ArgumentParser, error_line, integer
 from minipar.cli.plan_render import render
 from minipar.cli.plan_sizes import MAX_PARAMS, MAX_SIZE, default_heads, gpt_sizes, param_count
-from minipar.cli_errors import ArgumentParser, error_line, integer
 from minipar.plan.activations import (
     MINIPAR_ACTIVATION_MODES,
     activation_table,
@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         from minipar.cli.plan_layouts import main as layouts_main
 
         return layouts_main(argv)
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2), one line already printed
-        return int(e.code or 0)
+    args = _parser().parse_args(argv)
     try:
         result = plan(args)
     except ValueError as e:

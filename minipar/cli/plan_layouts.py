@@ -21,8 +21,8 @@ import json
 import sys
 from typing import Any
 
+from minipar.cli.options import ArgumentParser, error_line, integer
 from minipar.cli.plan_sizes import default_heads, gpt_sizes, param_count
-from minipar.cli_errors import ArgumentParser, error_line, integer
 from minipar.plan.cluster import load_cluster
 from minipar.plan.human import human_bytes, human_count
 from minipar.plan.layouts import Layout, gpt_model, model_from_params
@@ -217,10 +217,7 @@ def render_layouts(r: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     """The verb with ``--cluster``: tables or ``--json``; 2 on bad input, one line."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args = _parser().parse_args(argv)
     try:
         result = plan_layouts(args)
     except ValueError as e:

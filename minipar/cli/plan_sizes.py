@@ -4,7 +4,7 @@ EN plan size options · RU параметры размеров плана · ZH 
 
 Shared by both paths of the verb, the formula tables (:mod:`minipar.cli.plan`)
 and the layout planner (:mod:`minipar.cli.plan_layouts`).  A bad value is
-argparse's one line (:mod:`minipar.cli_errors`), exit 2.
+argparse's one line (:mod:`minipar.cli.options`), exit 2.
 """
 
 from __future__ import annotations

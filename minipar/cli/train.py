@@ -31,7 +31,7 @@ import os
 import sys
 
 from minipar import data
-from minipar.cli_errors import ArgumentParser, integer, number, output_file
+from minipar.cli.options import ArgumentParser, integer, number, output_file
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
 from minipar.parallel import loop
 from minipar.parallel.engine import Batch, SerialEngine
@@ -142,11 +142,8 @@ def main(argv: list[str]) -> int:
     """``minipar train``: 0 after training; 1 (one line on stderr) when the loss is NaN or
     diverges (:class:`Diverged`, ``--diverge``); 2 (one line) on bad input."""
     p = _parser()
-    try:
-        a = p.parse_args(argv)
-        _check_options(p, a)
-    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
-        return int(e.code or 0)
+    a = p.parse_args(argv)
+    _check_options(p, a)
     dtype = get(a.precision).model_dtype
     try:
         if a.model == "gpt":

@@ -18,7 +18,7 @@ level reached per exercise in ``DIR/.minipar-hints.json``
 
 ``check`` exits 0 only when every check passes.  Bad input (an unknown
 exercise, a FILE that is not there, ``-n 0``, ``--watchdog`` not below
-``--timeout``) is one line on stderr and exit 2 (:mod:`minipar.cli_errors`).
+``--timeout``) is one line on stderr and exit 2 (:mod:`minipar.cli.options`).
 ``--dir`` names a working folder, so ``start`` creates it (and its parents)
 when it does not exist and says so; minipar never creates a folder for a
 file option.
@@ -31,7 +31,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from minipar.cli_errors import ArgumentParser, error_line, integer, seconds
+from minipar.cli.options import ArgumentParser, error_line, integer, seconds
 from minipar.exercises import EXERCISES, get, hints
 
 #: most ranks ``check`` starts on one machine (each rank is a Python process)
@@ -101,10 +101,7 @@ def _start_folder(folder: Path) -> str | None:
 
 def main(argv: list[str]) -> int:
     """``minipar exercise list|start|check``: 0 on success, 1 if a check fails, 2 on bad input."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # --help (0), or a bad option: one line already printed (2)
-        return int(e.code or 0)
+    args = _parser().parse_args(argv)
     if args.action == "list":
         width = max(map(len, EXERCISES))
         for ex in EXERCISES.values():

@@ -22,10 +22,10 @@ What it does, and why:
   rank's output is line-buffered (:mod:`minipar.launch.rank`): a printed line
   is one ``write``, so lines of different ranks never mix mid-line.
 * It enforces a wall-clock ``timeout`` (> 0 and at most 1e6 s,
-  :data:`minipar.cli_errors.MAX_SECONDS`): on expiry (or Ctrl-C, or SIGTERM)
+  :data:`minipar.cli.options.MAX_SECONDS`): on expiry (or Ctrl-C, or SIGTERM)
   mpiexec is asked to stop (SIGTERM, which it forwards to every rank), then the
   whole process group is killed, and :class:`LaunchTimeout` (or
-  ``KeyboardInterrupt``; :class:`~minipar.cli_errors.Terminated` for SIGTERM)
+  ``KeyboardInterrupt``; :class:`~minipar.cli.options.Terminated` for SIGTERM)
   is raised.  A test that launches ranks can therefore never hang, and a
   launcher stopped by ``kill``, ``timeout`` or a scheduler leaves no rank behind.
 * **A launch leaves nothing behind.**  It gets a private temporary folder
@@ -58,7 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from minipar.cli_errors import check_seconds, one_line, sigterm_as_interrupt
+from minipar.cli.options import check_seconds, one_line, sigterm_as_interrupt
 from minipar.launch import failure
 from minipar.launch.failure import LAUNCH_DIR_VAR
 
@@ -172,7 +172,7 @@ def run(n: int, target: str, *args: str, timeout: float = DEFAULT_TIMEOUT,
     :class:`LaunchError` when mpiexec cannot be started, :class:`LaunchTimeout`
     past ``timeout`` seconds, ``subprocess.CalledProcessError`` on a non-zero
     exit when ``check`` is true, and re-raises ``KeyboardInterrupt`` (Ctrl-C,
-    or :class:`~minipar.cli_errors.Terminated`: while the ranks run, SIGTERM
+    or :class:`~minipar.cli.options.Terminated`: while the ranks run, SIGTERM
     raises it unless the program handles SIGTERM itself) after stopping every
     rank.  The private folder is removed in every case.
     """

@@ -48,10 +48,7 @@ __all__ = ["PROG", "SUMMARY_PREFIX", "build", "format_summary", "main", "parse"]
 
 def main(argv: list[str]) -> int:
     """``minipar run ARGV``; the exit status."""
-    try:
-        options = parse(argv)
-    except SystemExit as e:  # --help (0) or one line for a bad option (2)
-        return int(e.code or 0)
+    options = parse(argv)
     from minipar import launch
 
     try:

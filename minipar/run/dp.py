@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer, number
+from minipar.cli.options import integer, number
 
 #: the all-reduce algorithms of :class:`~minipar.parallel.data_parallel.ddp.DataParallel`
 #: (its ``ALGORITHMS``; repeated here because importing it would start MPI; a test

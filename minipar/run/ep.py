@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer
+from minipar.cli.options import integer
 
 AXES = ("ep", "edp", "dp")
 

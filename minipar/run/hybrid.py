@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer
+from minipar.cli.options import integer
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: a model the usual grids of 8 ranks can cut (tp up to 4, pp up to 4), with a batch that

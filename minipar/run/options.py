@@ -5,7 +5,7 @@ EN option checking · RU проверка параметров · ZH 参数检�
 Every value a run needs is checked here, so that a mistake costs a learner one
 line and a fraction of a second, not N tracebacks from N ranks:
 
-* argparse with :class:`minipar.cli_errors.ArgumentParser` (one line, exit 2)
+* argparse with :class:`minipar.cli.options.ArgumentParser` (one line, exit 2)
   and range-checking types (``--timeout 0``, ``--servers 0``, ``--bucket-mb 0``
   are refused while parsing, with the option's name and the allowed values);
 * the model and task: :meth:`minipar.parallel.common.RunSpec.from_options`
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from minipar.cli_errors import ArgumentParser, integer, output_file, seconds
+from minipar.cli.options import ArgumentParser, integer, output_file, seconds
 from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
 
 PROG = "minipar run"

@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer, output_file
+from minipar.cli.options import integer, output_file
 
 #: the schedules (:data:`minipar.parallel.pipeline.schedule.KINDS`)
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer, number
+from minipar.cli.options import integer, number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer
+from minipar.cli.options import integer
 
 TARGETS = ("host", "disk")  # minipar.parallel.offload.store.TARGETS (a test checks they agree)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer
+from minipar.cli.options import integer
 
 
 def add_arguments(parser: argparse.ArgumentParser, sequence_parallel: bool = False) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minipar.cli_errors import integer
+from minipar.cli.options import integer
 
 #: ZeRO's stages and all-reduces (:data:`minipar.parallel.zero.engine.STAGES`,
 #: :data:`~minipar.parallel.zero.engine.ALLREDUCE_CHOICES`, repeated here because importing

@@ -1,9 +1,10 @@
-"""Bad input on the command line: one line, exit 2, before any work.
+"""Every verb's options: their types, and the one path of a bad one (one line, exit 2).
 
-EN command-line input errors · RU ошибки ввода командной строки · ZH 命令行输入错误
+EN command-line options · RU опции командной строки · ZH 命令行选项
 
-Every ``minipar`` verb follows the same contract, so that a learner who
-mistypes an option reads one sentence that says what to change:
+The home of what every ``minipar`` verb (``minipar run``, ``demo``, ``exercise``
+and each ``minipar bench WHAT`` too) does with its command line, so that a
+learner who mistypes an option reads one sentence that says what to change:
 
 * a bad value prints ONE line on stderr that names the option and the values
   it accepts, ``minipar train: --steps must be an integer >= 1, got 0``, and
@@ -26,12 +27,15 @@ mistypes an option reads one sentence that says what to change:
   that names a *working folder*, ``minipar exercise start --dir DIR``,
   creates it (with its parents) and says so.
 
-What this module offers, for every verb's parser (``minipar run``, ``demo``
-and the benches too):
+What this module offers, for every verb's parser:
 
 * :class:`ArgumentParser` — argparse whose ``error`` prints one line
-  (``minipar VERB: --option …``) instead of the usage block and exits 2;
-  sub-parsers inherit it.  Cross-option checks call ``parser.error(...)``.
+  (``minipar VERB: --option …``) instead of the usage block and raises
+  ``SystemExit(2)``; sub-parsers inherit it.  Cross-option checks call
+  ``parser.error(...)``.  No verb catches that ``SystemExit`` (nor ``--help``'s
+  ``SystemExit(0)``): :func:`minipar.cli.main`, through which every verb is
+  dispatched, turns it into the exit status, once for all of them; run as
+  ``python -m minipar.bench.WHAT``, Python's own exit does the same.
 * option types that check ranges as they parse, so the message names the
   option without extra code: :func:`integer`, :func:`number`,
   :func:`seconds`, :func:`output_file`.
