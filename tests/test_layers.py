@@ -27,8 +27,8 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "minipar.progress", "minipar.trace", "minipar.registry", "minipar.glossary"),
     1: ("minipar.comm",),
     2: ("minipar.collectives",),
-    3: ("minipar.nn", "minipar.optim", "minipar.precision", "minipar.memory", "minipar.data",
-        "minipar.plan"),
+    3: ("minipar.nn", "minipar.nn.decoding",  # decoding: KV cache and sampling, forward only
+        "minipar.optim", "minipar.precision", "minipar.memory", "minipar.data", "minipar.plan"),
     4: ("minipar.parallel", "minipar.parallel.engine", "minipar.parallel.mappings",
         "minipar.parallel.remat", "minipar.parallel.offload",
         "minipar.parallel.parity", "minipar.parallel.common",

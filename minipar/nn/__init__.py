@@ -14,6 +14,7 @@ activations only, never a parameter; models are built from them:
 * ``mlp_model``  ``MLPConfig`` / ``MLP``, a plain classifier for the simplest demos
 * ``units``      the models as units (embed, block i, head; MLP layers)
 * ``executor``   the one walk over the units, with hooks where strategies plug in
+* ``decoding``   forward only: a key/value cache (prefill, decode_step), sampling, ``generate``
 * ``init``       initialisation from ``(seed, name)``
 """
 
@@ -25,6 +26,15 @@ from minipar.nn.attention import (
     causal_mask,
     merge_heads,
     split_heads,
+)
+from minipar.nn.decoding import (
+    KVCache,
+    decode_step,
+    dropless,
+    generate,
+    next_token_probs,
+    prefill,
+    sample_token,
 )
 from minipar.nn.executor import Hooks
 from minipar.nn.gpt import (
@@ -64,6 +74,7 @@ __all__ = [
     "MLP",
     "GPTConfig",
     "Hooks",
+    "KVCache",
     "MLPConfig",
     "Unit",
     "attention_backward",
@@ -78,6 +89,8 @@ __all__ = [
     "causal_mask",
     "cross_entropy_backward",
     "cross_entropy_forward",
+    "decode_step",
+    "dropless",
     "embed_backward",
     "embed_forward",
     "embedding_backward",
@@ -85,6 +98,7 @@ __all__ = [
     "expert_capacity",
     "gelu_backward",
     "gelu_forward",
+    "generate",
     "gpt_units",
     "head_backward",
     "head_forward",
@@ -98,8 +112,11 @@ __all__ = [
     "mlp_units",
     "moe_backward",
     "moe_forward",
+    "next_token_probs",
     "param_shapes",
+    "prefill",
     "route",
+    "sample_token",
     "split_heads",
     "sub",
 ]
