@@ -25,6 +25,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "plan": ("minipar.cli.plan", "the papers' formulas: memory and bytes per rank at any scale"),
     "bubble": ("minipar.cli.bubble",
                "the pipeline bubble: schedule chart, fraction vs formula (theory or a run)"),
+    "checkpoint": ("minipar.cli.checkpoint",
+                   "a saved checkpoint: info DIR | export DIR OUT.safetensors"),
 }
 
 #: benchmark -> (module exposing ``main(argv)``, one-line help)

@@ -208,6 +208,40 @@ def test_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         refuse(["bench", *argv], names, capsys)
 
 
+def test_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Usage errors of ``minipar checkpoint``; a damaged or partial checkpoint is
+    tests/test_checkpoint_cli.py's."""
+    from minipar.parallel import checkpoint
+
+    def exported(*args: object, **kwargs: object) -> None:
+        raise AssertionError("bad input reached the export")
+
+    monkeypatch.setattr(checkpoint, "export", exported)
+    (tmp_path / "empty").mkdir()
+    there = tmp_path / "there.safetensors"
+    there.write_text("")
+    cases = [
+        ([], ["COMMAND", "required"]),
+        (["show", "x"], ["'show'", "info", "export"]),
+        (["info"], ["DIR", "required"]),
+        (["info", str(tmp_path / "nope")], ["nope does not exist"]),
+        (["info", str(tmp_path / "empty")], ["no complete checkpoint", "empty"]),
+        (["info", str(there)], ["there.safetensors is a file"]),
+        (["export", str(tmp_path)], ["OUT.safetensors", "required"]),
+        (["export", str(tmp_path), str(tmp_path / "missing" / "m.safetensors")],
+         ["OUT.safetensors", "missing does not exist"]),
+        (["export", str(tmp_path), str(tmp_path)], ["OUT.safetensors", "is a folder"]),
+        (["export", str(tmp_path), str(tmp_path / "m.npz")], ["must end in .safetensors"]),
+        (["export", str(tmp_path), str(there)], ["there.safetensors exists", "--force"]),
+        (["export", str(tmp_path), str(tmp_path / "m.safetensors"), "--kind", "moments"],
+         ["--kind", "param", "master"]),
+    ]
+    for argv, names in cases:
+        refuse(["checkpoint", *argv], names, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "there.safetensors"]
+
+
 DURATIONS = [
     ["run", "dp", "--timeout", "3e6"], ["run", "dp", "--timeout", "1e10"],
     ["run", "dp", "--timeout", "inf"], ["demo", "--timeout", "3e6"],

@@ -37,7 +37,17 @@ directory is fsync-ed.  Rank 0 writes the manifest only after a barrier,
 i.e. after every file is durable.  A checkpoint *exists* exactly when its
 manifest does: a crash while saving leaves a directory without a manifest,
 which :func:`latest` skips and :func:`load` refuses, so the previous
-checkpoint stays the one to resume.
+checkpoint stays the one to resume.  A full disk is such a crash that can
+speak: ``write(2)`` fails with ``ENOSPC`` (or ``EFBIG`` past a size limit),
+the temporary file is removed and :func:`save` raises one line naming the
+file and the reason; no manifest is written, and the earlier step directories
+are never touched (each step has its own).
+
+**Refusals change nothing.**  :func:`load` reads and checks everything —
+the manifest (JSON, its keys, one file per rank), the model and settings, the
+SHA-256 of every file it needs — before the engine's ``load_state_dict`` is
+called, so a checkpoint that is missing, partial, damaged or of another
+model is one line (:class:`CheckpointError`) and the engine is as it was.
 
 **Any layout resumes any other.**  :func:`load` asks the engine for its own
 state (what it holds, where in the global tensors), opens only the files holding
@@ -46,23 +56,32 @@ an overlapping piece (each verified against its SHA-256) and hands them to
 saved pieces (:func:`~minipar.parallel.engine.read_region`,
 :func:`~minipar.parallel.engine.load_pieces`): save on 4 ranks under ZeRO-2,
 resume on 3 under ZeRO-3, or :func:`consolidate` into one ``.npz`` of the full
-parameter dict that the serial ``GPT`` loads.
+parameter dict that the serial ``GPT`` loads, or :func:`export` it as a
+safetensors file (:mod:`minipar.safetensors_io`) that other tools read;
+:func:`summary` is what ``minipar checkpoint info`` shows.
 
 **What the tests check** (tests/test_checkpoint.py): resuming on the same
 ranks continues bit-identically to an uninterrupted run; resuming on another
 number of ranks or another stage equals it within the float64 parity
 tolerance (a ZeRO-2 checkpoint of 4 ranks resumed on 2: the parameters exactly
 the saved ones); a crash before the manifest leaves the previous checkpoint
-loadable; another model, precision or optimizer is refused with a message
-naming what differs; a damaged file is named; the consolidated file equals the
-trained parameters.
+loadable; a full disk (ENOSPC injected at ``os.write``) and a real file-size
+limit (RLIMIT_FSIZE) while saving are one line and keep the previous
+checkpoint; another model, precision or optimizer is refused with a message
+naming what differs; a damaged, truncated or missing file and a damaged
+manifest are named, and the engine is left unchanged; the consolidated file
+equals the trained parameters, and the exported safetensors file, read by the
+``safetensors`` library, equals ``full_params()`` bit for bit
+(tests/test_checkpoint_cli.py too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -73,6 +92,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from minipar import safetensors_io
 from minipar.backend import to_host
 from minipar.parallel.engine import Piece, Shard, State, assemble
 
@@ -97,18 +117,34 @@ def step_dir(root: str | os.PathLike[str], step: int) -> Path:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file, fsync, rename over ``path``, fsync the directory."""
+    """Write to a temporary file, fsync, rename over ``path``, fsync the directory.
+
+    ``os.write`` may write less than it is given: the loop writes the rest.  If the
+    disk fills (``ENOSPC``), a size limit is hit (``EFBIG``) or anything else fails,
+    the temporary file is removed and ``path`` is as it was: :class:`CheckpointError`
+    ``cannot write PATH: No space left on device``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)  # a full disk may only show here, or at close
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            raise CheckpointError(f"cannot write {path}: {e.strerror or e}") from e
+        raise
 
 
 def _to_disk(a: np.ndarray) -> np.ndarray:
@@ -152,7 +188,10 @@ def save(engine: Any, root: str | os.PathLike[str], comm: Any, *, spec: Any = No
     if (d / MANIFEST).exists():  # checked on every rank before any message
         raise CheckpointError(f"{d} already holds a complete checkpoint; checkpoints are "
                               "immutable: save under another root or remove it first")
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create {d}: {e.strerror or e}") from e
     arrays, index = {}, []
     for (kind, name), (shard, arr) in state.arrays.items():
         if shard.replica != 0:
@@ -167,14 +206,26 @@ def save(engine: Any, root: str | os.PathLike[str], comm: Any, *, spec: Any = No
     buf = io.BytesIO()
     np.savez(buf, **arrays, **{INDEX: np.frombuffer(blob, dtype=np.uint8)})
     name = _file_name(comm.rank, comm.size)
-    _atomic_write(d / name, buf.getvalue())
+    _write_part(d, name, buf.getvalue())
     if on_shard_written is not None:
         on_shard_written(d / name)
     comm.Barrier()  # every file is durable
     if comm.rank == 0:
-        _atomic_write(d / MANIFEST, json.dumps(_manifest(d, comm.size, spec), indent=1).encode())
+        _write_part(d, MANIFEST, json.dumps(_manifest(d, comm.size, spec), indent=1).encode())
     comm.Barrier()  # nobody returns before the checkpoint exists
     return d
+
+
+def _write_part(d: Path, name: str, data: bytes) -> None:
+    """One file of the checkpoint in ``d``; a failure says that ``d`` does not count.
+
+    A rank that fails raises; the others wait at the barrier until the launcher
+    (``python -m mpi4py``) ends the job, and no manifest is written."""
+    try:
+        _atomic_write(d / name, data)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; {d.name} has no {MANIFEST}, so it is partial and ignored: "
+                              "the previous checkpoint is untouched") from e.__cause__
 
 
 def _manifest(d: Path, size: int, spec: Any) -> dict[str, Any]:
@@ -185,7 +236,7 @@ def _manifest(d: Path, size: int, spec: Any) -> dict[str, Any]:
         with np.load(io.BytesIO(raw)) as z:
             idx = json.loads(z[INDEX].tobytes())
         files.append({"file": _file_name(r, size), "sha256": hashlib.sha256(raw).hexdigest(),
-                      "arrays": idx["arrays"]})
+                      "bytes": len(raw), "arrays": idx["arrays"]})
         for a in idx["arrays"]:
             tensors.setdefault(a["name"], a["global_shape"])
             dtypes.setdefault(a["kind"], a["dtype"])
@@ -202,28 +253,68 @@ def _manifest(d: Path, size: int, spec: Any) -> dict[str, Any]:
             "dtypes": dtypes, "scalars": scalars, "files": files}
 
 
+def scan(root: str | os.PathLike[str]) -> tuple[list[Path], list[Path]]:
+    """(complete, partial): the ``step_*`` directories under ``root``, oldest first; a
+    partial one has no manifest (a save that did not finish) and is ignored."""
+    root = Path(root)
+    found = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
+                   if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+    complete = [p for _, p in found if (p / MANIFEST).exists()]
+    return complete, [p for _, p in found if not (p / MANIFEST).exists()]
+
+
 def latest(root: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint (one with a manifest) under ``root``, or None."""
-    root = Path(root)
-    found = [(int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
-             if (m := _STEP_DIR.match(p.name)) and (p / MANIFEST).exists()]
-    return max(found)[1] if found else None
+    complete, _ = scan(root)
+    return complete[-1] if complete else None
+
+
+#: what every manifest holds (a manifest without one of them is damaged)
+MANIFEST_KEYS = ("format", "step", "world_size", "tensors", "dtypes", "scalars", "files")
 
 
 def read_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
-    """(directory, manifest) of a checkpoint directory, or of the latest one under a root."""
+    """(directory, manifest) of a checkpoint directory, or of the latest one under a root.
+
+    :class:`CheckpointError`, one line naming the path, when it does not exist, is a
+    file, holds only partial checkpoints or none, or its manifest is unreadable or
+    incomplete (a manifest is written whole, atomically: a damaged one is not an
+    interrupted save)."""
     p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p} does not exist")
+    if not p.is_dir():
+        raise CheckpointError(f"{p} is a file; a checkpoint is a folder (step_*/ holding "
+                              f"{MANIFEST}) or a root holding such folders")
     if not (p / MANIFEST).exists():
         if _STEP_DIR.match(p.name):
             raise CheckpointError(f"{p} has no {MANIFEST}: the save was interrupted before it "
                                   "completed; load the previous checkpoint (checkpoint.latest)")
-        found = latest(p)
-        if found is None:
-            raise CheckpointError(f"no complete checkpoint (step_*/{MANIFEST}) under {p}")
-        p = found
-    m = json.loads((p / MANIFEST).read_text())
-    if m.get("format") != FORMAT:
-        raise CheckpointError(f"{p}: not a minipar checkpoint (format {m.get('format')!r})")
+        complete, partial = scan(p)
+        if not complete:
+            ignored = (f": {', '.join(q.name for q in partial)} partial (no {MANIFEST}: a save "
+                       "that did not finish), ignored" if partial else "")
+            raise CheckpointError(f"no complete checkpoint (step_*/{MANIFEST}) under {p}{ignored}")
+        p = complete[-1]
+    mf = p / MANIFEST
+    try:
+        m = json.loads(mf.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CheckpointError(f"cannot read {mf}: {e.strerror or e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{mf} is damaged: not JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        got = m.get("format") if isinstance(m, dict) else type(m).__name__
+        raise CheckpointError(f"{p}: not a minipar checkpoint (format {got!r}, "
+                              f"expected {FORMAT!r})")
+    missing = [k for k in MANIFEST_KEYS if k not in m]
+    size = m.get("world_size")
+    if not missing and not (isinstance(size, int) and size >= 1 and [
+            f.get("file") if isinstance(f, dict) else None for f in m["files"]] == [
+            _file_name(r, size) for r in range(size)]):
+        missing = [f"the list of {size} files (one per rank) of its world size"]
+    if missing:
+        raise CheckpointError(f"{mf} is damaged: it lacks {', '.join(missing)}")
     return p, m
 
 
@@ -232,13 +323,35 @@ def _shard(a: dict[str, Any]) -> Shard:
                  tuple(Piece(_unslices(lo), _unslices(gl)) for lo, gl in a["pieces"]))
 
 
+def _verified(d: Path, f: dict[str, Any]) -> bytes:
+    """The bytes of one file of the manifest, checked against its SHA-256 (and size)."""
+    path = d / f["file"]
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing (the manifest lists it): the checkpoint is "
+                              "damaged") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from e
+    if hashlib.sha256(raw).hexdigest() != f["sha256"]:
+        size = f.get("bytes")
+        sizes = f" ({len(raw):,} bytes, saved {size:,})" if size not in (None, len(raw)) else ""
+        raise CheckpointError(f"{path} does not match the manifest's SHA-256{sizes}: the "
+                              "checkpoint is damaged")
+    return raw
+
+
+def verify(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """:func:`read_manifest`, then every file checked against its SHA-256 (reads them all)."""
+    d, m = read_manifest(path)
+    for f in m["files"]:
+        _verified(d, f)
+    return d, m
+
+
 def _read_file(d: Path, f: dict[str, Any], scalars: dict[str, Any]) -> State:
     """The :class:`State` saved in one file of the manifest, verified against its SHA-256."""
-    path = d / f["file"]
-    raw = path.read_bytes() if path.exists() else b""
-    if hashlib.sha256(raw).hexdigest() != f["sha256"]:
-        raise CheckpointError(f"{path} is missing or does not match the manifest's SHA-256: "
-                              "the checkpoint is damaged")
+    raw = _verified(d, f)
     st = State(scalars=dict(scalars))
     with np.load(io.BytesIO(raw)) as z:
         for a in f["arrays"]:
@@ -309,20 +422,83 @@ def load(engine: Any, path: str | os.PathLike[str], *, spec: Any = None) -> dict
     return m
 
 
-def consolidate(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
-    """Write one ``.npz`` with the full parameter dict {name: array} (the manifest's
-    order: the serial model's when the checkpoint was saved with its spec).
-
-    The precise copy is written: the fp32 master weights under mixed precision
-    (the 16-bit parameters are their rounding), the parameters otherwise."""
+def full_tensors(path: str | os.PathLike[str], kind: str | None = None
+                 ) -> tuple[Path, dict[str, Any], dict[str, np.ndarray]]:
+    """(directory, manifest, {serial name: whole tensor}) of one ``kind`` of array
+    (``param``, ``master``, ``exp_avg``, ...), assembled from every file's pieces
+    (:func:`~minipar.parallel.engine.assemble`), in the manifest's order (the serial
+    model's when saved with its spec).  ``kind=None``: the precise copy, the fp32
+    master weights under mixed precision (the 16-bit parameters are their
+    rounding), the parameters otherwise."""
     d, m = read_manifest(path)
-    kind = "master" if "master" in m["dtypes"] else "param"
+    if kind is None:
+        kind = "master" if "master" in m["dtypes"] else "param"
+    if kind not in m["dtypes"]:
+        raise CheckpointError(f"{d} holds no {kind} arrays (it holds "
+                              f"{', '.join(sorted(m['dtypes']))})")
     sources = [_read_file(d, f, m["scalars"]) for f in m["files"]]
-    params = {n: assemble(sources, kind, n, tuple(s)) for n, s in m["tensors"].items()}
+    return d, m, {n: assemble(sources, kind, n, tuple(s)) for n, s in m["tensors"].items()}
+
+
+def consolidate(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Write one ``.npz`` with the full parameter dict {name: array}: :func:`full_tensors`
+    of the precise copy (fp32 master weights under mixed precision)."""
+    _, _, params = full_tensors(path)
     buf = io.BytesIO()
     np.savez(buf, **params)
     out = Path(out)
     _atomic_write(out, buf.getvalue())
+    return out
+
+
+def export(path: str | os.PathLike[str], out: str | os.PathLike[str],
+           kind: str = "param") -> Path:
+    """Write the whole tensors of ``kind`` under their serial names as a safetensors file
+    (:mod:`minipar.safetensors_io`), atomically; other tools read it (``safetensors``,
+    PyTorch, JAX).  ``kind="param"``: what ``full_params()`` returns (bfloat16 under
+    mixed precision); ``"master"``: the fp32 master weights.  The header's metadata
+    (str -> str) records the checkpoint: its step, the kind, and the model,
+    precision and optimizer as JSON (no ``format`` key: transformers reads that one
+    as the framework)."""
+    _, m, tensors = full_tensors(path, kind)
+    meta = {"minipar_checkpoint": m["format"], "step": str(m["step"]), "kind": kind,
+            "saved_world_size": str(m["world_size"])}
+    meta.update({k: m[k] if isinstance(m[k], str) else json.dumps(m[k])
+                 for k in ("model", "precision", "optimizer") if k in m})
+    out = Path(out)
+    _atomic_write(out, safetensors_io.encode(tensors, meta))
+    return out
+
+
+def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What ``minipar checkpoint info`` shows, every file verified (SHA-256): the checkpoint
+    (of ``path``, or the latest under a root), its model, precision, optimizer and state,
+    the world size it was saved on, its files with sizes, the serial tensors and their
+    parameters; for a root, its complete and partial (ignored) step directories."""
+    p = Path(path)
+    d, m = verify(p)
+    listed = {f["file"] for f in m["files"]} | {MANIFEST}
+    files = [{"file": f["file"], "bytes": (d / f["file"]).stat().st_size, "sha256": f["sha256"]}
+             for f in m["files"]]
+    files.append({"file": MANIFEST, "bytes": (d / MANIFEST).stat().st_size})
+    out: dict[str, Any] = {
+        "path": str(d), "format": m["format"], "step": m["step"],
+        "model": m.get("model"), "precision": m.get("precision"),
+        "optimizer": m.get("optimizer") or m["scalars"].get("optimizer"),
+        "optimizer_state": {k.split(".", 1)[1]: v for k, v in m["scalars"].items()
+                            if k.startswith("optimizer.")},
+        "world_size": m["world_size"], "dtypes": m["dtypes"],
+        "tensors": len(m["tensors"]),
+        "params": sum(math.prod(s) for s in m["tensors"].values()),
+        "files": files, "bytes": sum(f["bytes"] for f in files), "verified": "sha256",
+        "not_in_manifest": sorted(q.name for q in d.iterdir() if q.name not in listed),
+        "scalars": m["scalars"],
+    }
+    if d != p:  # a root: what else is there
+        complete, partial = scan(p)
+        out["checkpoints"] = [q.name for q in complete]
+        out["partial"] = [{"dir": q.name, "shard_files": sorted(x.name for x in q.glob("shard_*"))}
+                          for q in partial]
     return out
 
 

@@ -1,7 +1,9 @@
 """Checkpoints on 4 ranks: resume bit-identically, reshard to 1-3 ranks, survive a crash.
 
 Usage: ckpt_check.py ROOT.  Rank 0 prints ``CKPT_CHECK {json}`` for
-tests/test_checkpoint.py to judge.  Sub-communicators (Split) give the other
+tests/test_checkpoint.py to judge, and leaves beside each step-2 checkpoint
+the bytes of ``full_params()`` (``TAG-full_params.npz``), which the exported
+safetensors file must hold.  Sub-communicators (Split) give the other
 world sizes inside this one launch.  The checkpoint goes through the engine
 interface only (``state_dict`` / ``load_state_dict``); the engines are ZeRO's.
 """
@@ -66,6 +68,10 @@ for stage, spec in ((0, SPEC), (1, SPEC), (2, SPEC), (3, SPEC),
     train(first, 2, spec)
     d = checkpoint.save(first, ROOT / tag, world, spec=spec)
     saved = flat(first)
+    params = first.full_params()  # collective; its bytes, for the exported safetensors file
+    if world.rank == 0:
+        np.savez(ROOT / f"{tag}-full_params.npz",
+                 **{n: np.frombuffer(v.tobytes(), np.uint8) for n, v in params.items()})
     resumed = engine(GRID, stage, spec)
     checkpoint.load(resumed, ROOT / tag, spec=spec)
     losses = train(resumed, 4, spec)
