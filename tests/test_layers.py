@@ -27,7 +27,8 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "minipar.progress", "minipar.trace", "minipar.registry", "minipar.glossary"),
     1: ("minipar.comm",),
     2: ("minipar.collectives",),
-    3: ("minipar.nn", "minipar.optim", "minipar.precision", "minipar.memory", "minipar.data",
+    3: ("minipar.nn", "minipar.optim", "minipar.precision", "minipar.memory",
+        "minipar.data",  # the package: batches, synthetic, tokenizer, text, corpus
         "minipar.plan"),
     4: ("minipar.parallel", "minipar.parallel.engine", "minipar.parallel.mappings",
         "minipar.parallel.remat", "minipar.parallel.offload",
