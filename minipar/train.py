@@ -1,7 +1,7 @@
 """Serial training loop — последовательный цикл обучения — 串行训练循环.
 
 One process, one global batch per step, the data of step s from
-``(seed, s)`` (``minipar.data``):
+``(seed, s)`` (``minipar.data.synthetic``):
 
     for s in 0 … steps−1:   loss, g = model.loss_and_grads(θ, batch(s));  θ ← optimizer(θ, g)
 
@@ -29,7 +29,7 @@ import math
 import time
 from typing import Any, TextIO
 
-from minipar import data
+from minipar.data import synthetic
 from minipar.nn import GPT, MLP
 from minipar.parallel.engine import Batch, SerialEngine
 from minipar.progress import bar as progress_bar
@@ -115,10 +115,10 @@ def train(
 def gpt_task(vocab_size: int = 10, seq_len: int = 16, batch_size: int = 32,
              data_seed: int = 0) -> Any:
     """``batch(step)`` of the modular-sum task."""
-    return lambda s: data.modular_sum(data_seed, s, batch_size, seq_len, vocab_size)
+    return lambda s: synthetic.modular_sum(data_seed, s, batch_size, seq_len, vocab_size)
 
 
 def mlp_task(batch_size: int = 64, n_classes: int = 3, data_seed: int = 0,
              dtype: str = "float64") -> Any:
     """``batch(step)`` of the spirals task."""
-    return lambda s: data.spirals(data_seed, s, batch_size, n_classes, dtype=dtype)
+    return lambda s: synthetic.spirals(data_seed, s, batch_size, n_classes, dtype=dtype)

@@ -29,7 +29,9 @@ LAYERS: dict[int, tuple[str, ...]] = {
     1: ("minipar.comm",),
     2: ("minipar.collectives",),
     3: ("minipar.nn", "minipar.nn.decoding",  # decoding: KV cache and sampling, forward only
-        "minipar.optim", "minipar.precision", "minipar.memory", "minipar.data", "minipar.plan"),
+        "minipar.optim", "minipar.precision", "minipar.memory",
+        "minipar.data",  # the package: batches, synthetic, tokenizer, text, corpus
+        "minipar.plan"),
     4: ("minipar.parallel", "minipar.parallel.engine", "minipar.parallel.mappings",
         "minipar.parallel.remat", "minipar.parallel.offload",
         "minipar.parallel.parity", "minipar.parallel.common",

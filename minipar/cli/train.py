@@ -30,8 +30,8 @@ import json
 import os
 import sys
 
-from minipar import data
 from minipar.cli.options import ArgumentParser, integer, number, output_file
+from minipar.data import synthetic
 from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
 from minipar.parallel import loop
 from minipar.parallel.engine import Batch, SerialEngine
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
                 vocab_size=a.vocab, block_size=a.seq, n_layer=a.layers, n_head=a.heads,
                 d_model=a.d_model, n_experts=a.experts, top_k=a.top_k, dtype=dtype))
             batch = gpt_task(a.vocab, a.seq, a.batch)
-            floor = f", best possible {data.modular_sum_best_loss(a.seq, a.vocab):.4f}"
+            floor = f", best possible {synthetic.modular_sum_best_loss(a.seq, a.vocab):.4f}"
         else:
             model = MLP(MLPConfig(sizes=(2, a.hidden, a.hidden, 3), dtype=dtype))
             batch, floor = mlp_task(a.batch, dtype=dtype), ""

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from minipar import checks, data, spans
+from minipar import checks, spans
+from minipar.data import synthetic
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.engine import Batch
 from minipar.parallel.engine import build as engine_build
@@ -73,7 +74,7 @@ def check_world(batch_size: int, world: int) -> None:
 class RunSpec:
     """Model, task and optimizer of a parallel run (and of its serial oracle).
 
-    Task: the modular-sum sequences of :mod:`minipar.data` (``batch`` rows of
+    Task: the modular-sum sequences of :mod:`minipar.data.synthetic` (``batch`` rows of
     ``seq`` tokens, vocabulary ``vocab``, data seed ``data_seed``); model: a
     GPT, dense (``experts = 0``) or with a mixture of ``experts`` experts in
     every block (top-``top_k`` routing, ``capacity_factor``); optimizer: AdamW
@@ -162,7 +163,7 @@ class RunSpec:
 
     def global_batch(self, step: int) -> tuple[Any, Any]:
         """(tokens, targets) of the whole global batch of ``step``."""
-        return data.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab)
+        return synthetic.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab)
 
     def batch_at(self, step: int) -> Batch:
         """The global :class:`~minipar.parallel.engine.Batch` of ``step`` (a loop's source)."""
@@ -171,7 +172,7 @@ class RunSpec:
     def local_batch(self, step: int, rank: int, world: int) -> tuple[Any, Any]:
         """(tokens, targets): rank ``rank``'s rows of the global batch of ``step``."""
         lo, hi = local_rows(self.batch, rank, world)
-        return data.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab, lo, hi)
+        return synthetic.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab, lo, hi)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

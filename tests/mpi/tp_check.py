@@ -27,10 +27,10 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).parent))
 from mpi_checks import Checks
 
-from minipar import data
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
+from minipar.data import synthetic
 from minipar.nn import GPT, GPTConfig
 from minipar.nn.layers import embedding_forward, linear_backward, linear_forward
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
@@ -140,7 +140,7 @@ L, BATCH, SEQ = 2, 3, 4 * N
 
 def gpt_parity(cfg: GPTConfig, sp: bool, what: str) -> None:
     full = GPT(cfg).init(1)
-    tok, tgt = data.modular_sum(3, 0, BATCH, SEQ, cfg.vocab_size)
+    tok, tgt = synthetic.modular_sum(3, 0, BATCH, SEQ, cfg.vocab_size)
     loss_ser, g_ser = GPT(cfg).loss_and_grads(full, tok, tgt)
     logits_ser, _ = GPT(cfg).forward(full, tok)
     tp = TensorParallelGPT(cfg, comm, sp)
@@ -173,7 +173,7 @@ gpt_parity(dense, False, f"TP t={N}")
 # forward alone: the 2 g's per block; backward alone: the 2 f's
 tp_model = TensorParallelGPT(dense, comm)
 shard = tp_model.shard(GPT(dense).init(0))
-tok, tgt = data.modular_sum(0, 0, BATCH, SEQ, dense.vocab_size)
+tok, tgt = synthetic.modular_sum(0, 0, BATCH, SEQ, dense.vocab_size)
 comm.stats.reset()
 tp_model.forward(shard, tok)
 c.check(comm.stats.ops["tp_g"].calls == 2 * L and comm.stats.ops["tp_f"].calls == 0,

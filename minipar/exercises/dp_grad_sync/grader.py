@@ -2,7 +2,7 @@
 
 EN gradient synchronisation grader · RU проверка синхронизации градиентов · ZH 梯度同步评分
 
-Each case is one global batch of the modular-sum task (minipar.data) for a
+Each case is one global batch of the modular-sum task (minipar.data.synthetic) for a
 tiny GPT (float64).  Rank r's input is the gradient of the mean loss over
 its ``numpy.array_split`` rows; the oracle is the serial gradient of the
 whole batch (``GPT.loss_and_grads`` on all rows), which equals
@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 from mpi4py import MPI
 
-from minipar import data
+from minipar.data import synthetic
 from minipar.exercises.grading import Check
 from minipar.exercises.judging import Records, contract_checks
 from minipar.exercises.ring_allreduce.grader import bytes_check, neighbour_check
@@ -46,7 +46,8 @@ def _model() -> tuple:
 def _grad(batch: int, step: int, lo: int, hi: int) -> np.ndarray:
     """Flat gradient of the mean loss over rows [lo, hi) of the global batch of ``step``."""
     model, params, layout = _model()
-    tokens, targets = data.modular_sum(SPEC.data_seed, step, batch, SPEC.seq, SPEC.vocab, lo, hi)
+    tokens, targets = synthetic.modular_sum(SPEC.data_seed, step, batch, SPEC.seq, SPEC.vocab,
+                                            lo, hi)
     _, grads = model.loss_and_grads(params, tokens, targets)
     return layout.flatten(grads)
 

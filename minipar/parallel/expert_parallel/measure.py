@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from minipar import data
+from minipar.data import synthetic
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.expert_parallel.layout import OPS
 
@@ -119,7 +119,7 @@ def load_study(experts: int = 4, top_k: int = 1, steps: int = 150,
     base = GPTConfig(vocab_size=vocab, block_size=seq, n_layer=layers, n_head=heads,
                      d_model=d_model, n_experts=experts, top_k=top_k,
                      capacity_factor=train_capacity_factor)
-    tokens, _ = data.modular_sum(0, eval_step, batch, seq, vocab)
+    tokens, _ = synthetic.modular_sum(0, eval_step, batch, seq, vocab)
     out: dict[str, Any] = {"config": {**asdict(base), "steps": steps, "lr": lr, "batch": batch,
                                       "seed": seed, "eval_step": eval_step},
                            "before": routing_table(base, GPT(base).init(seed), tokens, factors),

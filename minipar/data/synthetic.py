@@ -1,10 +1,10 @@
 """Synthetic data sets — синтетические наборы данных — 合成数据集.
 
-Deterministic by ``(seed, step)``: the global batch of step ``step`` is a
-pure function of the seed and the step, so any rank can fetch any slice
-``[lo, hi)`` of it — a data-parallel rank takes its 1/N of the rows, a
-pipeline's first stage takes micro-batch m — and every run, on any number
-of ranks, sees the same data as the serial run.
+Deterministic by ``(seed, step)`` (the contract of :mod:`minipar.data.batches`):
+the global batch of step ``step`` is a pure function of the seed and the step,
+so any rank can fetch any slice ``[lo, hi)`` of it — a data-parallel rank takes
+its 1/N of the rows, a pipeline's first stage takes micro-batch m — and every
+run, on any number of ranks, sees the same data as the serial run.
 
 Two tasks on which learning is visible within a few hundred steps:
 
@@ -26,31 +26,14 @@ from typing import Any
 import numpy as np  # host-side RNG only; batches are moved with to_device
 
 from minipar.backend import to_device
-
-_TASK_IDS = {"modular_sum": 1, "spirals": 2}
-
-
-def batch_rng(task: str, seed: int, step: int) -> np.random.Generator:
-    """The generator of global batch ``step`` of ``task`` under ``seed``."""
-    if seed < 0 or step < 0:
-        raise ValueError(f"seed and step must be >= 0, got seed={seed}, step={step}")
-    return np.random.default_rng(np.random.SeedSequence([int(seed), int(step), _TASK_IDS[task]]))
-
-
-def _rows(batch_size: int, lo: int, hi: int | None) -> tuple[int, int]:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    hi = batch_size if hi is None else hi
-    if not 0 <= lo <= hi <= batch_size:
-        raise ValueError(f"rows [{lo}, {hi}) are not inside the global batch of {batch_size}")
-    return lo, hi
+from minipar.data.batches import batch_rng, batch_rows
 
 
 def modular_sum(seed: int, step: int, batch_size: int, seq_len: int, vocab_size: int,
                 lo: int = 0, hi: int | None = None) -> tuple[Any, Any]:
     """Rows [lo, hi) of the global batch: ``(tokens, targets)``, int64 (rows, seq_len),
     ``targets[:, t] = tokens[:, t + 1]`` continued one step past the end."""
-    lo, hi = _rows(batch_size, lo, hi)
+    lo, hi = batch_rows(batch_size, lo, hi)
     if seq_len < 2 or vocab_size < 2:
         raise ValueError(f"need seq_len >= 2 and vocab_size >= 2, got {seq_len}, {vocab_size}")
     a = np.empty((batch_size, seq_len + 1), dtype=np.int64)
@@ -68,7 +51,7 @@ def modular_sum_best_loss(seq_len: int, vocab_size: int) -> float:
 def spirals(seed: int, step: int, batch_size: int, n_classes: int = 3, noise: float = 0.1,
             lo: int = 0, hi: int | None = None, dtype: Any = "float64") -> tuple[Any, Any]:
     """Rows [lo, hi) of the global batch: points x (rows, 2) and arm labels y (rows,)."""
-    lo, hi = _rows(batch_size, lo, hi)
+    lo, hi = batch_rows(batch_size, lo, hi)
     if n_classes < 2:
         raise ValueError(f"n_classes must be >= 2, got {n_classes}")
     r = batch_rng("spirals", seed, step)
