@@ -25,6 +25,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "plan": ("minipar.cli.plan", "the papers' formulas: memory and bytes per rank at any scale"),
     "bubble": ("minipar.cli.bubble",
                "the pipeline bubble: schedule chart, fraction vs formula (theory or a run)"),
+    "sample": ("minipar.cli.sample", "continue a prompt with a model trained on text (a checkpoint)"),
     "checkpoint": ("minipar.cli.checkpoint",
                    "a saved checkpoint: info DIR | export DIR OUT.safetensors"),
 }

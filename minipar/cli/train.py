@@ -32,12 +32,20 @@ import sys
 
 from minipar.cli.options import ArgumentParser, integer, number, output_file
 from minipar.data import synthetic
-from minipar.nn import GPT, MLP, GPTConfig, MLPConfig
+from minipar.data.tokenizer import VOCAB_SIZE
+from minipar.nn import MLP, MLPConfig
 from minipar.parallel import loop
+from minipar.parallel.common import RunSpec
 from minipar.parallel.engine import Batch, SerialEngine
 from minipar.plan import gpt_param_count
 from minipar.precision import get
-from minipar.train import Diverged, gpt_task, mlp_task
+from minipar.run.options import (
+    add_checkpoint_arguments,
+    add_data_arguments,
+    check_checkpoint_options,
+    resolve_data_options,
+)
+from minipar.train import Diverged, mlp_task
 
 #: ``minipar train`` stops when the loss exceeds this many times the first step's loss
 DIVERGENCE_FACTOR = 10.0
@@ -45,7 +53,10 @@ DIVERGENCE_FACTOR = 10.0
 #: GPT-only and MLP-only options -> their defaults (None in the parser, so that an
 #: option given to the other model is refused instead of silently ignored)
 GPT_OPTIONS = {"vocab": 10, "seq": 16, "d_model": 64, "layers": 2, "heads": 4, "experts": 0,
-               "top_k": 1}
+               "top_k": 1, "text": None, "data_seed": 0, "aux_loss_coef": None, "save": None,
+               "save_every": None, "resume": None}
+#: with --text: a context of 64 bytes (nanoGPT's CPU setting) unless --seq says otherwise
+TEXT_SEQ = 64
 MLP_OPTIONS = {"hidden": 64}
 
 
@@ -67,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="float64, float32, mixed (bf16 + fp32 master weights) or mixed-fp16 "
                    "(fp16 with loss scaling); default %(default)s")
     p.add_argument("--seed", type=integer(0), default=0,
-                   help="initialisation seed; the data seed is always 0 (default %(default)s)")
+                   help="initialisation seed (default %(default)s)")
     p.add_argument("--diverge", type=number(greater_than=1), default=DIVERGENCE_FACTOR,
                    help="stop (exit 1) when the loss is NaN or infinite or exceeds this many "
                    "times the first step's loss (default %(default)s)")
@@ -86,8 +97,12 @@ def _parser() -> argparse.ArgumentParser:
                    "default 1")
     p.add_argument("--hidden", type=integer(1),
                    help=f"MLP: hidden width (default {MLP_OPTIONS['hidden']})")
+    add_data_arguments(p)
+    add_checkpoint_arguments(p)
     p.add_argument("--json", metavar="PATH", type=output_file,
                    help="write the loss curve as JSON (into a folder that exists)")
+    p.add_argument("--plot", metavar="FILE.png", type=output_file,
+                   help="draw the training and validation loss into a PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -101,6 +116,9 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
                 f"--model {'mlp' if a.model == 'gpt' else 'gpt'}, not --model {a.model}")
     if a.model == "gpt" and a.top_k is not None and not a.experts:
         p.error("--top-k only applies to a mixture of experts: give --experts E (E >= 1) too")
+    if a.model == "gpt" and a.text is not None:
+        a.seq = TEXT_SEQ if a.seq is None else a.seq
+        a.vocab = VOCAB_SIZE if a.vocab is None else a.vocab
     for k, v in own.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -114,6 +132,26 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--top-k {a.top_k} exceeds --experts {a.experts}: "
                     f"--top-k must be 1{' or 2' if a.experts >= 2 else ''}")
     _check_memory(p, a)
+    if a.model == "gpt":
+        options = vars(a)
+        try:
+            resolve_data_options(options)
+            a.spec = _spec(a)
+            check_checkpoint_options(options, a.spec)
+        except ValueError as e:  # RunSpec's and the checkpoint's one-line reasons
+            p.error(str(e))
+        if a.text is not None and not a.eval_every:
+            a.eval_every = max(1, a.steps // 10)
+
+
+def _spec(a: argparse.Namespace) -> RunSpec:
+    """The run of ``--model gpt`` as the :class:`RunSpec` every engine takes (weight decay 0)."""
+    extra = {k: getattr(a, k) for k in ("aux_loss_coef", "betas", "eps")
+             if getattr(a, k) is not None}
+    return RunSpec(vocab=a.vocab, seq=a.seq, d_model=a.d_model, layers=a.layers, heads=a.heads,
+                   batch=a.batch, steps=a.steps, seed=a.seed, data_seed=a.data_seed, lr=a.lr,
+                   weight_decay=0.0, optimizer=a.optimizer, precision=a.precision,
+                   experts=a.experts, top_k=a.top_k, text=a.text, **extra)
 
 
 def _check_memory(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -144,21 +182,33 @@ def main(argv: list[str]) -> int:
     p = _parser()
     a = p.parse_args(argv)
     _check_options(p, a)
-    dtype = get(a.precision).model_dtype
+    progress = None if a.quiet else sys.stderr
     try:
         if a.model == "gpt":
-            model: GPT | MLP = GPT(GPTConfig(
-                vocab_size=a.vocab, block_size=a.seq, n_layer=a.layers, n_head=a.heads,
-                d_model=a.d_model, n_experts=a.experts, top_k=a.top_k, dtype=dtype))
-            batch = gpt_task(a.vocab, a.seq, a.batch)
-            floor = f", best possible {synthetic.modular_sum_best_loss(a.seq, a.vocab):.4f}"
+            spec: RunSpec = a.spec
+            model = spec.model()
+            engine = SerialEngine(model, spec.precision, spec.optimizer, spec.seed,
+                                  **spec.opt_kwargs())
+            out = loop.fit(engine, spec, save_dir=a.save, save_every=a.save_every or 0,
+                           resume=a.resume, eval_every=a.eval_every, eval_batches=a.eval_batches,
+                           progress=progress, diverge_factor=a.diverge)
+            if spec.text is not None:
+                floor, floor_label = spec.text_data().unigram_entropy(), "unigram entropy"
+            else:
+                floor = synthetic.modular_sum_best_loss(a.seq, a.vocab)
+                floor_label = "best possible"
         else:
+            if a.eval_every:
+                p.error("--eval-every applies to --model gpt (a held-out split of its data)")
+            dtype = get(a.precision).model_dtype
             model = MLP(MLPConfig(sizes=(2, a.hidden, a.hidden, 3), dtype=dtype))
-            batch, floor = mlp_task(a.batch, dtype=dtype), ""
-        extra = {"weight_decay": 0.0} if a.optimizer == "adamw" else {}
-        engine = SerialEngine(model, a.precision, a.optimizer, a.seed, lr=a.lr, **extra)
-        out = loop.train(engine, lambda s: Batch(s, *batch(s)), a.steps,
-                         progress=None if a.quiet else sys.stderr, diverge_factor=a.diverge)
+            batch, floor, floor_label = mlp_task(a.batch, dtype=dtype), None, ""
+            extra = {"weight_decay": 0.0} if a.optimizer == "adamw" else {}
+            extra.update({k: getattr(a, k) for k in ("betas", "eps")
+                          if getattr(a, k) is not None and a.optimizer == "adamw"})
+            engine = SerialEngine(model, a.precision, a.optimizer, a.seed, lr=a.lr, **extra)
+            out = loop.train(engine, lambda s: Batch(s, *batch(s)), a.steps, progress=progress,
+                             diverge_factor=a.diverge)
     except Diverged as e:  # the run, not the input, went wrong: one line, exit 1
         default = _parser().get_default("lr")
         print(f"minipar train: {e} (this run: --lr {a.lr:g}; the default is {default:g})",
@@ -172,12 +222,39 @@ def main(argv: list[str]) -> int:
         print(f"minipar train: out of memory; use a smaller {smaller}", file=sys.stderr)
         return 1
     losses = out.losses
-    print(f"{a.model}: {model.n_params()} parameters, {a.precision}, {a.steps} steps in "
-          f"{out.seconds:.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}{floor}")
+    trained = f"steps {out.start + 1}-{a.steps}" if out.start else f"{a.steps} steps"
+    line = (f"{a.model}: {model.n_params()} parameters, {a.precision}, {trained} in "
+            f"{out.seconds:.1f} s ({out.tokens_per_second:,.0f} tokens/s); loss {losses[0]:.4f} "
+            f"-> {losses[-1]:.4f}")
+    if out.validation:
+        last = max(out.validation)
+        line += f"; validation {out.validation[last]:.4f} after step {last}"
+    if floor is not None:
+        line += f" ({floor_label} {floor:.4f})"
+    print(line)
+    if a.save:
+        print(f"checkpoints in {a.save} (minipar checkpoint info {a.save}; minipar sample "
+              f"{a.save})" if a.text is not None else f"checkpoints in {a.save}")
+    if a.plot:
+        from minipar.viz.model import train_and_validation
+
+        fig = train_and_validation(losses, out.validation, out.start, floor, floor_label)
+        try:
+            fig.savefig(a.plot, dpi=120)
+        except OSError as e:
+            print(f"minipar train: cannot write {a.plot}: {e.strerror or e}", file=sys.stderr)
+            return 1
     if a.json:
+        args = {k: v for k, v in vars(a).items() if k != "spec"}
+        record = {"args": args, "start": out.start, "losses": losses, "seconds": out.seconds,
+                  "tokens_per_second": out.tokens_per_second,
+                  "validation": {str(k): v for k, v in out.validation.items()}}
+        if a.model == "gpt" and a.text is not None:
+            record["text"] = a.spec.text_data().as_dict()
+            record["unigram_entropy"] = floor
         try:
             with open(a.json, "w", encoding="utf-8") as f:
-                json.dump({"args": vars(a), "losses": losses, "seconds": out.seconds}, f)
+                json.dump(record, f)
         except OSError as e:
             print(f"minipar train: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
             return 1

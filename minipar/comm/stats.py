@@ -23,7 +23,9 @@ completes.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +61,26 @@ class Stats:
     recv_from: dict[tuple[str, int], int] = field(default_factory=_table)
     #: communicator name -> operation -> counters
     comms: dict[str, dict[str, OpStats]] = field(default_factory=lambda: defaultdict(_ops))
+    #: while set (:meth:`set_aside`), every record goes there instead
+    aside: Stats | None = None
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[Stats]:
+        """Count what runs inside in a separate :class:`Stats` (yielded), not in this one:
+        a run's validation passes and checkpoints, so that its per-step figures are the
+        steps' own."""
+        other, before = Stats(), self.aside
+        self.aside = other
+        try:
+            yield other
+        finally:
+            self.aside = before
 
     # -- recording (called by TracedComm) ----------------------------------------
     def record_send(self, op: str, comm: str, peer: int, nbytes: int) -> None:
         """One message of ``nbytes`` sent to world rank ``peer``."""
+        if self.aside is not None:
+            return self.aside.record_send(op, comm, peer, nbytes)
         a, b = self.ops[op], self.comms[comm][op]
         a.bytes_sent += nbytes
         b.bytes_sent += nbytes
@@ -72,6 +90,8 @@ class Stats:
 
     def record_recv(self, op: str, comm: str, peer: int | None, nbytes: int) -> None:
         """One message of ``nbytes`` received (from world rank ``peer``, when known)."""
+        if self.aside is not None:
+            return self.aside.record_recv(op, comm, peer, nbytes)
         a, b = self.ops[op], self.comms[comm][op]
         a.bytes_recv += nbytes
         b.bytes_recv += nbytes
@@ -82,6 +102,8 @@ class Stats:
 
     def record_call(self, op: str, comm: str, seconds: float) -> None:
         """One call of operation ``op`` that took ``seconds``."""
+        if self.aside is not None:
+            return self.aside.record_call(op, comm, seconds)
         for s in (self.ops[op], self.comms[comm][op]):
             s.calls += 1
             s.seconds += seconds

@@ -168,7 +168,24 @@ def describe(spec: Any) -> dict[str, Any]:
     """What must match for a checkpoint to load (model, precision, optimizer) of a
     :class:`~minipar.parallel.common.RunSpec`."""
     model = {k: v for k, v in asdict(spec.config()).items() if k != "dtype"}
-    return {"model": model, "precision": spec.precision, "optimizer": spec.optimizer}
+    out = {"model": model, "precision": spec.precision, "optimizer": spec.optimizer}
+    if hasattr(spec, "describe_data"):  # the data a resume must see again (RunSpec)
+        out["data"] = spec.describe_data()
+    return out
+
+
+#: what of the data must be the same for a resume to see the batches the run would have
+DATA_KEYS = ("task", "batch", "seq", "data_seed", "sha256")
+
+
+class OneProcess:
+    """The communicator of a run without MPI (``minipar train``): rank 0 of 1, a barrier
+    that has no one to wait for.  :func:`save` takes it like an MPI communicator."""
+
+    rank, size = 0, 1
+
+    def Barrier(self) -> None:  # MPI spells it so
+        pass
 
 
 def _file_name(rank: int, size: int) -> str:
@@ -378,15 +395,50 @@ def _needed(target: State, m: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _spec_diffs(d: Path, m: dict[str, Any], spec: Any) -> list[str]:
+    """What differs between a checkpoint's recorded run and ``spec`` (model, precision,
+    optimizer); CheckpointError at once when the data differ (another text, batch,
+    sequence length or data seed)."""
+    if spec is None or "model" not in m:
+        return []
+    want = describe(spec)
+    diffs = [f"{k}: checkpoint {m['model'].get(k)!r}, this run {v!r}"
+             for k, v in want["model"].items() if m["model"].get(k) != v]
+    for key in ("precision", "optimizer"):
+        if m[key] != want[key]:
+            diffs.append(f"{key}: checkpoint {m[key]!r}, this run {want[key]!r}")
+    saved, now = m.get("data"), want.get("data")
+    if not diffs and saved is not None and now is not None:
+        data = [_data_diff(k, saved.get(k), now.get(k)) for k in DATA_KEYS
+                if saved.get(k) != now.get(k)]
+        if data:
+            raise CheckpointError(f"{d} was trained on other data; a resume must see the "
+                                  "batches the run would have seen: " + "; ".join(data))
+    return diffs
+
+
+def _refuse(d: Path, diffs: list[str]) -> None:
+    if diffs:
+        raise CheckpointError(f"{d} is a checkpoint of another model or setting; refusing to "
+                              "load it: " + "; ".join(diffs))
+
+
+def check_resume(path: str | os.PathLike[str], spec: Any) -> tuple[Path, dict[str, Any]]:
+    """(directory, manifest) of the checkpoint a run of ``spec`` resumes from, checked
+    before any engine is built or any rank started: complete, the same model, precision,
+    optimizer and data, and short of ``spec.steps`` (the total).  CheckpointError: one
+    line naming what is wrong."""
+    d, m = read_manifest(path)
+    _refuse(d, _spec_diffs(d, m, spec))
+    step = int(m.get("step") or 0)
+    if step >= spec.steps:
+        raise CheckpointError(f"{d} is at step {step}, and --steps {spec.steps} is the total, "
+                              f"not the steps to add: give --steps > {step} to train on")
+    return d, m
+
+
 def _check_compatible(target: State, d: Path, m: dict[str, Any], spec: Any) -> None:
-    diffs = []
-    if spec is not None and "model" in m:
-        want = describe(spec)
-        diffs = [f"{k}: checkpoint {m['model'].get(k)!r}, this run {v!r}"
-                 for k, v in want["model"].items() if m["model"].get(k) != v]
-        for key in ("precision", "optimizer"):
-            if m[key] != want[key]:
-                diffs.append(f"{key}: checkpoint {m[key]!r}, this run {want[key]!r}")
+    diffs = _spec_diffs(d, m, spec)
     mine = {name: shard.global_shape for (_, name), (shard, _) in target.arrays.items()}
     theirs = {n: tuple(s) for n, s in m["tensors"].items()}
     if not diffs and any(theirs.get(n) != s for n, s in mine.items()):
@@ -394,9 +446,7 @@ def _check_compatible(target: State, d: Path, m: dict[str, Any], spec: Any) -> N
     opt = target.scalars.get("optimizer")
     if not diffs and opt is not None and m["scalars"].get("optimizer", opt) != opt:
         diffs.append(f"optimizer: checkpoint {m['scalars']['optimizer']}, this run {opt}")
-    if diffs:
-        raise CheckpointError(f"{d} is a checkpoint of another model or setting; refusing to "
-                              "load it: " + "; ".join(diffs))
+    _refuse(d, diffs)
     kinds = {k for k, _ in target.arrays}
     if not kinds <= set(m["dtypes"]):
         raise CheckpointError(f"{d} holds {sorted(m['dtypes'])}, this run needs {sorted(kinds)}")
@@ -404,6 +454,14 @@ def _check_compatible(target: State, d: Path, m: dict[str, Any], spec: Any) -> N
         if str(arr.dtype) != m["dtypes"][kind]:
             raise CheckpointError(f"{d} holds {kind} in {m['dtypes'][kind]}, this run in "
                                   f"{arr.dtype}: another precision")
+
+
+def _data_diff(key: str, saved: Any, now: Any) -> str:
+    if key == "sha256":
+        return ("the text differs (SHA-256 " + str(saved)[:12] + "… saved, " + str(now)[:12]
+                + "… now; the embedded corpus changes whenever minipar's docs do)")
+    option = {"batch": "--batch", "seq": "--seq", "data_seed": "--data-seed", "task": "task"}[key]
+    return f"{option}: checkpoint {saved!r}, this run {now!r}"
 
 
 def load(engine: Any, path: str | os.PathLike[str], *, spec: Any = None) -> dict[str, Any]:

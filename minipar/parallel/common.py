@@ -28,13 +28,15 @@ things around their own communication, and do them here, once:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
 from minipar import checks, spans
-from minipar.data import synthetic
+from minipar.data import synthetic, text, tokenizer
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.engine import Batch
 from minipar.parallel.engine import build as engine_build
@@ -75,13 +77,17 @@ class RunSpec:
     """Model, task and optimizer of a parallel run (and of its serial oracle).
 
     Task: the modular-sum sequences of :mod:`minipar.data.synthetic` (``batch`` rows of
-    ``seq`` tokens, vocabulary ``vocab``, data seed ``data_seed``); model: a
+    ``seq`` tokens, vocabulary ``vocab``, data seed ``data_seed``), or, with ``text``,
+    windows of a UTF-8 text read as bytes (:mod:`minipar.data.text`: vocabulary 256;
+    ``text = EMBEDDED`` is the corpus shipped in the package); model: a
     GPT, dense (``experts = 0``) or with a mixture of ``experts`` experts in
-    every block (top-``top_k`` routing, ``capacity_factor``); optimizer: AdamW
-    (or SGD) over the flat buffer.  Every field is checked when the spec is
+    every block (top-``top_k`` routing, ``capacity_factor``, auxiliary loss weight
+    ``aux_loss_coef``); optimizer: AdamW (``betas``, ``eps``, ``weight_decay``)
+    or SGD over the flat buffer.  Every field is checked when the spec is
     built, and a bad one is named as the command line spells it
     (``--lr must be > 0, got 0.0``): ``minipar run`` builds the spec in the
-    launching process, before MPI starts, so these sentences are what a user sees.
+    launching process, before MPI starts, so these sentences are what a user sees
+    (a missing, binary or too-short ``--text`` file included).
     """
 
     vocab: int = 10
@@ -100,6 +106,11 @@ class RunSpec:
     experts: int = 0
     top_k: int = 1
     capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    #: None: the modular-sum task; :data:`EMBEDDED`: the package's own text; else a UTF-8 file
+    text: str | None = None
     #: the MoE routing groups of a layout (:func:`minipar.parallel.engine.routing_spans`):
     #: ``(dp,)`` for data-parallel ranks, ``(dp, m)`` with micro-batches; () = one group
     routing: tuple[int, ...] = ()
@@ -126,6 +137,18 @@ class RunSpec:
             raise ValueError(f"--top-k must be {allowed} with --experts {self.experts}, "
                              f"got {self.top_k}")
         checks.real("--capacity-factor", self.capacity_factor, greater_than=0)
+        checks.real("--aux-loss-coef", self.aux_loss_coef, at_least=0)
+        if isinstance(self.betas, list):  # through JSON
+            object.__setattr__(self, "betas", tuple(self.betas))
+        if (not isinstance(self.betas, tuple) or len(self.betas) != 2
+                or not all(checks.is_real(b) and 0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"--betas must be two numbers in [0, 1), got {self.betas!r}")
+        checks.real("--eps", self.eps, greater_than=0)
+        if self.text is not None:
+            if self.vocab != tokenizer.VOCAB_SIZE:
+                raise ValueError(f"--vocab is {tokenizer.VOCAB_SIZE} with --text (a token is "
+                                 f"a byte of UTF-8), got {self.vocab}")
+            self.text_data().check_length(self.seq)
         if isinstance(self.routing, list):  # a spec that went through JSON (as_dict)
             object.__setattr__(self, "routing", tuple(self.routing))
         if not isinstance(self.routing, tuple) or any(
@@ -145,6 +168,7 @@ class RunSpec:
         return GPTConfig(vocab_size=self.vocab, block_size=self.seq, n_layer=self.layers,
                          n_head=self.heads, d_model=self.d_model, n_experts=self.experts,
                          top_k=self.top_k, capacity_factor=self.capacity_factor,
+                         aux_loss_coef=self.aux_loss_coef,
                          dtype=dtype or get_policy(self.precision).model_dtype)
 
     def model(self) -> GPT:
@@ -155,15 +179,43 @@ class RunSpec:
         """The float64 initial parameters, as ``minipar.train.train`` draws them."""
         return GPT(self.config("float64")).init(self.seed)
 
-    def opt_kwargs(self) -> dict[str, float]:
-        kw = {"lr": self.lr}
+    def opt_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"lr": self.lr}
         if self.optimizer == "adamw" or self.weight_decay:
             kw["weight_decay"] = self.weight_decay
+        if self.optimizer == "adamw" and (self.betas, self.eps) != ((0.9, 0.999), 1e-8):
+            kw.update(betas=self.betas, eps=self.eps)
         return kw
 
-    def global_batch(self, step: int) -> tuple[Any, Any]:
-        """(tokens, targets) of the whole global batch of ``step``."""
-        return synthetic.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab)
+    def text_data(self) -> text.TextData:
+        """The text of a ``text`` run (read once per process)."""
+        return _text_data(self.text, self.data_seed)
+
+    def describe_data(self) -> dict[str, Any]:
+        """What a checkpoint records of the data, so that a resume sees the same batches:
+        the task (the text's name, size and SHA-256), the global batch, the sequence
+        length, the data seed, the tokenizer."""
+        out: dict[str, Any] = {"batch": self.batch, "seq": self.seq, "data_seed": self.data_seed}
+        if self.text is None:
+            return {"task": "modular_sum", **out}
+        return {"task": "text", **out, **self.text_data().as_dict()}
+
+    def global_batch(self, step: int, lo: int = 0, hi: int | None = None) -> tuple[Any, Any]:
+        """(tokens, targets): rows ``[lo, hi)`` of the global batch of ``step``."""
+        if self.text is not None:
+            return self.text_data().batch(step, self.batch, self.seq, lo, hi)
+        return synthetic.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab,
+                                     lo, hi)
+
+    def eval_batch_at(self, k: int) -> Batch:
+        """Validation batch ``k``: the text's held-out split, or for the modular-sum task
+        batches of steps no training run reaches (10⁹ + k)."""
+        if self.text is not None:
+            tokens, targets = self.text_data().batch(k, self.batch, self.seq, split="validation")
+        else:
+            tokens, targets = synthetic.modular_sum(self.data_seed, VALIDATION_STEP + k,
+                                                    self.batch, self.seq, self.vocab)
+        return Batch(k, tokens, targets)
 
     def batch_at(self, step: int) -> Batch:
         """The global :class:`~minipar.parallel.engine.Batch` of ``step`` (a loop's source)."""
@@ -172,7 +224,7 @@ class RunSpec:
     def local_batch(self, step: int, rank: int, world: int) -> tuple[Any, Any]:
         """(tokens, targets): rank ``rank``'s rows of the global batch of ``step``."""
         lo, hi = local_rows(self.batch, rank, world)
-        return synthetic.modular_sum(self.data_seed, step, self.batch, self.seq, self.vocab, lo, hi)
+        return self.global_batch(step, lo, hi)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,11 +233,23 @@ class RunSpec:
         return replace(self, **changes)
 
 
+#: ``RunSpec.text`` for the corpus shipped in the package (:mod:`minipar.data.corpus`)
+EMBEDDED = "<embedded>"
+#: the modular-sum task's validation batches are those of steps 10⁹ + k
+VALIDATION_STEP = 10**9
+
+
+@functools.lru_cache(maxsize=4)
+def _text_data(path: str | None, seed: int) -> text.TextData:
+    return text.load(None if path == EMBEDDED else path, seed)
+
+
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def serial_reference(spec: RunSpec, world: int = 1) -> dict[str, Any]:
+def serial_reference(spec: RunSpec, world: int = 1,
+                     load: Callable[[Any], int] | None = None) -> dict[str, Any]:
     """The serial oracle: the serial engine (:class:`minipar.parallel.engine.SerialEngine`)
     trained on the same global batches.
 
@@ -195,13 +259,20 @@ def serial_reference(spec: RunSpec, world: int = 1) -> dict[str, Any]:
     group, :mod:`minipar.nn.moe`), and a rank's group is its own rows, so its
     oracle accumulates ``world`` micro-batches cut like the ranks' rows
     (routing groups ``(world,)``, or ``spec.routing`` when the spec names them).
-    Returns ``{"losses": [float], "params": flat array (param dtype), "states": ModelStates}``.
+    ``load(engine) -> step``: a resumed run's oracle is the serial engine loaded from
+    the same checkpoint (e.g. ``minipar.parallel.checkpoint.load``), stepped from its
+    step to ``spec.steps``.
+    Returns ``{"losses": [float] (from the start), "params": flat array (param dtype),
+    "states": ModelStates, "start": step, "initial": flat params at the start (float64)}``.
     """
     check_world(spec.batch, world)
     routing = spec.routing or ((world,) if spec.experts and world > 1 else ())
     eng = engine_build(spec, routing=routing if spec.experts else ())
-    losses = [eng.step(spec.batch_at(s)).loss for s in range(spec.steps)]
-    return {"losses": losses, "params": eng.states.params, "states": eng.states}
+    start = 0 if load is None else int(load(eng))
+    initial = eng.states.params.astype(np.float64)
+    losses = [eng.step(spec.batch_at(s)).loss for s in range(start, spec.steps)]
+    return {"losses": losses, "params": eng.states.params, "states": eng.states,
+            "start": start, "initial": initial}
 
 
 def max_abs_diff(a: Any, b: Any) -> float:

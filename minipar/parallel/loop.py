@@ -5,7 +5,7 @@ nanoGPT's ``train.py`` in a dozen lines, for any :class:`~minipar.parallel.engin
 
     for step in start … steps−1:
         result = engine.step(source(step))            # the GLOBAL batch of this step
-        every eval_every steps:  engine.evaluate(eval_source(step))
+        every eval_every steps:  mean of engine.evaluate(eval_source(k)), k < eval_batches
         every save_every steps:  save(engine, step + 1)  # e.g. a sharded checkpoint
 
 ``steps`` is the total: a run resumed at ``start`` (the engine loaded from a
@@ -19,9 +19,11 @@ resumed run sees the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -50,13 +52,20 @@ class History:
 
 def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: int = 0,
           eval_source: Callable[[int], Batch] | None = None, eval_every: int = 0,
+          eval_batches: int = 1,
           save: Callable[[Engine, int], Any] | None = None, save_every: int = 0,
           progress: TextIO | bool | None = None,
-          diverge_factor: float | None = None) -> History:
+          diverge_factor: float | None = None,
+          aside: Callable[[], AbstractContextManager[Any]] | None = None) -> History:
     """Train ``engine`` from step ``start`` to ``steps`` (the total); see the module text.
 
     ``progress``: a stream for a bar (:func:`minipar.progress.bar`), True for a notebook
-    bar, None for none (give it on one rank only)."""
+    bar, None for none (give it on one rank only).  Validation: every ``eval_every`` steps,
+    the mean loss of the same ``eval_batches`` held-out batches ``eval_source(k)`` (a fixed
+    set, so the curve compares like with like).  ``save(engine, step)`` every
+    ``save_every`` steps and after the last one; both inside ``aside()`` when given (e.g.
+    :meth:`minipar.comm.stats.Stats.set_aside`: their messages counted apart from the
+    steps')."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if not 0 <= start <= steps:
@@ -76,10 +85,13 @@ def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: 
                 h.skipped.append(s)
             if diverge_factor is not None:
                 check_loss(s, r.loss, h.losses[0], diverge_factor)
-            if eval_source is not None and eval_every and (s + 1) % eval_every == 0:
-                h.validation[s + 1] = engine.evaluate(eval_source(s))
-            if save is not None and save_every and (s + 1) % save_every == 0:
-                save(engine, s + 1)
+            with aside() if aside is not None else contextlib.nullcontext():
+                if eval_source is not None and eval_every and (s + 1) % eval_every == 0:
+                    h.validation[s + 1] = sum(engine.evaluate(eval_source(k))
+                                              for k in range(eval_batches)) / eval_batches
+                if save is not None and save_every and ((s + 1) % save_every == 0
+                                                        or s + 1 == steps):
+                    save(engine, s + 1)
             if bar is not None:
                 text = f"loss {r.loss:.4f}" if math.isfinite(r.loss) else f"loss {r.loss}"
                 if h.validation:
@@ -91,3 +103,34 @@ def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: 
         if bar is not None:
             bar.close()
     return h
+
+
+def fit(engine: Engine, spec: Any, comm: Any = None, *, save_dir: str | None = None,
+        save_every: int = 0, resume: str | None = None, eval_every: int = 0,
+        eval_batches: int = 4, progress: TextIO | bool | None = None,
+        diverge_factor: float | None = None,
+        aside: Callable[[], AbstractContextManager[Any]] | None = None) -> History:
+    """:func:`train` on a :class:`~minipar.parallel.common.RunSpec`'s data, with its
+    checkpoints: what ``minipar train`` and every ``minipar run`` strategy do.
+
+    ``resume``: a checkpoint (a step directory, or a root: its latest complete one) that
+    ``engine`` is loaded from (any layout saved it); the run goes on from its step to
+    ``spec.steps`` (the total).  ``save_dir``: every ``save_every`` steps and after the
+    last, every rank of ``comm`` (the engine's ranks; None: one process) writes its part
+    (:func:`minipar.parallel.checkpoint.save`, atomic, the manifest last).  Validation:
+    the mean loss of ``eval_batches`` held-out batches (:meth:`RunSpec.eval_batch_at`)
+    every ``eval_every`` steps."""
+    from minipar.parallel import checkpoint
+
+    comm = checkpoint.OneProcess() if comm is None else comm
+    start = 0
+    if resume is not None:
+        start = int(checkpoint.load(engine, resume, spec=spec)["step"] or 0)
+    save = None
+    if save_dir is not None:
+        def save(eng: Engine, step: int) -> None:
+            checkpoint.save(eng, save_dir, comm, spec=spec)
+    return train(engine, spec.batch_at, spec.steps, start=start,
+                 eval_source=spec.eval_batch_at, eval_every=eval_every, eval_batches=eval_batches,
+                 save=save, save_every=save_every or spec.steps, progress=progress,
+                 diverge_factor=diverge_factor, aside=aside)

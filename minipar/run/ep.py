@@ -92,7 +92,7 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
              for e in range(spec.experts)] for b in range(blocks)]
     routed = [[sum(r["stats"][-1][b]["routed"][e] for r in rows)
                for e in range(spec.experts)] for b in range(blocks)]
-    dropped = [sum(s["dropped"] for r in rows for s in r["stats"][t]) for t in range(spec.steps)]
+    dropped = [sum(s["dropped"] for r in rows for s in r["stats"][t]) for t in range(len(rows[0]["stats"]))]
     assignments = spec.batch * spec.seq * spec.top_k * blocks
     notes = [f"E = {spec.experts} experts per MoE block, top-{spec.top_k}, capacity factor "
              f"{spec.capacity_factor:g}; ep {ep} x edp {n // ep}: rank r holds experts "

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from minipar.cli.options import ArgumentParser, integer, output_file, seconds
+from minipar.cli.options import ArgumentParser, integer, number, output_file, seconds
 from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
 
 PROG = "minipar run"
@@ -82,6 +82,8 @@ def parser(strategy: str | None = None) -> ArgumentParser:
                            help="write the last step's timeline as Chrome trace events "
                                 "(Perfetto, chrome://tracing; default: none)")
     add_model_arguments(p, **defaults)
+    add_data_arguments(p)
+    add_checkpoint_arguments(p)
     return p
 
 
@@ -110,9 +112,92 @@ def check(options: dict[str, Any]) -> Any:
     naming the option."""
     from minipar.parallel.common import RunSpec
 
+    resolve_data_options(options)
     spec = RunSpec.from_options(options)
     strategy_module(options["strategy"]).check(options, spec)
+    check_checkpoint_options(options, spec)
     return spec
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data and optimizer options ``minipar train`` and every ``minipar run`` share."""
+    from minipar.parallel.common import EMBEDDED, RunSpec
+
+    d = RunSpec()
+    g = parser.add_argument_group("data and optimizer")
+    g.add_argument("--text", nargs="?", const=EMBEDDED, default=None, metavar="FILE",
+                   help="train on a UTF-8 text, byte by byte (vocabulary 256); without FILE "
+                   "the text shipped with minipar (its glossary in English, Russian and "
+                   "Chinese, and its docs). Default: the modular-sum task")
+    g.add_argument("--data-seed", type=integer(0), default=None,
+                   help=f"the seed of the batches (default {d.data_seed})")
+    g.add_argument("--betas", type=number(minimum=0, maximum=0.999999), nargs=2, default=None,
+                   metavar=("B1", "B2"), help="AdamW's betas (default 0.9 0.999)")
+    g.add_argument("--eps", type=number(greater_than=0), default=None,
+                   help="AdamW's epsilon (default 1e-8)")
+    g.add_argument("--aux-loss-coef", type=number(minimum=0), default=None,
+                   help=f"with --experts: the load-balancing loss weight α (default "
+                   f"{d.aux_loss_coef:g})")
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """Validation and checkpoints, the same for ``minipar train`` and every strategy."""
+    g = parser.add_argument_group("validation and checkpoints")
+    g.add_argument("--eval-every", type=integer(0), default=0, metavar="K",
+                   help="validation loss every K steps (default 0: none)")
+    g.add_argument("--eval-batches", type=integer(1), default=4,
+                   help="held-out batches a validation loss averages (default %(default)s)")
+    g.add_argument("--save", metavar="DIR", default=None,
+                   help="write a checkpoint into DIR every --save-every steps and at the end")
+    g.add_argument("--save-every", type=integer(1), default=None, metavar="K",
+                   help="with --save: every K steps (default: at the end only)")
+    g.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue from a checkpoint (a step folder, or a root: its latest "
+                   "complete one), saved on any layout; --steps is the total")
+
+
+def resolve_data_options(options: dict[str, Any]) -> None:
+    """Fill what follows from other options, in place: the vocabulary of a text run (256
+    bytes), absolute paths (the ranks may run elsewhere), betas as a tuple."""
+    from minipar.data.tokenizer import VOCAB_SIZE
+    from minipar.parallel.common import EMBEDDED
+
+    text = options.get("text")
+    if text is not None:
+        if options.get("vocab") not in (None, VOCAB_SIZE):
+            raise ValueError(f"--vocab is {VOCAB_SIZE} with --text (a token is a byte of "
+                             f"UTF-8), got {options['vocab']}")
+        options["vocab"] = VOCAB_SIZE
+        if text != EMBEDDED:
+            options["text"] = str(Path(text).resolve())
+    elif options.get("vocab") is None:
+        options["vocab"] = options.get("default_vocab")
+    for key in ("save", "resume"):
+        if options.get(key) is not None:
+            options[key] = str(Path(options[key]).resolve())
+    if options.get("betas") is not None:
+        options["betas"] = tuple(options["betas"])
+
+
+def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
+    """Refuse, before any rank starts, a resume that cannot continue this run and a save
+    that would overwrite: ValueError (one line) naming the folder."""
+    from minipar.parallel import checkpoint
+
+    if options.get("save_every") is not None and options.get("save") is None:
+        raise ValueError("--save-every needs --save DIR")
+    if options.get("resume") is not None:
+        checkpoint.check_resume(options["resume"], spec)
+    save = options.get("save")
+    if save is not None:
+        if Path(save).exists() and not Path(save).is_dir():
+            raise ValueError(f"--save {save}: a file, not a folder")
+        if not Path(save).parent.is_dir():
+            raise ValueError(f"--save {save}: its parent folder does not exist")
+        found = checkpoint.latest(save) if Path(save).is_dir() else None
+        if found is not None and Path(options.get("resume") or "") not in (Path(save), found):
+            raise ValueError(f"--save {save} already holds a checkpoint ({found.name}); resume "
+                             f"from it with --resume {save}, or save into another folder")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
@@ -126,7 +211,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> Non
     g = parser.add_argument_group("model and task")
     g.add_argument("--batch", type=int, default=d.batch, help=f"global batch rows (default {d.batch})")
     g.add_argument("--seq", type=int, default=d.seq, help=f"sequence length T (default {d.seq})")
-    g.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary = modulus V (default {d.vocab})")
+    g.add_argument("--vocab", type=int, default=None,
+                   help=f"vocabulary = modulus V (default {d.vocab}; 256 with --text)")
+    parser.set_defaults(default_vocab=d.vocab)  # --vocab's, unless --text makes it 256
     g.add_argument("--d-model", type=int, default=d.d_model,
                    help=f"model width d (default {d.d_model})")
     g.add_argument("--layers", type=int, default=d.layers,

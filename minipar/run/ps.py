@@ -91,7 +91,8 @@ def report(ps: Any, grid: Any, options: dict[str, Any], spec: Any,
     loop's are NaN: a step's loss is complete only when every worker has pushed it)."""
     from minipar.plan.collectives import parameter_server_bytes_at_server, ring_allreduce_volume
 
-    mine = (ps.is_server, ps.bytes_per_step(), ps.model_state_bytes(), ps.max_delay)
+    mine = (ps.is_server, ps.bytes_per_step(len(history.losses)), ps.model_state_bytes(),
+            ps.max_delay)
     everyone = ps.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
     if ps.rank != 0:
         return None

@@ -36,4 +36,4 @@ def grid_sizes(options: dict[str, Any], spec: Any = None) -> dict[str, int]:
 
 def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
            history: Any) -> dict[str, Any] | None:
-    return report_grid(engine, grid, options, spec, True)
+    return report_grid(engine, grid, options, spec, True, len(history.losses))

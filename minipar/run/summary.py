@@ -84,9 +84,19 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
     m = dict(m)
     params, losses = m.pop("params"), [float(v) for v in m.pop("losses")]
     serial_world = m.pop("data_parallel_ranks")
-    serial = serial_reference(spec, serial_world)
-    init = spec.initial_params()
-    initial = FlatParams.like(init).flatten(init)
+    start, resume = m.pop("start", 0), options.get("resume")
+    load = None
+    if resume is not None:  # the oracle of a resumed segment: the serial engine resumed
+        from minipar.parallel import checkpoint
+
+        def load(engine: Any) -> int:
+            return int(checkpoint.load(engine, resume, spec=spec)["step"] or 0)
+    serial = serial_reference(spec, serial_world, load)
+    if resume is None:
+        init = spec.initial_params()
+        initial = FlatParams.like(init).flatten(init)
+    else:
+        initial = serial["initial"]
     reason = not_comparable_reason(options)
     if reason is None:
         v = parity.compare(losses, serial["losses"], params, serial["params"], initial)
@@ -100,8 +110,13 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
                      "rows as one group (capacity and aux loss are per group, GShard's local "
                      f"groups), so the serial run accumulates {world} micro-batches cut like the "
                      "ranks' rows: its losses depend on -n")
+    if resume is not None:
+        notes.append(f"resumed at step {start} from {resume}: the serial run is the serial "
+                     "engine resumed from the same checkpoint")
+    if options.get("save"):
+        notes.append(f"checkpoints written to {options['save']}")
     return {"strategy": options["strategy"], "ranks": m.pop("ranks"), "steps": spec.steps,
-            "losses": losses, "serial_losses": [float(x) for x in serial["losses"]],
+            "start": start, "losses": losses, "serial_losses": [float(x) for x in serial["losses"]],
             "verdict": verdict, "parity": v.status == "equal",
             "max_param_diff": verdict.get("max_param_diff"),
             "parity_expected": reason is None, **m, "notes": notes}
@@ -113,8 +128,10 @@ def format_summary(s: dict[str, Any]) -> str:
     steps = f"{s['steps']} step{'s' if s['steps'] != 1 else ''}"
     lines = [f"minipar run {s['strategy']}: {ranks}, {steps}"]
     lines.append(f"{'step':>4}  {'loss (parallel)':>16}  {'loss (serial)':>16}")
-    for i, (a, b) in enumerate(zip(s["losses"], s["serial_losses"])):
+    for i, (a, b) in enumerate(zip(s["losses"], s["serial_losses"]), start=s.get("start", 0)):
         lines.append(f"{i:>4}  {a:>16.10f}  {b:>16.10f}")
+    for step, v in (s.get("validation") or {}).items():
+        lines.append(f"validation loss after step {step}: {v:.6f}")
     lines.append(s["verdict"]["line"])
     if "bytes_sent_per_rank" in s:
         sent = ", ".join(f"{b:,.0f}" for b in s["bytes_sent_per_rank"])

@@ -114,11 +114,11 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
            history: Any) -> dict[str, Any] | None:
     """Rank side, after training: rank 0 returns every rank's figures (bytes by op and
     axis against the exact formulas, the ledger of a block's activations) and the notes."""
-    return report_grid(engine, grid, options, spec, False)
+    return report_grid(engine, grid, options, spec, False, len(history.losses))
 
 
 def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
-                sp: bool) -> dict[str, Any] | None:
+                sp: bool, steps: int) -> dict[str, Any] | None:
     """:func:`report` of ``run tp`` (``sp`` False) and ``run sp`` (True)."""
     from minipar.parallel.tensor_parallel.measure import (
         BLOCK_OPS,
@@ -130,8 +130,8 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
 
     dp, t = grid.size("dp"), grid.size("tp")
     book = run.hooks
-    by_op = bytes_by_op(grid.world.stats, run.steps_done)
-    steps = max(1, run.steps_done)
+    steps = max(1, steps)  # the steps this run took (a resumed one: fewer than --steps)
+    by_op = bytes_by_op(grid.world.stats, steps)
     axes = {a: b / steps for a, b in grid.bytes_by_axis().items() if b}
     blocks = sum(by_op.get(op, 0) for op in BLOCK_OPS)
     dense = [b for i, b in enumerate(book.blocks) if not run.cfg.is_moe_block(i)]

@@ -3,7 +3,8 @@
 The launcher (:func:`minipar.run.main`) has checked the options; each rank
 builds the same :class:`~minipar.parallel.common.RunSpec`, the strategy's grid
 and engine (:func:`minipar.parallel.strategies.build`), trains it with the one
-loop (:func:`minipar.parallel.loop.train`) and takes its final parameters from
+loop (:func:`minipar.parallel.loop.fit`: resumed from ``--resume``, checkpoints
+into ``--save``, validation every ``--eval-every`` steps) and takes its final parameters from
 ``engine.full_params()`` — the same for every strategy.  The strategy's module
 (:mod:`minipar.run.dp`, ...) adds only what is its own: ``grid_sizes(options,
 spec)`` (the grid's axes), ``engine_options(options, spec)`` (the keyword
@@ -40,14 +41,21 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
     grid = Grid(TracedComm(), **module.grid_sizes(options, spec))
     engine = strategies.build(options["strategy"], spec, grid,
                               **module.engine_options(options, spec))
-    history = loop.train(engine, spec.batch_at, spec.steps)
-    params = engine.full_params()
+    history = loop.fit(engine, spec, grid.world, save_dir=options.get("save"),
+                       save_every=options.get("save_every") or 0, resume=options.get("resume"),
+                       eval_every=options.get("eval_every") or 0,
+                       eval_batches=options.get("eval_batches") or 1,
+                       aside=grid.world.stats.set_aside)  # the steps' bytes, not validation's
+    with grid.world.stats.set_aside():  # gathering the result is not a step's traffic
+        params = engine.full_params()
     m = module.report(engine, grid, options, spec, history)
     engine.close()  # collective (no finally: a failed rank must not wait in a collective)
     grid.free()
     if m is None:
         return None
-    return {"losses": history.losses, "params": FlatParams.like(params).flatten(params), **m}
+    return {"losses": history.losses, "start": history.start,
+            "validation": {str(k): v for k, v in history.validation.items()},
+            "params": FlatParams.like(params).flatten(params), **m}
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     from minipar.run import remat_offload
 
     stage, algorithm = engine.stage, engine.allreduce
-    sent = step_bytes(grid.world.stats) / spec.steps
+    sent = step_bytes(grid.world.stats) / len(history.losses)
     memory, memory_notes = remat_offload.summary_notes(engine.memory_wrap, last=1)
     if stage == 3 and options.get("remat") is not None:
         memory_notes.append("remat under stage 3 all-gathers each recomputed unit again: the "

@@ -85,6 +85,28 @@ def training_curves(curves: Mapping[str, Sequence[float]], best: float | None = 
     return fig
 
 
+def train_and_validation(losses: Sequence[float], validation: Mapping[int, float],
+                         start: int = 0, floor: float | None = None,
+                         floor_label: str = "best possible") -> Figure:
+    """A run's training loss per step (from ``start``, a resumed run's first step) and its
+    validation loss at the steps it was measured (``{step: loss}``, after that step);
+    ``floor``: a reference line (the unigram entropy of a text, the task's best loss)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    steps = np.arange(start + 1, start + len(losses) + 1)
+    ax.plot(steps, losses, lw=1.0, label="training (one batch per step)")
+    if validation:
+        ks = sorted(validation)
+        ax.plot(ks, [validation[k] for k in ks], "o-", ms=4, lw=1.4, label="validation")
+    if floor is not None:
+        ax.axhline(floor, color="k", ls=":", lw=1, label=f"{floor_label} {floor:.3f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title("Training and validation loss")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def expert_load(stats: Sequence[Mapping[str, Any]]
                 | Mapping[str, Sequence[Mapping[str, Any]]]) -> Figure:
     """Per MoE block: tokens whose first choice is each expert, assignments kept, capacity.

@@ -388,9 +388,10 @@ class ParameterServer:
         """Bytes this rank holds (:meth:`memory`, summed)."""
         return sum(self.memory().values())
 
-    def bytes_per_step(self) -> tuple[float, float]:
-        """(sent, received) per step by this rank: gradients pushed and parameters pulled."""
-        st, n = self.comm.stats, max(1, self.steps_done)
+    def bytes_per_step(self, steps: int | None = None) -> tuple[float, float]:
+        """(sent, received) per step by this rank: gradients pushed and parameters pulled,
+        over ``steps`` (default: every step taken; a resumed run gives the ones it ran)."""
+        st, n = self.comm.stats, max(1, self.steps_done if steps is None else steps)
         return ((st.bytes_sent(OP_PUSH) + st.bytes_sent(OP_PULL)) / n,
                 (st.bytes_recv(OP_PUSH) + st.bytes_recv(OP_PULL)) / n)
 
