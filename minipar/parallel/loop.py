@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from minipar import checks
 from minipar.parallel.engine import Batch, Engine
 from minipar.progress import bar as progress_bar
 
@@ -44,8 +45,7 @@ def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: 
 
     ``progress``: a stream for a bar (:func:`minipar.progress.bar`), True for a notebook
     bar, None for none (give it on one rank only)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    checks.integer("steps", steps, 1)
     if not 0 <= start <= steps:
         raise ValueError(f"start {start} is outside 0..{steps}")
     h = History(start)
