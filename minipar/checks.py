@@ -9,6 +9,11 @@ it into ``minipar run: --lr must be > 0, got 0.0`` and exit status 2.
     real("--lr", 0.0, greater_than=0)   # ValueError: --lr must be > 0, got 0.0
     divides("--heads", 3, "--d-model", 16, "each head takes d_model / heads columns")
     one_of("--optimizer", "adam", ("adamw", "sgd"))
+    integer("--zero", 4, 0, 3, why="ZeRO's stages")
+    # ValueError: --zero must be an integer from 0 to 3 (ZeRO's stages), got 4
+
+``why`` (``integer``, ``one_of``, ``divides``) carries the reason or the meaning of the
+values, for the learner: it is what turns "must be 1 or 2" into "1 (Switch) or 2 (GShard)".
 
 Imports nothing of minipar (layer 0), not even NumPy: ``numbers`` covers NumPy's
 integer and floating types too.
@@ -32,8 +37,11 @@ def is_real(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
-def integer(name: str, v: Any, least: int | None = None, most: int | None = None) -> int:
-    """``v`` as an int; ValueError unless it is an integer in [least, most]."""
+def integer(name: str, v: Any, least: int | None = None, most: int | None = None,
+            why: str = "") -> int:
+    """``v`` as an int; ValueError unless it is an integer in [least, most] (``why``: a hint
+    after what is allowed, e.g. ``integer("--remat", -1, 0, why="0: ceil(sqrt n)")`` says
+    ``--remat must be an integer >= 0 (0: ceil(sqrt n)), got -1``)."""
     if least == 1 and most is None:
         want = "a positive integer"
     elif least is not None and most is not None:
@@ -45,7 +53,7 @@ def integer(name: str, v: Any, least: int | None = None, most: int | None = None
     else:
         want = "an integer"
     if not is_integer(v) or (least is not None and v < least) or (most is not None and v > most):
-        raise ValueError(f"{name} must be {want}, got {v!r}")
+        raise ValueError(f"{name} must be {want}{_hint(why)}, got {v!r}")
     return int(v)
 
 
@@ -68,9 +76,16 @@ def divides(divisor_name: str, divisor: int, name: str, value: int, why: str = "
                          + (f": {why}" if why else ""))
 
 
-def one_of(name: str, v: Any, choices: Iterable[Any]) -> Any:
-    """``v``; ValueError unless it is one of ``choices``."""
+def one_of(name: str, v: Any, choices: Iterable[Any], why: str = "") -> Any:
+    """``v``; ValueError unless it is one of ``choices`` (``why``: what they mean, e.g.
+    ``one_of("top_k", 3, (1, 2), why="1: Switch, 2: GShard")`` says
+    ``top_k must be one of 1, 2 (1: Switch, 2: GShard); got 3``)."""
     choices = tuple(choices)
     if v not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {v!r}")
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}{_hint(why)}; "
+                         f"got {v!r}")
     return v
+
+
+def _hint(why: str) -> str:
+    return f" ({why})" if why else ""

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from minipar import checks
 from minipar.backend import xp
 
 
@@ -172,6 +173,4 @@ class AdamW:
 def make(name: str, size: int, **kwargs: Any) -> SGD | AdamW:
     """``make("adamw", n, lr=...)`` or ``make("sgd", n, ...)``."""
     table = {"sgd": SGD, "adamw": AdamW}
-    if name not in table:
-        raise ValueError(f"unknown optimizer {name!r}; one of {', '.join(table)}")
-    return table[name](size, **kwargs)
+    return table[checks.one_of("optimizer", name, table)](size, **kwargs)

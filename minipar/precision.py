@@ -41,6 +41,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np  # dtype names only
 
+from minipar import checks
 from minipar.backend import xp
 from minipar.optim import FlatParams, make
 
@@ -73,9 +74,7 @@ POLICIES: dict[str, Policy] = {
 
 def get(name: str) -> Policy:
     """The policy called ``name`` (float64, float32, mixed, mixed-fp16)."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown precision {name!r}; one of {', '.join(POLICIES)}")
-    return POLICIES[name]
+    return POLICIES[checks.one_of("precision", name, POLICIES)]
 
 
 class DynamicLossScaler:

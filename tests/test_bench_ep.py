@@ -67,7 +67,7 @@ def test_measure_traffic_counts_what_the_formulas_say() -> None:
 
 
 @pytest.mark.parametrize("args,option", [
-    (["--experts", "3"], "--experts 3 is not divisible by -n 2"),
+    (["--experts", "3"], "-n 2 does not divide --experts 3"),
     (["--capacity-factor", "0"], "--capacity-factor"),
     (["--top-k", "3"], "--top-k"),
     (["-n", "0"], "-n/--ranks"), (["--batch", "1"], "--batch"),

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minipar import launch, run
+from minipar import checks, launch, run
 from minipar.collectives import choose_allreduce
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.optim import FlatParams
@@ -307,7 +307,7 @@ def test_rows_and_weights_give_the_serial_mean() -> None:
     ({"top_k": 2}, "--top-k 2 needs a mixture of experts"),
     ({"experts": 2, "capacity_factor": 0.0}, "--capacity-factor must be > 0"),
     ({"precision": "foo"}, "--precision must be one of float64, float32, mixed, mixed-fp16"),
-    ({"optimizer": "adam"}, "--optimizer must be adamw or sgd, got 'adam'"),
+    ({"optimizer": "adam"}, "--optimizer must be one of adamw, sgd; got 'adam'"),
 ])
 def test_run_spec_names_the_bad_option(changes: dict, message: str) -> None:
     """One sentence naming the option as the command line spells it (`minipar run` shows it)."""
@@ -316,6 +316,30 @@ def test_run_spec_names_the_bad_option(changes: dict, message: str) -> None:
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match=message.split(",")[0].split(" ")[0]):
         common.RunSpec.from_options({k: v for k, v in changes.items()})
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: checks.integer("--steps", 0, 1), "--steps must be a positive integer, got 0"),
+    (lambda: checks.integer("--steps", True, 1), "--steps must be a positive integer, got True"),
+    (lambda: checks.integer("--zero", 4, 0, 3, why="ZeRO's stages"),
+     "--zero must be an integer from 0 to 3 (ZeRO's stages), got 4"),
+    (lambda: checks.integer("--remat", -1, 0, why="0: ceil(sqrt n)"),
+     "--remat must be an integer >= 0 (0: ceil(sqrt n)), got -1"),
+    (lambda: checks.one_of("top_k", 3, (1, 2), why="1: Switch, 2: GShard"),
+     "top_k must be one of 1, 2 (1: Switch, 2: GShard); got 3"),
+    (lambda: checks.one_of("--optimizer", "adam", ("adamw", "sgd")),
+     "--optimizer must be one of adamw, sgd; got 'adam'"),
+    (lambda: checks.divides("--ep", 4, "--experts", 6, "each rank holds E/ep experts"),
+     "--ep 4 does not divide --experts 6: each rank holds E/ep experts"),
+])
+def test_checks_say_one_sentence_with_the_hint_after_what_is_allowed(call, message: str) -> None:
+    """minipar.checks (every RunSpec field above goes through it): the name, what is
+    allowed, ``why`` in parentheses right after it, the value given."""
+    with pytest.raises(ValueError) as e:
+        call()
+    assert str(e.value) == message
+    assert checks.integer("--zero", np.int64(3), 0, 3, why="ZeRO's stages") == 3
+    assert checks.one_of("top_k", 2, (1, 2), why="1: Switch, 2: GShard") == 2
 
 
 def test_run_spec_moe_options_reach_the_model() -> None:

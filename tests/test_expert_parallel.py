@@ -75,7 +75,8 @@ def test_experts_and_capacities() -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    ((0, 1, 1.25, 1, 2), "expert parallelism needs a mixture of experts: --experts must be >= 1"),
+    ((0, 1, 1.25, 1, 2), ("--experts must be a positive integer (expert parallelism needs a "
+                          "mixture of experts), got 0")),
     ((4, 3, 1.25, 1, 2), "--top-k must be 1 (Switch) or 2 (GShard) and at most --experts 4, got 3"),
     ((1, 2, 1.25, 1, 2), "--top-k must be 1 (Switch) and at most --experts 1, got 2"),
     ((4, 0, 1.25, 1, 2), "got 0"),
@@ -83,7 +84,7 @@ def test_experts_and_capacities() -> None:
     ((4, 1, float("nan"), 1, 2), "--capacity-factor must be > 0"),
     ((4, 1, 1.25, 3, 4), "--ep 3 must divide the 4 data-parallel ranks"),
     ((4, 1, 1.25, 0, 4), "--ep 0 must divide"),
-    ((6, 1, 1.25, 4, 4), "--experts 6 is not divisible by --ep 4"),
+    ((6, 1, 1.25, 4, 4), "--ep 4 does not divide --experts 6: each expert-parallel rank holds"),
 ])
 def test_bad_input_is_one_line_naming_the_numbers(args: tuple, message: str) -> None:
     with pytest.raises(ValueError) as e:
@@ -139,9 +140,9 @@ def test_minipar_run_ep_json_has_the_routing_and_the_bytes_per_axis() -> None:
 
 
 @pytest.mark.parametrize("args,option", [
-    (["-n", "2"], "--experts must be >= 1"),
+    (["-n", "2"], "--experts must be a positive integer"),
     (["-n", "4", "--experts", "4", "--ep", "3"], "--ep 3 must divide the 4 data-parallel"),
-    (["-n", "4", "--experts", "6"], "--experts 6 is not divisible by --ep 4"),
+    (["-n", "4", "--experts", "6"], "--ep 4 (default: -n) does not divide --experts 6"),
     (["-n", "2", "--experts", "4", "--top-k", "3"], "--top-k"),
 ])
 def test_minipar_run_ep_refuses_bad_input_before_mpi(args: list[str], option: str,

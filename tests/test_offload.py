@@ -262,7 +262,8 @@ def test_a_file_is_not_a_folder(tmp_path: Path) -> None:
         check_target("disk", str(f))
     with pytest.raises(ValueError, match="min_bytes must be an integer >= 0"):
         Offload(Hooks({}), "host", min_bytes=-1)
-    with pytest.raises(ValueError, match="remat interval must be an integer >= 1"):
+    with pytest.raises(ValueError,
+                       match=r"remat interval must be an integer >= 0 \(0: ceil\(sqrt n\)\), got -1"):
         MemoryWrap(-1)
 
 

@@ -108,5 +108,5 @@ def test_bad_arguments() -> None:
         SGD(3, momentum=1.0)
     with pytest.raises(ValueError, match="owns 3"):
         AdamW(3).step(np.zeros(4), np.zeros(4))
-    with pytest.raises(ValueError, match="unknown optimizer"):
+    with pytest.raises(ValueError, match="optimizer must be one of sgd, adamw; got .lion."):
         make("lion", 3)

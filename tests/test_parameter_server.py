@@ -139,7 +139,7 @@ def test_async_with_staleness_converges_but_is_not_serial() -> None:
 def test_bad_input_raises_on_every_rank_before_any_message(n: int) -> None:
     for o in _results(n):
         e = o["errors"]
-        assert "at least one server" in e["servers0"][0]
+        assert "servers must be a positive integer, got 0" in e["servers0"][0]
         assert "at least one worker" in e["no-worker"][0]
         assert "bogus" in e["mode"][0] and "staleness" in e["staleness"][0]
         assert e["too-many-ranks"] is not None and "mixed-fp16" in e["fp16"][0]

@@ -135,12 +135,13 @@ def test_partition_even_balance_and_interleaved_chunks() -> None:
 
 @pytest.mark.parametrize("args,kw,words", [
     ((2, 3, 4), {}, "3 stages but the model has only 2 layers"),
-    ((4, 2, 0), {}, "--micro-batches m must be an integer >= 1, got 0"),
+    ((4, 2, 0), {}, "--micro-batches m must be a positive integer, got 0"),
     ((4, 2, 4), {"balance": [1, 2]}, "sums to 3 layers, but the model has 4"),
     ((4, 2, 4), {"balance": [4]}, "needs 2 whole numbers"),
     ((8, 2, 3), {"schedule": "interleaved", "v": 2}, "m=3 micro-batches is not a multiple of p=2"),
     ((6, 2, 4), {"schedule": "interleaved", "v": 2}, "6 layers divisible by p·v = 2·2 = 4"),
-    ((4, 2, 4), {"remat": 0}, "remat interval 0 must be an integer >= 1"),
+    ((4, 2, 4), {"remat": 0}, ("remat interval must be a positive integer (units per "
+                               "checkpointed segment), got 0")),
     ((4, 2, 4), {"remat": 4}, ("remat interval 4 is more than the 3 units of stage 0 "
                                "(2 blocks + embedding): use 1..3")),
     ((8, 2, 4), {"schedule": "interleaved", "v": 2, "remat": 3},
@@ -163,7 +164,8 @@ def test_a_record_is_the_simulators() -> None:
 
 # -- minipar run pp -------------------------------------------------------------------
 BAD_RUN = [
-    (["-n", "3", "--dp", "2"], "-n 3 ranks cannot hold --dp 2"),
+    (["-n", "3", "--dp", "2"], ("--dp 2 does not divide -n 3: the pipeline replicas take equal "
+                                "numbers of ranks; use -n a multiple of 2")),
     (["-n", "2", "--layers", "1"], "2 stages but the model has only 1 layer"),
     (["--micro-batches", "0"], "--micro-batches"),
     (["-n", "2", "--balance", "1,2"], "sums to 3 layers, but the model has 4"),

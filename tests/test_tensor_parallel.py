@@ -82,7 +82,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("args,words", [
-    (["tp", "-n", "4", "--tp", "4"], "--heads 2 is not divisible"),
+    (["tp", "-n", "4", "--tp", "4"], "the tensor-parallel size t = 4 does not divide --heads 2"),
     (["tp", "-n", "2", "--tp", "2", "--vocab", "9"], "--vocab 9"),
     (["tp", "-n", "4", "--tp", "3"], "--tp 3 does not divide -n 4"),
     (["tp", "-n", "4", "--tp", "2", "--dp", "1"], "--dp 1 x --tp 2 = 2"),

@@ -66,7 +66,7 @@ def zero_check(n: int) -> dict:
 # ------------------------------------------------------------------ in-process
 def test_bad_stage_is_a_clear_error() -> None:
     for bad in (-1, 4, 1.5, "2", True):
-        with pytest.raises(ValueError, match="ZeRO stage must be 0"):
+        with pytest.raises(ValueError, match="ZeRO stage must be an integer from 0 to 3 .0: plain DP"):
             check_stage(bad)
 
 
@@ -93,7 +93,7 @@ def test_options_are_refused_in_one_line_before_any_message() -> None:
 
     spec = RunSpec()
     for options, words in (({"stages": 2}, "ZeRO takes no options ['stages']"),
-                           ({"stage": 4}, "ZeRO stage must be 0"),
+                           ({"stage": 4}, "ZeRO stage must be an integer from 0 to 3"),
                            ({"offload": "gpu"}, "ZeRO's offload must be one of host, disk"),
                            ({"offload_optimizer": "nvme"}, "offload_optimizer must be one of"),
                            ({"offload_dir": "/tmp"}, "needs offload or offload_optimizer 'disk'"),

@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.comm import tags as T
 from minipar.comm.errors import CollectiveMismatchError
 from minipar.comm.traced import TracedComm, traced
@@ -69,19 +69,15 @@ offsets_of = spans.offsets
 
 
 def check_op(op: str) -> np.ufunc:
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; one of {', '.join(OPS)}")
-    return OPS[op][0]
+    return OPS[checks.one_of("op", op, OPS)][0]
 
 
 def check_algorithm(algorithm: str, allowed: tuple[str, ...], what: str) -> None:
-    if algorithm not in allowed:
-        raise ValueError(f"unknown {what} algorithm {algorithm!r}; one of {', '.join(allowed)}")
+    checks.one_of(f"the {what} algorithm", algorithm, allowed)
 
 
 def check_root(root: int, size: int) -> None:
-    if not isinstance(root, (int, np.integer)) or not (0 <= root < size):
-        raise ValueError(f"root {root!r} is outside the communicator's ranks 0..{size - 1}")
+    checks.integer("root", root, 0, size - 1, why="the communicator's ranks")
 
 
 def prepare(comm: Any, x: Any) -> tuple[TracedComm, np.ndarray]:

@@ -81,6 +81,8 @@ from typing import Any
 
 import numpy as np
 
+from minipar import checks
+
 #: the ring from this many bytes up (N >= 3), measured as above
 RING_MIN_BYTES = 8 << 20
 
@@ -90,8 +92,7 @@ AUTO_CHOICES = ("recursive_doubling", "ring")
 
 def ring_threshold(world: int) -> float:
     """Bytes from which auto runs the ring on ``world`` ranks (``math.inf``: never, N <= 2)."""
-    if isinstance(world, bool) or not isinstance(world, (int, np.integer)) or world < 1:
-        raise ValueError(f"world size must be a positive integer, got {world!r}")
+    checks.integer("world size", world, 1)
     return math.inf if world <= 2 else float(RING_MIN_BYTES)
 
 
@@ -101,8 +102,7 @@ def choose_allreduce(nbytes: int, world: int) -> str:
     Depends only on the buffer's bytes and the world size, so every rank
     that passes the same array makes the same choice.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
-        raise ValueError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+    checks.integer("nbytes", nbytes, 0)
     return "ring" if nbytes >= ring_threshold(world) else "recursive_doubling"
 
 

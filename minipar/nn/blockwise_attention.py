@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from minipar import checks
 from minipar.backend import xp
 from minipar.nn.dtypes import down, up
 
@@ -128,8 +129,7 @@ def blockwise_attention(q: Any, k: Any, v: Any, block: int) -> tuple[Any, Any]:
 
     The serial picture of what a ring rank does; equals
     :func:`minipar.nn.attention.attention_core_forward` to rounding."""
-    if not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be a positive integer, got {block!r}")
+    checks.integer("block", block, 1)
     b, h, t, dh = q.shape
     o = xp.zeros((b, h, t, dh), dtype=up(q[:0]).dtype)
     lse = xp.full((b, h, t), -xp.inf, dtype=o.dtype)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np  # dtype names only
-
+from minipar import checks
 from minipar.nn.dtypes import check_model_dtype
 
 
@@ -44,36 +43,23 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {v!r}")
-        if self.d_model % self.n_head:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_head={self.n_head}: "
-                "each head needs d_model / n_head columns"
-            )
-        if self.d_ff < 0:
-            raise ValueError(f"d_ff must be >= 0 (0 means 4*d_model), got {self.d_ff}")
+            checks.integer(f"GPTConfig.{name}", getattr(self, name), 1)
+        checks.divides("n_head", self.n_head, "d_model", self.d_model,
+                       "each head needs d_model / n_head columns")
+        checks.integer("d_ff", self.d_ff, 0, why="0 means 4*d_model")
         if self.d_ff == 0:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
-        if self.n_experts < 0:
-            raise ValueError(f"n_experts must be >= 0, got {self.n_experts}")
+        checks.integer("n_experts", self.n_experts, 0)
         if self.n_experts:
-            if self.top_k not in (1, 2):
-                raise ValueError(f"top_k must be 1 (Switch) or 2 (GShard), got {self.top_k}")
+            checks.integer("top_k", self.top_k, 1, 2, why="1: Switch, 2: GShard")
             if self.top_k > self.n_experts:
                 raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
-            if not self.capacity_factor > 0:
-                raise ValueError(f"capacity_factor must be > 0, got {self.capacity_factor}")
-            if self.moe_every < 1 or self.moe_every > self.n_layer:
-                raise ValueError(
-                    f"moe_every={self.moe_every} must lie in [1, n_layer={self.n_layer}]"
-                )
-            if self.aux_loss_coef < 0:
-                raise ValueError(f"aux_loss_coef must be >= 0, got {self.aux_loss_coef}")
+            checks.real("capacity_factor", self.capacity_factor, greater_than=0)
+            checks.integer("moe_every", self.moe_every, 1, self.n_layer,
+                           why=f"n_layer = {self.n_layer}")
+            checks.real("aux_loss_coef", self.aux_loss_coef, at_least=0)
         check_model_dtype(self.dtype)
-        if not self.init_std > 0:
-            raise ValueError(f"init_std must be > 0, got {self.init_std}")
+        checks.real("init_std", self.init_std, greater_than=0)
 
     def is_moe_block(self, i: int) -> bool:
         """Whether block ``i`` has a mixture of experts instead of an MLP."""

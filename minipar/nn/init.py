@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np  # host-side RNG only: the same numbers under any backend
 
+from minipar import checks
 from minipar.backend import to_device
 
 
 def name_rng(seed: int, name: str) -> np.random.Generator:
     """The generator of parameter ``name`` under ``seed`` (stable across runs and machines)."""
-    if int(seed) < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    checks.integer("seed", seed, 0)
     return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(name.encode())]))
 
 

@@ -22,8 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np  # dtype names only
-
+from minipar import checks
 from minipar.nn import executor
 from minipar.nn import init as _init
 from minipar.nn.dtypes import check_model_dtype
@@ -48,7 +47,7 @@ class MLPConfig:
 
     def __post_init__(self) -> None:
         sizes = tuple(self.sizes)
-        if len(sizes) < 2 or any(not isinstance(s, (int, np.integer)) or s < 1 for s in sizes):
+        if len(sizes) < 2 or any(not checks.is_integer(s) or s < 1 for s in sizes):
             raise ValueError(f"sizes must be >= 2 positive integers, got {self.sizes!r}")
         object.__setattr__(self, "sizes", tuple(int(s) for s in sizes))
         check_model_dtype(self.dtype)

@@ -64,8 +64,7 @@ def loss_weight(batch_size: int, rank: int, world: int) -> float:
 
 def check_world(batch_size: int, world: int) -> None:
     """ValueError unless every one of ``world`` ranks gets at least one row."""
-    if not isinstance(world, (int, np.integer)) or world < 1:
-        raise ValueError(f"the number of data-parallel ranks must be >= 1, got {world!r}")
+    checks.integer("the number of data-parallel ranks", world, 1)
     if batch_size < world:
         raise ValueError(
             f"{world} data-parallel ranks but the global batch has only {batch_size} rows: "
@@ -125,8 +124,7 @@ class RunSpec:
         checks.divides("--heads", self.heads, "--d-model", self.d_model,
                        "each head takes d_model / heads columns")
         checks.one_of("--precision", self.precision, POLICIES)
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"--optimizer must be adamw or sgd, got {self.optimizer!r}")
+        checks.one_of("--optimizer", self.optimizer, ("adamw", "sgd"))
         checks.real("--lr", self.lr, greater_than=0)
         checks.real("--weight-decay", self.weight_decay, at_least=0)
         if self.experts == 0 and self.top_k != 1:
@@ -152,8 +150,7 @@ class RunSpec:
         if isinstance(self.routing, list):  # a spec that went through JSON (as_dict)
             object.__setattr__(self, "routing", tuple(self.routing))
         if not isinstance(self.routing, tuple) or any(
-                isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1
-                for g in self.routing):
+                not checks.is_integer(g) or g < 1 for g in self.routing):
             raise ValueError(f"routing groups must be a tuple of positive integers, "
                              f"got {self.routing!r}")
         self.config()  # anything GPTConfig still refuses

@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from minipar import checks
 from minipar.parallel.engine import Batch, Engine
 from minipar.progress import bar as progress_bar
 from minipar.train import check_loss
@@ -66,8 +67,7 @@ def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: 
     ``save_every`` steps and after the last one; both inside ``aside()`` when given (e.g.
     :meth:`minipar.comm.stats.Stats.set_aside`: their messages counted apart from the
     steps')."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    checks.integer("steps", steps, 1)
     if not 0 <= start <= steps:
         raise ValueError(f"start {start} is outside 0..{steps}")
     h = History(start)

@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.collectives import allreduce, alltoall, cost
 from minipar.collectives.ring import all_gather, reduce_scatter
 from minipar.comm.tags import dtype_code
@@ -91,7 +91,7 @@ REPLICATED, PER_RANK = "replicated", "per-rank"
 def _axis(shape: tuple[int, ...], axis: int, what: str) -> int:
     """``axis`` normalised to 0..ndim-1, or a ValueError naming the shape."""
     nd = len(shape)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+    if not checks.is_integer(axis) or not -nd <= axis < nd:
         raise ValueError(f"{what}: axis {axis!r} is out of range for an array of shape "
                          f"{shape} (0..{nd - 1}, or negative from the end)")
     return int(axis) % nd

@@ -54,6 +54,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from minipar import checks
 from minipar.nn.attention import attention_core_forward
 from minipar.nn.executor import Hooks
 from minipar.trees import arrays, owner
@@ -63,8 +64,7 @@ __all__ = ["Checkpointing", "Segment", "Whole", "default_every"]
 
 def default_every(n: int) -> int:
     """k = ⌈√n⌉ units per segment (Chen et al.'s choice, near the memory minimum)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"the number of units must be a positive integer, got {n!r}")
+    checks.integer("the number of units", n, 1)
     return math.isqrt(n - 1) + 1 if n > 1 else 1
 
 
@@ -112,9 +112,7 @@ class Checkpointing(Hooks):
             raise ValueError("selective recomputation keeps every unit's activations but A; "
                              "pass either every=k (segments) or selective=True, not both")
         k = default_every(n) if every is None else every
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"remat interval every={k!r} must be an integer >= 1 "
-                             f"(units per checkpointed segment)")
+        checks.integer("remat interval every", k, 1, why="units per checkpointed segment")
         if k > n:
             raise ValueError(f"remat interval every={k} exceeds the {n} units walked; "
                              f"every={n} already keeps everything")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from minipar import checks
 from minipar.parallel.engine import Engine
 
 #: strategy -> the module whose ``build(spec, grid, **options)`` returns its engine
@@ -45,9 +46,7 @@ STRATEGIES: dict[str, str] = {
 
 def build(name: str, spec: Any, grid: Any = None, **options: Any) -> Engine:
     """The engine of strategy ``name`` on ``grid`` (ValueError for an unknown name)."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
-    module = importlib.import_module(STRATEGIES[name])
+    module = importlib.import_module(STRATEGIES[checks.one_of("strategy", name, STRATEGIES)])
     if name in ("tp", "sp"):
         options = {**options, "sequence_parallel": name == "sp"}
     return module.build(spec, grid, **options)

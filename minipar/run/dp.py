@@ -60,14 +60,11 @@ def check(options: dict[str, Any], spec: Any) -> None:
 
 def bucket_bytes_option(options: dict[str, Any]) -> int:
     """Bucket capacity in bytes from ``--bucket-bytes`` or ``--bucket-mb``; ValueError if <= 0."""
+    from minipar import checks
+
     if options.get("bucket_bytes") is not None:
-        b = options["bucket_bytes"]
-        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
-            raise ValueError(f"--bucket-bytes must be an integer >= 1, got {b!r}")
-        return b
-    mb = options.get("bucket_mb", DEFAULT_BUCKET_MB)
-    if not isinstance(mb, (int, float)) or not mb > 0:
-        raise ValueError(f"--bucket-mb must be a number > 0, got {mb!r}")
+        return checks.integer("--bucket-bytes", options["bucket_bytes"], 1)
+    mb = checks.real("--bucket-mb", options.get("bucket_mb", DEFAULT_BUCKET_MB), greater_than=0)
     return max(1, int(mb * 2**20))
 
 

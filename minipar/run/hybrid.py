@@ -71,16 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
     """dp, pp, cp, tp, ep and m from the options (dp and m filled in when not given)."""
-    from minipar import spans
+    from minipar import checks, spans
 
     n = options["ranks"]
     s = {a: options.get(a) or 1 for a in ("pp", "cp", "tp", "ep")}
     inner = s["pp"] * s["cp"] * s["tp"]
     dp = options.get("dp")
     if dp is None:
-        if n % inner:
-            raise ValueError(f"-n {n} is not divisible by pp·cp·tp = {s['pp']}·{s['cp']}·"
-                             f"{s['tp']} = {inner}: give sizes whose product is {n}")
+        checks.divides(f"pp·cp·tp = {s['pp']}·{s['cp']}·{s['tp']} =", inner, "-n", n,
+                       f"give sizes whose product is {n}")
         dp = n // inner
     m = options.get("micro_batches")
     if m is None:

@@ -70,10 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _sizes(options: dict[str, Any]) -> tuple[int, int]:
+    from minipar import checks
+
     n, dp = options["ranks"], options.get("dp", 1)
-    if n % dp:
-        raise ValueError(f"-n {n} ranks cannot hold --dp {dp} pipeline replicas of equal "
-                         f"length: use -n a multiple of {dp}")
+    checks.divides("--dp", dp, "-n", n, f"the pipeline replicas take equal numbers of ranks; "
+                   f"use -n a multiple of {dp}")
     return n // dp, dp
 
 

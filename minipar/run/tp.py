@@ -54,6 +54,8 @@ def grid_sizes(options: dict[str, Any], spec: Any = None,
     Neither given: the largest t dividing N that the model cuts (``spec``: heads, 4·d,
     vocab, SP's seq) and that leaves every replica a row of the batch, dp = N / t
     (``-n 4`` with the default 2 heads: dp 2 x tp 2)."""
+    from minipar import checks
+
     n, tp, dp = options["ranks"], options.get("tp"), options.get("dp")
     if tp is None and dp is None:
         fits = [t for t in range(n, 0, -1) if n % t == 0 and (spec is None or (
@@ -61,12 +63,10 @@ def grid_sizes(options: dict[str, Any], spec: Any = None,
         tp = fits[0] if fits else n
         dp = n // tp
     elif tp is None:
-        if n % dp:
-            raise ValueError(f"--dp {dp} does not divide -n {n}: the grid is dp x tp = N ranks")
+        checks.divides("--dp", dp, "-n", n, "the grid is dp x tp = N ranks")
         tp = n // dp
     elif dp is None:
-        if n % tp:
-            raise ValueError(f"--tp {tp} does not divide -n {n}: the grid is dp x tp = N ranks")
+        checks.divides("--tp", tp, "-n", n, "the grid is dp x tp = N ranks")
         dp = n // tp
     if dp * tp != n:
         raise ValueError(f"--dp {dp} x --tp {tp} = {dp * tp} is not the number of ranks -n {n}")
@@ -75,24 +75,21 @@ def grid_sizes(options: dict[str, Any], spec: Any = None,
 
 def check_sizes(options: dict[str, Any], spec: Any, sequence_parallel: bool) -> None:
     """Launcher side: the grid, the slicing, the batch (one line, naming the options)."""
+    from minipar import checks
     from minipar.parallel.common import check_world
 
     sizes = grid_sizes(options, spec, sequence_parallel)
     dp, t, d = sizes["dp"], sizes["tp"], spec.d_model
-    if spec.heads % t:
-        raise ValueError(f"--heads {spec.heads} is not divisible by the tensor-parallel size "
-                         f"t = {t}: each rank takes heads/t whole heads (e.g. --heads {t} with "
-                         f"--d-model a multiple of {t})")
-    if (4 * d) % t:
-        raise ValueError(f"the MLP width d_ff = 4 x --d-model {d} = {4 * d} is not divisible by "
-                         f"t = {t}: each rank takes d_ff/t columns")
-    if spec.vocab % t:
-        raise ValueError(f"--vocab {spec.vocab} is not divisible by the tensor-parallel size "
-                         f"t = {t}: each rank takes vocab/t embedding rows and logits")
+    size = "the tensor-parallel size t ="
+    checks.divides(size, t, "--heads", spec.heads, f"each rank takes heads/t whole heads "
+                   f"(e.g. --heads {t} with --d-model a multiple of {t})")
+    checks.divides(size, t, f"the MLP width d_ff = 4 x --d-model {d} =", 4 * d,
+                   "each rank takes d_ff/t columns")
+    checks.divides(size, t, "--vocab", spec.vocab,
+                   "each rank takes vocab/t embedding rows and logits")
     if sequence_parallel:
-        if spec.seq % t:
-            raise ValueError(f"--seq {spec.seq} is not divisible by the sequence-parallel size "
-                             f"t = {t}: each rank keeps seq/t positions")
+        checks.divides("the sequence-parallel size t =", t, "--seq", spec.seq,
+                       "each rank keeps seq/t positions")
         if spec.experts:
             raise ValueError("--experts: sequence parallelism with a mixture of experts is not "
                              "built; use minipar run tp")

@@ -47,12 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(options: dict[str, Any], spec: Any) -> None:
     """Launcher side: every rank needs a row of the batch; a known all-reduce."""
+    from minipar import checks
     from minipar.parallel.common import check_world
 
     check_world(spec.batch, options["ranks"])
-    if options.get("allreduce", "auto") not in ALLREDUCE_CHOICES:
-        raise ValueError(f"--allreduce must be one of {', '.join(ALLREDUCE_CHOICES)}, "
-                         f"got {options['allreduce']!r}")
+    checks.one_of("--allreduce", options.get("allreduce", "auto"), ALLREDUCE_CHOICES)
     from minipar.run import remat_offload
 
     remat_offload.check(options, spec)

@@ -47,7 +47,7 @@ def check(ok: bool, what: str) -> None:
 fresh = TracedComm(world, name="bad-input")
 base = RunSpec(experts=4, batch=8, steps=1)
 grid_n = Grid(fresh, dp=N, ep=N)  # a good grid (Split is MPI's own: no counted byte)
-bad = [(lambda: check_ep(0, 1, 1.25, 1, N), "--experts must be >= 1"),
+bad = [(lambda: check_ep(0, 1, 1.25, 1, N), "--experts must be a positive integer"),
        (lambda: check_ep(4, 3, 1.25, 1, N), "--top-k must be 1"),
        (lambda: check_ep(4, 0, 1.25, 1, N), "--top-k must be 1"),
        (lambda: check_ep(4, 1, 0.0, 1, N), "--capacity-factor must be > 0"),
@@ -57,7 +57,7 @@ bad = [(lambda: check_ep(0, 1, 1.25, 1, N), "--experts must be >= 1"),
        (lambda: Grid(fresh, dp=N, ep=N + 1), f"ep = {N + 1} must divide dp·cp = {N}"),
        (lambda: ExpertParallel(grid_n, base.with_(experts=3)) if N > 1 else
         check_ep(3, 1, 1.25, 2, N),
-        "is not divisible by --ep" if N > 1 else "must divide the 1 data-parallel"),
+        f"--ep {N} does not divide --experts 3" if N > 1 else "must divide the 1 data-parallel"),
        (lambda: ExpertParallel(grid_n, base, ep=2), "expert parallelism takes no options"),
        (lambda: ExpertParallel(grid_n, base.with_(routing=(N, 2))),
         f"each of the {N} data-parallel ranks routes its own rows as one group")]

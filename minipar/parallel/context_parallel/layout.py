@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minipar import checks
+
 __all__ = ["KINDS", "Sharding", "check", "sharding"]
 
 #: the two routes for attention's keys and values
@@ -38,8 +40,7 @@ class Sharding:
     zigzag: bool = True
 
     def __post_init__(self) -> None:
-        if self.P < 1:
-            raise ValueError(f"the context-parallel size must be >= 1, got {self.P}")
+        checks.integer("the context-parallel size", self.P, 1)
         parts = 2 * self.P if self.zigzag else self.P
         if self.s % parts:
             how = (f"2·cp = {parts} (zigzag: rank r holds chunks r and 2·cp−1−r)"
@@ -64,8 +65,7 @@ class Sharding:
 
 def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int = 0) -> None:
     """ValueError naming the numbers unless a CP run of this kind can be cut as asked."""
-    if kind not in KINDS:
-        raise ValueError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    checks.one_of("--kind", kind, KINDS)
     if experts:
         raise ValueError(f"context parallelism runs a dense GPT here; got --experts {experts} "
                          "(an MoE would route each rank's tokens as a group of its own)")

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar import memory
+from minipar import checks, memory
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.topology import Grid
 from minipar.comm.traced import traced
@@ -119,14 +119,13 @@ def score_elements(layout: Sharding, rank: int) -> int:
 def attention_activation_formula(kind: str, b: int, s: int, d: int, H: int, P: int,
                                  itemsize: int, compute_itemsize: int | None = None) -> int:
     """Bytes the attention core of one layer saves on one rank (``kind`` "serial" too)."""
+    checks.one_of("kind", kind, ("serial", "ulysses", "ring"))
     ic = compute_itemsize or itemsize
     if kind == "serial":
         return (3 * b * s * d + b * H * s * s) * itemsize
     if kind == "ulysses":
         return (3 * b * s * d + b * H * s * s) * itemsize // P
-    if kind == "ring":
-        return (4 * b * s * d * itemsize + b * H * s * ic) // P
-    raise ValueError(f"unknown kind {kind!r}: serial, ulysses or ring")
+    return (4 * b * s * d * itemsize + b * H * s * ic) // P
 
 
 def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int, s: int,

@@ -78,6 +78,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import checks
 from minipar.collectives import allreduce
 from minipar.collectives.auto import RING_MIN_BYTES
 from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
@@ -125,8 +126,7 @@ def make_buckets(layout: FlatParams, bucket_bytes: int, itemsize: int) -> list[B
     """Walk the parameters from last to first, closing a bucket once it holds
     >= ``bucket_bytes`` bytes (a parameter is never split).  ``bucket_bytes = 1``: one
     parameter per bucket; more than the model: one bucket for all."""
-    if not isinstance(bucket_bytes, (int, np.integer)) or bucket_bytes <= 0:
-        raise ValueError(f"bucket size must be a positive number of bytes, got {bucket_bytes!r}")
+    checks.integer("bucket size", bucket_bytes, 1, why="bytes")
     buckets: list[Bucket] = []
     names: list[str] = []
     hi = layout.size
@@ -239,10 +239,8 @@ class DataParallel:
         if others:
             raise ValueError(f"data parallelism uses the dp axis only; the grid has "
                              f"{', '.join(f'{a} = {n}' for a, n in others.items())}")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown data-parallel algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
-        if ring_min_bytes is not None and (algorithm != "auto" or isinstance(ring_min_bytes, bool)
-                                           or not isinstance(ring_min_bytes, (int, np.integer))
+        checks.one_of("the data-parallel algorithm", algorithm, ALGORITHMS)
+        if ring_min_bytes is not None and (algorithm != "auto" or not checks.is_integer(ring_min_bytes)
                                            or ring_min_bytes <= 0):
             raise ValueError(f"ring_min_bytes must be a positive number of bytes, and only with "
                              f"algorithm 'auto'; got {ring_min_bytes!r} with {algorithm!r}")

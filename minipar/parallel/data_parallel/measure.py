@@ -51,6 +51,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from minipar import checks
+
 if TYPE_CHECKING:
     from minipar.parallel.data_parallel.ddp import Bucket, DataParallel
 
@@ -99,8 +101,7 @@ def replica_model_state_bytes(psi: int, precision: str, optimizer: str = "adamw"
 def ring_seconds(nbytes: float, world: int, alpha: float, beta: float) -> float:
     """α-β cost of a ring all-reduce of ``nbytes`` bytes on ``world`` ranks, in seconds:
     2(N-1)·α + 2(N-1)/N · nbytes / β (α in s, β in bytes/s); 0 on one rank."""
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world size must be a positive integer, got {world!r}")
+    checks.integer("world size", world, 1)
     if nbytes < 0 or alpha < 0 or not beta > 0:
         raise ValueError(f"need nbytes >= 0, alpha >= 0 and beta > 0, got {nbytes}, {alpha}, "
                          f"{beta}")
@@ -205,8 +206,7 @@ def measure_overlap(grid: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
 
     from minipar.parallel.data_parallel.ddp import DataParallel
 
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    checks.integer("repeats", repeats, 1)
     engines = {"overlap": DataParallel(grid, spec, bucket_bytes, algorithm, overlap=True),
                "no_overlap": DataParallel(grid, spec, bucket_bytes, algorithm, overlap=False)}
     comm = grid.comm("dp")

@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.collectives import allreduce, broadcast
 from minipar.comm.tags import PS_GRAD, PS_HEADER, PS_PARAM
 from minipar.comm.topology import Grid
@@ -135,16 +135,12 @@ class ParameterServer:
         self.grid = grid
         self.comm: TracedComm = grid.comm("dp")
         world = self.comm.size
-        if mode not in MODES:
-            raise ValueError(f"unknown parameter-server mode {mode!r}; one of {', '.join(MODES)}")
-        if isinstance(servers, bool) or not isinstance(servers, (int, np.integer)) or servers < 1:
-            raise ValueError(f"need at least one server rank, got servers={servers!r}")
+        checks.one_of("the parameter-server mode", mode, MODES)
+        checks.integer("servers", servers, 1)
         if world < servers + 1:
             raise ValueError(f"a parameter server needs {servers} server rank(s) and at least one "
                              f"worker: {servers + 1} ranks or more, got {world}")
-        if (isinstance(staleness, bool) or not isinstance(staleness, (int, np.integer))
-                or staleness < 0):
-            raise ValueError(f"staleness must be an integer >= 0, got {staleness!r}")
+        checks.integer("staleness", staleness, 0)
         if spec.precision == "mixed-fp16":
             raise ValueError("the parameter server supports float64, float32 and mixed (bf16); "
                              "mixed-fp16's dynamic loss scaling would need every shard to agree "

@@ -25,10 +25,9 @@ The exact bytes of the all-to-alls these sizes fix are in
 
 from __future__ import annotations
 
-import math
-from numbers import Integral
 from typing import Any
 
+from minipar import checks
 from minipar.nn.moe_steps import expert_capacity
 
 __all__ = ["OPS", "capacities", "check_ep", "expert_ids"]
@@ -38,29 +37,19 @@ __all__ = ["OPS", "capacities", "check_ep", "expert_ids"]
 OPS = ("ep_counts", "ep_dispatch", "ep_combine", "ep_combine_grad", "ep_dispatch_grad")
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, Integral) and not isinstance(v, bool)
-
-
 def check_ep(experts: Any, top_k: Any, capacity_factor: Any, ep: Any, world: int) -> None:
     """ValueError (one line, naming the numbers) unless expert parallelism can run with
     ``experts`` E per MoE layer, ``top_k``, ``capacity_factor``, ``ep`` ranks per
     expert-parallel group and ``world`` data-parallel ranks."""
-    if not _int(experts) or experts < 1:
-        raise ValueError(f"expert parallelism needs a mixture of experts: --experts must be "
-                         f">= 1, got {experts!r}")
-    if not _int(top_k) or not 1 <= top_k <= min(2, experts):
+    checks.integer("--experts", experts, 1, why="expert parallelism needs a mixture of experts")
+    if not checks.is_integer(top_k) or not 1 <= top_k <= min(2, experts):
         raise ValueError(f"--top-k must be 1 (Switch){' or 2 (GShard)' if experts > 1 else ''} "
                          f"and at most --experts {experts}, got {top_k!r}")
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
-            or not math.isfinite(capacity_factor) or not capacity_factor > 0:
-        raise ValueError(f"--capacity-factor must be > 0, got {capacity_factor!r}")
-    if not _int(ep) or ep < 1 or world % ep:
+    checks.real("--capacity-factor", capacity_factor, greater_than=0)
+    if not checks.is_integer(ep) or ep < 1 or world % ep:
         raise ValueError(f"--ep {ep!r} must divide the {world} data-parallel ranks "
                          "(expert parallelism cuts them into blocks of ep ranks)")
-    if experts % ep:
-        raise ValueError(f"--experts {experts} is not divisible by --ep {ep}: each "
-                         "expert-parallel rank holds E/ep experts")
+    checks.divides("--ep", ep, "--experts", experts, "each expert-parallel rank holds E/ep experts")
 
 
 def expert_ids(n_experts: int, ep: int, coord: int) -> list[int]:

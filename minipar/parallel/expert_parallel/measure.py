@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
+from minipar import checks
 from minipar.data import synthetic
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.expert_parallel.layout import OPS
@@ -82,8 +83,7 @@ def routing_table(cfg: GPTConfig, params: dict[str, Any], tokens: Any,
                   factors: tuple[float, ...] = CAPACITY_FACTORS) -> list[dict[str, Any]]:
     """Per capacity factor, the routing of ``tokens`` (B, T) by the MoE GPT ``cfg``/``params``
     as one group (see the module docstring for the keys)."""
-    if cfg.n_experts < 1:
-        raise ValueError("routing_table needs a mixture of experts: cfg.n_experts must be >= 1")
+    checks.integer("cfg.n_experts", cfg.n_experts, 1, why="routing_table needs a mixture of experts")
     out = []
     for cf in factors:
         c = replace(cfg, capacity_factor=float(cf))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.plan.tensor import check_tp_sizes
 
 __all__ = ["ZERO_STAGES", "check_hybrid", "micro_rows"]
@@ -37,8 +37,7 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
 
     sizes = {"dp": dp, "pp": pp, "cp": cp, "tp": tp, "ep": ep}
     for k, v in sizes.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"Grid: {k} must be a positive integer, got {v!r}")
+        checks.integer(f"Grid: {k}", v, 1)
     if dp * pp * cp * tp != world:
         raise ValueError(f"Grid: dp·pp·cp·tp = {dp}·{pp}·{cp}·{tp} = {dp * pp * cp * tp} must "
                          f"equal the number of ranks, {world}; choose sizes whose product is "
@@ -76,9 +75,8 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
                          f"--batch {spec.batch} must be divisible by dp·m = {dp}·"
                          f"{micro_batches} = {dp * micro_batches} (equal groups, as the serial "
                          "run cuts them)")
-    if isinstance(zero, bool) or zero not in ZERO_STAGES:
-        raise ValueError(f"--zero {zero!r}: ZeRO stage must be 0, 1, 2 or 3 (over the "
-                         "dp·cp ranks of each stage)")
+    checks.integer("--zero", zero, min(ZERO_STAGES), max(ZERO_STAGES),
+                   why="the ZeRO stage, over the dp·cp ranks of each pipeline stage")
     if zero and ep > 1:
         raise ValueError(f"--zero {zero} with ep = {ep}: the expert gradients reduce over edp, "
                          "not over the data-parallel ranks; use --zero 0 with ep")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minipar import checks
 from minipar.memory import Ledger
 from minipar.nn.executor import Hooks
 from minipar.parallel.offload.store import Store, View
@@ -70,8 +71,7 @@ class Offload(Hooks):
 
     def __init__(self, hooks: Hooks, target: str = "host", folder: str | None = None,
                  min_bytes: int = 0) -> None:
-        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
-            raise ValueError(f"min_bytes must be an integer >= 0, got {min_bytes!r}")
+        checks.integer("min_bytes", min_bytes, 0)
         self.inner, self.store, self.min_bytes = hooks, Store(target, folder), min_bytes
         self.target = self.store.target
 

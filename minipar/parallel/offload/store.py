@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar import backend
+from minipar import backend, checks
 from minipar.trees import map_arrays, owner
 
 __all__ = ["TARGETS", "Offloaded", "Store", "View", "check_target"]
@@ -39,8 +39,7 @@ TARGETS = ("host", "disk")
 
 def check_target(target: Any, folder: Any = None) -> str:
     """The target's name; one-line ValueError for an unknown target or an unusable folder."""
-    if target not in TARGETS:
-        raise ValueError(f"offload target must be one of {', '.join(TARGETS)}; got {target!r}")
+    checks.one_of("offload target", target, TARGETS)
     if folder is not None:
         if target != "disk":
             raise ValueError(f"an offload folder ({folder}) is for target 'disk', not {target!r}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minipar import checks
 from minipar.nn.executor import Hooks
 from minipar.parallel.offload.activations import Offload
 from minipar.parallel.offload.store import check_target
@@ -40,10 +41,8 @@ class MemoryWrap:
 
     def __init__(self, remat: int | None = None, offload: str | None = None,
                  folder: str | None = None, selective: bool = False) -> None:
-        if remat is not None and (isinstance(remat, bool) or not isinstance(remat, int)
-                                  or remat < 0):
-            raise ValueError(f"remat interval must be an integer >= 1 (0: ceil(sqrt n)), "
-                             f"got {remat!r}")
+        if remat is not None:
+            checks.integer("remat interval", remat, 0, why="0: ceil(sqrt n)")
         if offload is not None:
             check_target(offload, folder)
         self.remat, self.offload, self.folder, self.selective = remat, offload, folder, selective

@@ -28,16 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.parallel.pipeline.schedule import KINDS, virtual_stage
 
 __all__ = ["check_pipeline", "chunk_blocks", "chunk_units", "parse_balance", "stage_units"]
-
-
-def _whole(name: str, x: Any, least: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {x!r}")
-    return x
 
 
 def parse_balance(text: str | Sequence[int] | None) -> list[int] | None:
@@ -62,12 +56,10 @@ def check_pipeline(layers: int, p: int, m: int, schedule: str = "1f1b", v: int =
     chunks per stage; ``rows``: the fewest rows a data-parallel replica holds
     (each micro-batch needs one); ``remat``: None, True or k >= 1 units per
     segment.  One ``ValueError`` naming the numbers."""
-    if schedule not in KINDS:
-        raise ValueError(f"unknown pipeline schedule {schedule!r}: choose one of "
-                         f"{', '.join(KINDS)}")
-    _whole("the number of stages p", p, 1)
-    _whole("--micro-batches m", m, 1)
-    _whole("--chunks v", v, 1)
+    checks.one_of("--schedule", schedule, KINDS)
+    checks.integer("the number of stages p", p, 1)
+    checks.integer("--micro-batches m", m, 1)
+    checks.integer("--chunks v", v, 1)
     if schedule != "interleaved" and v != 1:
         raise ValueError(f"--chunks {v} model chunks per stage needs --schedule interleaved, "
                          f"not {schedule}")
@@ -86,14 +78,12 @@ def check_pipeline(layers: int, p: int, m: int, schedule: str = "1f1b", v: int =
     if rows is not None and m > rows:
         raise ValueError(f"m={m} micro-batches but a data-parallel replica has only {rows} rows "
                          f"of the batch: each micro-batch needs at least one row")
-    if remat is not None and remat is not True and (
-            isinstance(remat, bool) or not isinstance(remat, int) or remat < 1):
-        raise ValueError(f"remat interval {remat!r} must be an integer >= 1 "
-                         "(units per checkpointed segment)")
+    if remat is not None and remat is not True:
+        checks.integer("remat interval", remat, 1, why="units per checkpointed segment")
     bal = spans.counts(layers, pv) if balance is None else list(balance)
     if balance is None:
         return _check_remat(bal, remat, v)
-    if len(bal) != pv or not all(isinstance(b, int) and not isinstance(b, bool) for b in bal):
+    if len(bal) != pv or not all(checks.is_integer(b) for b in bal):
         raise ValueError(f"--balance needs {pv} whole numbers (one per "
                          f"{'virtual ' if v > 1 else ''}stage), got {bal}")
     if any(b < 1 for b in bal):

@@ -81,6 +81,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minipar import checks
+
 KINDS = ("naive", "gpipe", "1f1b", "interleaved")
 
 
@@ -144,10 +146,8 @@ def virtual_stage(stage: int, chunk: int, p: int) -> int:
 
 def _check_args(kind: str, stage: int, p: int, m: int, v: int) -> None:
     for name, x in (("p", p), ("m", m), ("v", v), ("stage", stage)):
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise ValueError(f"{name} must be a whole number, got {x!r}")  # noqa: TRY004
-    if kind not in KINDS:
-        raise ValueError(f"unknown pipeline schedule {kind!r}: choose one of {', '.join(KINDS)}")
+        checks.integer(name, x)
+    checks.one_of("the pipeline schedule", kind, KINDS)
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"need p >= 1 stages, m >= 1 micro-batches and v >= 1 chunks, "
                          f"got p={p}, m={m}, v={v}")

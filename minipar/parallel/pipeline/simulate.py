@@ -36,6 +36,7 @@ from fractions import Fraction
 from numbers import Real
 from typing import NamedTuple
 
+from minipar import checks
 from minipar.parallel.pipeline.schedule import (
     RECVS,
     SENDS,
@@ -123,8 +124,7 @@ def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
     given: :func:`~.check.check_schedules` first tells whether they are a correct
     schedule at all (each forward and backward once, every message matched).
     """
-    if sends not in ("buffered", "rendezvous"):
-        raise ValueError(f"sends must be 'buffered' or 'rendezvous', got {sends!r}")
+    checks.one_of("sends", sends, ("buffered", "rendezvous"))
     p = len(schedules)
     pc, clock = [0] * p, [0] * p
     sent: dict[tuple, Real] = {}  # message key -> arrival time

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.collectives.ring import all_gather
@@ -70,8 +70,7 @@ def check_tp(cfg: GPTConfig, t: int, sequence_parallel: bool = False,
              seq: int | None = None) -> None:
     """ValueError naming the numbers unless ``cfg`` can be sliced ``t`` ways (local check:
     every rank raises alike, before any message).  SP also needs ``seq`` % t == 0."""
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1:
-        raise ValueError(f"the tensor-parallel size must be a positive integer, got {t!r}")
+    checks.integer("the tensor-parallel size", t, 1)
     check_tp_sizes(t, cfg.n_head, cfg.d_ff, cfg.vocab_size, seq if sequence_parallel else None,
                    sequence_parallel=sequence_parallel, experts=cfg.n_experts)
 

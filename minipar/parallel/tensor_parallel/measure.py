@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import checks
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
@@ -171,8 +172,7 @@ def activation_bytes_per_block(comm: Any, cfg: GPTConfig, batch: int,
     "paper", "s", "b", "h", "a", "t", "mode"}``, bytes on this rank.  ``mode`` "none" is
     the serial block (t must be 1).  Collective for "tp" and "tp+sp": every rank calls it.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+    checks.one_of("mode", mode, MODES)
     c = traced(comm)
     t, r = c.size, c.rank
     if mode == "none" and t != 1:

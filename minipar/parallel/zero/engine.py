@@ -121,18 +121,13 @@ OPTIONS = ("stage", "allreduce", "remat", "offload", "offload_optimizer", "offlo
 
 def check_stage(stage: Any) -> int:
     """The stage as an int; ValueError unless 0, 1, 2 or 3."""
-    if not checks.is_integer(stage) or stage not in STAGES:
-        raise ValueError(f"ZeRO stage must be 0 (plain DP), 1 (optimizer states), 2 (+ gradients) "
-                         f"or 3 (+ parameters); got {stage!r}")
-    return int(stage)
+    return checks.integer("ZeRO stage", stage, min(STAGES), max(STAGES),
+                          why="0: plain DP, 1: optimizer states, 2: + gradients, 3: + parameters")
 
 
 def check_allreduce(algorithm: Any) -> str:
     """The all-reduce algorithm's name; ValueError unless one of :data:`ALLREDUCE_CHOICES`."""
-    if algorithm not in ALLREDUCE_CHOICES:
-        raise ValueError(f"ZeRO's all-reduce must be one of {', '.join(ALLREDUCE_CHOICES)}; "
-                         f"got {algorithm!r}")
-    return str(algorithm)
+    return str(checks.one_of("ZeRO's all-reduce", algorithm, ALLREDUCE_CHOICES))
 
 
 class ZeRO:
@@ -172,9 +167,8 @@ class ZeRO:
             raise ValueError(f"ZeRO shards over data-parallel ranks only: the grid must be "
                              f"dp = {grid.world.size}, got {grid!r}")
         for name, target in (("offload", offload), ("offload_optimizer", offload_optimizer)):
-            if target is not None and target not in TARGETS:
-                raise ValueError(f"ZeRO's {name} must be one of {', '.join(TARGETS)}; "
-                                 f"got {target!r}")
+            if target is not None:
+                checks.one_of(f"ZeRO's {name}", target, TARGETS)
         if offload_dir is not None and "disk" not in (offload, offload_optimizer):
             raise ValueError(f"offload_dir {offload_dir} needs offload or offload_optimizer "
                              "'disk'")
