@@ -37,21 +37,34 @@ def is_real(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
+def bound(v: int) -> str:
+    """A bound as a reader writes it: 1000000000000 -> 1e12."""
+    if v >= 10**6 and str(v).rstrip("0") == "1":
+        return f"1e{len(str(v)) - 1}"
+    return str(v)
+
+
+def integers(least: int | None = None, most: int | None = None) -> str:
+    """What an integer in [least, most] is called in a message: ``a positive integer``,
+    ``an integer from 0 to 3``, ``an integer >= 2``, ... (the option types of
+    :mod:`minipar.cli.options` say it the same way)."""
+    if least == 1 and most is None:
+        return "a positive integer"
+    if least is not None and most is not None:
+        return f"an integer from {bound(least)} to {bound(most)}"
+    if least is not None:
+        return f"an integer >= {bound(least)}"
+    if most is not None:
+        return f"an integer <= {bound(most)}"
+    return "an integer"
+
+
 def integer(name: str, v: Any, least: int | None = None, most: int | None = None,
             why: str = "") -> int:
     """``v`` as an int; ValueError unless it is an integer in [least, most] (``why``: a hint
     after what is allowed, e.g. ``integer("--remat", -1, 0, why="0: ceil(sqrt n)")`` says
     ``--remat must be an integer >= 0 (0: ceil(sqrt n)), got -1``)."""
-    if least == 1 and most is None:
-        want = "a positive integer"
-    elif least is not None and most is not None:
-        want = f"an integer from {least} to {most}"
-    elif least is not None:
-        want = f"an integer >= {least}"
-    elif most is not None:
-        want = f"an integer <= {most}"
-    else:
-        want = "an integer"
+    want = integers(least, most)
     if not is_integer(v) or (least is not None and v < least) or (most is not None and v > most):
         raise ValueError(f"{name} must be {want}{_hint(why)}, got {v!r}")
     return int(v)

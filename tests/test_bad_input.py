@@ -45,17 +45,17 @@ def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 TRAIN = [
-    (["--steps", "0"], ["--steps", ">= 1", "got 0"]),
+    (["--steps", "0"], ["--steps", "a positive integer", "got 0"]),
     (["--steps", "ten"], ["--steps", "integer", "'ten'"]),
-    (["--batch", "0"], ["--batch", ">= 1"]),
+    (["--batch", "0"], ["--batch", "a positive integer"]),
     (["--lr", "0"], ["--lr", "> 0"]),
     (["--lr", "-0.1"], ["--lr", "> 0"]),
     (["--lr", "nan"], ["--lr", "finite"]),
     (["--heads", "3"], ["--heads 3", "--d-model 64", "1, 2, 4, 8, 16, 32, 64"]),
     (["--d-model", "30", "--heads", "4"], ["--heads 4", "--d-model 30", "1, 2, 3, 5"]),
-    (["--layers", "0"], ["--layers", ">= 1"]),
-    (["--d-model", "0"], ["--d-model", ">= 1"]),
-    (["--d-model", "-8"], ["--d-model", ">= 1"]),
+    (["--layers", "0"], ["--layers", "a positive integer"]),
+    (["--d-model", "0"], ["--d-model", "a positive integer"]),
+    (["--d-model", "-8"], ["--d-model", "a positive integer"]),
     (["--experts", "-1"], ["--experts", ">= 0"]),
     (["--experts", "4", "--top-k", "3"], ["--top-k", "1", "2"]),
     (["--experts", "4", "--top-k", "0"], ["--top-k", "1", "2"]),
@@ -66,7 +66,7 @@ TRAIN = [
     (["--seed", "-1"], ["--seed", ">= 0"]),
     (["--model", "mlp", "--heads", "2"], ["--heads", "--model gpt"]),
     (["--hidden", "32"], ["--hidden", "--model mlp"]),
-    (["--model", "mlp", "--hidden", "0"], ["--hidden", ">= 1"]),
+    (["--model", "mlp", "--hidden", "0"], ["--hidden", "a positive integer"]),
     (["--model", "cnn"], ["--model", "gpt", "mlp"]),
     (["--precision", "fp8"], ["--precision", "float64", "mixed-fp16"]),
     (["--optimizer", "lion"], ["--optimizer", "adamw", "sgd"]),
@@ -195,13 +195,13 @@ def test_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(bench_model.subprocess, "run", measured)
     cases = [
         (["frob"], ["'frob'", "collectives", "glossary"]),
-        (["model", "--repeat", "0"], ["--repeat", ">= 1"]),
+        (["model", "--repeat", "0"], ["--repeat", "a positive integer"]),
         (["model", "--sizes", "huge"], ["--sizes", "tiny", "large"]),
         (["model", "--sizes"], ["--sizes", "expected"]),
         (["model", "--json", str(tmp_path / "missing" / "rows.json")], ["--json", "does not exist"]),
         (["model", "--json", str(tmp_path)], ["--json", "is a folder"]),
-        (["glossary", "--repeat", "0"], ["--repeat", ">= 1"]),
-        (["glossary", "--runs", "-1"], ["--runs", ">= 1"]),
+        (["glossary", "--repeat", "0"], ["--repeat", "a positive integer"]),
+        (["glossary", "--runs", "-1"], ["--runs", "a positive integer"]),
         (["glossary", "--bogus"], ["--bogus"]),
     ]
     for argv, names in cases:
@@ -272,7 +272,7 @@ def test_unknown_verb(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["train", "--steps", "0"], "minipar train: --steps must be an integer >= 1, got 0"),
+    (["train", "--steps", "0"], "minipar train: --steps must be a positive integer, got 0"),
     (["plan", "--params", "1e31", "-n", "4"], ("minipar plan: --params must be a whole number "
      "of parameters from 1 to 1e+30 (examples: 7.5e9, 7.5B, 1T), got '1e31'")),
     (["glossary", "--export-md", "/no/such/folder/g.md"], ("minipar glossary: --export-md: "

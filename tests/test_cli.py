@@ -36,7 +36,7 @@ def test_a_verbs_help_and_usage_errors_return_their_status(capsys):
     assert cli.main(["exercise", "nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert cli.main(["bench", "dp", "--rounds", "0"]) == 2  # a bench through the same path
-    assert capsys.readouterr().err == "minipar bench dp: --rounds must be an integer >= 1, got 0\n"
+    assert capsys.readouterr().err == "minipar bench dp: --rounds must be a positive integer, got 0\n"
 
 
 def test_only_the_verb_table_turns_systemexit_into_a_status():

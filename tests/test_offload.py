@@ -337,7 +337,7 @@ def test_runs_with_remat_and_offload_equal_the_serial_run(args: list[str],
 
 @pytest.mark.parametrize("args,option", [
     (["dp", "--remat", "9"], "--remat 9: the interval must be 1..4"),
-    (["dp", "--remat", "0"], "--remat must be an integer >= 1"),
+    (["dp", "--remat", "0"], "--remat must be a positive integer"),
     (["zero", "--offload", "nvme"], "--offload"),
     (["dp", "--offload", "disk", "--offload-dir", "/no/such/folder"], "does not exist"),
     (["dp", "--offload", "disk", "--offload-dir", "/proc"], "is not writable"),

@@ -7,7 +7,7 @@ and each ``minipar bench WHAT`` too) does with its command line, so that a
 learner who mistypes an option reads one sentence that says what to change:
 
 * a bad value prints ONE line on stderr that names the option and the values
-  it accepts, ``minipar train: --steps must be an integer >= 1, got 0``, and
+  it accepts, ``minipar train: --steps must be a positive integer, got 0``, and
   exits with status :data:`EXIT_USAGE` (2, as argparse and the shell's own
   builtins do), in the launching process, before any model is built or any
   MPI rank started; never a traceback;
@@ -57,6 +57,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
+
+from minipar.checks import integers
 
 #: exit status of a bad command line (argparse's and the shell's convention)
 EXIT_USAGE = 2
@@ -120,28 +122,14 @@ def _got(text: str) -> str:
     return text
 
 
-def _bound(v: int | None) -> str:
-    """A bound as a reader writes it: 1000000000000 -> 1e12."""
-    if v is not None and v >= 10**6 and str(v).rstrip("0") == "1":
-        return f"1e{len(str(v)) - 1}"
-    return str(v)
-
-
 def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: a whole number in [minimum, maximum] (either bound optional).
 
     ``p.add_argument("--steps", type=integer(1))`` rejects ``--steps 0`` with
-    ``--steps must be an integer >= 1, got 0``.
+    ``--steps must be a positive integer, got 0`` (the words of :func:`minipar.checks.integers`,
+    which every engine's check uses too).
     """
-    lo, hi = _bound(minimum), _bound(maximum)
-    if minimum is not None and maximum is not None:
-        want = f"an integer from {lo} to {hi}"
-    elif minimum is not None:
-        want = f"an integer >= {lo}"
-    elif maximum is not None:
-        want = f"an integer <= {hi}"
-    else:
-        want = "an integer"
+    want = integers(minimum, maximum)
 
     def parse(text: str) -> int:
         try:

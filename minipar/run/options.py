@@ -182,10 +182,12 @@ def resolve_data_options(options: dict[str, Any]) -> None:
 def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
     """Refuse, before any rank starts, a resume that cannot continue this run and a save
     that would overwrite: ValueError (one line) naming the folder."""
-    from minipar.parallel import checkpoint
-
     if options.get("save_every") is not None and options.get("save") is None:
         raise ValueError("--save-every needs --save DIR")
+    if options.get("resume") is None and options.get("save") is None:
+        return
+    from minipar.parallel import checkpoint
+
     if options.get("resume") is not None:
         checkpoint.check_resume(options["resume"], spec)
     save = options.get("save")
