@@ -248,3 +248,19 @@ class Grid:
         lay = self.layout
         return (f"Grid(dp={lay.dp}, pp={lay.pp}, cp={lay.cp}, tp={lay.tp}, ep={lay.ep}; "
                 f"rank {self.rank} at {self._coords})")
+
+
+def require_grid(grid: Any, who: str, axes: tuple[str, ...], hint: str = "") -> Grid:
+    """``grid``, checked to be a :class:`Grid` whose axes outside ``axes`` all have size 1:
+    the one sentence every engine refuses a wrong layout with, e.g. ``data parallelism runs
+    on a grid of dp only; the grid has tp = 2`` (``hint``: what to use instead)."""
+    if not isinstance(grid, Grid):
+        raise ValueError(f"{who} runs on a Grid(comm, {', '.join(f'{a}=...' for a in axes)}), "  # noqa: TRY004
+                         f"got {grid!r}")
+    others = {a: grid.size(a) for a in AXES + ("ep",) if a not in axes and grid.size(a) != 1}
+    if others:
+        raise ValueError(f"{who} runs on a grid of {' x '.join(axes)} only; the grid has "
+                         + ", ".join(f"{a} = {n}" for a, n in others.items())
+                         + (f" ({hint})" if hint else ""))
+    return grid
+

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from minipar.collectives import allreduce
-from minipar.comm.topology import Grid
+from minipar.comm.topology import Grid, require_grid
 from minipar.nn import cross_entropy_forward, executor
 from minipar.parallel.common import RunSpec
 from minipar.parallel.context_parallel.layout import check, sharding
@@ -88,16 +88,12 @@ class ContextParallel:
 
     def __init__(self, grid: Grid, spec: RunSpec, kind: str = "ring",
                  zigzag: bool | None = None) -> None:
-        if not isinstance(grid, Grid):
-            raise ValueError(f"context parallelism needs a Grid with a cp axis, got {grid!r}")  # noqa: TRY004
+        require_grid(grid, "context parallelism", ("cp",))
         zigzag = (kind == "ring") if zigzag is None else zigzag
         if not isinstance(zigzag, (bool, np.bool_)):
             raise ValueError(f"zigzag must be True, False or None, got {zigzag!r}")  # noqa: TRY004
         zigzag = bool(zigzag)
         P = grid.size("cp")
-        if P != grid.world.size:
-            raise ValueError(f"context parallelism runs on a grid of cp ranks only; got {grid!r} "
-                             f"(cp = {P} of {grid.world.size} ranks)")
         check(spec.seq, spec.heads, P, kind, zigzag, spec.experts)  # before any message
         self.spec, self.kind, self.zigzag = spec, kind, zigzag
         self.grid = grid

@@ -82,7 +82,7 @@ from minipar import checks
 from minipar.collectives import allreduce
 from minipar.collectives.auto import RING_MIN_BYTES
 from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
-from minipar.comm.topology import Grid
+from minipar.comm.topology import Grid, require_grid
 from minipar.comm.traced import TracedComm
 from minipar.nn import executor
 from minipar.optim import FlatParams
@@ -233,12 +233,7 @@ class DataParallel:
     def __init__(self, grid: Grid, spec: RunSpec, bucket_bytes: int = int(DEFAULT_BUCKET_MB * 2**20),
                  algorithm: str = "auto", overlap: bool = True,
                  ring_min_bytes: int | None = None, wrap_hooks: Any = None) -> None:
-        if not isinstance(grid, Grid):
-            raise TypeError(f"data parallelism runs on a Grid of dp ranks, got {grid!r}")
-        others = {a: grid.size(a) for a in ("pp", "cp", "tp", "ep") if grid.size(a) != 1}
-        if others:
-            raise ValueError(f"data parallelism uses the dp axis only; the grid has "
-                             f"{', '.join(f'{a} = {n}' for a, n in others.items())}")
+        require_grid(grid, "data parallelism", ("dp",))
         checks.one_of("the data-parallel algorithm", algorithm, ALGORITHMS)
         if ring_min_bytes is not None and (algorithm != "auto" or not checks.is_integer(ring_min_bytes)
                                            or ring_min_bytes <= 0):

@@ -77,7 +77,7 @@ import numpy as np
 from minipar import checks, spans
 from minipar.collectives import allreduce, broadcast
 from minipar.comm.tags import PS_GRAD, PS_HEADER, PS_PARAM
-from minipar.comm.topology import Grid
+from minipar.comm.topology import Grid, require_grid
 from minipar.comm.traced import ANY_SOURCE, TracedComm
 from minipar.nn import GPT
 from minipar.optim import FlatParams
@@ -126,12 +126,7 @@ class ParameterServer:
 
     def __init__(self, grid: Grid, spec: RunSpec, servers: int = 1, mode: str = "sync",
                  staleness: int = 0, straggler_s: float = 0.0) -> None:
-        if not isinstance(grid, Grid):
-            raise TypeError(f"the parameter server runs on a Grid of dp ranks, got {grid!r}")
-        others = {a: grid.size(a) for a in ("pp", "cp", "tp", "ep") if grid.size(a) != 1}
-        if others:
-            raise ValueError(f"the parameter server uses the dp axis only; the grid has "
-                             f"{', '.join(f'{a} = {n}' for a, n in others.items())}")
+        require_grid(grid, "the parameter server", ("dp",))
         self.grid = grid
         self.comm: TracedComm = grid.comm("dp")
         world = self.comm.size

@@ -75,7 +75,7 @@ import numpy as np
 
 from minipar.collectives import all_gather, allreduce
 from minipar.collectives.cost import allreduce_bytes_sent
-from minipar.comm.topology import Grid
+from minipar.comm.topology import Grid, require_grid
 from minipar.nn import executor
 from minipar.nn.gpt import param_shapes
 from minipar.nn.loss import cross_entropy_forward
@@ -173,14 +173,8 @@ class ExpertParallel:
         if options:
             raise ValueError(f"expert parallelism takes no options, got {sorted(options)}: "
                              "its layout is the grid's (Grid(comm, dp=N, ep=...))")
-        if not isinstance(grid, Grid):
-            raise ValueError(  # noqa: TRY004 (a bad argument, refused like every option)
-                f"expert parallelism needs a Grid(comm, dp=N, ep=...), got {grid!r}")
-        others = {a: grid.size(a) for a in ("pp", "cp", "tp") if grid.size(a) != 1}
-        if others:
-            raise ValueError("expert parallelism runs on a grid of dp x ep only, got "
-                             + ", ".join(f"{a} = {n}" for a, n in others.items())
-                             + " (the hybrid engine combines them)")
+        require_grid(grid, "expert parallelism", ("dp", "ep"),
+                     "the hybrid engine combines them")
         world = grid.world.size
         check_ep(spec.experts, spec.top_k, spec.capacity_factor, grid.size("ep"), world)
         check_world(spec.batch, world)

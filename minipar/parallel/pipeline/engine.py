@@ -61,6 +61,7 @@ from dataclasses import replace
 from typing import Any
 
 from minipar import spans
+from minipar.comm.topology import require_grid
 from minipar.nn import executor
 from minipar.nn.dtypes import check_model_dtype
 from minipar.parallel.common import check_world
@@ -115,8 +116,8 @@ class PipelineParallel:
                  instructions: Sequence[Instruction] | None = None, *,
                  stage_model: Any = None, wire: Any = None, sync: Any = None) -> None:
         axes = SerialStage.axes if stage_model is None else stage_model.axes
-        if any(grid.size(a) != 1 for a in ("tp", "cp", "ep") if a not in axes):
-            raise ValueError("the pipeline executor runs on a dp x pp grid (tp = cp = ep = 1)")
+        require_grid(grid, "the pipeline executor",
+                     ("dp", "pp") + tuple(a for a in axes if a not in ("dp", "pp")))
         self.grid, self.spec, self.kind = grid, spec, schedule
         self.p, self.dp = grid.size("pp"), grid.size("dp")
         self.stage, self.replica = grid.coord("pp"), grid.coord("dp")
