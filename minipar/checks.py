@@ -102,3 +102,15 @@ def one_of(name: str, v: Any, choices: Iterable[Any], why: str = "") -> Any:
 
 def _hint(why: str) -> str:
     return f" ({why})" if why else ""
+
+
+def known(who: str, given: Iterable[str], allowed: Iterable[str], why: str = "") -> None:
+    """ValueError unless every name in ``given`` is one of ``allowed``: an engine's or a
+    builder's keyword options, e.g. ``known("ZeRO", {"stag"}, ("stage", "offload"))`` says
+    ``ZeRO takes no option stag; its options: stage, offload``."""
+    allowed = tuple(allowed)
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ValueError(f"{who} takes no option {', '.join(unknown)}; its options: "
+                         f"{', '.join(allowed) or 'none'}{_hint(why)}")
+

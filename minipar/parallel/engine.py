@@ -64,7 +64,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.backend import to_host
 from minipar.precision import ModelStates, get
 
@@ -463,8 +463,7 @@ class SerialEngine:
 def build(spec: Any, grid: Any = None, **options: Any) -> SerialEngine:
     """The serial engine of ``spec`` (:mod:`minipar.parallel.strategies`' row "serial"):
     the routing groups are ``spec.routing`` (a layout's MoE groups) unless given."""
-    if options.keys() - {"routing"}:
-        raise ValueError(f"the serial engine takes no options {sorted(options.keys() - {'routing'})}")
+    checks.known("the serial engine", options, ("routing",))
     return SerialEngine(spec.model(), spec.precision, spec.optimizer, spec.seed,
                         routing=options.get("routing", getattr(spec, "routing", ())),
                         **spec.opt_kwargs())

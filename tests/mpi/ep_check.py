@@ -58,7 +58,7 @@ bad = [(lambda: check_ep(0, 1, 1.25, 1, N), "--experts must be a positive intege
        (lambda: ExpertParallel(grid_n, base.with_(experts=3)) if N > 1 else
         check_ep(3, 1, 1.25, 2, N),
         f"--ep {N} does not divide --experts 3" if N > 1 else "must divide the 1 data-parallel"),
-       (lambda: ExpertParallel(grid_n, base, ep=2), "expert parallelism takes no options"),
+       (lambda: ExpertParallel(grid_n, base, ep=2), "expert parallelism takes no option ep; its options: none"),
        (lambda: ExpertParallel(grid_n, base.with_(routing=(N, 2))),
         f"each of the {N} data-parallel ranks routes its own rows as one group")]
 if N == 4:

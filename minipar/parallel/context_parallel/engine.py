@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import checks
 from minipar.collectives import allreduce
 from minipar.comm.topology import Grid, require_grid
 from minipar.nn import cross_entropy_forward, executor
@@ -180,8 +181,5 @@ class ContextParallel:
 def build(spec: RunSpec, grid: Grid, **options: Any) -> ContextParallel:
     """The context-parallel engine (:mod:`minipar.parallel.strategies`' row "cp"):
     ``kind`` ("ring" or "ulysses") and ``zigzag`` (ring's chunk order)."""
-    unknown = sorted(options.keys() - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"context parallelism takes the options {', '.join(OPTIONS)}; "
-                         f"got {', '.join(unknown)}")
+    checks.known("context parallelism", options, OPTIONS)
     return ContextParallel(grid, spec, **options)

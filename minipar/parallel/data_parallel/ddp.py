@@ -356,8 +356,5 @@ def build(spec: RunSpec, grid: Grid, **options: Any) -> DataParallel:
     """The ``"dp"`` row of :mod:`minipar.parallel.strategies`: ``DataParallel(grid, spec,
     **options)`` (``bucket_bytes``, ``algorithm``, ``overlap``, ``ring_min_bytes``,
     ``wrap_hooks``); ValueError naming any other option."""
-    unknown = sorted(options.keys() - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"data parallelism takes no option {', '.join(unknown)}; "
-                         f"its options: {', '.join(OPTIONS)}")
+    checks.known("data parallelism", options, OPTIONS)
     return DataParallel(grid, spec, **options)

@@ -391,8 +391,5 @@ def build(spec: RunSpec, grid: Grid, **options: Any) -> ParameterServer:
     """The ``"ps"`` row of :mod:`minipar.parallel.strategies`: ``ParameterServer(grid, spec,
     **options)`` (``servers``, ``mode``, ``staleness``, ``straggler_s``); ValueError naming
     any other option."""
-    unknown = sorted(options.keys() - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"the parameter server takes no option {', '.join(unknown)}; "
-                         f"its options: {', '.join(OPTIONS)}")
+    checks.known("the parameter server", options, OPTIONS)
     return ParameterServer(grid, spec, **options)

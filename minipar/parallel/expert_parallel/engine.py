@@ -73,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import checks
 from minipar.collectives import all_gather, allreduce
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.topology import Grid, require_grid
@@ -170,9 +171,8 @@ class ExpertParallel:
     """
 
     def __init__(self, grid: Grid, spec: RunSpec, **options: Any) -> None:
-        if options:
-            raise ValueError(f"expert parallelism takes no options, got {sorted(options)}: "
-                             "its layout is the grid's (Grid(comm, dp=N, ep=...))")
+        checks.known("expert parallelism", options, (),
+                     "its layout is the grid's: Grid(comm, dp=N, ep=...)")
         require_grid(grid, "expert parallelism", ("dp", "ep"),
                      "the hybrid engine combines them")
         world = grid.world.size

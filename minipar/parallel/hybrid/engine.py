@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minipar import checks
 from minipar.parallel.hybrid.layout import check_hybrid
 from minipar.parallel.hybrid.stages import HybridStage
 from minipar.parallel.hybrid.sync import OP_GRADS, ZeroSync, expert_reduce
@@ -83,10 +84,7 @@ def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
     1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring" (zigzag) or "ulysses";
     ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1).  Bad sizes
     raise ``ValueError`` on every rank before any message (:func:`check_hybrid`)."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"the hybrid engine takes no option {', '.join(unknown)}; "
-                         f"its options: {', '.join(OPTIONS)}")
+    checks.known("the hybrid engine", options, OPTIONS)
     if grid is None:
         raise ValueError("the hybrid engine needs a grid (minipar.comm.topology.Grid)")
     return _compose(grid, spec, **options)

@@ -60,7 +60,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from minipar import spans
+from minipar import checks, spans
 from minipar.comm.topology import require_grid
 from minipar.nn import executor
 from minipar.nn.dtypes import check_model_dtype
@@ -371,10 +371,7 @@ class PipelineParallel:
 def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
     """The pipeline engine of ``spec`` on ``grid`` (:mod:`minipar.parallel.strategies`'
     row "pp"): ``options`` are :data:`OPTIONS`; an unknown one is a ValueError."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"the pipeline engine takes no option {', '.join(unknown)}; "
-                         f"its options: {', '.join(OPTIONS)}")
+    checks.known("the pipeline engine", options, OPTIONS)
     if grid is None:
         raise ValueError("the pipeline engine needs a grid (minipar.comm.topology.Grid)")
     return PipelineParallel(grid, spec, **options)

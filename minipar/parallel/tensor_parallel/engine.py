@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import checks
 from minipar.collectives import allreduce
 from minipar.nn import executor
 from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows
@@ -170,8 +171,5 @@ class TensorParallel:
 
 def build(spec: RunSpec, grid: Any, **options: Any) -> TensorParallel:
     """The engine of strategies "tp" and "sp" (``sequence_parallel=``; ``hooks=``)."""
-    unknown = sorted(options.keys() - {"sequence_parallel", "hooks"})
-    if unknown:
-        raise ValueError(f"tensor parallelism takes no options {unknown}; "
-                         "only sequence_parallel and hooks")
+    checks.known("tensor parallelism", options, ("sequence_parallel", "hooks"))
     return TensorParallel(grid, spec, **options)

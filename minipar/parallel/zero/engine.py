@@ -355,7 +355,5 @@ class ZeRO:
 def build(spec: Any, grid: Any, **options: Any) -> ZeRO:
     """The ZeRO engine (:mod:`minipar.parallel.strategies`' row "zero"); ``options``:
     :data:`OPTIONS` (``ZeRO``'s keywords)."""
-    unknown = sorted(options.keys() - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"ZeRO takes no options {unknown}; its options: {', '.join(OPTIONS)}")
+    checks.known("ZeRO", options, OPTIONS)
     return ZeRO(grid, spec, **options)
