@@ -72,7 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=number(greater_than=0), default=3e-3,
                    help="learning rate, > 0 (default %(default)s)")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
-                   help="AdamW (weight decay 0 here) or plain SGD (default %(default)s)")
+                   help="AdamW or plain SGD (default %(default)s)")
+    p.add_argument("--weight-decay", type=number(minimum=0), default=0.0,
+                   help="AdamW's decoupled weight decay (default %(default)s; minipar run's is "
+                   "0.01: give it to continue a run's checkpoint the same way)")
     p.add_argument("--precision", choices=("float64", "float32", "mixed", "mixed-fp16"),
                    default="float32",
                    help="float64, float32, mixed (bf16 + fp32 master weights) or mixed-fp16 "
@@ -145,12 +148,12 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 
 def _spec(a: argparse.Namespace) -> RunSpec:
-    """The run of ``--model gpt`` as the :class:`RunSpec` every engine takes (weight decay 0)."""
+    """The run of ``--model gpt`` as the :class:`RunSpec` every engine takes."""
     extra = {k: getattr(a, k) for k in ("aux_loss_coef", "betas", "eps")
              if getattr(a, k) is not None}
     return RunSpec(vocab=a.vocab, seq=a.seq, d_model=a.d_model, layers=a.layers, heads=a.heads,
                    batch=a.batch, steps=a.steps, seed=a.seed, data_seed=a.data_seed, lr=a.lr,
-                   weight_decay=0.0, optimizer=a.optimizer, precision=a.precision,
+                   weight_decay=a.weight_decay, optimizer=a.optimizer, precision=a.precision,
                    experts=a.experts, top_k=a.top_k, text=a.text, **extra)
 
 
@@ -203,7 +206,7 @@ def main(argv: list[str]) -> int:
             dtype = get(a.precision).model_dtype
             model = MLP(MLPConfig(sizes=(2, a.hidden, a.hidden, 3), dtype=dtype))
             batch, floor, floor_label = mlp_task(a.batch, dtype=dtype), None, ""
-            extra = {"weight_decay": 0.0} if a.optimizer == "adamw" else {}
+            extra = {"weight_decay": a.weight_decay} if a.optimizer == "adamw" else {}
             extra.update({k: getattr(a, k) for k in ("betas", "eps")
                           if getattr(a, k) is not None and a.optimizer == "adamw"})
             engine = SerialEngine(model, a.precision, a.optimizer, a.seed, lr=a.lr, **extra)

@@ -188,8 +188,9 @@ def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
         return
     from minipar.parallel import checkpoint
 
-    if options.get("resume") is not None:
-        checkpoint.check_resume(options["resume"], spec)
+    resume = options.get("resume")
+    if resume is not None:  # the step folder itself: a save into the same root comes later
+        options["resume"] = resume = str(checkpoint.check_resume(resume, spec)[0])
     save = options.get("save")
     if save is not None:
         if Path(save).exists() and not Path(save).is_dir():
@@ -197,7 +198,7 @@ def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
         if not Path(save).parent.is_dir():
             raise ValueError(f"--save {save}: its parent folder does not exist")
         found = checkpoint.latest(save) if Path(save).is_dir() else None
-        if found is not None and Path(options.get("resume") or "") not in (Path(save), found):
+        if found is not None and (resume is None or Path(resume).parent != Path(save)):
             raise ValueError(f"--save {save} already holds a checkpoint ({found.name}); resume "
                              f"from it with --resume {save}, or save into another folder")
 
