@@ -35,6 +35,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "collectives": ("minipar.bench.collectives", "from-scratch collectives vs MPI's own (nccl-tests table)"),
     "wait": ("minipar.bench.wait", "CPU stolen by waiting ranks: MPI's blocking wait vs minipar's polling"),
     "model": ("minipar.bench.model", "GPT forward+backward time, NumPy vs PyTorch eager"),
+    "train": ("minipar.bench.train",
+              "training tokens/s and losses: minipar vs PyTorch, same weights, batches, AdamW"),
     "dp": ("minipar.bench.dp", "samples/s: serial vs data parallel on N ranks"),
     "zero": ("minipar.bench.zero", "ZeRO stages 0-3 step time vs DDP on N ranks, bytes per step"),
     "glossary": ("minipar.bench.glossary", "glossary lookup latency and process start time"),

@@ -54,30 +54,43 @@ def _median_time(fn: Any, repeat: int) -> float:
     return statistics.median(times)
 
 
+def torch_gpt_loss(torch: Any, tp: dict[str, Any], x_tok: Any, y_tok: Any, n_layer: int,
+                   n_head: int) -> Any:
+    """The mean cross-entropy of :class:`minipar.nn.GPT`, written with PyTorch ops.
+
+    ``tp``: the GPT's parameters as torch tensors under minipar's names
+    (``GPT.param_shapes()``); ``x_tok``, ``y_tok``: (B, T) long tensors.  The
+    same GPT as ``minipar.nn.gpt`` (pre-LayerNorm blocks, fused q, k, v,
+    tanh GELU, an untied ``lm_head``), attention by
+    ``F.scaled_dot_product_attention(is_causal=True)`` as in nanoGPT; also the
+    PyTorch side of ``minipar bench train``."""
+    f = torch.nn.functional
+    b, t = x_tok.shape
+    d = tp["tok_emb"].shape[1]
+    x = tp["tok_emb"][x_tok] + tp["pos_emb"][:t]
+    for i in range(n_layer):
+        p = {k[len(f"blocks.{i}."):]: v for k, v in tp.items() if k.startswith(f"blocks.{i}.")}
+        h = f.layer_norm(x, (d,), p["ln1.gamma"], p["ln1.beta"], 1e-5)
+        q, k, v = (h @ p["attn.w_qkv"] + p["attn.b_qkv"]).split(d, dim=-1)
+        q, k, v = (a.view(b, t, n_head, d // n_head).transpose(1, 2) for a in (q, k, v))
+        o = f.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + o.transpose(1, 2).reshape(b, t, d) @ p["attn.w_out"] + p["attn.b_out"]
+        h = f.layer_norm(x, (d,), p["ln2.gamma"], p["ln2.beta"], 1e-5)
+        h = f.gelu(h @ p["mlp.w_in"] + p["mlp.b_in"], approximate="tanh")
+        x = x + h @ p["mlp.w_out"] + p["mlp.b_out"]
+    x = f.layer_norm(x, (d,), tp["ln_f.gamma"], tp["ln_f.beta"], 1e-5)
+    logits = x @ tp["lm_head"]
+    return f.cross_entropy(logits.view(-1, logits.shape[-1]), y_tok.view(-1))
+
+
 def _torch_step(torch: Any, params: dict[str, Any], tokens: Any, targets: Any, n_layer: int,
                 n_head: int) -> tuple[Any, Any]:
-    """The same GPT as minipar.nn.gpt, written with PyTorch ops; returns (step fn, loss fn)."""
-    f = torch.nn.functional
+    """:func:`torch_gpt_loss` on fixed weights and one batch: returns (step fn, loss fn)."""
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     x_tok, y_tok = torch.tensor(tokens), torch.tensor(targets)
 
     def loss() -> Any:
-        b, t = x_tok.shape
-        d = tp["tok_emb"].shape[1]
-        x = tp["tok_emb"][x_tok] + tp["pos_emb"][:t]
-        for i in range(n_layer):
-            p = {k[len(f"blocks.{i}."):]: v for k, v in tp.items() if k.startswith(f"blocks.{i}.")}
-            h = f.layer_norm(x, (d,), p["ln1.gamma"], p["ln1.beta"], 1e-5)
-            q, k, v = (h @ p["attn.w_qkv"] + p["attn.b_qkv"]).split(d, dim=-1)
-            q, k, v = (a.view(b, t, n_head, d // n_head).transpose(1, 2) for a in (q, k, v))
-            o = f.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + o.transpose(1, 2).reshape(b, t, d) @ p["attn.w_out"] + p["attn.b_out"]
-            h = f.layer_norm(x, (d,), p["ln2.gamma"], p["ln2.beta"], 1e-5)
-            h = f.gelu(h @ p["mlp.w_in"] + p["mlp.b_in"], approximate="tanh")
-            x = x + h @ p["mlp.w_out"] + p["mlp.b_out"]
-        x = f.layer_norm(x, (d,), tp["ln_f.gamma"], tp["ln_f.beta"], 1e-5)
-        logits = x @ tp["lm_head"]
-        return f.cross_entropy(logits.view(-1, logits.shape[-1]), y_tok.view(-1))
+        return torch_gpt_loss(torch, tp, x_tok, y_tok, n_layer, n_head)
 
     def step() -> None:
         for v in tp.values():
