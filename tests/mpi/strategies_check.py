@@ -22,7 +22,7 @@ from mpi_checks import Checks
 from minipar.comm import TracedComm
 from minipar.comm.topology import Grid, Layout
 from minipar.parallel import strategies
-from minipar.parallel.common import RunSpec
+from minipar.parallel.common import EMBEDDED, RunSpec
 from minipar.parallel.engine import State
 from minipar.parallel.parity import compare
 
@@ -85,6 +85,16 @@ CASES: dict[str, list[tuple[dict, dict, dict]]] = {
                ({"pp": 2, "cp": 2}, {"micro_batches": 2}, {}),
                ({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2}, {"vocab": 8, "batch": 8})],
 }
+#: every family once more on real text (the embedded corpus, bytes: vocabulary 256)
+TEXT = {"text": EMBEDDED, "vocab": 256, "seq": 16}
+CASES["dp"].append(({"dp": 2}, {}, TEXT))
+CASES["zero"].append(({"dp": 4}, {"stage": 3}, TEXT))
+CASES["tp"].append(({"tp": 2}, {}, TEXT))
+CASES["cp"].append(({"cp": 2}, {"kind": "ring", "zigzag": True}, TEXT))
+CASES["pp"].append(({"pp": 2}, {"schedule": "1f1b", "micro_batches": 2}, TEXT))
+CASES["ep"].append(({"dp": 2, "ep": 2}, {}, {**TEXT, "experts": 4, "routing": (2,)}))
+CASES["hybrid"].append(({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2},
+                        {**TEXT, "batch": 8}))
 
 
 def digest(params: dict) -> str:
