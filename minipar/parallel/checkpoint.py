@@ -427,8 +427,9 @@ def check_resume(path: str | os.PathLike[str], spec: Any) -> tuple[Path, dict[st
     """(directory, manifest) of the checkpoint a run of ``spec`` resumes from, checked
     before any engine is built or any rank started: complete, the same model, precision,
     optimizer and data, and short of ``spec.steps`` (the total).  CheckpointError: one
-    line naming what is wrong."""
-    d, m = read_manifest(path)
+    line naming what is wrong (a damaged file too: every file is checked against its
+    SHA-256 here, so that no rank starts on a checkpoint it cannot read)."""
+    d, m = verify(path)
     _refuse(d, _spec_diffs(d, m, spec))
     step = int(m.get("step") or 0)
     if step >= spec.steps:
