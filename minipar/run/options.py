@@ -181,13 +181,18 @@ def resolve_data_options(options: dict[str, Any]) -> None:
 
 def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
     """Refuse, before any rank starts, a resume that cannot continue this run and a save
-    that would overwrite: ValueError (one line) naming the folder."""
+    that would overwrite: ValueError (one line) naming the folder.
+
+    ``--resume ROOT`` becomes, in ``options``, the step folder it means now (ROOT's latest
+    complete checkpoint), so that every rank and the serial oracle load that one, even
+    after this run has saved newer ones into ROOT (``--resume D --save D``)."""
     from minipar.parallel import checkpoint
 
     if options.get("save_every") is not None and options.get("save") is None:
         raise ValueError("--save-every needs --save DIR")
     if options.get("resume") is not None:
-        checkpoint.check_resume(options["resume"], spec)
+        d, _ = checkpoint.check_resume(options["resume"], spec)
+        options["resume"] = str(d)
     save = options.get("save")
     if save is not None:
         if Path(save).exists() and not Path(save).is_dir():
