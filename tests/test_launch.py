@@ -289,6 +289,39 @@ def test_a_rank_that_ended_early_without_a_message_is_named() -> None:
                     "error message (mpiexec exit status 3)")
 
 
+#: what MPICH printed when rank 1 of 4 was killed by SIGKILL mid-step and rank 3, whose
+#: message from rank 1 was being copied (CMA), got an MPI error and raised (seen 1 in 4
+#: runs of tests/test_drills.py's CLI drill, before describe() read the exit order first)
+KILLED_STDOUT = (
+    "=" * 80 + "\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 326 RUNNING "
+    "AT vm\n=   EXIT CODE: 9\n=   CLEANING UP REMAINING PROCESSES\n" + "=" * 80 + "\n"
+    "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n")
+SURVIVOR_STDERR = (
+    "[minipar] rank 3 of 4 failed: Exception: Other MPI error, error stack:\n"
+    "internal_Test(109).....: MPI_Test(request=0x7f10, flag=0x7ffc, status=0x7f10) failed\n"
+    "copy_iovs(224).........: process_vm_readv failed (errno 3)\n")
+
+
+def test_a_rank_killed_first_is_named_not_the_survivor_whose_mpi_call_failed() -> None:
+    """The exit order decides: the rank that ended first was killed, and a survivor's MPI
+    error (raised, then MPI_Abort) came after it; had the survivor ended first, its error
+    would be the cause."""
+    ranks = {p: {"pid": p, "rank": r, "size": 4, "host": "vm", "done": False}
+             for r, p in enumerate((324, 325, 326, 327))}
+    aborted = SURVIVOR_STDERR + "Abort(1) on node 3 (rank 3 in comm 0): application called\n"
+    for stderr in (SURVIVOR_STDERR, aborted):
+        assert failure.describe(9, KILLED_STDOUT, stderr, ranks, [325, 327, 324, 326]) == (
+            "[minipar] rank 1 of 4 (pid 325 on vm) was killed by signal 9 (SIGKILL): out of "
+            "memory (the kernel's OOM killer sends SIGKILL) or killed from outside")
+        assert failure.describe(9, KILLED_STDOUT, stderr, ranks, [327, 325, 324, 326]) == (
+            "[minipar] rank 3 of 4 failed: Exception: Other MPI error, error stack:")
+    only_abort = "Abort(1) on node 3 (rank 3 in comm 0): application called\n"
+    assert failure.describe(9, KILLED_STDOUT, only_abort, ranks, [325, 327]).startswith(
+        "[minipar] rank 1 of 4 (pid 325 on vm) was killed by signal 9")
+    assert failure.describe(9, KILLED_STDOUT, only_abort, ranks, [327, 325]) == (
+        "[minipar] rank 3 ended the job with exit status 1 (MPI_Abort)")
+
+
 def test_a_wrong_mpiexec_option_is_named_by_a_real_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(launch.MPIEXEC_ARGS_VAR, "--bogus")
     proc = launch.run(2, str(MPI_DIR / "comm_hello.py"), timeout=60)

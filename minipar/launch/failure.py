@@ -16,7 +16,11 @@ every survivor.  A learner needs one sentence: which rank, and what happened.
    machine's ranks ended (each holds a socket to the launcher that the kernel
    closes as the process dies), so the rank named is the first to end without
    finishing normally (one that finished writes ``PID.done``,
-   :mod:`minipar.launch.rank`);
+   :mod:`minipar.launch.rank`).  This comes before 1 and 2 when that rank is
+   not the one that raised or aborted: a survivor whose message was in flight
+   to the dead rank gets an MPI error ("Other MPI error ... process_vm_readv
+   failed") before the process manager ends it, and raises in its turn, but the
+   kill is the cause;
 4. a rank ended early without an error message (``os._exit(3)``, a crash in C
    code that MPI does not report): the first rank to end without finishing,
    from the same exit order, with mpiexec's exit status;
@@ -57,7 +61,7 @@ SOCKET_NAME = "ranks.sock"  # each rank connects as it starts (see ExitOrder)
 SOCKET_VAR = "MINIPAR_LAUNCH_SOCKET"  # its address, as the ranks see it
 HWLOC_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # fixed in MPICH's hydra_pmi_proxy
 
-_RAISED = re.compile(r"^\[minipar\] rank \d+ of \d+ failed: .*$", re.MULTILINE)
+_RAISED = re.compile(r"^\[minipar\] rank (\d+) of \d+ failed: .*$", re.MULTILINE)
 _ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
 _KILLED = re.compile(r"PID (\d+) RUNNING AT (\S+).*?(?:signal (\d+)|SIGNAL: (\d+))", re.DOTALL)
 #: one line of MPICH's call stack: ``[mpiexec@host] function (file.c:LINE): message``
@@ -169,13 +173,16 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     ``code``: mpiexec's exit status; ``stdout``, ``stderr``: the launch's
     output; ``ranks``: :func:`records`; ``order``: :attr:`ExitOrder.order`."""
     output = stdout + "\n" + stderr
-    if m := _RAISED.search(output):
+    first = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), None)
+    killed = _KILLED.search(output)
+    # the rank that ended first, killed by a signal: a survivor's error came after it
+    dead = ranks[first].get("rank") if killed and first is not None else None
+    if (m := _RAISED.search(output)) and dead in (None, int(m.group(1))):
         return m.group(0)
-    if m := _ABORT.search(output):
+    if (m := _ABORT.search(output)) and dead in (None, int(m.group(2))):
         return (f"[minipar] rank {m.group(2)} ended the job with exit status {m.group(1)} "
                 "(MPI_Abort)")
-    first = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), None)
-    if m := _KILLED.search(output):
+    if m := killed:
         pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))
         # the first rank to end without finishing: MPICH killed the others after it
         pid = first or pid

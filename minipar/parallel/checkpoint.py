@@ -72,7 +72,14 @@ naming what differs; a damaged, truncated or missing file and a damaged
 manifest are named, and the engine is left unchanged; the consolidated file
 equals the trained parameters, and the exported safetensors file, read by the
 ``safetensors`` library, equals ``full_params()`` bit for bit
-(tests/test_checkpoint_cli.py too).
+(tests/test_checkpoint_cli.py too).  The drills run on 4 and 8 ranks through the
+launcher and ``loop.fit`` (tests/test_drills.py): a rank killed by SIGKILL after a
+checkpoint, or after its file and before the manifest, is named in one line, and the
+run resumed from the folder continues to the bit (float64 and float32; also
+``minipar run`` killed from outside); a checkpoint of ZeRO-3 or DDP resumes as
+dp2 x tp2 x pp2, TP 2 and PP 2 within the parity verdict; a file-size limit on one
+rank (its shard, or rank 0's manifest) is one line and leaves the previous checkpoint
+as it was.
 """
 
 from __future__ import annotations

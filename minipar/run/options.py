@@ -181,7 +181,11 @@ def resolve_data_options(options: dict[str, Any]) -> None:
 
 def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
     """Refuse, before any rank starts, a resume that cannot continue this run and a save
-    that would overwrite: ValueError (one line) naming the folder."""
+    that would overwrite: ValueError (one line) naming the folder.
+
+    ``--resume ROOT`` becomes, in ``options``, the step folder it means now (ROOT's latest
+    complete checkpoint), so that every rank and the serial oracle load that one, even
+    after this run has saved newer ones into ROOT (``--resume D --save D``)."""
     if options.get("save_every") is not None and options.get("save") is None:
         raise ValueError("--save-every needs --save DIR")
     if options.get("resume") is None and options.get("save") is None:
@@ -189,7 +193,7 @@ def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
     from minipar.parallel import checkpoint
 
     resume = options.get("resume")
-    if resume is not None:  # the step folder itself: a save into the same root comes later
+    if resume is not None:
         options["resume"] = resume = str(checkpoint.check_resume(resume, spec)[0])
     save = options.get("save")
     if save is not None:
