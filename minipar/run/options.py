@@ -143,8 +143,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """Validation and checkpoints, the same for ``minipar train`` and every strategy."""
     g = parser.add_argument_group("validation and checkpoints")
-    g.add_argument("--eval-every", type=integer(0), default=0, metavar="K",
-                   help="validation loss every K steps (default 0: none)")
+    g.add_argument("--eval-every", type=integer(0), default=None, metavar="K",
+                   help="validation loss every K steps, 0: none (default: none; minipar "
+                   "train --text: every tenth of --steps)")
     g.add_argument("--eval-batches", type=integer(1), default=4,
                    help="held-out batches a validation loss averages (default %(default)s)")
     g.add_argument("--save", metavar="DIR", default=None,
@@ -181,13 +182,18 @@ def resolve_data_options(options: dict[str, Any]) -> None:
 
 def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
     """Refuse, before any rank starts, a resume that cannot continue this run and a save
-    that would overwrite: ValueError (one line) naming the folder."""
+    that would overwrite: ValueError (one line) naming the folder.
+
+    ``--resume ROOT`` becomes, in ``options``, the step folder it means now (ROOT's latest
+    complete checkpoint), so that every rank and the serial oracle load that one, even
+    after this run has saved newer ones into ROOT (``--resume D --save D``)."""
     from minipar.parallel import checkpoint
 
     if options.get("save_every") is not None and options.get("save") is None:
         raise ValueError("--save-every needs --save DIR")
     if options.get("resume") is not None:
-        checkpoint.check_resume(options["resume"], spec)
+        d, _ = checkpoint.check_resume(options["resume"], spec)
+        options["resume"] = str(d)
     save = options.get("save")
     if save is not None:
         if Path(save).exists() and not Path(save).is_dir():
