@@ -125,8 +125,8 @@ def test_another_model_precision_or_optimizer_is_refused(tmp_path: Path) -> None
     eng = engine(1)
     run_to(eng, 1)
     d = checkpoint.save(eng, tmp_path, grid().world, spec=SPEC)
-    for spec, what in ((SPEC.with_(d_model=32), "d_model: checkpoint 16, this run 32"),
-                       (SPEC.with_(layers=3), "n_layer: checkpoint 2, this run 3"),
+    for spec, what in ((SPEC.with_(d_model=32), "--d-model: checkpoint 16, this run 32"),
+                       (SPEC.with_(layers=3), "--layers: checkpoint 2, this run 3"),
                        (SPEC.with_(precision="mixed"), "precision: checkpoint 'float64'"),
                        (SPEC.with_(optimizer="sgd"), "optimizer: checkpoint 'adamw'")):
         with pytest.raises(checkpoint.CheckpointError, match="another model or setting") as e:
@@ -267,7 +267,7 @@ def test_a_refused_load_names_the_problem_and_changes_nothing(tmp_path: Path) ->
     run_to(other, 1, SPEC.with_(d_model=32))
     theirs = snapshot(other)
     refused(lambda: checkpoint.load(other, good, spec=SPEC.with_(d_model=32)),
-            "another model", "d_model: checkpoint 16, this run 32")
+            "another model", "--d-model: checkpoint 16, this run 32")
     assert snapshot(other) == theirs and snapshot(target) == before
     checkpoint.load(target, good, spec=SPEC)  # the good one still loads
     assert snapshot(target) == snapshot(eng)

@@ -15,7 +15,9 @@ one byte at a time with a key/value cache: ``--temperature`` 0 is greedy (the mo
 likely byte), higher is more varied; ``--top-k`` K samples among the K likeliest
 bytes only; ``--seed`` makes a run repeatable.  The output is the prompt and its
 continuation, decoded with replacement characters where the model wrote bytes
-that are not UTF-8 (a sample is never refused for that).
+that are not UTF-8 (a sample is never refused for that); the first bytes of a
+character that ``--tokens`` cuts short at the very end are left out (the model
+did not get to finish it: they are not its mistake).
 
 Bad input, one line and exit 2: DIR not a (complete) checkpoint, a checkpoint of a
 model that was not trained on text (the modular-sum task has no bytes to show),
@@ -25,6 +27,7 @@ an empty prompt, a value out of range.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from minipar.cli.options import ArgumentParser, error_line, integer, number
@@ -60,8 +63,9 @@ def sample(path: str, prompt: str, tokens: int, temperature: float = 0.8,
     d, m = checkpoint.read_manifest(path)
     data = m.get("data") or {}
     if data.get("tokenizer") != tokenizer.NAME:
-        raise ValueError(f"{d} is a checkpoint of a model trained on "
-                         f"{data.get('task', 'the modular-sum task')}, not on text: sample "
+        task = data.get("task", "modular_sum")
+        task = "the modular-sum task" if task == "modular_sum" else repr(task)
+        raise ValueError(f"{d} is a checkpoint of a model trained on {task}, not on text: sample "
                          "needs one saved by `minipar train --text` or `minipar run ... --text`")
     if not prompt:
         raise ValueError("--prompt is empty: give at least one character to continue")
@@ -71,7 +75,9 @@ def sample(path: str, prompt: str, tokens: int, temperature: float = 0.8,
     params = {n: a.astype(dtype) for n, a in tensors.items()}
     ids = generate(model, params, tokenizer.encode(prompt), tokens, temperature=temperature,
                    top_k=top_k, seed=seed)
-    return tokenizer.decode(ids), m
+    # complete characters only: the bytes the decoder still holds at the end (without
+    # final=True) begin a character that --tokens cut short
+    return tokenizer.stream_decoder().decode(bytes(ids)), m
 
 
 def main(argv: list[str]) -> int:
@@ -81,5 +87,9 @@ def main(argv: list[str]) -> int:
         text, _ = sample(a.dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed)
     except ValueError as e:  # CheckpointError included: names the path and the problem
         return error_line(PROG, e)
+    # an output that cannot show every character (PYTHONIOENCODING=ascii, a file in a
+    # legacy code page) gets "?" for those, not a traceback after the work is done
+    if callable(getattr(sys.stdout, "reconfigure", None)):
+        sys.stdout.reconfigure(errors="replace")
     print(text)
     return 0

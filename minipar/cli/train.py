@@ -143,7 +143,7 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             check_checkpoint_options(options, a.spec)
         except ValueError as e:  # RunSpec's and the checkpoint's one-line reasons
             p.error(str(e))
-        if a.text is not None and not a.eval_every:
+        if a.text is not None and a.eval_every is None:  # --eval-every 0: none
             a.eval_every = max(1, a.steps // 10)
 
 
@@ -193,7 +193,8 @@ def main(argv: list[str]) -> int:
             engine = SerialEngine(model, spec.precision, spec.optimizer, spec.seed,
                                   **spec.opt_kwargs())
             out = loop.fit(engine, spec, save_dir=a.save, save_every=a.save_every or 0,
-                           resume=a.resume, eval_every=a.eval_every, eval_batches=a.eval_batches,
+                           resume=a.resume, eval_every=a.eval_every or 0,
+                           eval_batches=a.eval_batches,
                            progress=progress, diverge_factor=a.diverge)
             if spec.text is not None:
                 floor, floor_label = spec.text_data().unigram_entropy(), "unigram entropy"
@@ -226,8 +227,9 @@ def main(argv: list[str]) -> int:
         return 1
     losses = out.losses
     trained = f"steps {out.start + 1}-{a.steps}" if out.start else f"{a.steps} steps"
+    took = f"{out.seconds:.1f}" if out.seconds >= 1 else f"{out.seconds:.2f}"  # not "0.0 s"
     line = (f"{a.model}: {model.n_params()} parameters, {a.precision}, {trained} in "
-            f"{out.seconds:.1f} s ({out.tokens_per_second:,.0f} tokens/s); loss {losses[0]:.4f} "
+            f"{took} s ({out.tokens_per_second:,.0f} tokens/s); loss {losses[0]:.4f} "
             f"-> {losses[-1]:.4f}")
     if out.validation:
         last = max(out.validation)

@@ -101,6 +101,7 @@ import numpy as np
 
 from minipar import safetensors_io
 from minipar.backend import to_host
+from minipar.data import corpus
 from minipar.parallel.engine import Piece, Shard, State, assemble
 
 MANIFEST = "manifest.json"
@@ -183,6 +184,13 @@ def describe(spec: Any) -> dict[str, Any]:
 
 #: what of the data must be the same for a resume to see the batches the run would have
 DATA_KEYS = ("task", "batch", "seq", "data_seed", "sha256")
+
+#: the model's fields as the command line spells them (``minipar train``, ``minipar run``),
+#: so that a refused resume names the option to change; the others keep their field names
+MODEL_OPTIONS = {"vocab_size": "--vocab", "block_size": "--seq", "n_layer": "--layers",
+                 "n_head": "--heads", "d_model": "--d-model", "n_experts": "--experts",
+                 "top_k": "--top-k", "capacity_factor": "--capacity-factor",
+                 "aux_loss_coef": "--aux-loss-coef"}
 
 
 class OneProcess:
@@ -313,7 +321,8 @@ def read_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     if not (p / MANIFEST).exists():
         if _STEP_DIR.match(p.name):
             raise CheckpointError(f"{p} has no {MANIFEST}: the save was interrupted before it "
-                                  "completed; load the previous checkpoint (checkpoint.latest)")
+                                  "completed; give an earlier step_* folder, or the folder "
+                                  "above it (its latest complete checkpoint)")
         complete, partial = scan(p)
         if not complete:
             ignored = (f": {', '.join(q.name for q in partial)} partial (no {MANIFEST}: a save "
@@ -404,24 +413,32 @@ def _needed(target: State, m: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _spec_diffs(d: Path, m: dict[str, Any], spec: Any) -> list[str]:
     """What differs between a checkpoint's recorded run and ``spec`` (model, precision,
-    optimizer); CheckpointError at once when the data differ (another text, batch,
-    sequence length or data seed)."""
+    optimizer), each named by its option (``--seq: checkpoint 16, this run 8``);
+    CheckpointError at once when the data differ (another task or text, batch, sequence
+    length or data seed) — the task first, since it also changes the vocabulary."""
     if spec is None or "model" not in m:
         return []
     want = describe(spec)
-    diffs = [f"{k}: checkpoint {m['model'].get(k)!r}, this run {v!r}"
-             for k, v in want["model"].items() if m["model"].get(k) != v]
+    saved, now = m.get("data"), want.get("data")
+    if saved is not None and now is not None and saved.get("task") != now.get("task"):
+        _refuse_data(d, [_data_diff("task", saved, now)])
+    model = m["model"]
+    diffs = [f"{MODEL_OPTIONS.get(k, k)}: checkpoint {model.get(k)!r}, this run {v!r}"
+             for k, v in want["model"].items() if model.get(k) != v
+             and not (k == "d_ff" and model.get("d_model") != want["model"]["d_model"])]
     for key in ("precision", "optimizer"):
         if m[key] != want[key]:
-            diffs.append(f"{key}: checkpoint {m[key]!r}, this run {want[key]!r}")
-    saved, now = m.get("data"), want.get("data")
+            diffs.append(f"--{key}: checkpoint {m[key]!r}, this run {want[key]!r}")
     if not diffs and saved is not None and now is not None:
-        data = [_data_diff(k, saved.get(k), now.get(k)) for k in DATA_KEYS
-                if saved.get(k) != now.get(k)]
-        if data:
-            raise CheckpointError(f"{d} was trained on other data; a resume must see the "
-                                  "batches the run would have seen: " + "; ".join(data))
+        _refuse_data(d, [_data_diff(k, saved, now) for k in DATA_KEYS
+                         if saved.get(k) != now.get(k)])
     return diffs
+
+
+def _refuse_data(d: Path, data: list[str]) -> None:
+    if data:
+        raise CheckpointError(f"{d} was trained on other data; a resume must see the "
+                              "batches the run would have seen: " + "; ".join(data))
 
 
 def _refuse(d: Path, diffs: list[str]) -> None:
@@ -464,12 +481,31 @@ def _check_compatible(target: State, d: Path, m: dict[str, Any], spec: Any) -> N
                                   f"{arr.dtype}: another precision")
 
 
-def _data_diff(key: str, saved: Any, now: Any) -> str:
+def _task(data: dict[str, Any]) -> str:
+    """The task of a recorded ``data`` as a sentence says it."""
+    if data.get("task") == "text":
+        return f"the text {data.get('name')}"
+    return "the modular-sum task" if data.get("task") == "modular_sum" else repr(data.get("task"))
+
+
+def _data_diff(key: str, saved: dict[str, Any], now: dict[str, Any]) -> str:
+    """One difference of the recorded data (``saved``) and this run's (``now``), named
+    by its option."""
+    if key == "task":
+        hint = ""
+        if saved.get("task") == "text":
+            same = "" if saved.get("name") == corpus.NAME else f" {saved.get('name')}"
+            hint = f" (give --text{same}, as the saved run did)"
+        return f"--text: checkpoint on {_task(saved)}, this run on {_task(now)}{hint}"
     if key == "sha256":
-        return ("the text differs (SHA-256 " + str(saved)[:12] + "… saved, " + str(now)[:12]
-                + "… now; the embedded corpus changes whenever minipar's docs do)")
-    option = {"batch": "--batch", "seq": "--seq", "data_seed": "--data-seed", "task": "task"}[key]
-    return f"{option}: checkpoint {saved!r}, this run {now!r}"
+        name = now.get("name")
+        sha = f"SHA-256 {str(saved.get(key))[:12]}… then, {str(now.get(key))[:12]}… now"
+        if saved.get("name") != name:
+            return f"--text: checkpoint {saved.get('name')}, this run {name} ({sha})"
+        why = ": it changes whenever minipar's docs do" if name == corpus.NAME else ""
+        return f"--text: {name} changed since the save ({sha}){why}"
+    option = {"batch": "--batch", "seq": "--seq", "data_seed": "--data-seed"}[key]
+    return f"{option}: checkpoint {saved.get(key)!r}, this run {now.get(key)!r}"
 
 
 def load(engine: Any, path: str | os.PathLike[str], *, spec: Any = None) -> dict[str, Any]:

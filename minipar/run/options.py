@@ -143,8 +143,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """Validation and checkpoints, the same for ``minipar train`` and every strategy."""
     g = parser.add_argument_group("validation and checkpoints")
-    g.add_argument("--eval-every", type=integer(0), default=0, metavar="K",
-                   help="validation loss every K steps (default 0: none)")
+    g.add_argument("--eval-every", type=integer(0), default=None, metavar="K",
+                   help="validation loss every K steps, 0: none (default: none; minipar "
+                   "train --text: every tenth of --steps)")
     g.add_argument("--eval-batches", type=integer(1), default=4,
                    help="held-out batches a validation loss averages (default %(default)s)")
     g.add_argument("--save", metavar="DIR", default=None,
@@ -202,7 +203,7 @@ def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
         if not Path(save).parent.is_dir():
             raise ValueError(f"--save {save}: its parent folder does not exist")
         found = checkpoint.latest(save) if Path(save).is_dir() else None
-        if found is not None and (resume is None or Path(resume).parent != Path(save)):
+        if found is not None and (resume is None or Path(resume) != found):
             raise ValueError(f"--save {save} already holds a checkpoint ({found.name}); resume "
                              f"from it with --resume {save}, or save into another folder")
 
