@@ -86,6 +86,13 @@ def render(s: dict[str, Any]) -> str:
     row("format", s["format"])
     row("step", f"{s['step']} (steps done; training continues at step {s['step']})")
     row("model", _pairs(s["model"]) if s["model"] else "not recorded (saved without a RunSpec)")
+    data = s.get("data")
+    if data:
+        task = (f"{data.get('name')} ({data.get('bytes', 0):,} bytes, {data.get('tokenizer')}, "
+                f"SHA-256 {str(data.get('sha256'))[:12]}…)" if data.get("task") == "text"
+                else "the modular-sum task")
+        row("data", f"{task}; batch {data['batch']}, seq {data['seq']}, data seed "
+            f"{data['data_seed']} (a resume must give the same)")
     row("precision", s["precision"] or "not recorded")
     opt = s["optimizer"] or "not recorded"
     row("optimizer", f"{opt} ({_pairs(s['optimizer_state'])})" if s["optimizer_state"] else opt)

@@ -585,7 +585,7 @@ def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     files.append({"file": MANIFEST, "bytes": (d / MANIFEST).stat().st_size})
     out: dict[str, Any] = {
         "path": str(d), "format": m["format"], "step": m["step"],
-        "model": m.get("model"), "precision": m.get("precision"),
+        "model": m.get("model"), "data": m.get("data"), "precision": m.get("precision"),
         "optimizer": m.get("optimizer") or m["scalars"].get("optimizer"),
         "optimizer_state": {k.split(".", 1)[1]: v for k, v in m["scalars"].items()
                             if k.startswith("optimizer.")},
