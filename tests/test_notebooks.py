@@ -2,6 +2,11 @@
 
 Notebooks are stored without outputs (checked here too) and executed with
 nbclient on the test environment's own Python kernel.
+
+A shorter run under test: the kernel gets ``MINIPAR_NOTEBOOK_QUICK=1`` (:data:`QUICK_VAR`).
+A notebook whose full run is long (``11_end_to_end``: two minutes of training) reads it in
+its first code cell and trains fewer steps; every cell still runs, and its assertions check
+the claims on the shorter run's numbers.  Unset (Jupyter), a notebook runs in full.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 TIMEOUT_PER_CELL = 120
+#: set for the kernel of every executed notebook: "run the short version"
+QUICK_VAR = "MINIPAR_NOTEBOOK_QUICK"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -25,11 +32,12 @@ def test_notebook_is_stored_without_outputs(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_executes(path: Path, tmp_path: Path) -> None:
+def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
     os.environ.setdefault("MPLBACKEND", "Agg")
+    monkeypatch.setenv(QUICK_VAR, "1")  # the kernel inherits this process's environment
     client = nbclient.NotebookClient(
         nb,
         timeout=TIMEOUT_PER_CELL,
@@ -41,3 +49,10 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
     client.km = client.create_kernel_manager()
     client.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     client.execute()
+
+
+def test_the_quick_switch_is_read_by_the_long_notebook() -> None:
+    """The notebook that trains for minutes spells the switch as this test sets it (a typo
+    would run its full version under test)."""
+    readers = [p.name for p in NOTEBOOKS if QUICK_VAR in p.read_text(encoding="utf-8")]
+    assert "11_end_to_end.ipynb" in readers, readers
