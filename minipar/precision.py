@@ -38,11 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np  # dtype names only
 
 from minipar import checks
 from minipar.backend import xp
+from minipar.nn.dtypes import as_dtype
 from minipar.optim import FlatParams, make
 
 
@@ -51,24 +51,34 @@ class Policy:
     """Dtypes of one precision setting (see the module table)."""
 
     name: str
-    param_dtype: np.dtype
-    master_dtype: np.dtype | None  # None: the optimizer updates the params themselves
-    state_dtype: np.dtype
+    param: str             # dtype names, resolved when used (bfloat16 loads ml_dtypes then)
+    master: str | None     # None: the optimizer updates the params themselves
+    state: str
     loss_scaling: bool = False
+
+    @property
+    def param_dtype(self) -> np.dtype:
+        return as_dtype(self.param)
+
+    @property
+    def master_dtype(self) -> np.dtype | None:
+        return None if self.master is None else as_dtype(self.master)
+
+    @property
+    def state_dtype(self) -> np.dtype:
+        return as_dtype(self.state)
 
     @property
     def model_dtype(self) -> str:
         """The ``dtype`` to put in ``GPTConfig`` / ``MLPConfig``."""
-        return str(self.param_dtype)
+        return self.param
 
 
 POLICIES: dict[str, Policy] = {
-    "float64": Policy("float64", np.dtype(np.float64), None, np.dtype(np.float64)),
-    "float32": Policy("float32", np.dtype(np.float32), None, np.dtype(np.float32)),
-    "mixed": Policy("mixed", np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32),
-                    np.dtype(np.float32)),
-    "mixed-fp16": Policy("mixed-fp16", np.dtype(np.float16), np.dtype(np.float32),
-                         np.dtype(np.float32), loss_scaling=True),
+    "float64": Policy("float64", "float64", None, "float64"),
+    "float32": Policy("float32", "float32", None, "float32"),
+    "mixed": Policy("mixed", "bfloat16", "float32", "float32"),
+    "mixed-fp16": Policy("mixed-fp16", "float16", "float32", "float32", loss_scaling=True),
 }
 
 

@@ -196,7 +196,8 @@ def test_mpi_spec_uses_dtlib_not_the_private_typedict() -> None:
 
     for p in (Path(B.__file__).parent.parent / "collectives").glob("*.py"):
         assert "_typedict" not in p.read_text(), p.name
-    for d in B.DTYPES:
+    for name in B.DTYPES:
+        d = B.dtype_named(name)
         _, dt, op = B.mpi_spec(np.zeros(3, d), "sum")
         if d == np.dtype(bfloat16):  # MPI has no bfloat16: opaque bytes and a NumPy op
             assert dt.Get_size() == 2 and not dt.is_predefined and op != MPI.SUM

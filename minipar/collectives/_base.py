@@ -41,7 +41,8 @@ from minipar.comm.traced import TracedComm, traced
 
 __all__ = [
     "COLLECTIVES", "DTYPES", "OPS", "CollectiveMismatchError", "TracedComm", "check_algorithm",
-    "check_op", "check_root", "chunk_counts", "describe_tag", "dtype_code", "dtype_of_tag",
+    "check_op", "check_root", "chunk_counts", "describe_tag", "dtype_code", "dtype_named",
+    "dtype_of_tag",
     "mpi_buf", "mpi_spec", "offsets_of", "prepare", "recv", "recv_any_size", "sendrecv",
     "tag_for", "traced",
 ]
@@ -63,6 +64,7 @@ dtype_code = T.dtype_code
 tag_for = T.collective_tag
 describe_tag = T.describe_tag
 dtype_of_tag = T.dtype_of_tag
+dtype_named = T.dtype_named
 #: the numpy.array_split rule (minipar.spans), under the names the collectives use
 chunk_counts = spans.counts
 offsets_of = spans.offsets

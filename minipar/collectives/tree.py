@@ -107,7 +107,7 @@ def _broadcast_unknown(c: Any, root: int, algorithm: str) -> np.ndarray:
     """A non-root's side of a broadcast whose length and dtype it does not know."""
     if algorithm == "mpi":
         n, code = c.comm.bcast(None, root=root)  # pickled header: the oracle's extra message
-        out = np.empty(n, B.DTYPES[code - 1])
+        out = np.empty(n, B.dtype_named(B.DTYPES[code - 1]))
         _, dt, _ = B.mpi_spec(out)
         with c.operation("mpi_broadcast"):
             c.comm.Bcast(B.mpi_buf(out, dt), root=root)

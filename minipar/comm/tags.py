@@ -60,13 +60,6 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-try:  # bfloat16 is optional: ml_dtypes is a dependency, but keep import-safe
-    from ml_dtypes import bfloat16 as _bf16
-
-    _EXTRA = [np.dtype(_bf16)]
-except ImportError:  # pragma: no cover
-    _EXTRA = []
-
 #: the smallest TAG_UB the MPI standard allows (MPI 4.1 §9.1.2)
 STANDARD_TAG_UB = 32767
 
@@ -115,11 +108,12 @@ COLLECTIVES = [
 MAX_COLLECTIVES = 16  # signatures have room for this many
 #: reduction ops, in signature order
 OP_NAMES = ["sum", "max", "min", "prod"]
-#: dtypes a collective accepts; code = index + 1 (0 is never used)
-DTYPES: list[np.dtype] = [np.dtype(t) for t in (
+#: dtypes a collective accepts, by name (bfloat16: ml_dtypes', named without loading it);
+#: code = index + 1 (0 is never used)
+DTYPES: list[str] = [
     "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-)] + _EXTRA
+    "float16", "float32", "float64", "complex64", "complex128", "bfloat16",
+]
 
 PIPELINE_KINDS = ("act", "grad")  # activations forward, gradients backward
 PIPELINE_CHUNKS = 8  # model chunks per stage (interleaved schedules)
@@ -164,12 +158,24 @@ def row_modulus() -> int:
     return _row_mod[0]
 
 
+_CODES: dict[np.dtype, int] = {}
+
+
 def dtype_code(dtype: Any) -> int:
     """The signature code of ``dtype`` (``ValueError`` if collectives do not support it)."""
-    for i, d in enumerate(DTYPES):
-        if d == dtype:
-            return i + 1
-    names = ", ".join(str(d) for d in DTYPES)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:  # "bfloat16" before ml_dtypes is loaded
+        dt = None
+    code = _CODES.get(dt) if dt is not None else None
+    if code is None:
+        name = str(dtype) if dt is None else str(dt)
+        code = DTYPES.index(name) + 1 if name in DTYPES else None
+        if code is not None and dt is not None:
+            _CODES[dt] = code  # once per dtype: str(dtype) allocates
+    if code is not None:
+        return code
+    names = ", ".join(DTYPES)
     raise ValueError(f"dtype {dtype} is not supported by minipar collectives; one of {names}")
 
 
@@ -199,7 +205,16 @@ def is_collective_tag(tag: int) -> bool:
 def dtype_of_tag(tag: int) -> np.dtype | None:
     """The dtype a collective's tag encodes (None if it is not such a tag)."""
     sig = _signature(tag)
-    return None if sig is None else DTYPES[sig[2] - 1]
+    return None if sig is None else dtype_named(DTYPES[sig[2] - 1])
+
+
+def dtype_named(name: str) -> np.dtype:
+    """The NumPy dtype of one of :data:`DTYPES`' names (bfloat16 loads ml_dtypes)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def nonblocking_tag(index: int) -> int:

@@ -14,29 +14,53 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np  # dtype names only; array math goes through xp
 
 from minipar.backend import xp
 
-#: the 16-bit floating dtypes minipar knows
-HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+#: the 16-bit floating dtypes minipar knows, by name
+HALF_DTYPES = ("float16", "bfloat16")
+#: every dtype a model can store
+MODEL_DTYPES = ("float64", "float32", *HALF_DTYPES)
+
+
+_FLOATS = (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16))
+_BF16: list[np.dtype] = []  # filled by the first bfloat16(): no bfloat16 array exists before
+
+
+def bfloat16() -> np.dtype:
+    """NumPy's bfloat16, from ``ml_dtypes`` — imported here, on first use: loading its C
+    extension costs about 0.5 s of CPU, which every process and MPI rank that never
+    touches bfloat16 is spared."""
+    if not _BF16:
+        import ml_dtypes
+
+        _BF16.append(np.dtype(ml_dtypes.bfloat16))
+    return _BF16[0]
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)``, with ``"bfloat16"`` understood before ``ml_dtypes`` is loaded."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return bfloat16()
+    return np.dtype(dtype)
 
 
 def check_model_dtype(dtype: Any) -> np.dtype:
     """``dtype`` as a NumPy dtype a model can store; ValueError unless 64/32/16-bit float."""
     try:
-        dt = np.dtype(dtype)
+        dt = as_dtype(dtype)
     except TypeError as e:
         raise ValueError(f"unknown dtype {dtype!r}") from e
-    if dt not in (np.dtype(np.float64), np.dtype(np.float32), *HALF_DTYPES):
+    if dt not in _FLOATS and dt not in _BF16:
         raise ValueError(f"dtype must be float64, float32, float16 or bfloat16, got {dt}")
     return dt
 
 
 def is_16bit(dtype: Any) -> bool:
     """True for float16 and bfloat16."""
-    return np.dtype(dtype) in HALF_DTYPES
+    dt = as_dtype(dtype)  # compared with the dtypes, not by name: dtype.name allocates
+    return dt == _FLOATS[2] or (bool(_BF16) and dt == _BF16[0])
 
 
 def compute_dtype(dtype: Any) -> np.dtype:

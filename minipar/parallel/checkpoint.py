@@ -96,12 +96,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from minipar import safetensors_io
 from minipar.backend import to_host
 from minipar.data import corpus
+from minipar.nn.dtypes import as_dtype
 from minipar.parallel.engine import Piece, Shard, State, assemble
 
 MANIFEST = "manifest.json"
@@ -157,11 +156,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def _to_disk(a: np.ndarray) -> np.ndarray:
     """.npz has no bfloat16: store its bits as uint16 (the index records the dtype)."""
-    return a.view(np.uint16) if a.dtype == np.dtype(ml_dtypes.bfloat16) else a
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
 
 
 def _dtype(name: str) -> np.dtype:
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    return as_dtype(name)
 
 
 def _slices(sl: tuple[slice, ...]) -> list[list[int]]:
@@ -568,6 +567,8 @@ def export(path: str | os.PathLike[str], out: str | os.PathLike[str],
     meta.update({k: m[k] if isinstance(m[k], str) else json.dumps(m[k])
                  for k in ("model", "precision", "optimizer") if k in m})
     out = Path(out)
+    from minipar import safetensors_io  # loads ml_dtypes (bfloat16): only for an export
+
     _atomic_write(out, safetensors_io.encode(tensors, meta))
     return out
 

@@ -77,7 +77,9 @@ def traced_engine(grid: Any, spec: Any, **options: Any) -> dict[str, Any]:
 
     from minipar.memory import measure
     from minipar.parallel.zero.engine import ZeRO
+    from minipar.precision import get
 
+    _ = get(spec.precision).param_dtype  # a first bfloat16 loads ml_dtypes: not the engine's bytes
     losses, peak = [0.0] * spec.steps, 0
     gc.collect()  # garbage of before is not this engine's
     with measure() as whole:
