@@ -26,6 +26,9 @@ def test_bench_dp_tiny_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["speedup"] == pytest.approx(row["serial_s"] / row["dp_s"])
     assert row["dp_samples_per_s"] == pytest.approx(4 / row["dp_s"])
     assert row["buckets"] > 1
+    line = bench_dp.speedup_line(row, 1)
+    assert line.startswith(f"speed-up {row['speedup']:.2f}x (best of 1; ideal 2x on 2 ranks)")
+    assert "target" not in line
     psi_bytes = row["psi"] * 4  # float32
     assert row["bytes_per_step"] == pytest.approx(psi_bytes, rel=0.001)  # 2(N-1)/N x S, N = 2
 

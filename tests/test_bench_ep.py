@@ -53,6 +53,7 @@ def test_the_printed_view_names_the_speed_up() -> None:
     assert "speed-up of expert parallelism on 2 ranks" in proc.stdout
     assert "MoE, EP on 2 ranks" in proc.stdout and "cf 1.25" not in proc.stdout
     assert "EP against pure data parallelism" in proc.stdout
+    assert "ideal 2x on 2 ranks" in proc.stdout and "target" not in proc.stdout
 
 
 def test_measure_traffic_counts_what_the_formulas_say() -> None:

@@ -35,6 +35,8 @@ def test_the_text_view(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_pp.main([*TINY, "--schedule", "gpipe", "--micro-batches", "4"]) == 0
     out = capsys.readouterr().out
     assert "speed-up" in out and "formula (p-1)/(m+p-1) = 0.200" in out
+    assert "ideal p·m/(m+p-1) = 1.60, GPipe's bubble on 2 ranks" in out
+    assert "target" not in out
 
 
 @pytest.mark.parametrize("args,words", [

@@ -28,6 +28,7 @@ def test_bench_tp_times_both_and_counts_the_ring_bytes() -> None:
     assert row["bytes_per_block_per_rank"] == [row["bytes_formula"]] * 2 == [4 * 2 * 16 * 32 * 4] * 2
     text = _bench(*TINY)
     assert text.returncode == 0 and "speed-up" in text.stdout and "16,384" in text.stdout
+    assert "ideal 2x on 2 ranks" in text.stdout and "target" not in text.stdout
 
 
 @pytest.mark.parametrize("args,option", [

@@ -239,6 +239,15 @@ def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None
         assert [set(a) for a in s["bytes_by_axis_per_rank"]] == [{"cp"}] * 2
         cp_bytes = ", ".join(f"{a['cp']:,}" for a in s["bytes_by_axis_per_rank"])
         assert s["notes"][-1] == f"bytes sent per rank per step by grid axis: cp {cp_bytes}"
+        work = s["notes"][4]  # H = 2 heads, s = 8: the serial causal count is 2·8·9/2 = 72
+        assert work.startswith("attention scores computed per rank per batch row"), work
+        if s["kind"] == "ring":  # zigzag chunks of c = s/2P = 2, diagonal pairs computed whole
+            assert s["score_elements_per_rank"] == [40, 40]
+            assert ("together 80 = H·s(s+c)/2 with chunks of c = 2" in work
+                    and "the serial layer's causal count H·s(s+1)/2 = 72" in work), work
+        else:  # H/P = 1 head each over all s² positions, the masked scores included
+            assert s["score_elements_per_rank"] == [64, 64]
+            assert "the serial layer's H·s² = 128 (causal: 72)" in work, work
         if s["kind"] == "ulysses":  # the paper's per-link figure, and what a rank sends
             per_rank = s["attention_bytes_per_layer_formula"]["forward"]
             assert f"x (P-1)/P = {per_rank:,} per rank" in s["notes"][1]

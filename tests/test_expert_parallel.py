@@ -130,6 +130,17 @@ def test_minipar_run_ep_json_has_the_routing_and_the_bytes_per_axis() -> None:
     assert s["bytes_by_axis_per_rank"] == s["bytes_formula_by_axis_per_rank"]
     assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"]
     assert s["capacity_per_rank"] == [12, 12, 8, 8]  # k = 2 x (3, 3, 2, 2 rows of 8 tokens) / E 4
+    # the all-to-all data: exact for the capacities that ran, and why the plan's padded
+    # figure (one C for the whole ep group) differs when a group's C differ
+    exact, plan = s["alltoall_data_bytes_per_rank"], s["alltoall_plan_bytes_per_rank"]
+    data = next(n for n in s["notes"] if "all-to-all data per rank per step" in n)
+    assert ", ".join(f"{b:,.0f}" for b in exact) in data and "C_r = [12, 12, 8, 8]" in data
+    padded = next(n for n in s["notes"] if "padded-buffer figure" in n)
+    assert ", ".join(f"{b:,.0f}" for b in plan) in padded
+    assert "it assumes every rank of the ep group has the same C" in padded
+    assert (", as here: it equals the exact figure" in padded) == (exact == plan), padded
+    if exact != plan:
+        assert "(here [3, 3, 2, 2] rows per rank)" in padded, padded
     # each rank holds the dense parameters and E/ep = 2 of the 4 experts (float64 AdamW:
     # 32 B per parameter), less than a full replica
     d, f = 16, 64

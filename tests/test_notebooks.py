@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +30,15 @@ def test_notebook_is_stored_without_outputs(path: Path) -> None:
     nb = json.loads(path.read_text(encoding="utf-8"))
     dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("outputs")]
     assert not dirty, f"{path.name}: code cells {dirty} have stored outputs; clear them"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_speaks_of_ideals_and_papers_not_project_goals(path: Path) -> None:
+    """A learner reads the ideal and the paper's figure, never "target 1.45x" or "issue 8"."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    text = "".join("".join(c["source"]) for c in nb["cells"])
+    found = re.findall(r"(?i)\btargets? *[<>=≤≥]*\s*\d|\bissue \d", text)
+    assert not found, f"{path.name}: {found}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

@@ -14,6 +14,7 @@ Here, in one process: slicing round trips, the slicing table, the error sentence
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 from conftest import launch_checks, refused_before_mpi, run_minipar
 
 from minipar.nn import GPT, GPTConfig
+from minipar.parallel.common import RunSpec
 from minipar.parallel.tensor_parallel.layers import (
     check_tp,
     kind_of,
@@ -89,6 +91,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     (["tp", "-n", "4", "--tp", "2", "--batch", "1", "--vocab", "12"], "--batch"),
     (["sp", "-n", "2", "--tp", "2", "--seq", "7"], "--seq 7"),
     (["sp", "-n", "2", "--experts", "2"], "--experts"),
+    # no silent fallback to data parallelism: no t > 1 dividing 3 cuts the default model
+    (["sp", "-n", "3"], "-n 3: no tensor-parallel size t > 1 dividing 3 cuts this model"),
+    (["sp", "-n", "3"], "--tp 3 --heads 3 --d-model 24 --vocab 6 --seq 12, or --tp 1 for plain"),
+    (["tp", "-n", "3"], "--tp 3 --heads 3 --d-model 24 --vocab 6, or --tp 1 for plain data"),
 ])
 def test_run_bad_input_is_one_line_exit_2(args: list[str], words: str, tmp_path: Path) -> None:
     line = refused_before_mpi(["run", *args, "--timeout", "5"], tmp_path).stderr.strip()
@@ -101,6 +107,21 @@ def test_run_tp_on_a_2x2_grid_and_sp_json() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "final parameters: equal to the serial run" in proc.stdout
     assert "grid dp 2 x tp 2" in proc.stdout
+    # the headline says it counts the blocks' f and g; the axes add up to every byte
+    assert ("bytes sent per rank per step (counted; the blocks' f and g only; every axis: the "
+            "lines below): ") in proc.stdout
+    axes = re.search(r"by grid axis \(rank 0\): dp ([\d,]+), tp ([\d,]+) \(all axes ([\d,]+)\)",
+                     proc.stdout)
+    dp_b, tp_b, total = (int(g.replace(",", "")) for g in axes.groups())
+    assert dp_b + tp_b == total
+    # the dp all-reduce runs over the rank's parameters, not Ψ/t: the replicated ones too
+    m = re.search(r"over the rank's P_r = ([\d,]+) parameters: its 1/t slices ([\d,]+) \+ "
+                  r"([\d,]+) replicated on every tp rank .*the model's Ψ = ([\d,]+), "
+                  r"Ψ/t = ([\d,]+)", proc.stdout)
+    assert m, proc.stdout
+    p_r, sliced, shared, psi, psi_t = (int(g.replace(",", "")) for g in m.groups())
+    assert psi == GPT(RunSpec(heads=2, vocab=12).config()).n_params()
+    assert (p_r, psi, psi_t) == (sliced + shared, 2 * sliced + shared, psi // 2) and shared > 0
     proc = _cli("sp", "-n", "2", "--steps", "2", "--json", "--timeout", "120")
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads(proc.stdout)
@@ -110,12 +131,11 @@ def test_run_tp_on_a_2x2_grid_and_sp_json() -> None:
     assert all(set(a) == {"tp"} for a in s["bytes_by_axis_per_rank"])
 
 
-def test_a_run_that_cannot_slice_says_so_and_names_uneven_rows() -> None:
-    proc = _cli("tp", "-n", "3", "--steps", "1", "--timeout", "120")
+def test_plain_data_parallelism_asked_for_names_uneven_rows() -> None:
+    proc = _cli("tp", "-n", "3", "--tp", "1", "--steps", "1", "--timeout", "120")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "t = 1: no t > 1 dividing -n 3 cuts this model" in proc.stdout
-    assert "--tp 3 --heads 3 --d-model 24 --vocab 6" in proc.stdout  # a model that cuts
-    assert "(--batch 10 split 4, 3, 3)" in proc.stdout
+    assert "grid dp 3 x tp 1" in proc.stdout and "(--batch 10 split 4, 3, 3)" in proc.stdout
+    assert "over the rank's P_r = 7,040 parameters = the model's Ψ" in proc.stdout
 
 
 def test_the_default_grid_is_the_largest_tp_the_model_cuts() -> None:

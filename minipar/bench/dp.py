@@ -203,6 +203,13 @@ def _parser() -> ArgumentParser:
     return p
 
 
+def speedup_line(row: dict[str, Any], rounds: int) -> str:
+    """The printed speed-up: the best round's next to the ideal N x on N ranks."""
+    n = row["ranks"]
+    return (f"speed-up {row['speedup']:.2f}x (best of {rounds}; ideal {n}x on {n} ranks); per "
+            f"round: {', '.join(f'{x:.2f}' for x in row['round_speedups'])}")
+
+
 def main(argv: list[str]) -> int:
     from minipar import launch
 
@@ -224,8 +231,7 @@ def main(argv: list[str]) -> int:
     print(f"{'':>14} {'s/step':>8} {'samples/s':>10}")
     print(f"{'serial':>14} {row['serial_s']:>8.3f} {row['serial_samples_per_s']:>10.1f}")
     print(f"{'DP, ' + str(a.ranks) + ' ranks':>14} {row['dp_s']:>8.3f} {row['dp_samples_per_s']:>10.1f}")
-    print(f"speed-up {row['speedup']:.2f}x (best of {a.rounds}; ideal {a.ranks}; target >= 1.7 on "
-          f"2 ranks); per round: {', '.join(f'{x:.2f}' for x in row['round_speedups'])}")
+    print(speedup_line(row, a.rounds))
     kinds = ", ".join(f"{row['bucket_algorithms'].count(k)} {k.replace('_', ' ')}"
                       for k in sorted(set(row["bucket_algorithms"])))
     print(f"{row['buckets']} bucket(s) ({kinds}; --algorithm {row['algorithm']}), "

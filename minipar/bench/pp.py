@@ -209,7 +209,7 @@ def main(argv: list[str]) -> int:
     print(f"{'pipeline, ' + str(p_) + ' ranks':>16} {row['pp_s']:>8.3f} "
           f"{row['pp_samples_per_s']:>10.1f}")
     print(f"speed-up {row['speedup']:.2f}x (best of {a.rounds}; ideal p·m/(m+p-1) = "
-          f"{p_ * m / (m + p_ - 1):.2f}; target >= 1.5); per round: "
+          f"{p_ * m / (m + p_ - 1):.2f}, GPipe's bubble on {p_} ranks); per round: "
           + ", ".join(f"{x:.2f}" for x in row["round_speedups"]))
     print(f"on a dedicated machine (CPU seconds: the serial step {row['serial_cpu_s']:.3f}, "
           f"with {m} micro-batches accumulated {row['serial_accum_cpu_s']:.3f}; the pipeline's "
@@ -224,7 +224,8 @@ def main(argv: list[str]) -> int:
           + ", ".join(f"{row[k] - row['bubble_formula']:+.3f} {w}" for k, w in (
               ("bubble_rebuilt", "rebuilt"), ("bubble_rebuilt_median", "from median costs"),
               ("bubble_rebuilt_cpu", "from CPU times")))
-          + " (target: within 0.02; unequal stages and stalls add to it)")
+          + " (the formula's stages are equal and never stall; unequal stages and stalls add to "
+             "it)")
     print("compute per stage per step (CPU s): "
           + ", ".join(f"{x:.3f}" for x in row["stage_compute_s"])
           + f"; {row['bytes_p2p_per_step']:,.0f} bytes point-to-point sent by rank 0 per step; load "

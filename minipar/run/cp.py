@@ -93,6 +93,17 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     act_formula = ("(3·b·s·d + b·H·s²)·i/P" if kind == "ulysses" else
                    "(3·b·s·d [q, k, v] + b·s·d [o] + b·H·s [lse])·i/P, no s² term")
     work = ", ".join(f"{r['score_elements']:,}" for r in rows)
+    H, sq = spec.heads, spec.seq
+    causal = H * sq * (sq + 1) // 2  # the serial layer's causal scores q·k, key j <= query i
+    if kind == "ulysses":  # H/P whole heads each, every score computed, then masked
+        work_text = (f"H·s²/P: H/P heads each over the whole sequence, the masked scores "
+                     f"included; the serial layer's H·s² = {H * sq * sq:,} (causal: {causal:,})")
+    else:  # chunk pairs below the diagonal, the diagonal ones whole (masked inside)
+        c = sq // (2 * n if m["zigzag"] else n)
+        work_text = (f"together {sum(r['score_elements'] for r in rows):,} = H·s(s+c)/2 with "
+                     f"chunks of c = {c} (a diagonal chunk pair is computed whole, masked "
+                     f"inside); the serial layer's causal count H·s(s+1)/2 = {causal:,} "
+                     f"(H·s² = {H * sq * sq:,} with the masked scores)")
     paper_text = ("4Nh/P per link (N = b·s)" if kind == "ulysses"
                   else "2(P-1)·b·s·h/P per rank")
     paper_line = f"the paper's {paper_text} = {paper:,.0f}"
@@ -134,7 +145,7 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
              f"dropped; vs the ledger: the Python objects around the arrays): {tm_text}; "
              f"the forward's peak {peak_text}"),
             (f"attention scores computed per rank per batch row, all heads (causal work): "
-             f"{work}; the serial layer's H·s² = {spec.heads * spec.seq ** 2:,}"),
+             f"{work}; {work_text}"),
             "bytes sent per rank per step by grid axis: " + axis_text,
         ],
     }

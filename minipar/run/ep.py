@@ -111,9 +111,18 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     def per_rank(key: str) -> str:
         return ", ".join(f"{r[key]:,.0f}" for r in rows)
 
+    caps = [r["capacity"] for r in rows]
     notes.append(f"  all-to-all data per rank per step (without the counts): "
-                 f"{per_rank('a2a_data')}; minipar.plan.moe's padded-buffer figure, "
-                 f"4(ep-1)/ep x E·C·d·b per MoE layer x {blocks} MoE layers: {per_rank('plan')}")
+                 f"{per_rank('a2a_data')}: exact for the capacities that ran, per MoE layer "
+                 f"and direction rank r sends (ep-1)·(E/ep)·C_r·d·b to dispatch its tokens "
+                 f"and (E/ep)·Σ_(j≠r) C_j·d·b to combine the others' (C_r = {caps})")
+    notes.append(f"  minipar.plan.moe's padded-buffer figure, 4(ep-1)/ep x E·C·d·b per MoE layer "
+                 f"x {blocks} MoE layers with each rank's own C: {per_rank('plan')}; it assumes "
+                 f"every rank of the ep group has the same C" + (
+                     f", which holds only when the rows split evenly (here "
+                     f"{[(r['tokens'] // spec.seq) for r in rows]} rows per rank)"
+                     if any(r["a2a_data"] != r["plan"] for r in rows)
+                     else ", as here: it equals the exact figure"))
     return {"ranks": n, "data_parallel_ranks": n, "ep": ep, "edp": n // ep,
             "experts": spec.experts, "top_k": spec.top_k,
             "capacity_factor": spec.capacity_factor,

@@ -26,7 +26,8 @@ The summary's keys (the ones every strategy has first):
                                 (asynchronous updates, any precision but
                                 float64): the verdict says why
 ``bytes_sent_per_rank``         list over ranks: bytes sent per step (counted;
-                                ``bytes_counted`` False when MPI's own ran)
+                                ``bytes_counted`` False when MPI's own ran);
+``bytes_sent_text``             optional: what they cover when not every byte
 ``bytes_exact_per_rank``,       list over ranks: the exact bytes of the
 ``bytes_exact_text``            algorithms that ran, and what they were
 ``bytes_formula``,              the paper's figure per rank per step, and its
@@ -137,7 +138,8 @@ def format_summary(s: dict[str, Any]) -> str:
         sent = ", ".join(f"{b:,.0f}" for b in s["bytes_sent_per_rank"])
         counted = "counted" if s.get("bytes_counted", True) else (
             "not counted: MPI's own collective does not tell its bytes")
-        lines.append(f"bytes sent per rank per step ({counted}): {sent}")
+        covers = f"; {s['bytes_sent_text']}" if s.get("bytes_sent_text") else ""
+        lines.append(f"bytes sent per rank per step ({counted}{covers}): {sent}")
         if "bytes_exact_per_rank" in s:
             exact = ", ".join(f"{b:,.0f}" for b in s["bytes_exact_per_rank"])
             lines.append(f"  exact figure of what ran ({s.get('bytes_exact_text', 'per rank')}): "

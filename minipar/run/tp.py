@@ -2,8 +2,9 @@
 
 EN tensor parallelism · RU тензорный параллелизм · ZH 张量并行
 
-Launcher side: ``--tp`` (default: the largest t dividing N that the model cuts; a note
-says when that is 1) and ``--dp`` (default N / tp), and the
+Launcher side: ``--tp`` (default: the largest t dividing N that the model cuts; when
+none > 1 does, the run is refused with a model that cuts, and ``--tp 1`` asks for plain
+data parallelism) and ``--dp`` (default N / tp), and the
 checks that name the numbers before MPI starts: dp·tp = N, heads, the MLP width 4·d and
 the vocabulary divisible by tp (and, for ``run sp``, the sequence), a row of the batch
 for every dp rank.  Rank side: :mod:`minipar.run.worker` builds the engine
@@ -80,6 +81,15 @@ def check_sizes(options: dict[str, Any], spec: Any, sequence_parallel: bool) -> 
 
     sizes = grid_sizes(options, spec, sequence_parallel)
     dp, t, d = sizes["dp"], sizes["tp"], spec.d_model
+    n = options["ranks"]
+    if t == 1 and n > 1 and options.get("tp") is None and options.get("dp") is None:
+        need = "heads, 4·d_model, vocab" + (" and seq" if sequence_parallel else "")
+        raise ValueError(
+            f"-n {n}: no tensor-parallel size t > 1 dividing {n} cuts this model ({need} must "
+            f"divide by t, a batch row per replica), so nothing would be sliced; give a model "
+            f"that cuts, e.g. --tp {n} --heads {n} --d-model {8 * n} --vocab {2 * n}"
+            + (f" --seq {4 * n}" if sequence_parallel else "")
+            + ", or --tp 1 for plain data parallelism")
     size = "the tensor-parallel size t ="
     checks.divides(size, t, "--heads", spec.heads, f"each rank takes heads/t whole heads "
                    f"(e.g. --heads {t} with --d-model a multiple of {t})")
@@ -151,17 +161,11 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
     notes = [(f"grid dp {dp} x tp {t}; {name} parallelism over tp; {rows_text}, "
               f"s = {s}, h = {h}, {L} blocks, {e}-byte elements"),
              "bytes per step by grid axis (rank 0): "
-             + (", ".join(f"{a} {v:,.0f}" for a, v in rows[0][2].items()) or "none sent"),
+             + (", ".join(f"{a} {v:,.0f}" for a, v in rows[0][2].items())
+                + f" (all axes {sum(rows[0][2].values()):,.0f})" if rows[0][2] else "none sent"),
              "bytes per step by operation (rank 0): "
              + (", ".join(f"{op} {v:,.0f}" for op, v in sorted(rows[0][3].items()))
                 or "none sent")]
-    if t == 1 and dp > 1 and options.get("tp") is None and options.get("dp") is None:
-        need = "heads, 4·d_model, vocab" + (" and seq" if sp else "")
-        notes.insert(0, f"t = 1: no t > 1 dividing -n {dp} cuts this model ({need} must divide "
-                        f"by t, a batch row per replica): nothing is sliced, this is plain data parallelism; choose --tp "
-                        f"with a model that cuts, e.g. --tp {dp} --heads {dp} "
-                        f"--d-model {8 * dp} --vocab {2 * dp}"
-                        + (f" --seq {4 * dp}" if sp else ""))
     if rows[0][6] is not None and t > 1:
         notes.append(f"tp axis (rank 0): {rows[0][2].get('tp', 0):,.0f} bytes per step; exact "
                      f"{rows[0][6]:,}: the blocks' f and g, the embedding's g and the head's f "
@@ -169,12 +173,19 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
                      f"2·b·s numbers")
     if dp > 1:
         from minipar.collectives.cost import allreduce_bytes_sent
+        from minipar.nn import GPT
 
-        psi_t = run.states.grads.size
+        mine_p, psi = run.states.grads.size, GPT(run.cfg).n_params()
+        shared = (t * mine_p - psi) // (t - 1) if t > 1 else 0  # replicated on every tp rank
         notes.append(f"dp axis (rank 0): gradient all-reduce "
                      f"{rows[0][3].get('dp_grad_allreduce', 0):,.0f} bytes per step; ring "
-                     f"formula 2(d-1)/d x Ψ/t x {e} B = "
-                     f"{allreduce_bytes_sent(psi_t, e, dp, 0, 'ring'):,} (Ψ/t = {psi_t:,})")
+                     f"formula 2(d-1)/d x P_r x {e} B = "
+                     f"{allreduce_bytes_sent(mine_p, e, dp, 0, 'ring'):,}, over the rank's "
+                     f"P_r = {mine_p:,} parameters"
+                     + (f": its 1/t slices {mine_p - shared:,} + {shared:,} replicated on "
+                        f"every tp rank (LayerNorms, position embedding, row-parallel biases); "
+                        f"the model's Ψ = {psi:,}, Ψ/t = {psi / t:,.0f}" if t > 1 else
+                        " = the model's Ψ"))
     if sp:
         notes.append("SP's all-gathers and reduce-scatters send TP's bytes; sp_regather (the "
                      "saved shard gathered again in backward) and sp_param_grads are extra")
@@ -192,6 +203,7 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
     return {"ranks": dp * t, "data_parallel_ranks": dp, "tp": t, "dp": dp,
             "sequence_parallel": sp,
             "bytes_sent_per_rank": [r[0] for r in rows],
+            "bytes_sent_text": "the blocks' f and g only; every axis: the lines below",
             "bytes_exact_per_rank": [r[1] for r in rows],
             "bytes_exact_text": ("the blocks' f and g: 4 ring all-reduces per block of b·s·h"
                                  + (", a MoE MLP's of E·C·h" if spec.experts else "")
