@@ -59,9 +59,10 @@ def _poll(condition, deadline_s: float) -> bool:
     return True
 
 
-def _start(parent_tmp: Path) -> tuple[subprocess.Popen[str], Path, set[int]]:
+def _start(parent_tmp: Path) -> tuple[subprocess.Popen[str], Path, set[int], set[str]]:
     """``minipar run dp -n 4`` with an endless run; returns it once all 4 ranks are noted,
-    with its launch folder and the processes to end: mpiexec, the hydra proxy, the ranks."""
+    with its launch folder, the processes to end (mpiexec, the hydra proxy, the ranks) and
+    MPICH's hardware-map files (``/tmp/hydra_hwloc_xmlfile_*``) to be removed."""
     env = {**os.environ, "TMPDIR": str(parent_tmp)}
     proc = subprocess.Popen([sys.executable, "-m", "minipar.cli", "run", "dp", "-n", str(N),
                              "--steps", "1000000", "--timeout", "600", *TINY],
@@ -72,23 +73,33 @@ def _start(parent_tmp: Path) -> tuple[subprocess.Popen[str], Path, set[int]]:
         return [f for d in parent_tmp.glob("minipar-launch-*")
                 for f in (d / RANKS_DIR).glob("*.json")]
 
-    if not _poll(lambda: len(noted()) == N and proc.poll() is None, START_DEADLINE_S):
+    def records() -> list[dict]:
+        out = []
+        for f in noted():
+            with contextlib.suppress(OSError, ValueError):  # replaced as it is read
+                out.append(json.loads(f.read_text()))
+        return out
+
+    # every rank noted, past MPI_Init (its note then names MPICH's hardware map)
+    if not _poll(lambda: sum(bool(r["hwloc"]) for r in records()) == N and proc.poll() is None,
+                 START_DEADLINE_S):
         proc.kill()
         _, err = proc.communicate()
         pytest.fail(f"{N} ranks not noted within {START_DEADLINE_S:g} s: {err[-2000:]}")
     (folder,) = parent_tmp.glob("minipar-launch-*")
-    ranks = {json.loads(f.read_text())["pid"] for f in noted()}
+    ranks = {r["pid"] for r in records()}
+    hwloc = {f for r in records() for f in r["hwloc"]}
     mpiexec = int((folder / MPIEXEC_PID).read_text())
     proxies = {_parent(p) for p in ranks} - {None}
     assert all(_parent(p) == mpiexec for p in proxies), "ranks should be mpiexec's grandchildren"
-    return proc, folder, ranks | proxies | {mpiexec}
+    return proc, folder, ranks | proxies | {mpiexec}, hwloc
 
 
 def _drill(sig: int, parent_tmp: Path) -> list[float]:
     """Signal the launcher REPEATS times; the seconds until nothing was left, each time."""
     took = []
     for _ in range(REPEATS):
-        proc, folder, pids = _start(parent_tmp)
+        proc, folder, pids, hwloc = _start(parent_tmp)
         assert all(map(_running, pids))
         t0 = time.monotonic()
         proc.send_signal(sig)
@@ -103,6 +114,7 @@ def _drill(sig: int, parent_tmp: Path) -> list[float]:
         assert gone, (f"after {signal.Signals(sig).name} to minipar: still running {left}, "
                       f"folder left: {folder.exists()}")
         assert list(parent_tmp.iterdir()) == []
+        assert [f for f in hwloc if os.path.exists(f)] == []
         if sig == signal.SIGHUP:
             assert proc.returncode == 129 and err.splitlines()[-1:] == ["minipar: hung up"], err
             assert "Traceback" not in err
