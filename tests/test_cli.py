@@ -97,9 +97,11 @@ def test_sigterm_in_a_verb_is_one_line_and_exit_143(monkeypatch, capsys):
 @pytest.mark.parametrize("sig, code, line", [
     (signal.SIGTERM, 143, "minipar: terminated"),   # `kill`, `timeout`, a scheduler
     (signal.SIGINT, 130, "minipar: interrupted"),   # what Ctrl-C sends
+    (getattr(signal, "SIGHUP", 1), 129, "minipar: hung up"),  # the terminal was closed
 ])
 def test_a_signal_during_training_is_one_line_and_its_exit_code(sig, code, line):
-    """SIGTERM or SIGINT to a real `minipar train` mid-run: one line, 143 / 130, no traceback."""
+    """SIGTERM, SIGINT or SIGHUP to a real `minipar train` mid-run: one line, 143 / 130 /
+    129, no traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "minipar.cli", "train", "--steps", "100000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -12,8 +12,8 @@ To add a verb: add one row to ``minipar.registry.VERBS``; nothing else changes h
 Errors are one line (:mod:`minipar.cli.options`): a bad option exits 2 with
 ``minipar VERB: --option …``; Ctrl-C exits 130 with ``minipar: interrupted``
 and no traceback, SIGTERM (``kill``, ``timeout``, a scheduler) exits 143 with
-``minipar: terminated`` (:func:`minipar.cli.options.sigterm_as_interrupt`); in
-both cases a multi-rank launch stops every rank and removes its files first
+``minipar: terminated``, SIGHUP (a closed terminal) 129 with ``minipar: hung up``
+(:func:`minipar.cli.options.sigterm_as_interrupt`); in every case a multi-rank launch stops every rank and removes its files first
 (see :func:`minipar.launch.run`).  ``main`` returns the exit status of the verb,
 so it can be called in-process: it is the one place where argparse's
 ``SystemExit`` (``--help``: 0, a bad option: 2, its line already printed) becomes
@@ -24,11 +24,11 @@ and each ``minipar bench WHAT`` included; ``python -m minipar.run`` comes here t
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 from minipar.cli.options import (
     EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
     EXIT_USAGE,
     Terminated,
     sigterm_as_interrupt,
@@ -78,12 +78,19 @@ def main(argv: list[str] | None = None) -> int:
             return int(module.main(rest) or 0)
     except SystemExit as e:  # argparse: --help (0) or a one-line usage error (2)
         return _status(e.code)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
-        if sys.stderr.isatty():  # end the line ^C (or a progress bar) left open
-            sys.stderr.write("\n")
-        terminated = isinstance(e, Terminated)
-        print(f"minipar: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (Terminated)
+        if not isinstance(e, Terminated):
+            why, status = "interrupted", EXIT_INTERRUPTED
+        else:
+            why = "hung up" if e.signum == getattr(signal, "SIGHUP", None) else "terminated"
+            status = e.exit_status
+        try:  # after SIGHUP the terminal may be gone: writing to it fails (EIO)
+            if sys.stderr.isatty():  # end the line ^C (or a progress bar) left open
+                sys.stderr.write("\n")
+            print(f"minipar: {why}", file=sys.stderr)
+        except (OSError, ValueError):
+            pass
+        return status
     except BrokenPipeError:  # `minipar plan ... | head`: the reader has all it wanted
         _silence_stdout()
         return 0

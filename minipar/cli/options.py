@@ -16,8 +16,10 @@ learner who mistypes an option reads one sentence that says what to change:
   (130 = 128 + SIGINT, the shell's convention); SIGTERM (what ``kill``,
   ``timeout`` and a cluster's scheduler send) is handled the same way —
   :class:`Terminated`, ``minipar: terminated``, :data:`EXIT_TERMINATED`
-  (143 = 128 + SIGTERM) — so a multi-rank launch stops every rank and removes
-  its files either way (:func:`sigterm_as_interrupt`, :mod:`minipar.cli`);
+  (143 = 128 + SIGTERM) — and so is SIGHUP (a closed terminal, a lost ssh
+  session: ``minipar: hung up``, :data:`EXIT_HANGUP`, 129 = 128 + SIGHUP) — so a
+  multi-rank launch stops every rank and removes its files either way
+  (:func:`sigterm_as_interrupt`, :mod:`minipar.cli`);
 * a duration (``--timeout``, ``--watchdog``) is a number of seconds > 0 and at
   most :data:`MAX_SECONDS` (1e6 s, 11.6 days): past about 2.1e6 s the
   operating system's wait, counted in milliseconds in a 32-bit integer, overflows;
@@ -66,6 +68,10 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 #: exit status after SIGTERM: 128 + SIGTERM (15)
 EXIT_TERMINATED = 143
+#: exit status after SIGHUP (the terminal was closed): 128 + SIGHUP (1)
+EXIT_HANGUP = 129
+#: the signals :func:`sigterm_as_interrupt` turns into :class:`Terminated` (SIGHUP: POSIX only)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 #: the longest duration a ``--timeout`` / ``--watchdog`` accepts, in seconds (11.6 days)
 MAX_SECONDS = 1e6
 
@@ -203,40 +209,54 @@ def seconds(text: str) -> float:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (``kill PID``, ``timeout``, a scheduler ending the job).
+    """SIGTERM arrived (``kill PID``, ``timeout``, a scheduler ending the job), or SIGHUP
+    (the terminal was closed); ``signum`` says which.
 
     A subclass of ``KeyboardInterrupt``, so every ``except KeyboardInterrupt``
     and ``finally`` that cleans up after Ctrl-C also runs for SIGTERM — above
     all :func:`minipar.launch.run`, which stops its ranks."""
 
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = int(signum)
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, the shell's convention (143 for SIGTERM, 129 SIGHUP)."""
+        return 128 + self.signum
+
 
 def _raise_terminated(signum: int, frame: object) -> None:
-    # one is enough: a second SIGTERM must not cut short the stopping of the ranks
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated
+    # one is enough: a second SIGTERM (or SIGHUP) must not cut short the stopping of the ranks
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated`, so that ``except`` and
-    ``finally`` blocks run, instead of its default action: ending the process at
-    once, running none of them.  A second SIGTERM while the first unwinds is ignored.
+    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated`, so that ``except``
+    and ``finally`` blocks run, instead of their default action: ending the process at
+    once, running none of them.  A second one while the first unwinds is ignored.
 
     Only where nobody else decided: in the main thread (the only one Python
-    delivers signals to) and while SIGTERM has its default action; a handler
-    already set (the caller's own, or ``minipar.cli``'s, or SIG_IGN) is left in
-    place.  The previous handling is restored when the block ends."""
+    delivers signals to) and while the signal has its default action; a handler
+    already set (the caller's own, or ``minipar.cli``'s, or SIG_IGN — ``nohup``
+    ignores SIGHUP) is left in place.  The previous handling is restored when
+    the block ends."""
+    installed = []
     try:
-        installed = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-        if installed:
-            signal.signal(signal.SIGTERM, _raise_terminated)
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _raise_terminated)
+                installed.append(sig)
     except ValueError:  # not the main thread
-        installed = False
+        pass
     try:
         yield
     finally:
-        if installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in installed:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def check_output_file(path: str) -> str | None:
@@ -277,11 +297,13 @@ def output_file_or_stdout(text: str) -> str:
 
 
 __all__ = [
+    "EXIT_HANGUP",
     "EXIT_INTERRUPTED",
     "EXIT_TERMINATED",
     "EXIT_USAGE",
     "MAX_SECONDS",
     "SECONDS_WANTED",
+    "STOP_SIGNALS",
     "ArgumentParser",
     "Terminated",
     "check_output_file",

@@ -26,8 +26,15 @@ What it does, and why:
   mpiexec is asked to stop (SIGTERM, which it forwards to every rank), then the
   whole process group is killed, and :class:`LaunchTimeout` (or
   ``KeyboardInterrupt``; :class:`~minipar.cli.options.Terminated` for SIGTERM)
-  is raised.  A test that launches ranks can therefore never hang, and a
-  launcher stopped by ``kill``, ``timeout`` or a scheduler leaves no rank behind.
+  is raised.  SIGHUP (the terminal was closed) is handled as SIGTERM.  A test
+  that launches ranks can therefore never hang, and a launcher stopped by
+  ``kill``, ``timeout`` or a scheduler leaves no rank behind.
+* **The launcher owns its ranks.**  Even a launcher that cannot clean up
+  (``kill -9``, a crash) leaves nothing running: each rank on this machine
+  holds a connection to the launcher, and the kernel closes the launcher's end
+  as it dies; the rank's watcher thread sees the end of that stream and ends
+  mpiexec's whole process group (mpiexec, its hydra proxy, every rank), then
+  removes the launch's folder (:func:`minipar.launch.rank.watch_launcher`).
 * **A launch leaves nothing behind.**  It gets a private temporary folder
   (``TMPDIR`` of mpiexec and of the ranks), removed afterwards whatever
   happened.  MPICH's process manager writes its hardware map to the fixed path
@@ -135,6 +142,7 @@ def mpiexec_command() -> list[str]:
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment every rank gets: one BLAS thread per rank, this minipar importable."""
     env = dict(os.environ)
+    env.pop(failure.SOCKET_VAR, None)  # a launch from a rank: its ranks watch this launcher
     env.update(dict.fromkeys(THREAD_VARS, "1"))
     # ranks must import the same minipar as the launcher, even from a checkout
     pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -183,9 +191,12 @@ def run(n: int, target: str, *args: str, timeout: float = DEFAULT_TIMEOUT,
         order = failure.ExitOrder(folder)
         try:
             order.start()  # waits for the ranks to connect
-            rank_vars = {**(env or {}), "TMPDIR": folder, LAUNCH_DIR_VAR: folder,
-                         failure.SOCKET_VAR: order.address}
-            result = _wait(_start(cmd, rank_env(rank_vars), capture, cwd), cmd, timeout)
+            rank_vars = {**(env or {}), "TMPDIR": folder, LAUNCH_DIR_VAR: folder}
+            if order.listener is not None:  # the ranks watch the launcher through it
+                rank_vars[failure.SOCKET_VAR] = order.address
+            proc = _start(cmd, rank_env(rank_vars), capture, cwd)
+            note_mpiexec(folder, proc.pid)
+            result = _wait(proc, cmd, timeout)
             if result.returncode:
                 order.stop.set()
                 order.join()  # every end the ranks' sockets reported
@@ -213,6 +224,15 @@ def _start(cmd: list[str], env: dict[str, str], capture: bool,
                               f"{e.strerror or e}; set {MPIEXEC_VAR} to an mpiexec, or unset "
                               "it to use this environment's own") from None
         raise LaunchError(f"cannot start {cmd[0]!r}: {e.strerror or e}") from None
+
+
+def note_mpiexec(folder: str, pid: int) -> None:
+    """Note mpiexec's process id in the launch's folder: it is also the id of the process
+    group of mpiexec, its proxies and the ranks, which the ranks end if the launcher dies
+    (:func:`minipar.launch.rank.watch_launcher`)."""
+    path = Path(folder, failure.MPIEXEC_PID)
+    path.with_suffix(".tmp").write_text(str(pid))
+    path.with_suffix(".tmp").replace(path)  # whole or absent
 
 
 def _wait(proc: subprocess.Popen[str], cmd: list[str], timeout: float) -> Launched:

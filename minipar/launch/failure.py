@@ -60,6 +60,7 @@ RANKS_DIR = ".ranks"
 SOCKET_NAME = "ranks.sock"  # each rank connects as it starts (see ExitOrder)
 SOCKET_VAR = "MINIPAR_LAUNCH_SOCKET"  # its address, as the ranks see it
 HWLOC_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # fixed in MPICH's hydra_pmi_proxy
+MPIEXEC_PID = "mpiexec.pid"  # the launcher notes mpiexec's process id here (its group's id)
 
 _RAISED = re.compile(r"^\[minipar\] rank (\d+) of \d+ failed: .*$", re.MULTILINE)
 _ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm 0\)")

@@ -14,6 +14,20 @@ an aborted job leaves behind), and at a normal exit it writes ``PID.done``.
 With these notes the launcher deletes what MPI left and names the rank that
 died first (:mod:`minipar.launch.failure`).
 
+**No rank outlives its launcher** (:func:`watch_launcher`).  mpiexec runs in
+a session of its own (so that Ctrl-C reaches the launcher, which stops the
+ranks in order), and so a launcher killed with ``kill -9``, or crashing,
+would leave mpiexec, its hydra proxy and every rank running under init for
+good, its folder in the temp folder.  The launcher's end of the rank's
+connection is closed by the kernel as the launcher dies, whatever killed it;
+a thread of the rank waits on that connection and, at its end, forks a
+reaper in a session of its own: it kills mpiexec's process group (mpiexec and
+the hydra proxy: the group id is mpiexec's process id, which the launcher
+noted) and every rank noted in the folder (Hydra gives each rank a session of
+its own), waits until none runs and removes the launch's folder.  A signal
+to the parent alone would not do (``PR_SET_PDEATHSIG`` fires when the
+*parent* dies, and a rank's parent is the proxy).
+
 Then the target runs as ``__main__``, exactly as ``python -m mpi4py`` would
 run it (an exception still ends the whole job through ``MPI_Abort``); an
 exception first installs :func:`minipar.comm.install_excepthook`, whose
@@ -37,16 +51,29 @@ import contextlib
 import json
 import os
 import runpy
+import signal
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
-from minipar.launch.failure import HWLOC_PREFIX, LAUNCH_DIR_VAR, RANKS_DIR, SOCKET_VAR, sockaddr
+from minipar.launch.failure import (
+    HWLOC_PREFIX,
+    LAUNCH_DIR_VAR,
+    MPIEXEC_PID,
+    RANKS_DIR,
+    SOCKET_VAR,
+    clean,
+    records,
+    sockaddr,
+)
 
 #: (rank, size) environment variables of the process managers minipar may run under
 RANK_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
              ("PMIX_RANK", "PMIX_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
 _HELD: list[int] = []  # the connection to the launcher, a descriptor never closed by hand
+REAP_WAIT_S = 5.0  # how long the reaper waits for the killed group to be gone before cleaning
 
 
 def _high_fd() -> int:
@@ -70,7 +97,6 @@ def note(folder: str) -> None:
                        if os.environ.get(r, "").isdigit()), (None, None))
     record = {"pid": pid, "rank": rank, "size": size, "host": socket.gethostname(), "hwloc": []}
     path = ranks / f"{pid}.json"
-    _write(path, record)
     try:  # held open until this process ends: the kernel's close tells the launcher when
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(sockaddr(os.environ[SOCKET_VAR]))
@@ -79,8 +105,14 @@ def note(folder: str) -> None:
             # descriptor down, so the launcher hears of the end before the process
             # manager does (through the PMI socket or stdout), who then kills the others
             _HELD.append(os.dup2(s.fileno(), _high_fd(), inheritable=False))
-    except (OSError, KeyError):  # no watcher: only the order of the ends is lost
+    except KeyError:  # the launcher has no socket: no watcher, only the order of ends is lost
         pass
+    except OSError:  # the launcher listens while it lives: refused, it is already gone
+        end_launch(folder)
+    else:
+        threading.Thread(target=watch_launcher, args=(_HELD[-1], folder), daemon=True,
+                         name="minipar-launcher-watch").start()
+    _write(path, record)  # after the watcher starts: a rank whose note exists is watched
     from mpi4py import MPI  # MPI_Init: the process manager writes its hardware map now
 
     record["rank"], record["size"] = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
@@ -91,6 +123,78 @@ def note(folder: str) -> None:
         pass
     _write(path, record)
     atexit.register(_done, ranks / f"{pid}.done")
+
+
+def watch_launcher(fd: int, folder: str) -> None:
+    """Wait until the launcher's end of the connection on ``fd`` closes, then end the launch.
+
+    The launcher never writes on it and closes it only after mpiexec has ended
+    (:class:`minipar.launch.failure.ExitOrder`), so while a rank runs, the end
+    of this stream means the launcher is gone: :func:`end_launch`."""
+    try:
+        while os.read(fd, 4096):  # blocks; b"" (or a reset) once the launcher's end is closed
+            pass
+    except OSError:
+        pass
+    end_launch(folder)
+
+
+def end_launch(folder: str) -> None:
+    """The launcher is gone: fork a reaper (:func:`_reap`) and wait for it to end us all."""
+    try:
+        if os.fork() == 0:
+            _reap(os.getppid(), folder)
+    except OSError:  # no reaper: this rank goes alone, its process manager ends the others
+        clean(folder)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(REAP_WAIT_S)  # the reaper kills this process; if it could not, end anyway
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _reap(rank: int, folder: str) -> None:
+    """The reaper, a child of ``rank`` forked in a session of its own: it kills mpiexec's
+    process group (mpiexec and its hydra proxy: their group id is mpiexec's process id,
+    which the launcher noted) and every rank the folder lists (Hydra starts each rank in
+    a session of its own, so no one group holds them), waits until none is left running,
+    then removes ``folder`` and MPICH's hardware maps its ranks noted.  Every rank forks
+    one; they do the same work, and the first to see all gone cleans.  Never returns."""
+    try:
+        os.setsid()
+        try:
+            group = int(Path(folder, MPIEXEC_PID).read_text())
+        except (OSError, ValueError):
+            group = None
+        deadline = time.monotonic() + REAP_WAIT_S
+        while time.monotonic() < deadline:
+            pids = set(records(folder)) | {rank}
+            if group is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(group, signal.SIGKILL)
+                pids.add(group)
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if not any(map(_running, pids)):
+                break
+            time.sleep(0.02)
+        clean(folder)
+    finally:
+        os._exit(0)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet waited for, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (macOS)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def _done(mark: Path) -> None:
