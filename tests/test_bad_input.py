@@ -70,7 +70,7 @@ TRAIN = [
     (["--model", "cnn"], ["--model", "gpt", "mlp"]),
     (["--precision", "fp8"], ["--precision", "float64", "mixed-fp16"]),
     (["--optimizer", "lion"], ["--optimizer", "adamw", "sgd"]),
-    (["--json", "/no/such/folder/curve.json"], ["--json", "/no/such/folder", "does not exist"]),
+    (["--json-out", "/no/such/folder/curve.json"], ["--json-out", "/no/such/folder", "does not exist"]),
     (["--d-model", "200000"], ["parameters", "GB", "--d-model"]),
     (["--steps"], ["--steps", "expected one argument", "--help"]),
     (["--bogus"], ["--bogus", "--help"]),
@@ -85,10 +85,10 @@ def test_train(argv: list[str], names: list[str], no_training: None,
 
 def test_train_json_into_a_folder_path(tmp_path: Path, no_training: None,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    refuse(["train", "--json", str(tmp_path)], ["--json", "is a folder"], capsys)
+    refuse(["train", "--json-out", str(tmp_path)], ["--json-out", "is a folder"], capsys)
     blocker = tmp_path / "file.txt"
     blocker.write_text("")
-    refuse(["train", "--json", str(blocker / "curve.json")], ["--json", "is not a folder"], capsys)
+    refuse(["train", "--json-out", str(blocker / "curve.json")], ["--json-out", "is not a folder"], capsys)
 
 
 PLAN = [
@@ -198,8 +198,8 @@ def test_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         (["model", "--repeat", "0"], ["--repeat", "a positive integer"]),
         (["model", "--sizes", "huge"], ["--sizes", "tiny", "large"]),
         (["model", "--sizes"], ["--sizes", "expected"]),
-        (["model", "--json", str(tmp_path / "missing" / "rows.json")], ["--json", "does not exist"]),
-        (["model", "--json", str(tmp_path)], ["--json", "is a folder"]),
+        (["model", "--json-out", str(tmp_path / "missing" / "rows.json")], ["--json-out", "does not exist"]),
+        (["model", "--json-out", str(tmp_path)], ["--json-out", "is a folder"]),
         (["train", "--steps", "0"], ["--steps", "a positive integer"]),
         (["train", "--heads", "3"], ["--heads", "--d-model"]),
         (["glossary", "--repeat", "0"], ["--repeat", "a positive integer"]),

@@ -30,7 +30,7 @@ def test_torch_path_agrees_with_numpy_when_torch_is_installed() -> None:
 
 def test_cli_runs_in_a_one_thread_subprocess(tmp_path, capsys) -> None:
     out = tmp_path / "rows.json"
-    assert bench.main(["--sizes", "tiny", "--repeat", "1", "--no-torch", "--json", str(out)]) == 0
+    assert bench.main(["--sizes", "tiny", "--repeat", "1", "--no-torch", "--json-out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "one thread" in text and "tiny" in text
     assert json.loads(out.read_text())[0]["size"] == "tiny"

@@ -32,7 +32,7 @@ def test_remat_rows_curve_and_table() -> None:
 def test_remat_cli_runs_in_a_subprocess(tmp_path: Path, capsys) -> None:
     out = tmp_path / "rows.json"
     assert bench_remat.main(["--layers", "1", "2", "--repeat", "1", "--d-model", "8", "--seq",
-                             "8", "--batch", "2", "--json", str(out)]) == 0
+                             "8", "--batch", "2", "--json-out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "one thread" in text and "ideal 4/3 = 1.33x" in text and "target" not in text
     assert [r["layers"] for r in json.loads(out.read_text())] == [1, 2]

@@ -52,7 +52,7 @@ def test_without_torch_minipar_trains_alone_and_says_so(monkeypatch: pytest.Monk
                                                         tmp_path, capsys) -> None:
     out = tmp_path / "train.json"
     rc = bench.main(["--steps", "2", "--eval-every", "2", "--eval-batches", "1", *TINY_ARGV,
-                     "--no-torch", "--json", str(out)])
+                     "--no-torch", "--json-out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "PyTorch: skipped (--no-torch): minipar only" in text and "minipar" in text

@@ -61,7 +61,7 @@ def trilingual(folder: Path, repeat: int = 20, name: str = "tri.txt") -> Path:
 def train(folder: Path, *argv: str | Path, tag: str = "run") -> tuple[str, dict[str, Any]]:
     """``minipar train ARGV --quiet --json`` in a child: (its stdout, its JSON record)."""
     record = folder / f"{tag}.json"
-    proc = run_minipar("train", *map(str, argv), "--quiet", "--json", str(record),
+    proc = run_minipar("train", *map(str, argv), "--quiet", "--json-out", str(record),
                        env=ONE_THREAD)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     return proc.stdout, json.loads(record.read_text(encoding="utf-8"))
@@ -142,7 +142,7 @@ def test_eval_every_0_turns_validation_off_and_k_sets_it(tmp_path: Path,
     for every, steps in (("0", []), ("2", [2, 4])):
         record = tmp_path / f"every{every}.json"
         assert cli.main(["train", "--text", text, *TINY, "--steps", "4", "--eval-every", every,
-                         "--quiet", "--json", str(record)]) == 0
+                         "--quiet", "--json-out", str(record)]) == 0
         line, rec = capsys.readouterr().out.strip(), json.loads(record.read_text())
         assert line.endswith(f"(unigram entropy {rec['unigram_entropy']:.4f})"), line
         assert ("validation" in line) == bool(steps), line

@@ -90,7 +90,7 @@ def test_dtype_mismatch_raises() -> None:
 def test_cli_verb(tmp_path, capsys) -> None:
     path = tmp_path / "curve.json"
     rc = train_main(["--model", "gpt", "--steps", "3", "--vocab", "7", "--seq", "8", "--d-model", "16",
-                 "--layers", "1", "--heads", "2", "--batch", "4", "--json", str(path)])
+                 "--layers", "1", "--heads", "2", "--batch", "4", "--json-out", str(path)])
     assert rc == 0
     out = capsys.readouterr()
     assert "gpt:" in out.out and "loss" in out.out and "step 3/3" in out.err

@@ -34,9 +34,17 @@ def main(argv: list[str]) -> int:
     return int(importlib.import_module(BENCHES[name][0]).main(argv[1:]) or 0)
 
 
+def emit(prog: str, args: Any, data: Any, text: str) -> int:
+    """A benchmark's result: ``text`` (or, with ``--json``, ``data`` as JSON) on stdout,
+    and ``data`` into ``--json-out FILE`` (:func:`minipar.cli.options.add_json_options`);
+    the exit status of :func:`write_json`."""
+    print(json.dumps(data, indent=1) if args.json else text)
+    return write_json(prog, args.json_out, data)
+
+
 def write_json(prog: str, path: str | None, data: Any) -> int:
-    """``--json PATH`` of a benchmark that prints a table: write ``data`` there; the exit
-    status (1, with one line naming the file, when it cannot be written; 0 otherwise)."""
+    """``--json-out FILE``: write ``data`` there; the exit status (1, with one line naming
+    the file, when it cannot be written; 0 otherwise)."""
     if not path:
         return 0
     try:

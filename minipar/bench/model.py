@@ -29,8 +29,8 @@ import sys
 import time
 from typing import Any
 
-from minipar.bench import write_json
-from minipar.cli.options import ArgumentParser, integer, output_file
+from minipar.bench import emit
+from minipar.cli.options import ArgumentParser, add_json_options, integer
 from minipar.progress import tick
 
 #: name -> (d_model, n_layer, n_head, seq_len, batch, vocab)
@@ -164,8 +164,7 @@ def _parser() -> ArgumentParser:
     p.add_argument("--repeat", type=integer(1), default=5,
                    help="timed runs per size, the median is shown (default %(default)s)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    p.add_argument("--json", metavar="PATH", type=output_file,
-                   help="also write the rows as JSON (into a folder that exists)")
+    add_json_options(p, "the rows")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--progress", help=argparse.SUPPRESS)  # the inner process's progress file
     return p
@@ -189,9 +188,9 @@ def main(argv: list[str]) -> int:
         print(proc.stderr, file=sys.stderr)
         return proc.returncode
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    print("GPT forward+backward, float32, one thread, CPU time (median of "
-          f"{a.repeat}; ratio = numpy / torch)\n" + table(rows))
-    return write_json("minipar bench model", a.json, rows)
+    text = ("GPT forward+backward, float32, one thread, CPU time (median of "
+            f"{a.repeat}; ratio = numpy / torch)\n" + table(rows))
+    return emit("minipar bench model", a, rows, text)
 
 
 if __name__ == "__main__":

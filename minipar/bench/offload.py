@@ -34,9 +34,9 @@ import sys
 import time
 from typing import Any
 
-from minipar.bench import write_json
+from minipar.bench import emit
 from minipar.bench.remat import THREAD_VARS, Sink, setup
-from minipar.cli.options import ArgumentParser, integer, output_file
+from minipar.cli.options import ArgumentParser, add_json_options, integer
 
 PROG = "minipar bench offload"
 
@@ -143,8 +143,7 @@ def _parser() -> ArgumentParser:
                    help="timed steps, the median is shown (default %(default)s)")
     p.add_argument("--offload-dir", default=None, metavar="DIR",
                    help="folder for the disk files (default: the system's temporary folder)")
-    p.add_argument("--json", metavar="PATH", type=output_file,
-                   help="also write the rows as JSON (into a folder that exists)")
+    add_json_options(p, "the rows")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -170,11 +169,11 @@ def main(argv: list[str]) -> int:
         print(proc.stderr, file=sys.stderr)
         return proc.returncode
     acts, opts = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"offloading, GPT with {a.layers} blocks, one thread; activations: where they lie "
+    text = (f"offloading, GPT with {a.layers} blocks, one thread; activations: where they lie "
           f"after forward (ledger), tracemalloc held after forward, median wall time of "
           f"{a.repeat} steps as a ratio to plain; optimizer: mixed-precision AdamW step "
           f"(without a GPU, device and host are the same RAM)\n" + table(acts, opts))
-    return write_json(PROG, a.json, {"activations": acts, "optimizer": opts})
+    return emit(PROG, a, {"activations": acts, "optimizer": opts}, text)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ import sys
 import time
 from typing import Any
 
-from minipar.bench import write_json
-from minipar.cli.options import ArgumentParser, integer, output_file
+from minipar.bench import emit
+from minipar.cli.options import ArgumentParser, add_json_options, integer
 from minipar.nn.executor import Hooks
 
 PROG = "minipar bench remat"
@@ -146,8 +146,7 @@ def _parser() -> ArgumentParser:
                    help=f"sequence length (default {DEFAULT_SIZE['seq']})")
     p.add_argument("--batch", type=integer(1), default=DEFAULT_SIZE["batch"],
                    help=f"batch (default {DEFAULT_SIZE['batch']})")
-    p.add_argument("--json", metavar="PATH", type=output_file,
-                   help="also write the rows as JSON (into a folder that exists)")
+    add_json_options(p, "the rows")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -172,13 +171,13 @@ def main(argv: list[str]) -> int:
         print(proc.stderr, file=sys.stderr)
         return proc.returncode
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"activation checkpointing, GPT d_model {a.d_model}, batch {a.batch} x seq {a.seq}, "
+    text = (f"activation checkpointing, GPT d_model {a.d_model}, batch {a.batch} x seq {a.seq}, "
           f"float32, one thread; peak = tracemalloc over one forward+backward (gradients "
           f"dropped), held = activations on the ledger, time = median CPU time of "
           f"{a.repeat} steps, remat / plain (ideal 4/3 = "
           f"1.33x: one extra forward, a forward being 1/3 of a step; Chen et al. 2016 measured "
           f"+30% on a 1,000-layer ResNet)\n" + table(rows))
-    return write_json(PROG, a.json, rows)
+    return emit(PROG, a, rows, text)
 
 
 if __name__ == "__main__":

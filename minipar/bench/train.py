@@ -41,7 +41,7 @@ without it minipar trains alone and a line says PyTorch was skipped.  A progress
 bar on stderr counts the steps (:mod:`minipar.progress`).
 
     minipar bench train                  # 50 steps, validation every 10
-    minipar bench train --steps 200 --json train.json
+    minipar bench train --steps 200 --json-out train.json
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from typing import Any
 import numpy as np
 
 from minipar import checks
-from minipar.bench import write_json
+from minipar.bench import emit
 from minipar.bench.model import THREAD_VARS, torch_gpt_loss
-from minipar.cli.options import ArgumentParser, integer, number, output_file
+from minipar.cli.options import ArgumentParser, add_json_options, integer, number
 from minipar.parallel import loop, strategies
 from minipar.parallel.common import EMBEDDED, RunSpec
 from minipar.parallel.engine import Batch, StepResult
@@ -238,9 +238,7 @@ def _parser() -> ArgumentParser:
     p.add_argument("--weight-decay", type=number(minimum=0), default=WEIGHT_DECAY,
                    help="AdamW decoupled weight decay (default %(default)s)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    p.add_argument("--json", metavar="PATH", type=output_file,
-                   help="also write both sides' losses and speeds as JSON (into a folder "
-                        "that exists)")
+    add_json_options(p, "both sides' losses and speeds")
     p.add_argument("--inner", choices=SIDES, help=argparse.SUPPRESS)  # the measuring process
     p.add_argument("--progress", help=argparse.SUPPRESS)  # the inner process's progress file
     return p
@@ -283,12 +281,11 @@ def main(argv: list[str]) -> int:
                 print(proc.stderr, file=sys.stderr)
                 return proc.returncode
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(report(spec, rows, skipped))
     out: dict[str, Any] = {"spec": spec.as_dict(), "sides": rows, "skipped": skipped}
     if not skipped:
         out["ratio"] = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
         out["max_relative_difference"] = max_relative_difference(rows[0], rows[1])
-    return write_json("minipar bench train", a.json, out)
+    return emit("minipar bench train", a, out, report(spec, rows, skipped))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ learner who mistypes an option reads one sentence that says what to change:
 * a duration (``--timeout``, ``--watchdog``) is a number of seconds > 0 and at
   most :data:`MAX_SECONDS` (1e6 s, 11.6 days): past about 2.1e6 s the
   operating system's wait, counted in milliseconds in a 32-bit integer, overflows;
-* files and folders: an output FILE (``--json PATH``, ``--export-md PATH``)
+* files and folders: an output FILE (``--json-out FILE``, ``--export-md PATH``)
   must go into a folder that exists — minipar never creates folders for a
   file, so a typo in a path is an error, not a stray folder; the one option
   that names a *working folder*, ``minipar exercise start --dir DIR``,
@@ -317,3 +317,13 @@ __all__ = [
     "seconds",
     "sigterm_as_interrupt",
 ]
+
+
+def add_json_options(p: argparse.ArgumentParser, what: str) -> None:
+    """The one meaning of ``--json`` across verbs: ``--json`` prints ``what`` as JSON on
+    stdout (instead of the text), ``--json-out FILE`` also writes it into FILE (a folder
+    that exists; checked while parsing, before any work)."""
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON instead of text")
+    p.add_argument("--json-out", metavar="FILE", type=output_file,
+                   help=f"also write {what} as JSON into FILE (into a folder that exists)")
+

@@ -4,7 +4,7 @@ The verb of :mod:`minipar.train`: it builds the small GPT (modular-sum
 sequences) or the MLP (2-D spirals) from its options, refuses options that do
 not fit before any model is built (one line, exit 2), trains with
 :func:`minipar.parallel.loop.train` — the one loop of every engine — on the
-serial engine (:class:`minipar.parallel.engine.SerialEngine`) and prints one line (``--json``: the loss curve
+serial engine (:class:`minipar.parallel.engine.SerialEngine`) and prints one line (``--json``: the run as JSON; ``--json-out FILE``: the loss curve
 into a file).
 
 Divergence: the verb stops at the first step whose loss is NaN or infinite,
@@ -30,7 +30,7 @@ import json
 import os
 import sys
 
-from minipar.cli.options import ArgumentParser, integer, number, output_file
+from minipar.cli.options import ArgumentParser, add_json_options, integer, number, output_file
 from minipar.data import synthetic
 from minipar.data.tokenizer import VOCAB_SIZE
 from minipar.nn import MLP, MLPConfig
@@ -102,8 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"MLP: hidden width (default {MLP_OPTIONS['hidden']})")
     add_data_arguments(p)
     add_checkpoint_arguments(p)
-    p.add_argument("--json", metavar="PATH", type=output_file,
-                   help="write the loss curve as JSON (into a folder that exists)")
+    add_json_options(p, "the run's record (its options, losses, validation, speed)")
     p.add_argument("--plot", metavar="FILE.png", type=output_file,
                    help="draw the training and validation loss into a PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -236,10 +235,9 @@ def main(argv: list[str]) -> int:
         line += f"; validation {out.validation[last]:.4f} after step {last}"
     if floor is not None:
         line += f" ({floor_label} {floor:.4f})"
-    print(line)
     if a.save:
-        print(f"checkpoints in {a.save} (minipar checkpoint info {a.save}; minipar sample "
-              f"{a.save})" if a.text is not None else f"checkpoints in {a.save}")
+        line += (f"\ncheckpoints in {a.save} (minipar checkpoint info {a.save}; minipar sample "
+                 f"{a.save})" if a.text is not None else f"\ncheckpoints in {a.save}")
     if a.plot:
         from minipar.viz.model import train_and_validation
 
@@ -249,18 +247,20 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"minipar train: cannot write {a.plot}: {e.strerror or e}", file=sys.stderr)
             return 1
-    if a.json:
-        args = {k: v for k, v in vars(a).items() if k != "spec"}
-        record = {"args": args, "start": out.start, "losses": losses, "seconds": out.seconds,
-                  "tokens_per_second": out.tokens_per_second,
-                  "validation": {str(k): v for k, v in out.validation.items()}}
-        if a.model == "gpt" and a.text is not None:
-            record["text"] = a.spec.text_data().as_dict()
-            record["unigram_entropy"] = floor
+    args = {k: v for k, v in vars(a).items() if k != "spec"}
+    record = {"args": args, "start": out.start, "losses": losses, "seconds": out.seconds,
+              "tokens_per_second": out.tokens_per_second,
+              "validation": {str(k): v for k, v in out.validation.items()}}
+    if a.model == "gpt" and a.text is not None:
+        record["text"] = a.spec.text_data().as_dict()
+        record["unigram_entropy"] = floor
+    print(json.dumps(record) if a.json else line)
+    if a.json_out:
         try:
-            with open(a.json, "w", encoding="utf-8") as f:
+            with open(a.json_out, "w", encoding="utf-8") as f:
                 json.dump(record, f)
         except OSError as e:
-            print(f"minipar train: cannot write {a.json}: {e.strerror or e}", file=sys.stderr)
+            print(f"minipar train: cannot write {a.json_out}: {e.strerror or e}",
+                  file=sys.stderr)
             return 1
     return 0
