@@ -151,7 +151,7 @@ def test_minipar_run_ep_json_has_the_routing_and_the_bytes_per_axis() -> None:
 
 
 @pytest.mark.parametrize("args,option", [
-    (["-n", "2"], "--experts must be a positive integer"),
+    (["-n", "2", "--experts", "0"], "--experts must be a positive integer"),
     (["-n", "4", "--experts", "4", "--ep", "3"], "--ep 3 must divide the 4 data-parallel"),
     (["-n", "4", "--experts", "6"], "--ep 4 (default: -n) does not divide --experts 6"),
     (["-n", "2", "--experts", "4", "--top-k", "3"], "--top-k"),

@@ -9,7 +9,8 @@ Sizes are decimal (GB = 10⁹ bytes, as the ZeRO paper writes them); GiB
 from a function of :mod:`minipar.plan`, named in ``docs/plan.md``; the tables
 are drawn by :mod:`minipar.cli.plan_render`, the sizes read by
 :mod:`minipar.cli.plan_sizes`, and ``--cluster`` hands the command line to the
-layout planner (:mod:`minipar.cli.plan_layouts`).
+layout planner (:mod:`minipar.cli.plan_layouts`); its options are listed in this
+verb's help too (:data:`LAYOUT_OPTIONS`) and refused without ``--cluster``.
 
 Bad input is one line and exit 2 (:mod:`minipar.cli.options`): sizes are
 whole numbers from 1 to 10¹² (Ψ up to 10³⁰), the heads must divide d_model
@@ -75,7 +76,37 @@ def _parser() -> argparse.ArgumentParser:
                     "largest divisor of d_model below it)")
     ap.add_argument("--tp", type=size_t, help="GPT: tensor-parallel size t, dividing a (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    lay = ap.add_argument_group(
+        "the layout planner", "with --cluster, minipar plan ranks every layout of N GPUs by "
+        "estimated step time instead (then --gpus N replaces -n; details: minipar plan "
+        "--cluster dgx-a100 --help)")
+    for flag, metavar, text in LAYOUT_OPTIONS:
+        lay.add_argument(flag, metavar=metavar, default=None, help=text)
     return ap
+
+
+#: The options only the layout planner (:mod:`minipar.cli.plan_layouts`) takes, listed in
+#: this verb's help so that ``minipar plan --help`` names every option; given without
+#: ``--cluster`` they are refused in one line.
+LAYOUT_OPTIONS = (
+    ("--cluster", "FILE|PRESET", ("the cluster: dgx-a100, h100, a .json/.toml file, or "
+                                  "key=value,... text; turns on the layout planner")),
+    ("--gpus", "N", "with --cluster: GPUs to lay out (-n means the same there)"),
+    ("--layers", "L", "with --cluster and --params: transformer layers"),
+    ("--hidden", "H", "with --cluster and --params: hidden size h"),
+    ("--vocab", "V", ("with --cluster and --params: vocabulary for the FLOP count "
+                      "(default 51200)")),
+    ("--global-batch", "B", "with --cluster: sequences per step (default N)"),
+    ("--max-micro-batch", "b", "with --cluster: largest micro-batch size tried (default 8)"),
+    ("--max-cp", "C", "with --cluster: largest context-parallel size tried (default: any)"),
+    ("--top", "K", "with --cluster: layouts to print (default 10)"),
+)
+
+
+def _layout_only(argv: list[str]) -> list[str]:
+    """The layout planner's options written in ``argv`` (``--gpus`` or ``--gpus=8``)."""
+    flags = [flag for flag, _, _ in LAYOUT_OPTIONS]
+    return [f for f in flags if any(a == f or a.startswith(f + "=") for a in argv)]
 
 
 def plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -172,7 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         from minipar.cli.plan_layouts import main as layouts_main
 
         return layouts_main(argv)
-    args = _parser().parse_args(argv)
+    written = [] if "-h" in argv or "--help" in argv else _layout_only(argv)
+    if not written:  # an abbreviation (--glob) is only seen once parsed
+        args = _parser().parse_args(argv)
+        written = [f for f, _, _ in LAYOUT_OPTIONS
+                   if getattr(args, f[2:].replace("-", "_")) is not None]
+    if written:
+        verb = "applies" if len(written) == 1 else "apply"
+        return error_line("minipar plan", f"{', '.join(written)} only {verb} to the layout "
+                          "planner: give --cluster too (minipar plan --cluster dgx-a100 --help)")
     try:
         result = plan(args)
     except ValueError as e:

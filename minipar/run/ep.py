@@ -3,6 +3,7 @@
 EN expert parallelism · RU параллелизм экспертов · ZH 专家并行
 
     minipar run ep -n 4 --experts 4 --top-k 2 --capacity-factor 1.0 [--ep 2] [--json]
+    minipar run ep          # the defaults: 4 ranks, E = 4 experts per block, top-1
 
 Launcher side: ``--ep`` (ranks per expert-parallel group, default ``-n``)
 and :func:`minipar.parallel.expert_parallel.layout.check_ep` (a mixture of experts,
@@ -31,9 +32,16 @@ from minipar.cli.options import integer
 
 AXES = ("ep", "edp", "dp")
 
+#: Expert parallelism needs a mixture of experts: ``minipar run ep`` alone runs one of
+#: E = 4 experts per block (top-1, Switch's routing), one expert per rank at -n 4;
+#: ``--experts`` and ``--top-k`` choose another.
+MODEL_DEFAULTS = {"experts": 4}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("expert parallelism")
+    g = parser.add_argument_group(
+        "expert parallelism", f"the model is a mixture of experts by default here: --experts "
+        f"{MODEL_DEFAULTS['experts']}, top-1 (not the dense model the model options name)")
     g.add_argument("--ep", type=integer(1), default=None,
                    help="ranks per expert-parallel group: each holds E/ep experts; must divide "
                         "-n and --experts (default: -n, every rank one share of the experts)")
