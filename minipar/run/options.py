@@ -234,7 +234,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> Non
     g.add_argument("--optimizer", choices=("adamw", "sgd"), default=d.optimizer,
                    help=f"adamw or sgd (default {d.optimizer})")
     g.add_argument("--experts", type=int, default=d.experts,
-                   help="experts per block, a mixture of experts (default 0: dense)")
+                   help="experts per block, a mixture of experts (default "
+                   + (f"{d.experts})" if d.experts else "0: dense)"))
     g.add_argument("--top-k", type=int, default=d.top_k,
                    help="with --experts: experts per token, 1 (Switch) or 2 (GShard); default 1")
     g.add_argument("--capacity-factor", type=float, default=d.capacity_factor,
