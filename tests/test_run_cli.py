@@ -40,6 +40,7 @@ BAD = [
     (["dp", "--steps", "x"], "--steps"),
     (["dp", "--frobnicate"], "--frobnicate"),
     (["dp", "--hostfile", "/no/such/hostfile"], "--hostfile"),
+    (["dp", "--hostfile", "/tmp"], "is a folder, not a file"),
     (["warp"], "strategy"),
     (["hybrid", "-n", "8", "--dp", "3", "--tp", "2", "--pp", "2"], "number of ranks, 8"),
     (["hybrid", "-n", "8", "--tp", "8"], "heads"),

@@ -43,7 +43,10 @@ def strategy_module(name: str) -> ModuleType:
 
 def existing_file(text: str) -> str:
     """An argparse ``type``: a file that exists (``--hostfile``)."""
-    if not Path(text).is_file():
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text}: no such file")
     return text
 
