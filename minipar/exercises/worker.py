@@ -36,8 +36,9 @@ thousands of lines made it crash the rank with SIGSEGV):
   learner's code, so a slow start on a loaded machine does not count) a timer
   thread that holds the GIL -- the learner's code is paused -- writes every
   thread's stack to ``OUTDIR/stack-RANK.txt`` and marks ``deadline-RANK.txt``;
-  once every rank has marked its deadline (or one more ``timeout`` passed) the
-  rank exits, which ends the job: the line an endless loop was on;
+  once every rank has marked its deadline or ``done-RANK.txt`` (its cases
+  all returned), or one more ``timeout`` passed, the rank exits, which ends
+  the job: the line an endless loop was on;
 * a rank whose learner code raised (a ``DeadlockError`` from the watchdog
   included) first sends SIGUSR1 to every other rank (their ids are in
   ``OUTDIR/pid-RANK.txt``) and waits until each has written its stack to
@@ -204,11 +205,14 @@ STACKS_WAIT_S = 5.0
 DEADLINE_EXIT = 124
 
 
-def wait_for_files(paths: list[Path], seconds: float) -> bool:
-    """Wait until every path exists and is not empty (True), at most ``seconds`` (False)."""
+def wait_for_files(paths: list[Path | list[Path]], seconds: float) -> bool:
+    """Wait until every path exists and is not empty (True), at most ``seconds`` (False).
+
+    An entry that is a list is satisfied by any one of its paths."""
     end = time.monotonic() + seconds
     while True:
-        if all(p.exists() and p.stat().st_size > 0 for p in paths):
+        if all(any(p.exists() and p.stat().st_size > 0 for p in ([e] if isinstance(e, Path) else e))
+               for e in paths):
             return True
         if time.monotonic() >= end:
             return False
@@ -239,7 +243,9 @@ def deadline_timer(seconds: float, out: Path, rank: int, size: int,
         faulthandler.dump_traceback(file=stack, all_threads=True)
         stack.flush()
         (out / f"deadline-{rank}.txt").write_text(f"{seconds:g}\n")
-        wait_for_files([out / f"deadline-{r}.txt" for r in range(size)], seconds)
+        # every rank at its deadline too, or done with the learner's code
+        wait_for_files([[out / f"deadline-{r}.txt", out / f"done-{r}.txt"] for r in range(size)],
+                       seconds)
         os._exit(DEADLINE_EXIT)
 
     timer = threading.Timer(seconds, stop)
@@ -297,6 +303,7 @@ def main(argv: list[str]) -> int:
         ask_for_stacks(out, rank, size)  # before the abort kills them
         raise  # python -m mpi4py turns this into MPI_Abort: the whole job ends
     timer.cancel()  # the learner's code is done on this rank
+    (out / f"done-{rank}.txt").write_text("every case returned\n")
     printed.close()
     # the answer key: minipar's own collectives (nothing on the grader's side imports it)
     borrowed = raw.gather("minipar.collectives" in sys.modules, root=0)
