@@ -17,7 +17,10 @@ def test_the_bar_follows_the_ticks_and_the_file_is_removed() -> None:
     with progress.watched(3, "unit", s, delay=0.0) as path:
         assert os.path.getsize(path) == 0
         progress.tick(path)
-        time.sleep(3 * progress.POLL_S)  # the polling thread draws 1/3
+        deadline = time.monotonic() + 60  # an upper bound, never a pace: the event is the draw
+        while "unit 1/3 [" not in s.getvalue():  # the polling thread draws 1/3
+            assert time.monotonic() < deadline, s.getvalue()
+            time.sleep(progress.POLL_S / 4)
         progress.tick(path, 2)
     lines = s.getvalue().splitlines()
     assert lines[0].startswith("unit 0/3 [....") and "unit 1/3 [" in s.getvalue()

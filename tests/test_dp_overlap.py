@@ -100,7 +100,18 @@ def test_measured_overlap_on_two_ranks_and_its_figure() -> None:
     assert m["losses_equal"] is True, "overlap changes when bytes move, not what is summed"
     assert [len(m["step_s"][k]) for k in ("overlap", "no_overlap")] == [3, 3]
     assert all(t > 0 for k in m["step_s"] for t in m["step_s"][k])
-    assert m["alpha_s"] >= 0 and m["beta_bytes_per_s"] > 0
+    # the fit on the measured points is shown, not asserted: on a loaded machine the 16-byte
+    # all-reduce can come out slower; then the run says so instead of failing
+    (small, t_small), (large, t_large) = m["allreduce_s"]
+    assert small == 16 and large == m["psi"] * 8 and t_small > 0 and t_large > 0
+    if m["fit_error"] is None:
+        assert m["alpha_s"] >= 0 and m["beta_bytes_per_s"] > 0
+    else:
+        assert m["alpha_s"] is None and m["beta_bytes_per_s"] is None
+        assert "too noisy to fit" in m["fit_error"], m["fit_error"]
+    # the fit itself, on timings simulated for the measured sizes, gives α and β back
+    rec = [(s, ring_seconds(s, 2, 2e-5, 1e9)) for s in (small, large)]
+    assert fit_alpha_beta(*rec, 2) == pytest.approx((2e-5, 1e9), rel=1e-9)
     assert len(m["ready_after"]) == len(m["buckets"]) == len(m["bucket_bytes"]) > 1
     assert sum(m["bucket_bytes"]) == m["psi"] * 8
     for mode in ("overlap", "no_overlap"):

@@ -74,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="show what your code printed on each rank even when every check passes "
                         "(default: off, shown only when a check fails)")
     c.add_argument("--timeout", type=seconds, default=60.0,
-                   help="seconds before the run is stopped (default: %(default)g)")
+                   help="seconds your code may run on each rank before the run is stopped, "
+                        "counted from its start on that rank (starting MPI is not counted) "
+                        "(default: %(default)g)")
     c.add_argument(
         "--watchdog",
         type=seconds,

@@ -21,10 +21,10 @@ a teacher would say:
   ``numpy.array_split`` chunk indices have those sizes.
 * :func:`stopped_at` -- where a rank was when the launcher stopped it: the
   innermost line of the learner's file in the traceback ``faulthandler``
-  wrote on SIGTERM (see :mod:`minipar.exercises.worker`).
+  wrote when the rank was stopped (see :mod:`minipar.exercises.worker`).
 * :func:`absent` -- ranks stopped by the watchdog while waiting for a rank
   that never came: the waiting ranks' ``DeadlockError`` names whom each
-  waited for, the missing rank's last stack dump (:func:`last_dump`) where
+  waited for, the missing rank's stack (dumped on their signal) where
   it was instead (an endless loop, a long computation, or already gone).
 """
 
@@ -164,16 +164,6 @@ def stopped_at(dump: str, file: Path) -> tuple[int, str] | None:
                 code = ""
             return line, code
     return None
-
-
-#: how ``faulthandler.dump_traceback_later`` begins each dump ("Timeout (0:00:01)!")
-DUMP_HEADER = "Timeout ("
-
-
-def last_dump(text: str) -> str:
-    """The latest of the repeated dumps in ``text`` (the worker's ``running-RANK.txt``)."""
-    at = text.rfind(DUMP_HEADER)
-    return text if at < 0 else text[at:]
 
 
 #: words of a line that waits for a message (then the loop is a wait, not a computation)

@@ -22,7 +22,9 @@ turns what comes back into a :class:`Report` of ✓/✗ :class:`Check` lines:
 Failures of the run itself are reported in words a learner can act on: an
 exception names the rank and the line of the learner's file; a deadlock is
 caught by the traced communicator's watchdog (``MINIPAR_WATCHDOG_S``, a few
-seconds here) or, for waits it cannot see, by the launch timeout;
+seconds here) or, for waits it cannot see, by the grading deadline
+(``timeout`` s from the start of the learner's code on each rank; the launch
+timeout adds :data:`STARTUP_S` and only stops what the deadline cannot);
 ``NotImplementedError`` says where to start (and that ``minipar exercise
 hint`` gives more).  :mod:`minipar.exercises.diagnosis` names the rest: a
 wrong result's pattern (1/N, N x, a partial sum, a rotated chunk order), MPI's
@@ -53,6 +55,12 @@ __all__ = ["Check", "GradingComm", "Report", "check", "first_mismatch"]
 WORKER = "minipar.exercises.worker"
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_WATCHDOG_S = 5.0
+#: the worker's grading deadline, seconds from the start of the learner's code on a rank
+DEADLINE_ENV = "MINIPAR_EXERCISE_DEADLINE"
+#: what the launch timeout allows on top of ``timeout`` for starting MPI and importing
+#: (on a loaded machine, seconds): the deadline the worker keeps is ``timeout`` itself,
+#: counted from the learner's code; the launch timeout only stops what it cannot
+STARTUP_S = 60.0
 
 #: MPI's own collectives, buffer and pickle forms, blocking and not: the oracle, not the answer
 COLLECTIVES = frozenset(
@@ -157,13 +165,17 @@ def check(
     report = Report(ex.name, str(file), n)
     with tempfile.TemporaryDirectory(prefix="minipar-exercise-") as out:
         try:
-            proc = launch.run(n, WORKER, ex.name, str(path), out, timeout=timeout,
-                              env={WATCHDOG_ENV: f"{watchdog:g}"})
+            proc = launch.run(n, WORKER, ex.name, str(path), out, timeout=timeout + STARTUP_S,
+                              env={WATCHDOG_ENV: f"{watchdog:g}", DEADLINE_ENV: f"{timeout!r}"})
         except launch.LaunchTimeout as err:
             report.take_output(_outputs(out))
-            report.checks.append(_timeout_check(path, out, timeout, err))
+            report.checks.append(_timeout_check(path, out, timeout, err.stdout + err.stderr))
             return report
         report.take_output(_outputs(out))
+        if any(Path(out).glob("deadline-*.txt")):  # the worker stopped its ranks at the deadline
+            report.checks.append(_timeout_check(path, out, timeout,
+                                                (proc.stdout or "") + (proc.stderr or "")))
+            return report
         errors = [json.loads(p.read_text()) for p in sorted(Path(out).glob("error-*.json"))]
         result = Path(out, "result.json")
         if errors:
@@ -197,8 +209,10 @@ def _outputs(out: str) -> dict[int, str]:
     return found
 
 
-def _timeout_check(path: Path, out: str, timeout: float, err: launch.LaunchTimeout) -> Check:
-    """The ranks ran past ``timeout``: where each was stopped (its SIGTERM traceback)."""
+def _timeout_check(path: Path, out: str, timeout: float, said: str) -> Check:
+    """The ranks ran past ``timeout``: where each was stopped (``stack-RANK.txt``).
+
+    ``said``: what the job printed (its tail is shown when no stack names a line)."""
     where = {}
     for p in Path(out).glob("stack-*.txt"):
         at = diagnosis.stopped_at(p.read_text(errors="replace"), path)
@@ -211,7 +225,7 @@ def _timeout_check(path: Path, out: str, timeout: float, err: launch.LaunchTimeo
         f"the ranks did not finish within {timeout:g} s and were killed. Something "
         "waited where the watchdog cannot see: a blocking call on a raw MPI "
         "communicator (MPI.COMM_WORLD, comm.comm) or an endless loop.\n"
-        + _tail(err.stdout + err.stderr)))
+        + _tail(said)))
 
 
 def _error_check(name: str, path: Path, errors: list[dict], n: int, out: str,
@@ -244,7 +258,7 @@ def _deadlock_check(name: str, path: Path, errors: list[dict], n: int, out: str,
     """Ranks stopped by the watchdog: the rank that never came, or a true deadlock.
 
     Each waiting rank's DeadlockError names the rank it waited for; each other
-    rank's last stack dump (``running-RANK.txt``) says where it was.  A rank
+    rank's stack (``running-RANK.txt``, dumped on the waiting rank's signal) says where it was.  A rank
     that was waited for and was running a line that is no wait is the cause,
     and is named with its line; otherwise every rank was waiting: a deadlock."""
     stuck = [x for x in errors if x["type"] == "DeadlockError"]
@@ -255,7 +269,7 @@ def _deadlock_check(name: str, path: Path, errors: list[dict], n: int, out: str,
     for r in range(n):
         dump = Path(out, f"running-{r}.txt")
         text = dump.read_text(errors="replace") if dump.exists() else ""
-        here[r] = diagnosis.stopped_at(diagnosis.last_dump(text), path)
+        here[r] = diagnosis.stopped_at(text, path)
     said = diagnosis.absent(waits, here, path.name, get(name).learner_function, f"{watchdog:g}")
     if said:
         return Check("runs to the end without hanging", False,

@@ -24,14 +24,31 @@ What the learner's code prints (stdout and stderr, from importing the file
 to the last case) goes, line by line, to ``OUTDIR/output-RANK.txt``, so the
 report can show it by rank even when the run is killed; a mark line before
 each case's first output (:class:`CaseOutput`) ties every line to its case.
-On SIGTERM (the launcher stopping ranks that ran past the timeout)
-``faulthandler`` writes the rank's Python stack to ``OUTDIR/stack-RANK.txt``
-before the rank ends: the line an endless loop was on. The job aborted by
-another rank's watchdog (``MPI_Abort``) ends this rank with a signal no
-handler sees, so a timer (``faulthandler.dump_traceback_later``, a C thread)
-also writes the stack to ``OUTDIR/running-RANK.txt`` several times per
-watchdog period: the line a rank that never reached the exchange was
-running. If the learner's code raises on any rank (a ``DeadlockError`` from
+Stack dumps are taken only while the rank is stopped, never by a timer
+thread reading a running interpreter's frames (``faulthandler``'s repeating
+``dump_traceback_later`` did that without the GIL, and a learner printing
+thousands of lines made it crash the rank with SIGSEGV):
+
+* on SIGTERM (the launcher stopping ranks that ran past the launch timeout)
+  ``faulthandler`` writes the rank's Python stack to ``OUTDIR/stack-RANK.txt``
+  from the signal handler, before the rank ends;
+* at the grading deadline (``timeout`` seconds after this rank started the
+  learner's code, so a slow start on a loaded machine does not count) a timer
+  thread that holds the GIL -- the learner's code is paused -- writes every
+  thread's stack to ``OUTDIR/stack-RANK.txt`` and marks ``deadline-RANK.txt``;
+  once every rank has marked its deadline or ``done-RANK.txt`` (its cases
+  all returned), or one more ``timeout`` passed, the rank exits, which ends
+  the job: the line an endless loop was on;
+* a rank whose learner code raised (a ``DeadlockError`` from the watchdog
+  included) first sends SIGUSR1 to every other rank (their ids are in
+  ``OUTDIR/pid-RANK.txt``) and waits until each has written its stack to
+  ``OUTDIR/running-RANK.txt`` (``faulthandler.register``: the dump runs in the
+  signal handler, while that rank is stopped), at most
+  :data:`STACKS_WAIT_S`; only then does the job end in ``MPI_Abort``, which
+  kills every rank with a signal no handler sees: the line a rank that never
+  reached the exchange was running.
+
+If the learner's code raises on any rank (a ``DeadlockError`` from
 the watchdog included) that rank writes ``OUTDIR/error-RANK.json`` (rank,
 exception, the learner's line) and re-raises: ``python -m mpi4py`` then
 aborts the whole job, so no rank waits for ever. Rank 0 writes
@@ -48,6 +65,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -57,9 +76,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from minipar.comm.waiting import DEFAULT_WATCHDOG_S, WATCHDOG_ENV
 from minipar.exercises import diagnosis, get
-from minipar.exercises.grading import GradingComm, first_mismatch
+from minipar.exercises.grading import DEADLINE_ENV, GradingComm, first_mismatch
 from minipar.exercises.report import CASE_MARK, IMPORT_CASE
 
 
@@ -179,17 +197,61 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def dump_period() -> float:
-    """Seconds between two stack dumps: well below the watchdog (at most 1 s).
+#: the signal a failing rank sends the others: "write your stack now"
+STACK_SIGNAL = signal.SIGUSR1
+#: most seconds a failing rank waits for the other ranks' stacks before the job ends
+STACKS_WAIT_S = 5.0
+#: exit status of a rank stopped at the grading deadline
+DEADLINE_EXIT = 124
 
-    The ranks waiting for a rank that never came abort the job one watchdog
-    period after they started waiting; the last dump before that shows where
-    the missing rank was (:func:`minipar.exercises.diagnosis.last_dump`)."""
-    try:
-        watchdog = float(os.environ.get(WATCHDOG_ENV, DEFAULT_WATCHDOG_S))
-    except ValueError:
-        watchdog = DEFAULT_WATCHDOG_S
-    return max(0.05, min(1.0, watchdog / 3))
+
+def wait_for_files(paths: list[Path | list[Path]], seconds: float) -> bool:
+    """Wait until every path exists and is not empty (True), at most ``seconds`` (False).
+
+    An entry that is a list is satisfied by any one of its paths."""
+    end = time.monotonic() + seconds
+    while True:
+        if all(any(p.exists() and p.stat().st_size > 0 for p in ([e] if isinstance(e, Path) else e))
+               for e in paths):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
+
+
+def ask_for_stacks(out: Path, rank: int, size: int) -> None:
+    """SIGUSR1 to every other rank that is ready for it; wait for their ``running-R.txt``."""
+    asked = []
+    for r in range(size):
+        pid_file = out / f"pid-{r}.txt"
+        if r == rank or not pid_file.exists():
+            continue  # a rank still starting has no learner line to show yet
+        try:
+            os.kill(int(pid_file.read_text()), STACK_SIGNAL)
+        except (OSError, ValueError):
+            continue  # already gone
+        asked.append(out / f"running-{r}.txt")
+    wait_for_files(asked, STACKS_WAIT_S)
+
+
+def deadline_timer(seconds: float, out: Path, rank: int, size: int,
+                   stack: Any) -> threading.Timer:
+    """A started timer that stops this rank ``seconds`` from now (see the module's notes)."""
+
+    def stop() -> None:
+        # a Python thread holds the GIL here: the learner's code is paused, its frames still
+        faulthandler.dump_traceback(file=stack, all_threads=True)
+        stack.flush()
+        (out / f"deadline-{rank}.txt").write_text(f"{seconds:g}\n")
+        # every rank at its deadline too, or done with the learner's code
+        wait_for_files([[out / f"deadline-{r}.txt", out / f"done-{r}.txt"] for r in range(size)],
+                       seconds)
+        os._exit(DEADLINE_EXIT)
+
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def main(argv: list[str]) -> int:
@@ -205,13 +267,13 @@ def main(argv: list[str]) -> int:
     last: dict = {}
     stack = (out / f"stack-{rank}.txt").open("w")  # kept open: faulthandler writes from C
     faulthandler.register(signal.SIGTERM, file=stack, all_threads=True, chain=True)
-    # MPI_Abort (another rank's watchdog) kills this rank without a signal it can catch:
-    # so its stack is also written every PERIOD s, from a C thread that needs no GIL
     running = (out / f"running-{rank}.txt").open("w")
-    faulthandler.dump_traceback_later(dump_period(), repeat=True, file=running)
+    faulthandler.register(STACK_SIGNAL, file=running, all_threads=True)
+    (out / f"pid-{rank}.txt").write_text(str(os.getpid()))  # after the handler: safe to signal
     printed = (out / f"output-{rank}.txt").open("w", buffering=1, errors="replace")
     learner = CaseOutput(printed)
     learner.case = IMPORT_CASE
+    timer = deadline_timer(float(os.environ[DEADLINE_ENV]), out, rank, size, stack)
     try:
         with contextlib.redirect_stdout(learner), contextlib.redirect_stderr(learner):
             fn = load_function(file, ex.function)
@@ -221,6 +283,7 @@ def main(argv: list[str]) -> int:
                 learner.case = label
                 records.append(run_case(grader, ex.function, fn, raw, case, last))
     except BaseException as exc:
+        timer.cancel()
         printed.flush()  # a last line without its newline too: the job ends in MPI_Abort
         line, code = learner_line(exc, file)
         write_json(
@@ -237,10 +300,10 @@ def main(argv: list[str]) -> int:
                 "recv": dict(last) or None,
             },
         )
+        ask_for_stacks(out, rank, size)  # before the abort kills them
         raise  # python -m mpi4py turns this into MPI_Abort: the whole job ends
-    faulthandler.cancel_dump_traceback_later()
-    running.write(f"{diagnosis.DUMP_HEADER}every case returned)!\n")  # out of the learner's code
-    running.flush()
+    timer.cancel()  # the learner's code is done on this rank
+    (out / f"done-{rank}.txt").write_text("every case returned\n")
     printed.close()
     # the answer key: minipar's own collectives (nothing on the grader's side imports it)
     borrowed = raw.gather("minipar.collectives" in sys.modules, root=0)
