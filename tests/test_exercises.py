@@ -34,7 +34,7 @@ def test_start_writes_the_skeleton_and_refuses_to_overwrite(tmp_path, capsys, na
     assert f"def {get(name).function}(comm, x" in text
     assert "raise NotImplementedError" in text and "comm.Send" in text
     target.write_text("# my work\n")
-    assert ex_cli.main(["start", name, "--dir", str(tmp_path)]) == 1
+    assert ex_cli.main(["start", name, "--dir", str(tmp_path)]) == 2  # usage errors exit 2
     assert "not overwriting" in capsys.readouterr().err
     assert target.read_text() == "# my work\n"
     assert ex_cli.main(["start", name, "--dir", str(tmp_path), "--force"]) == 0

@@ -118,12 +118,9 @@ def main(argv: list[str]) -> int:
         if target.is_dir():
             return error_line("minipar exercise start", f"{target} is a folder; remove it or "
                               "choose another --dir")
-        if target.exists() and not args.force:
-            print(
-                f"minipar exercise: {target} exists; not overwriting it (use --force)",
-                file=sys.stderr,
-            )
-            return 1
+        if target.exists() and not args.force:  # a usage error like the others: exit 2
+            return error_line("minipar exercise start",
+                              f"{target} exists; not overwriting it (use --force)")
         problem = _start_folder(Path(args.dir))
         if problem:
             return error_line("minipar exercise start", problem)
