@@ -55,6 +55,7 @@ from minipar.glossary.data import (
     data_dir,
     parse_term,
     seed_label,
+    seed_lang,
     seed_title,
     spun_table,
     terms,
@@ -78,7 +79,7 @@ from minipar.glossary.search import (
 __all__ = [
     "LANGS", "MATCH_FLOOR", "MAX_FUZZY_KEY", "PKG_DIR", "PLANNED", "SUGGEST_FLOOR", "Hit", "Match", "Term", "Topic",
     "by_id", "clear_caches", "closest", "data_dir", "key", "levenshtein", "link_status", "lookup",
-    "parse_term", "scan", "score_all", "seed_label", "seed_title", "spun_table", "stem", "terms", "topic", "topics",
+    "parse_term", "scan", "score_all", "seed_label", "seed_lang", "seed_title", "spun_table", "stem", "terms", "topic", "topics",
 ]
 
 
@@ -86,6 +87,8 @@ def clear_caches() -> None:
     """Forget everything loaded (for tests and benchmarks); the next call reloads."""
     from minipar.glossary import zh_words as _zh_words
 
+    from minipar.glossary import search as _search
+
     for f in (_data.cached_blob, _data.terms, _normal_form.spun_regex, _normal_form._words,
-              _normal_form.stem, _index.index, _zh_words._tokenizer):
+              _normal_form.stem, _index.index, _zh_words._tokenizer, _search._vocabulary):
         f.cache_clear()

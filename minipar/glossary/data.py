@@ -145,7 +145,7 @@ def cached_blob() -> dict:
 
     norm = table("_normalise.toml")
     return {"stamp": stamp, "raw": raw, "spun": dict(norm.get("zh", {})),
-            "words": {lang: dict(norm.get(f"{lang}_words", {})) for lang in ("ru", "zh")},
+            "words": {lang: dict(norm.get(f"{lang}_words", {})) for lang in LANGS},
             "scan": {k: list(v) for k, v in norm.get("scan", {}).items()},
             "topics": [(tid, t["title"], list(t["names"]), list(t["terms"]))
                        for tid, t in table("_topics.toml").items()],
@@ -185,7 +185,7 @@ def spun_table() -> dict[str, str]:
 
 
 def word_table(lang: str) -> dict[str, str]:
-    """Word -> the standard word (``[ru_words]`` / ``[zh_words]`` of ``glossary/_normalise.toml``)."""
+    """Word -> the standard word (``[en_words]``, ``[ru_words]``, ``[zh_words]`` of ``_normalise.toml``)."""
     return cached_blob()["words"].get(lang, {})
 
 
@@ -206,6 +206,11 @@ def seed_title(file: str) -> str:
     name (the data test requires every quoted seed to have a title).
     """
     return cached_blob()["sources"].get(file, {}).get("title", "seed document")
+
+
+def seed_lang(file: str) -> str | None:
+    """The language a seed document is written in (``lang`` in ``glossary/_sources.toml``)."""
+    return cached_blob()["sources"].get(file, {}).get("lang")
 
 
 def seed_label(file: str) -> str:

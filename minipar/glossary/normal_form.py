@@ -19,8 +19,9 @@ Steps, in order:
    that the adjective meets its noun (тензорного -> тензорн -> ``тензор``,
    like тензоров -> ``тензор``); an English plural loses its ``s``; every
    other token is left alone;
-5. each stemmed word through the word table of ``glossary/_normalise.toml``
-   (``[ru_words]``: loanwords and colloquial words for the standard one,
+5. each stemmed word through the word tables of ``glossary/_normalise.toml``
+   (``[en_words]``, ``[ru_words]``: short forms, loanwords and colloquial
+   words for the standard one: grad -> gradient, parallel -> parallelism,
    шардинг -> шардирование, пайплайн -> конвейер); separators dropped.
 
 "All-Reduce", "allreduce" and "all reduce" all have the key ``allreduce``;
@@ -158,8 +159,8 @@ def spun_regex() -> re.Pattern[str] | None:
 
 @cache
 def _words() -> dict[str, str]:
-    """Step 5: stemmed word -> stemmed standard word, from ``[ru_words]`` of ``_normalise.toml``."""
-    return {stem(k): stem(v) for k, v in word_table("ru").items()}
+    """Step 5: stemmed word -> stemmed standard word (``[en_words]``, ``[ru_words]``)."""
+    return {stem(k): stem(v) for lang in ("en", "ru") for k, v in word_table(lang).items()}
 
 
 def tokens(norm: str) -> list[tuple[str, int, int]]:

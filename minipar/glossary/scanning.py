@@ -43,7 +43,7 @@ from bisect import bisect_left
 from collections import namedtuple
 from operator import itemgetter
 
-from minipar.glossary.index import index
+from minipar.glossary.index import SHORT_KEY, index
 from minipar.glossary.normal_form import HAN, normalise, tokens
 
 _GAP_OK = re.compile(r"[\s\-‐‑‒–—_/·+]*")
@@ -64,13 +64,13 @@ class Match(namedtuple("Match", "id start end text")):
         return {"id": self.id, "start": self.start, "end": self.end, "text": self.text}
 
 
-def scan(text: str, prose: bool = True) -> list[Match]:
+def scan(text: str, prose: bool = True, cues: frozenset[str] = frozenset()) -> list[Match]:
     """Every glossary term named in ``text`` (any language), left to right, longest match first.
 
     Tokens must be adjacent, separated only by spaces, hyphens, slashes or
     ``+``; offsets refer to the original ``text``.  With ``prose`` (the
     default) short names and ordinary words count only in context (see the
-    module docstring).
+    module docstring); ``cues`` are more stemmed words that give context.
     """
     if not isinstance(text, str):
         raise TypeError(f"scan() needs a str, got {type(text).__name__}")
@@ -103,15 +103,15 @@ def scan(text: str, prose: bool = True) -> list[Match]:
         return [m for m, *_ in found]
     anchors = [m.start for m, _, _, ctx in found if not ctx]
     return [m for m, i, j, ctx in found
-            if not ctx or _in_context(text, norm, toks, m, i, j, anchors)]
+            if not ctx or _in_context(text, norm, toks, m, i, j, anchors, cues)]
 
 
 def _in_context(text: str, norm: str, toks: list[tuple[str, int, int]], m: Match, i: int, j: int,
-                anchors: list[int]) -> bool:  # noqa: PLR0911 - one return per rule
+                anchors: list[int], cues: frozenset[str]) -> bool:  # noqa: PLR0911 - one per rule
     """Rules 1-4 of the module docstring for a context name ``m`` (tokens ``i..j`` of the text)."""
     idx = index()
     key = "".join(t[0] for t in toks[i:j + 1])
-    if any(c.isspace() for c in m.text):  # rule 1: "M P" is two initials
+    if len(key) <= SHORT_KEY and any(c.isspace() for c in m.text):  # rule 1: "M P" is initials
         return False
     after = text[m.end:m.end + 8]
     if _CITATION.match(after):  # rule 3: "pp. 12"
@@ -129,7 +129,7 @@ def _in_context(text: str, norm: str, toks: list[tuple[str, int, int]], m: Match
         return True
     lo, hi = max(0, toks[i][1] - WINDOW), toks[j][2] + WINDOW
     near = toks[bisect_left(toks, lo, key=_start):bisect_left(toks, hi, key=_start)]
-    if any(t[0] in idx.cues for t in near):
+    if any(t[0] in idx.cues or t[0] in cues for t in near):
         return True
     window = "".join(_HAN_RUN.findall(norm, lo, hi))
     return any(c in window for c in idx.cues if _HAN_RUN.fullmatch(c))

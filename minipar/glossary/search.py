@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 from collections import namedtuple
+from functools import cache
 
 from minipar.glossary.data import LANGS, Term, Topic, by_id, topics
 from minipar.glossary.index import index
@@ -149,6 +150,9 @@ def score_all(query: str) -> list[Hit]:
         for reading in readings(query):
             for tid, w in idx.exact.get(key(reading), []):
                 offer_fuzzy(tid, ZH_WORDS_SCORE * w, f"Chinese words {reading}")
+    # a context name inside a longer query ("3D printing", "zero padding", "pp. 12", "soap bubble")
+    # counts only as a scan of prose would count it, the glossary's words giving context
+    trusted = {key(m.text) for m in scan(query, cues=_vocabulary())}
     q_starts = idx.bounds.get(qk) or _query_starts(query)
     allowed = min(3, max(1, len(qk) // 4))
     for k, entries in idx.exact.items():
@@ -157,12 +161,15 @@ def score_all(query: str) -> list[Hit]:
         if len(qk) <= len(k):
             contains = len(qk) >= _min_contain(qk) and _on_bounds(qk, k, idx.bounds[k], True)
         else:
-            contains = len(k) >= _min_contain(k) and _on_bounds(k, qk, q_starts, False)
+            contains = (len(k) >= _min_contain(k) and _on_bounds(k, qk, q_starts, False)
+                        and (k not in idx.context or k in trusted))
         if contains:
             s = 0.6 + 0.3 * min(len(qk), len(k)) / max(len(qk), len(k))
             for tid, w in entries:
                 offer_fuzzy(tid, s * w, "contains")
-    if len(qk) > 2:  # a typo: within `allowed` edits
+    qw = words(query)
+    named = len(qw) >= 2 and any(len(w) >= 3 and w in idx.exact and not _HAS_HAN.search(w) for w in qw)
+    if len(qk) > 2 and not named:  # a typo (not when a word is a name as typed: "PyTorch FSDP")
         from rapidfuzz import process
         from rapidfuzz.distance import Levenshtein
 
@@ -176,8 +183,10 @@ def score_all(query: str) -> list[Hit]:
         offer(tid, s, why)
     found = scan(query, prose=False)
     for m in found:  # terms named inside a longer query ("张量切分体例")
-        offer(m.id, 0.55 + 0.3 * len(key(m.text)) / len(qk), "in query")
-    parts = _compound(words(query))
+        mk = key(m.text)
+        if mk not in idx.context or mk in trusted:
+            offer(m.id, 0.55 + 0.3 * len(mk) / len(qk), "in query")
+    parts = _compound(qw)
     if parts:  # a compound of term names only: its head
         offer(parts[0] if _HAS_CYR.search(qk) else parts[-1], HEAD_SCORE, "head of the query")
     return _ranked(best)
@@ -196,12 +205,23 @@ def _compound(ws: tuple[str, ...]) -> list[str] | None:
     for i in range(n):
         if i not in paths:
             continue
+        if ws[i] in _STOP and (i + 1 not in paths or len(paths[i + 1]) > len(paths[i])):
+            paths[i + 1] = paths[i]  # "流水线并行的气泡": 的 joins two names
         for j in range(i + 1, n + 1):
             hit = exact.get("".join(ws[i:j]))
             if hit and (j - i < n) and (j not in paths or len(paths[j]) > len(paths[i]) + 1):
                 paths[j] = [*paths[i], hit[0][0]]
     names = paths.get(n)
     return names if names and len(set(names)) >= 2 else None
+
+
+@cache
+def _vocabulary() -> frozenset[str]:
+    """Every stemmed word of every name: in a query, such a word puts a short name in context."""
+    idx = index()
+    out = {w for ws, _, _ in idx.parts for w in ws}
+    out |= {k for k, b in idx.bounds.items() if len(b) == 1 and not _HAS_HAN.search(k)}
+    return frozenset(out - _STOP - idx.context)
 
 
 def _query_starts(query: str) -> tuple[int, ...]:
