@@ -85,9 +85,8 @@ __all__ = [
 
 def clear_caches() -> None:
     """Forget everything loaded (for tests and benchmarks); the next call reloads."""
-    from minipar.glossary import zh_words as _zh_words
-
     from minipar.glossary import search as _search
+    from minipar.glossary import zh_words as _zh_words
 
     for f in (_data.cached_blob, _data.terms, _normal_form.spun_regex, _normal_form._words,
               _normal_form.stem, _index.index, _zh_words._tokenizer, _search._vocabulary):

@@ -66,7 +66,7 @@ def index() -> Index:
                  blob["topic_keys"])
 
 
-def _names(t) -> list[tuple[str, float]]:  # noqa: ANN001 - a Term
+def _names(t) -> list[tuple[str, float]]:
     """Every name of a term with its weight: id, names, abbreviations, aliases, parenthesised parts."""
     weighted = [(t.id, 1.0)] + [(n, 1.0) for n in t.names.values()] + [(a, 0.98) for a in t.abbrev]
     weighted += [(a, 0.97) for lang in LANGS for a in t.aliases.get(lang, [])]
@@ -94,7 +94,7 @@ def _build() -> dict[str, object]:
         bounds.setdefault(k, starts)
 
     for t in terms():
-        for name, w in _names(t):
+        for n, (name, w) in enumerate(_names(t)):
             toks = tokens(normalise(name)[0])
             words = tuple(x[0] for x in toks)
             k = "".join(words)
@@ -104,7 +104,7 @@ def _build() -> dict[str, object]:
             enter(k, t.id, w, _starts(words))
             if len(set(words)) >= 2:
                 parts.append((words, t.id, w))
-            if _LATIN_KEY.fullmatch(k):
+            if _LATIN_KEY.fullmatch(k) and n > 0:  # the id (first) is no written form
                 spelt = re.sub(r"[\W_]", "", name)
                 (forms.setdefault(k, []).append(spelt) if spelt != spelt.lower() else lower_forms.add(k))
             if 2 <= len(words) <= 3 and re.search("[а-я]", k):

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING
 
-from minipar.glossary.data import spun_table, word_table
+from minipar.glossary.data import cached_blob, spun_table, word_table
 
 if TYPE_CHECKING:
     from typing import ClassVar
@@ -72,7 +72,7 @@ _CHARS = _CharTable()
 
 
 @cache
-def _russian_stemmer():  # noqa: ANN202 - snowballstemmer has no type hints
+def _russian_stemmer():
     """The Snowball Russian stemmer, imported on the first Cyrillic word (about 30 ms)."""
     import snowballstemmer
 
@@ -159,8 +159,16 @@ def spun_regex() -> re.Pattern[str] | None:
 
 @cache
 def _words() -> dict[str, str]:
-    """Step 5: stemmed word -> stemmed standard word (``[en_words]``, ``[ru_words]``)."""
-    return {stem(k): stem(v) for lang in ("en", "ru") for k, v in word_table(lang).items()}
+    """Step 5: stemmed word -> stemmed standard word (``[en_words]``, ``[ru_words]``).
+
+    Kept in the cached blob with the index, so that a lookup from the cache
+    stems no Russian word it was not given (and never imports the stemmer).
+    """
+    blob = cached_blob()
+    if "word_stems" not in blob:
+        blob["word_stems"] = {stem(k): stem(v) for lang in ("en", "ru")
+                              for k, v in word_table(lang).items()}
+    return blob["word_stems"]
 
 
 def tokens(norm: str) -> list[tuple[str, int, int]]:

@@ -107,7 +107,7 @@ def scan(text: str, prose: bool = True, cues: frozenset[str] = frozenset()) -> l
 
 
 def _in_context(text: str, norm: str, toks: list[tuple[str, int, int]], m: Match, i: int, j: int,
-                anchors: list[int], cues: frozenset[str]) -> bool:  # noqa: PLR0911 - one per rule
+                anchors: list[int], cues: frozenset[str]) -> bool:
     """Rules 1-4 of the module docstring for a context name ``m`` (tokens ``i..j`` of the text)."""
     idx = index()
     key = "".join(t[0] for t in toks[i:j + 1])

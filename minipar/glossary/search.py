@@ -68,7 +68,7 @@ ZH_WORDS_SCORE = 0.95  # a Chinese query whose reading word by word is a name
 _HAS_HAN = re.compile(f"[{HAN}]")
 _HAS_CYR = re.compile("[\u0400-\u04ff]")
 _STOP = frozenset({"the", "a", "an", "of", "in", "for", "and", "with", "on", "и", "в", "с", "по",
-                   "для", "на", "the", "的", "和"})
+                   "для", "на", "的", "和"})
 
 
 def levenshtein(a: str, b: str, limit: int | None = None) -> int:
@@ -233,7 +233,7 @@ def _query_starts(query: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _words_in_any_order(query: str, offer) -> None:  # noqa: ANN001 - offer(tid, score, why)
+def _words_in_any_order(query: str, offer) -> None:
     """Offer every name that shares at least half of its words with the query (a bag of words)."""
     qw = {w for w in words(query) if w not in _STOP and not _HAS_HAN.search(w)}
     if not qw:

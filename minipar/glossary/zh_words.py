@@ -41,7 +41,7 @@ MAX_WORDS = 3  # more words than this are not reordered (3! = 6 orders at most)
 
 
 @cache
-def _tokenizer():  # noqa: ANN202 - jieba has no type hints
+def _tokenizer():
     """A jieba tokenizer whose dictionary is the glossary's words (no file, no temp folder)."""
     import logging
 
