@@ -22,9 +22,15 @@ best score:
   "parallelism");
 * a typo: 0.9 x (1 - d / max length), where d is the Levenshtein distance
   (Levenshtein 1966, computed by ``rapidfuzz``) and at most a quarter of the
-  key's length (1-3 edits; none for 1-2 character queries);
+  key's length (1-3 edits; none for 1-2 character queries, and none when a
+  word of the query is a name as typed: "PyTorch FSDP" is FSDP, not two
+  edits from "PyTorch DDP");
 * a term named inside a longer query (:func:`minipar.glossary.scan`):
-  0.55 + 0.3 x its share of the query;
+  0.55 + 0.3 x its share of the query.  A *context* name (DP, 3D, zero,
+  bubble: :mod:`minipar.glossary.scanning`) inside a longer query counts,
+  here and for containment, only as a scan of prose would count it, the
+  words of the glossary's names giving context: "MoE models" is MoE, "3D
+  printing", "zero padding", "pp. 12-19" and "soap bubble" are nothing;
 * a query made only of term names ("流水线并行气泡" = pipeline parallelism +
   bubble) is a compound noun: its *head* scores 0.9, above any partial
   match.  The head is the last name in English and Chinese ("pipeline
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import re
 from collections import namedtuple
+from collections.abc import Callable
 from functools import cache
 
 from minipar.glossary.data import LANGS, Term, Topic, by_id, topics
@@ -233,7 +240,7 @@ def _query_starts(query: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _words_in_any_order(query: str, offer) -> None:
+def _words_in_any_order(query: str, offer: Callable[[str, float, str], None]) -> None:
     """Offer every name that shares at least half of its words with the query (a bag of words)."""
     qw = {w for w in words(query) if w not in _STOP and not _HAS_HAN.search(w)}
     if not qw:
@@ -271,10 +278,12 @@ def _ranked(best: dict[str, tuple[float, str]]) -> list[Hit]:
 def lookup(query: str, limit: int = 10) -> list[Term]:
     """Terms matching ``query`` in any language, best first (empty list: no match).
 
-    Score: 1 for an exact name (0.98 abbreviation, 0.97 alias), 0.6-0.9 when
-    one key contains the other, 0.9 x (1 - distance/length) for a typo within
-    a quarter of the key's length (at most 3 edits; none for 1-2 character
-    queries), 0.55-0.85 for a term named inside a longer query.
+    Score: 1 for an exact name (0.98 abbreviation, 0.97 alias), 0.5-0.9 for
+    the same words in another order, 0.95 for a Chinese query read word by
+    word, 0.6-0.9 when one key contains the other on word boundaries, 0.9 x
+    (1 - distance/length) for a typo within a quarter of the key's length (at
+    most 3 edits; none for 1-2 character queries), 0.55-0.85 for a term named
+    inside a longer query; a fuzzy score under :data:`MATCH_FLOOR` is dropped.
     """
     return [h.term for h in score_all(query)[:limit]]
 
