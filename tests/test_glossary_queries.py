@@ -3,8 +3,9 @@
 Data: ``tests/data/glossary_queries.tsv`` (language, query, expected term or
 NONE) and ``tests/data/glossary_prose.toml`` (paragraphs with no term, and
 paragraphs with terms).  Figures when written: 174 of 176 queries (en 81/83,
-ru 46/46, zh 47/47); no false hit in the 9 plain paragraphs (before: 144 of
-176 queries, 39 false hits).
+ru 46/46, zh 47/47); no false hit in the 9 plain paragraphs.  The matcher
+before Snowball, jieba, rapidfuzz and the context rules: 144 of 176 (en 69,
+ru 37, zh 38) and 39 false hits (en 28 in 3 paragraphs, ru 5, zh 6).
 """
 
 from __future__ import annotations
