@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from minipar.cli import main as minipar
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = ROOT / "glossary" / "_seeds"
+GLOSSARY_DEPS = ("snowballstemmer", "rapidfuzz", "jieba")  # pyproject.toml's dependencies for it
 
 
 def run_cli(*args: str, stdin: bytes | None = None, cwd: Path | None = None,
@@ -250,9 +252,16 @@ def test_installed_wheel_ships_the_glossary(tmp_path: Path) -> None:
     py = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q",
                     str(wheel)], check=True, capture_output=True, timeout=120)
+    # the glossary's own dependencies, offline: this environment's copies, linked in (no NumPy)
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    for name in GLOSSARY_DEPS:
+        (deps / name).symlink_to(importlib.util.find_spec(name).submodule_search_locations[0])
+    (next(venv.glob("lib/python*/site-packages")) / "glossary-deps.pth").write_text(f"{deps}\n")
     proc = run_cli("all-reduce", "--json", cwd=tmp_path, exe=[str(venv / "bin" / "minipar")])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["zh"] == "全归约"
     where = subprocess.run([str(py), "-c", "from minipar import glossary as g; print(g.data_dir())"],
-                           capture_output=True, text=True, timeout=60, cwd=tmp_path, check=True)
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert where.stdout.strip() == str(next(venv.glob("lib/python*/site-packages")) / "minipar" / "_glossary")

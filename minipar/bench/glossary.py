@@ -1,9 +1,13 @@
 """``minipar bench glossary``: lookup latency (warm) and ``minipar glossary`` start-up time (cold).
 
-Targets (from the glossary brief): a warm lookup under 50 ms, and the whole
-process ``minipar glossary X`` under 0.5 s, which requires the glossary verb
-not to import NumPy or mpi4py (the bench checks that too).  Measured, never
-asserted in tests: this machine is shared and noisy.
+What reads as instant: a warm lookup under 50 ms, and the whole process
+``minipar glossary X`` under 0.3 s cold, which requires the glossary verb not
+to import NumPy or mpi4py (the bench checks that too) and to import its
+matching libraries only where a query needs them: ``snowballstemmer`` for a
+Russian word the cache has not seen, ``rapidfuzz`` for typos, ``jieba`` for
+a Chinese query no name matches as written (each cold case below names the
+libraries it loaded).  Measured, never asserted in tests: this machine is
+shared and noisy.
 
     minipar bench glossary [--repeat 20] [--runs 10]
 """
@@ -28,7 +32,12 @@ QUERIES = [
     "all-reduse", "pipline paralelism", "megatorn-lm", "параллелизм даных",
     "чекпоинтинг активаций", "шардирование", "sharding", "梯度累积", "流水线并行气泡", "ZeRO++",
     "xyzzyq", "天气预报", "how does ZeRO stage 3 shard the parameters across data-parallel ranks?",
+    # as articles write them: reordered Russian, Chinese by its words, colloquial, near-collisions
+    "градиентного накопления", "шардинг оптимизатора", "全部减少", "重新计算激活", "环全归约",
+    "top-2 gating", "zero bubble", "3D printing",
 ]
+HEAVY = ("numpy", "mpi4py", "matplotlib")
+LIBRARIES = ("snowballstemmer", "rapidfuzz", "jieba")
 
 
 def _stats(ms: list[float]) -> str:
@@ -53,24 +62,28 @@ def warm_lookups(repeat: int) -> dict[str, list[float]]:
 
 def cold_runs(runs: int, cases: list[tuple[list[str], dict[str, str]]]) -> list[tuple[list[float], str]]:
     """Seconds per whole process ``python -m minipar.cli glossary ARGS`` for each case (round-robin,
-    so load from other processes hits every case alike), and the heavy modules each loaded."""
+    so load from other processes hits every case alike), and which of HEAVY + LIBRARIES each
+    loaded (comma-separated)."""
     probe = ("import sys, runpy; sys.argv = ['minipar'] + sys.argv[1:]\n"
              "try:\n    runpy.run_module('minipar.cli', run_name='__main__')\n"
              "except SystemExit:\n    pass\n"
-             "print('HEAVY=' + ','.join(m for m in ('numpy', 'mpi4py', 'matplotlib') if m in sys.modules),"
+             f"print('HEAVY=' + ','.join(m for m in {HEAVY + LIBRARIES!r} if m in sys.modules),"
              " file=sys.stderr)")
     times: list[list[float]] = [[] for _ in cases]
     for _ in range(runs):
         for i, (args, env) in enumerate(cases):
             cmd = [sys.executable, "-m", "minipar.cli", "glossary", *args]
             t0 = time.perf_counter()
-            subprocess.run(cmd, capture_output=True, check=True, timeout=60, env={**os.environ, **env})
+            proc = subprocess.run(cmd, capture_output=True, timeout=60, check=False,
+                                  env={**os.environ, **env})
+            if proc.returncode not in (0, 1):  # 1: "no match", an answer too
+                raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.decode()[-500:]}")
             times[i].append(time.perf_counter() - t0)
     out = []
     for (args, env), ts in zip(cases, times):
         proc = subprocess.run([sys.executable, "-c", probe, "glossary", *args], capture_output=True,
                               text=True, timeout=60, check=True, env={**os.environ, **env})
-        out.append((ts, proc.stderr.strip().rsplit("HEAVY=", 1)[-1] or "none"))
+        out.append((ts, proc.stderr.strip().rsplit("HEAVY=", 1)[-1]))
     return out
 
 
@@ -130,12 +143,20 @@ def main(argv: list[str]) -> int:
     print(f"  python -c pass                             median {statistics.median(floor):.3f}  "
           f"max {max(floor):.3f}")
     cases: list[tuple[list[str], dict[str, str]]] = [
-        (["all-reduce"], {}), (["张量切分体例", "--json"], {}), (["--list"], {}),
+        (["all-reduce"], {}), (["张量切分体例", "--json"], {}), (["градиентного", "накопления"], {}),
+        (["全部减少"], {}), (["xyzzyq"], {}), (["--list"], {}),
         (["all-reduce"], {"MINIPAR_NO_CACHE": "1"})]
-    for (qargs, env), (times, heavy) in zip(cases, cold_runs(args.runs, cases)):
+    every_cold: list[float] = []
+    for (qargs, env), (times, loaded) in zip(cases, cold_runs(args.runs, cases)):
         label = "minipar glossary " + " ".join(qargs) + (" (no cache)" if env else "")
+        heavy = ",".join(m for m in loaded.split(",") if m in HEAVY) or "none"
+        libs = ",".join(m for m in loaded.split(",") if m in LIBRARIES) or "none"
+        if not env:
+            every_cold += times
         print(f"  {label:<42} median {statistics.median(times):.3f}  max {max(times):.3f}  "
-              f"(under 0.5 s reads as instant; heavy modules imported: {heavy})")
+              f"(NumPy/mpi4py/matplotlib imported: {heavy}; matching libraries: {libs})")
+    print(f"  {'every case from the cache':<42} median {statistics.median(every_cold):.3f}  "
+          f"max {max(every_cold):.3f}  (under 0.3 s reads as instant)")
     return 0
 
 

@@ -8,12 +8,19 @@
     minipar glossary --list                all terms in three languages
     minipar glossary --export-md docs/glossary.md
 
-Cards show whether each linked module, notebook, exercise and command exists
-*now* (computed from the files, never stored): a link that has not landed yet
-reads "planned" (a command, too, until its verb, benchmark or strategy is
-in ``minipar.registry``).  Seeds are named by title ("Russian glossary"),
-never by file name.  ``--list`` wraps long names, never cuts them.  The exported Markdown has no such status, so it does not go
-stale when a module lands.  Imports nothing heavy (no NumPy, no mpi4py).
+A query may be inflected, reordered, colloquial or mistyped; a string that is
+like no term gets "no match" and the closest terms instead.  ``--scan``
+reports short names (DP, PP, 3D) and ordinary words (rank, bubble) only in
+context, so a citation's "pp. 12" or ``cp`` names nothing.  ``--lang``
+shows one language only (with the English corrections of its seed quotes).
+
+Cards show whether each linked module, notebook, exercise and command
+exists *now* (computed from the files, never stored): a link that has not
+landed yet reads "planned" (a command, too, until its verb, benchmark or
+strategy is in ``minipar.registry``).  Seeds are named by title ("Russian
+glossary"), never by file name.  ``--list`` wraps long names, never cuts
+them.  The exported Markdown has no such status, so it does not go stale
+when a module lands.  Imports nothing heavy (no NumPy, no mpi4py).
 """
 
 from __future__ import annotations
@@ -69,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a term in English, Russian or Chinese (default: none; required without "
                         "--scan, --list or --export-md)")
     p.add_argument("--lang", choices=g.LANGS,
-                   help="definitions (and --list columns) in one language (default: all three)")
+                   help="one language: its names, definition and the quotes of seed documents "
+                        "written in it, with their English corrections (and --list columns) "
+                        "(default: all three)")
     p.add_argument("--json", action="store_true",
                    help="machine-readable output (default: off, a readable card)")
     p.add_argument("--all", action="store_true",

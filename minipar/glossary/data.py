@@ -15,12 +15,16 @@ sizes and mtimes of every data file and of this package's source files, so
 any change to either names another file.  ``MINIPAR_NO_CACHE=1`` turns it
 off; an unwritable or corrupt cache is ignored.
 
-Besides the terms, two small tables (files starting with ``_`` are not
+Besides the terms, three small tables (files starting with ``_`` are not
 terms): ``_topics.toml`` -- words for a *family* of terms ("sharding",
-«шардирование», 分片) and the terms each lists (:func:`topics`), and
+«шардирование», 分片) and the terms each lists (:func:`topics`),
 ``_sources.toml`` -- the seed documents by title ("Russian glossary"), so
 cards never show a seed's file name (:func:`seed_title`), and the label a
-card writes above a seed's quotes (:func:`seed_label`).
+card writes above a seed's quotes (:func:`seed_label`), and
+``_normalise.toml`` -- what the matcher treats as the same word (spun
+Chinese, :func:`spun_table`; Russian and Chinese word synonyms,
+:func:`word_table`) and which names need context in a text
+(:func:`scan_table`).
 """
 
 from __future__ import annotations
@@ -139,7 +143,10 @@ def cached_blob() -> dict:
         path = d / name
         return tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
-    return {"stamp": stamp, "raw": raw, "spun": dict(table("_normalise.toml").get("zh", {})),
+    norm = table("_normalise.toml")
+    return {"stamp": stamp, "raw": raw, "spun": dict(norm.get("zh", {})),
+            "words": {lang: dict(norm.get(f"{lang}_words", {})) for lang in LANGS},
+            "scan": {k: list(v) for k, v in norm.get("scan", {}).items()},
             "topics": [(tid, t["title"], list(t["names"]), list(t["terms"]))
                        for tid, t in table("_topics.toml").items()],
             "sources": {f: dict(v) for f, v in table("_sources.toml").items()}}
@@ -177,6 +184,16 @@ def spun_table() -> dict[str, str]:
     return cached_blob()["spun"]
 
 
+def word_table(lang: str) -> dict[str, str]:
+    """Word -> the standard word (``[en_words]``, ``[ru_words]``, ``[zh_words]`` of ``_normalise.toml``)."""
+    return cached_blob()["words"].get(lang, {})
+
+
+def scan_table(name: str) -> list[str]:
+    """A list of ``[scan]`` in ``glossary/_normalise.toml``: ``context_words`` or ``cues``."""
+    return cached_blob()["scan"].get(name, [])
+
+
 def topics() -> tuple[Topic, ...]:
     """The families of terms (``glossary/_topics.toml``), in file order."""
     return tuple(Topic(*t) for t in cached_blob()["topics"])
@@ -189,6 +206,11 @@ def seed_title(file: str) -> str:
     name (the data test requires every quoted seed to have a title).
     """
     return cached_blob()["sources"].get(file, {}).get("title", "seed document")
+
+
+def seed_lang(file: str) -> str | None:
+    """The language a seed document is written in (``lang`` in ``glossary/_sources.toml``)."""
+    return cached_blob()["sources"].get(file, {}).get("lang")
 
 
 def seed_label(file: str) -> str:

@@ -13,11 +13,23 @@ Steps, in order:
    word directly followed by ``++`` keeps it ("ZeRO++" is the token
    ``zero++``, a different technique from ZeRO, so it must not match
    ``zero``), every other ``+`` is a separator ("DP+TP");
-4. each token stemmed (:func:`stem`: Russian case and number endings,
-   English plurals); separators dropped.
+4. each token stemmed (:func:`stem`): a Russian word by the Snowball
+   Russian stemmer (Porter's Snowball, ``snowballstemmer``: case, number and
+   gender endings), then the derivational ``-н-`` of an adjective dropped so
+   that the adjective meets its noun (тензорного -> тензорн -> ``тензор``,
+   like тензоров -> ``тензор``); an English plural loses its ``s``; every
+   other token is left alone;
+5. each stemmed word through the word tables of ``glossary/_normalise.toml``
+   (``[en_words]``, ``[ru_words]``: short forms, loanwords and colloquial
+   words for the standard one: grad -> gradient, parallel -> parallelism,
+   шардинг -> шардирование, пайплайн -> конвейер); separators dropped.
 
 "All-Reduce", "allreduce" and "all reduce" all have the key ``allreduce``;
-"параллелизма данных" has ``параллелизмдан``.  :func:`normalise` also
+"параллелизма данных" has ``параллелизмдан``.  Word order is *not* part
+of the normal form: :mod:`minipar.glossary.index` enters a Russian name in
+each order of its words («накопление градиентов» and «градиентное
+накопление» are one name), and the lookup compares the query's words with
+a name's words as a bag (:func:`words`).  :func:`normalise` also
 returns, for every character of the normal form, the span of the original
 text it came from, so a match found in the normal form is reported at its
 exact place in the original (``text[start:end]``).
@@ -31,19 +43,15 @@ from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING
 
-from minipar.glossary.data import spun_table
+from minipar.glossary.data import cached_blob, spun_table, word_table
 
 if TYPE_CHECKING:
     from typing import ClassVar
 
 HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs: each one is a token
 _TOKEN = re.compile(rf"[{HAN}]|[^\W_{HAN}]+(?:\+\+(?![^\W_]))?")
-_RU_ENDINGS = sorted(
-    ["ами", "ями", "ого", "его", "ому", "ему", "ыми", "ими", "ией", "иям", "иях", "ых", "их", "ий",
-     "ый", "ой", "ей", "ая", "яя", "ое", "ее", "ие", "ые", "ую", "юю", "ом", "ем", "ах", "ях", "ов",
-     "ев", "ам", "ям", "ым", "им", "ия", "ию", "ии", "ью", "ья", "ье", "ьи", "ы", "и", "а", "я",
-     "о", "е", "у", "ю", "ь"], key=len, reverse=True)
 _CYR = re.compile(r"[а-я]")
+_RU_VOWELS = set("аеиоуыэюяь")
 
 
 class _CharTable(dict):
@@ -63,14 +71,29 @@ class _CharTable(dict):
 _CHARS = _CharTable()
 
 
+@cache
+def _russian_stemmer():
+    """The Snowball Russian stemmer, imported on the first Cyrillic word (about 30 ms)."""
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("russian")
+
+
 @lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    """Light stemmer: Russian case/number endings, English plurals; other words unchanged."""
+    """Stem of one lower-case token: Russian by Snowball, English plurals; other tokens unchanged.
+
+    A Russian adjective keeps its derivational ``-н-`` under Snowball
+    (тензорный -> ``тензорн``); a final ``н`` after a consonant is dropped
+    from stems of 5 letters or more so that it meets its noun (``тензор``).
+    After a vowel it stays (накопление -> ``накоплен``), and so do short
+    stems (данные -> ``дан``).
+    """
     if _CYR.search(word):
-        for end in _RU_ENDINGS:
-            if word.endswith(end) and len(word) - len(end) >= 3:
-                return word[: -len(end)]
-        return word
+        s = _russian_stemmer().stemWord(word)
+        if len(s) >= 5 and s.endswith("н") and s[-2] not in _RU_VOWELS:
+            s = s[:-1]
+        return s
     if len(word) > 4 and word.isalpha():
         if word.endswith(("ches", "shes", "xes")):
             return word[:-2]
@@ -134,9 +157,33 @@ def spun_regex() -> re.Pattern[str] | None:
     return re.compile("|".join(parts)) if parts else None
 
 
+@cache
+def _words() -> dict[str, str]:
+    """Step 5: stemmed word -> stemmed standard word (``[en_words]``, ``[ru_words]``).
+
+    Kept in the cached blob with the index, so that a lookup from the cache
+    stems no Russian word it was not given (and never imports the stemmer).
+    """
+    blob = cached_blob()
+    if "word_stems" not in blob:
+        blob["word_stems"] = {stem(k): stem(v) for lang in ("en", "ru")
+                              for k, v in word_table(lang).items()}
+    return blob["word_stems"]
+
+
 def tokens(norm: str) -> list[tuple[str, int, int]]:
-    """(stemmed token, start, end) for each token (step 3-4) of a normal-form string."""
-    return [(stem(m.group()), m.start(), m.end()) for m in _TOKEN.finditer(norm)]
+    """(stemmed token, start, end) for each token (steps 3-5) of a normal-form string."""
+    table = _words()
+    out = []
+    for m in _TOKEN.finditer(norm):
+        s = stem(m.group())
+        out.append((table.get(s, s), m.start(), m.end()))
+    return out
+
+
+def words(text: str) -> tuple[str, ...]:
+    """The stemmed words of a name or query, in order (a Chinese run is one word per character)."""
+    return tuple(t[0] for t in tokens(normalise(text)[0]))
 
 
 def key(text: str) -> str:

@@ -119,27 +119,35 @@ def terminal_width() -> int:
 
 # --------------------------------------------------------------------------- rendering
 
-def seed_groups(term: g.Term) -> list[tuple[str, list[dict]]]:
+def seed_groups(term: g.Term, lang: str | None = None) -> list[tuple[str, list[dict]]]:
     """The term's seed quotes grouped by document, each under its label, in the data's order.
 
     The label says what the quotes are ("As written in a machine-translated
     Chinese article (errors kept)", :func:`minipar.glossary.seed_label`): the
     seeds' own words, mistakes included, shown after the clean definitions so
-    that they never read as the glossary's.
+    that they never read as the glossary's.  With ``lang``, only the
+    documents written in that language (:func:`minipar.glossary.seed_lang`).
     """
     groups: dict[str, list[dict]] = {}
     for s in term.seeds:
+        if lang is not None and g.seed_lang(s["file"]) != lang:
+            continue
         groups.setdefault(g.seed_label(s["file"]), []).append(s)
     return list(groups.items())
 
 
 def card(term: g.Term, lang: str | None = None, width: int | None = None, status: bool = True) -> str:
-    """A readable card for one term; ``lang`` limits the definitions to one language."""
+    """A readable card for one term.
+
+    ``lang`` limits it to one language: that language's names and
+    definition, and only the quotes of the seed documents written in it
+    (with their corrections, which are in English); papers and links stay.
+    """
     w = width or terminal_width()
     langs = [lang] if lang else list(g.LANGS)
     head = f"── {term.id} "
     out = [head + "─" * max(0, w - display_width(head))]
-    for la in g.LANGS:
+    for la in langs:
         names = term.names[la]
         if term.aliases.get(la):
             names += "  (" + ", ".join(term.aliases[la]) + ")"
@@ -149,7 +157,7 @@ def card(term: g.Term, lang: str | None = None, width: int | None = None, status
     out.append("")
     for la in langs:
         out += wrap(f"{LABEL[la]}  {term.definition[la]}", w, "    ")
-    for label, seeds in seed_groups(term):
+    for label, seeds in seed_groups(term, lang):
         out.append("")
         out += wrap(label + ":", w, "    ")
         for s in seeds:  # wrap() drops leading spaces: indent after wrapping
