@@ -28,8 +28,8 @@ WIDTH = 100  # columns; a notebook cell is wider than a terminal's default 80
 def cards_text(ids: Sequence[str], width: int = WIDTH, lang: str | None = None) -> str:
     """The cards of the term ``ids`` (in the given order) as one string, separated by blank lines.
 
-    ``lang`` ("en", "ru" or "zh") keeps the names in all three languages but the
-    definitions in one.  An id that is not in the glossary raises ``ValueError``
+    ``lang`` ("en", "ru" or "zh") shows that language only: its names, its
+    definition and the seed quotes written in it, each with its English correction.  An id that is not in the glossary raises ``ValueError``
     naming the closest ids, before anything is rendered.
     """
     from minipar import glossary as g
