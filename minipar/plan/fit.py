@@ -83,8 +83,8 @@ def leave_one_out(rows=PTDP_TABLE_1) -> list[dict[str, object]]:
 
 def residual_table(loo: list[dict[str, object]]) -> str:
     """The leave-one-out residuals as a text table."""
-    lines = [f"{'run':>6} {'published':>10} {'predicted':>10} {'error':>7}   constants (fit "
-             "on the other nine)"]
+    lines = [(f"{'run':>6} {'published':>10} {'predicted':>10} {'error':>7}   constants (fit "
+             "on the other nine)")]
     for x in loo:
         k = x["constants"]
         lines.append(f"{x['name']:>6} {x['published']:>10.0f} {x['predicted']:>10.1f} "

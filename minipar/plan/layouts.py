@@ -260,7 +260,12 @@ def layout_memory(model: ModelSpec, lay: Layout, itemsize: int = 2, K: float = K
     """
     N = lay.d * lay.c
     sequence_parallel = sequence_parallel and lay.sp
-    layer = activation_bytes_layer(model, lay, itemsize, formula, sequence_parallel, cp_kind)
+    if lay.flash and lay.remat == "none":  # flash attention keeps no s × s scores
+        layer = _layer_bytes(model, lay.t, lay.c, lay.b, "selective", itemsize, formula,
+                             sequence_parallel, cp_kind)
+    else:
+        layer = activation_bytes_layer(model, lay, itemsize, formula, sequence_parallel,
+                                       cp_kind)
     per_stage = model.n_layer // lay.p
     best: dict[str, float] = {}
     for stage in sorted({0, lay.p - 1}):

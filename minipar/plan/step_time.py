@@ -1,4 +1,4 @@
-"""Step time of a layout: FLOPs over the peak, the 1F1B bubble, α-β cost of each axis.
+"""Step time of a layout, an estimate: GEMMs by shape, memory-bound kernels, bubble, messages.
 
 EN training step-time estimate · RU оценка времени шага обучения · ZH 训练步时间估计
 
@@ -16,13 +16,45 @@ the logits 2BshV; training is 3 forwards' worth:
 runs, 41.5/43.7, 51.4/52.8, 56.0/57.0, 56.3/57.0 %, are in exactly the
 ratio of the last two lines).
 
-**Time of one micro-batch on one stage**, T_mb = hardware FLOPs / (n·m) /
-(peak × efficiency) + the tensor-, context- and pipeline-parallel messages of
-that micro-batch; 1F1B runs (m + p − 1) of them (bubble / ideal = (p − 1)/m,
-:func:`~minipar.plan.pipeline.bubble_time_ratio`); the data-parallel
-reduction follows the flush.  **No overlap is assumed**: every message waits
-(real systems hide part of the DP and CP traffic behind compute, so the
-estimates are upper bounds on time and lower bounds on MFU).
+**The step: an estimate** (:func:`estimate`), not a bound.  Per micro-batch on one
+device of a stage (:func:`microbatch_parts`):
+
+- GEMMs, each from its shape (:func:`layer_gemms`), by a roofline: max(FLOPs/(η·peak),
+  bytes/(η_HBM·HBM)) + t₀ per kernel (Williams, Waterman & Patterson 2009, "Roofline",
+  CACM 52(4)); the fixed t₀ makes small GEMMs less efficient than big ones.  Backward
+  is two GEMMs of each forward shape.  Errs fast for odd shapes (wave quantisation and
+  tile padding are not modelled) and slow for flash attention (no causal saving);
+- memory-bound kernels from the bytes they move over the HBM bandwidth
+  (:func:`memory_bound_bytes`; backward twice the forward), the optimizer step 30
+  bytes per parameter of its shard + 4 per held parameter (fp32 master, m, v read and
+  written, the gradient read, the 16-bit copy written);
+- recomputation: full runs each layer's forward again with its tensor-parallel
+  messages; selective the attention core (QKᵀ, softmax, dropout, A·V);
+- tensor/sequence parallel: 2 + 2 ring all-reduces (or RS + AG pairs: the same
+  bytes) per layer, all exposed (Megatron-LM of 2021 did not overlap them: errs slow
+  for systems that do);
+- context parallelism: ``ring`` — c − 1 hops of K, V forward (c with dK, dV backward),
+  each hidden behind one block of attention (Liu et al. 2023, arXiv 2310.01889);
+  ``allgather`` — Llama 3's all-gather of K, V and reduce-scatter of their gradients,
+  exposed (Dubey et al. 2024, arXiv 2407.21783, §3.3.2; grouped-query attention keeps
+  them small);
+- pipeline: 2v point-to-point messages per micro-batch (forward activation, backward
+  gradient of each of the v chunks), exposed;
+- ZeRO-3: each layer's all-gather forward, all-gather and reduce-scatter backward, with
+  α per ring step (N − 1 of them), prefetched one layer ahead: only what the layer's
+  compute cannot hide counts (errs fast: real ZeRO-3 pays more than this, see
+  docs/plan-calibration.md).
+
+Step = m × the slowest stage's micro-batch (the last stage has the logits) + (p − 1)/v
+micro-batches at the mean stage time (the interleaved bubble, PTD-P §2.2.2) + the
+data-parallel reduction — overlapped with the last micro-batch's backward when
+``overlap`` (one layer's bucket always exposed; PyTorch DDP's bucketing, Li et al.
+2020, arXiv 2006.15704), whole after the flush otherwise (Megatron's local DDP of
+2021) — + the optimizer step.  α-β messages reach ``link_efficiency`` of the links'
+bandwidth.  η, t₀ and the link share are fitted on PTD-P's Table 1
+(:mod:`minipar.plan.calibration`); HBM at 80 % is an assumption.  Not modelled (each
+errs fast): stragglers and jitter, data loading, kernel-launch gaps between
+micro-batches, the embedding's all-reduce across the first and last stages.
 
 **Traffic per axis**, bytes one rank sends per step, each message costing
 α + S/β (the α-β model, ring collectives): α and β of NVLink when the axis's
