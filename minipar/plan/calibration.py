@@ -31,7 +31,7 @@ from __future__ import annotations
 CONSTANTS: dict[str, float] = {
     "gemm_efficiency": 0.6883,
     "kernel_overhead_us": 10.0,
-    "link_efficiency": 0.7484,
+    "link_efficiency": 0.748,
     "hbm_efficiency": 0.8,
 }
 

@@ -40,8 +40,9 @@ device of a stage (:func:`microbatch_parts`):
   them small);
 - pipeline: 2v point-to-point messages per micro-batch (forward activation, backward
   gradient of each of the v chunks), exposed;
-- ZeRO-3: each layer's all-gather forward, all-gather and reduce-scatter backward, with
-  α per ring step (N − 1 of them), prefetched one layer ahead: only what the layer's
+- ZeRO-3: each layer's all-gather forward, all-gather and reduce-scatter backward, one
+  collective per weight matrix (4 per layer, as DeepSpeed gathers by module) with α
+  per ring step (N − 1 of them each), prefetched one layer ahead: only what the layer's
   compute cannot hide counts (errs fast: real ZeRO-3 pays more than this, see
   docs/plan-calibration.md).
 
@@ -337,7 +338,8 @@ def microbatch_parts(model: ModelSpec, lay: Layout, cluster: Cluster, last_stage
     N = lay.d * c
     if lay.zero == 3 and N > 1:
         P = stage_param_count(model, lay.p, t, 1 if lay.p > 2 else 0) / L_st * e
-        ag = _collective(cluster, groups["dp"], all_gather_volume(P, N), N - 1, k)
+        # one collective per weight (qkv, proj, mlp_in, mlp_out: DeepSpeed gathers by module)
+        ag = _collective(cluster, groups["dp"], all_gather_volume(P, N), 4 * (N - 1), k)
         fwd_hide = layer_f + 2 * tp_one
         zero3 = (max(0.0, ag - fwd_hide) + max(0.0, 2 * ag - 2 * fwd_hide)
                  + (max(0.0, ag - fwd_hide) if lay.remat == "full" else 0.0))
