@@ -14,7 +14,10 @@ Table 1 (Narayanan et al. 2021, arXiv 2104.04473) and nowhere else
 
 Not fitted (datasheet or stated assumptions): ``hbm_efficiency`` (the share of HBM
 bandwidth memory-bound kernels reach, 0.8 — STREAM-like copies on A100 reach about
-that), the latencies α of :mod:`minipar.plan.cluster`.
+that), the latencies α of :mod:`minipar.plan.cluster`, and ``zero3_overlap``, the share
+of a layer's forward compute that hides ZeRO-3's gathers of the next layer: 0, the
+gathers exposed (DeepSpeed's ZeRO-3 as PTD-P's Table 2 measured it; chosen after
+seeing those rows, see docs/plan-calibration.md; 1 models an FSDP-style prefetch).
 
 The runs: PTD-P Table 1 as published (h, a, l, t, p, n, B, achieved TFLOP/s per
 GPU counted by the paper's eq. 3, s = 2048, V = 51200), with the micro-batch size
@@ -33,6 +36,7 @@ CONSTANTS: dict[str, float] = {
     "kernel_overhead_us": 10.0,
     "link_efficiency": 0.748,
     "hbm_efficiency": 0.8,
+    "zero3_overlap": 0.0,
 }
 
 #: PTD-P Table 1: name, params (B, as published), heads a, hidden h, layers l, t, p, n GPUs,

@@ -42,9 +42,9 @@ device of a stage (:func:`microbatch_parts`):
   gradient of each of the v chunks), exposed;
 - ZeRO-3: each layer's all-gather forward, all-gather and reduce-scatter backward, one
   collective per weight matrix (4 per layer, as DeepSpeed gathers by module) with α
-  per ring step (N − 1 of them each), prefetched one layer ahead: only what the layer's
-  compute cannot hide counts (errs fast: real ZeRO-3 pays more than this, see
-  docs/plan-calibration.md).
+  per ring step (N − 1 of them each); prefetched one layer ahead, the share
+  ``zero3_overlap`` of the layer's compute hides them (default 0: exposed, as DeepSpeed's
+  ZeRO-3 behaved in PTD-P's Table 2; still errs fast there, see docs/plan-calibration.md).
 
 Step = m × the slowest stage's micro-batch (the last stage has the logits) + (p − 1)/v
 micro-batches at the mean stage time (the interleaved bubble, PTD-P §2.2.2) + the
@@ -340,7 +340,7 @@ def microbatch_parts(model: ModelSpec, lay: Layout, cluster: Cluster, last_stage
         P = stage_param_count(model, lay.p, t, 1 if lay.p > 2 else 0) / L_st * e
         # one collective per weight (qkv, proj, mlp_in, mlp_out: DeepSpeed gathers by module)
         ag = _collective(cluster, groups["dp"], all_gather_volume(P, N), 4 * (N - 1), k)
-        fwd_hide = layer_f + 2 * tp_one
+        fwd_hide = (layer_f + 2 * tp_one) * k.get("zero3_overlap", 0.0)
         zero3 = (max(0.0, ag - fwd_hide) + max(0.0, 2 * ag - 2 * fwd_hide)
                  + (max(0.0, ag - fwd_hide) if lay.remat == "full" else 0.0))
     gemm = 3 * sum(fwd_g.values())
