@@ -138,3 +138,54 @@ def test_cluster_presets_h200_and_a100_40gb():
 
 def test_predict_is_deterministic():
     assert predict(PTDP_TABLE_1[:2]) == predict(PTDP_TABLE_1[:2])
+
+
+def test_per_gemm_flops_of_a_llama_model_by_hand():
+    """GQA shrinks the QKV GEMM, SwiGLU has three MLP GEMMs: 2·(h(h + 2g·d) + h² + 3hf) per
+    token per layer + 4s·h for the attention core, + 2hV for the logits; training 3×."""
+    from minipar.plan.step_time import model_flops
+
+    m = load_model("llama3-8b")
+    h, g, d, f, s, V, L = 4096, 8, 128, 14336, 8192, 128256, 32
+    per_token = L * (2 * (h * (h + 2 * g * d) + h * h + 3 * h * f) + 4 * s * h) + 2 * h * V
+    assert model_flops(m, 1) == pytest.approx(3 * s * per_token, rel=1e-12)
+
+
+def test_cli_llama_layout_with_allgather_context_parallelism(capsys):
+    argv = ["--model", "llama3-70b", "--cluster", "h100", "--gpus", "64", "--global-batch",
+            "16", "--seq", "32768", "--layout",
+            "tp=8,cp=2,pp=4,vp=5,mb=1,zero=1,remat=full,flash=on,cpkind=allgather", "--json"]
+    assert plan_main(argv) == 0
+    e = json.loads(capsys.readouterr().out)["estimate"]
+    assert e["layout"]["cp_kind"] == "allgather" and e["parts_s"]["cp"] > 0 and e["fits"]
+    assert e["traffic"]["cp"]["within_node"] is False  # tp 8 fills the server: cp crosses
+
+
+def test_ring_context_parallelism_hides_behind_attention_allgather_does_not():
+    """A long sequence: each ring hop hides behind one block of attention (none exposed);
+    Llama 3's all-gather of K and V waits (some exposed)."""
+    m = load_model("llama3-8b", seq=131072)
+    h100 = load_cluster("h100")
+    ring, ag = (estimate(m, parse_layout(f"tp=8,cp=4,mb=1,remat=full,flash=on,cpkind={k}",
+                                         m, 32, 1), h100, 1) for k in ("ring", "allgather"))
+    assert ring["parts_s"]["cp"] == 0 < ag["parts_s"]["cp"]
+
+
+def test_zero3_pays_a_latency_per_weight_and_replica():
+    """ZeRO-3's exposed gathers grow with the replicas at a fixed shard of work: α per ring step."""
+    m = load_model("gpt3-1.3b")
+    a100 = load_cluster("dgx-a100")
+    z = [estimate(m, parse_layout("zero=3,mb=1", m, n, n), a100, n)["parts_s"]["zero3"]
+         for n in (16, 64, 256)]
+    assert 0 < z[0] < z[1] < z[2]
+    overlapped = estimate(m, parse_layout("zero=3,mb=1", m, 64, 64), a100, 64,
+                          constants={"zero3_overlap": 1.0})["parts_s"]["zero3"]
+    assert overlapped < z[1]
+
+
+def test_dp_overlap_hides_all_but_one_bucket():
+    m = load_model("ptdp-1.7b")
+    a100 = load_cluster("dgx-a100")
+    on, off = (estimate(m, parse_layout(f"mb=16,remat=full,overlap={o}", m, 32, 512), a100,
+                        512)["parts_s"]["dp"] for o in ("on", "off"))
+    assert on == pytest.approx(off / 24)  # one layer's bucket of the 24 stays exposed
