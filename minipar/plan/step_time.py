@@ -14,7 +14,9 @@ the logits 2BshV; training is 3 forwards' worth:
 
 (the Megatron-LM README's MFU / HFU for Korthikanti's 22B, 175B, 530B and 1T
 runs, 41.5/43.7, 51.4/52.8, 56.0/57.0, 56.3/57.0 %, are in exactly the
-ratio of the last two lines).
+ratio of the last two lines).  For models not shaped like GPT-3 (grouped-query
+attention, SwiGLU, f ≠ 4h) the layer's FLOPs are the sum over its GEMMs
+(:func:`layer_gemms`); for GPT-3's shape that sum is the formula above.
 
 **The step: an estimate** (:func:`estimate`), not a bound.  Per micro-batch on one
 device of a stage (:func:`microbatch_parts`):
@@ -75,8 +77,9 @@ node — tensor parallelism placed across servers — gets one NIC's worth):
   the compute dtype (fp32 for 16-bit storage), c messages (what
   :func:`minipar.parallel.context_parallel.measure.ring_backward_bytes` counts);
   full remat + 1 forward;
-- pp: per micro-batch the activation forward and its gradient backward,
-  b·(s/c)·h/t each (PTD-P's scatter/gather: each tensor rank sends its 1/t;
+- pp: per micro-batch and model chunk (v of them, interleaved) the activation forward
+  and its gradient backward, b·(s/c)·h/t each (PTD-P's scatter/gather: each tensor
+  rank sends its 1/t;
   :func:`~minipar.plan.pipeline.pipeline_p2p_bytes_per_rank`);
 - dp: over the N = d·c replicas, S = the stage's parameters × bytes: ZeRO 0
   and 1 one all-reduce (RS + AG, 2(N−1)/N·S: ZeRO's 2Ψ); ZeRO 2 reduce-scatters
