@@ -92,6 +92,10 @@ LAYOUT_OPTIONS = (
     ("--cluster", "FILE|PRESET", ("the cluster: dgx-a100, h100, a .json/.toml file, or "
                                   "key=value,... text; turns on the layout planner")),
     ("--gpus", "N", "with --cluster: GPUs to lay out (-n means the same there)"),
+    ("--model", "PRESET", ("with --cluster: a model preset (gpt3-175b, llama3-405b, ...) "
+     "or its numbers")),
+    ("--layout", "dp=..,tp=..", ("with --cluster: evaluate this one layout "
+     "(dp=16,tp=8,pp=12,vp=2,mb=1,zero=1,remat=selective,sp=on)")),
     ("--layers", "L", "with --cluster and --params: transformer layers"),
     ("--hidden", "H", "with --cluster and --params: hidden size h"),
     ("--vocab", "V", ("with --cluster and --params: vocabulary for the FLOP count "

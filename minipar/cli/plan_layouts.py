@@ -26,7 +26,9 @@ from minipar.cli.plan_sizes import default_heads, gpt_sizes, param_count
 from minipar.plan.cluster import load_cluster
 from minipar.plan.human import human_bytes, human_count
 from minipar.plan.layouts import Layout, gpt_model, model_from_params
+from minipar.plan.presets import LAYOUT_KEYS, MODEL_PRESETS, load_model, parse_layout
 from minipar.plan.search import compare_placements, search
+from minipar.plan.step_time import estimate
 
 MAX_GPUS = 65536
 _SIZE = integer(1, 10**9)
@@ -37,8 +39,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="minipar plan",
         description="The layout planner: every layout (d, t, p, c, ZeRO stage, remat, "
         "micro-batches) of N GPUs for a model, those that fit, ranked by estimated step time "
-        "(FLOPs, 1F1B bubble, alpha-beta cost per axis, no overlap assumed).")
+        "(an estimate: per-GEMM roofline, memory-bound kernels, bubble, exposed "
+        "communication); --layout evaluates one given layout.")
     size = ap.add_mutually_exclusive_group(required=True)
+    size.add_argument("--model", metavar="PRESET|NUMBERS",
+                      help=f"a preset ({', '.join(MODEL_PRESETS)}) or layers=,hidden=,heads=,"
+                      "seq=,vocab=[,ffn=,kv_heads=,swiglu]")
     size.add_argument("--gpt", type=gpt_sizes, metavar="L,D,V,T",
                       help="minipar GPT sizes n_layer,d_model,vocab,n_ctx")
     size.add_argument("--params", type=param_count, metavar="PSI",
@@ -63,11 +69,22 @@ def _parser() -> argparse.ArgumentParser:
                     help="largest context-parallel size tried (default: any; 1 = PTD-P's 3D)")
     ap.add_argument("--top", type=integer(1, 10**6), default=10, metavar="K",
                     help="layouts to print (default %(default)s)")
+    ap.add_argument("--layout", metavar="dp=..,tp=..,pp=..,...",
+                    help="evaluate this one layout instead of searching: keys "
+                    f"{', '.join(LAYOUT_KEYS)} (e.g. dp=16,tp=8,pp=12,vp=2,mb=1,zero=1,"
+                    "remat=selective,sp=on)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap
 
 
 def _model(args: argparse.Namespace) -> Any:
+    if args.model is not None:
+        extra = [f"--{k.replace('_', '-')}" for k in ("layers", "hidden", "vocab", "heads",
+                                                      "d_ff") if getattr(args, k) is not None]
+        if extra:
+            raise ValueError(f"{', '.join(extra)}: --model gives the sizes (write them as "
+                             "--model layers=..,hidden=..,...)")
+        return load_model(args.model, args.seq)
     if args.gpt is not None:
         extra = [f"--{k}" for k in ("layers", "hidden", "vocab") if getattr(args, k) is not None]
         if extra:
@@ -124,8 +141,9 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
             "considered": found["considered"], "fitting": found["fitting"],
             "smallest": found["smallest"], "ranked": _distinct(ranked, args.top),
             "takeaways": takeaways(model, ranked, cluster, B),
-            "assumptions": "no overlap of communication with compute; ring collectives; "
-                           "alpha-beta per message; per-layer activations only"}
+            "assumptions": "an estimate: per-GEMM roofline, memory-bound kernels, ring "
+                           "collectives (alpha-beta), DP reduction behind backward, TP and "
+                           "PP messages exposed; per-layer activations only"}
 
 
 def _s(x: float) -> str:
@@ -175,7 +193,7 @@ def render_layouts(r: dict[str, Any]) -> str:
         f"{c['intra_node_gbps']:g} GB/s, network {c['inter_node_gbps']:g} GB/s per GPU, "
         f"{c['peak_tflops']:g} TFLOP/s × {c['efficiency']:g})"),
         (f"global batch {r['global_batch']} sequences; {r['considered']} layouts in the space, "
-        f"{r['fitting']} fit; no communication overlap assumed (estimates are upper bounds)"),
+        f"{r['fitting']} fit; step times are estimates (docs/plan.md: which way each errs)"),
         "",
         (f"{'#':>3} {'d':>4} {'t':>3} {'p':>3} {'c':>3} {'ZeRO':>4} {'remat':<9} {'b':>2} "
         f"{'m':>5} {'place':<8} {'mem/GPU':>9} {'bubble':>7}  {'tp':>14} {'cp':>14} "
@@ -215,14 +233,86 @@ def render_layouts(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def evaluate_layout(args: argparse.Namespace) -> dict[str, Any]:
+    """``--layout``: the estimate of one given layout, every number the verb prints."""
+    model = _model(args)
+    cluster = load_cluster(args.cluster)
+    B = args.gpus if args.global_batch is None else args.global_batch
+    lay = parse_layout(args.layout, model, args.gpus, B)
+    e = estimate(model, lay, cluster, B)
+    if not e["fits"]:
+        mem = e["memory"]
+        raise ValueError(f"layout does not fit: {memory_text(mem['total'])} per GPU on stage "
+                         f"{mem['stage']} (model states {memory_text(mem['states'])}, "
+                         f"activations {memory_text(mem['activations'])}) > "
+                         f"{memory_text(cluster.memory_bytes)}")
+    return {"model": {k: getattr(model, k) for k in ("name", "family", "n_layer", "hidden",
+                                                     "heads", "kv_heads", "seq", "vocab",
+                                                     "d_ff", "psi")},
+            "cluster": cluster.as_fields(), "gpus": args.gpus, "global_batch": B,
+            "estimate": e,
+            "assumptions": "an estimate: per-GEMM roofline with a per-kernel overhead, "
+                           "memory-bound kernels at 80% of HBM bandwidth, alpha-beta ring "
+                           "collectives at the fitted share of link bandwidth; constants "
+                           "fitted on PTD-P Table 1 (docs/plan-calibration.md)"}
+
+
+_PART_NAMES = (("gemm", "GEMMs (forward + backward)"), ("memory", "memory-bound kernels"),
+               ("recompute", "recomputation"), ("tp", "tensor/sequence parallel (exposed)"),
+               ("cp", "context parallel (exposed)"), ("pp", "pipeline messages"),
+               ("bubble", "pipeline bubble"), ("zero3", "ZeRO-3 gathers (exposed)"),
+               ("dp", "data-parallel reduction (exposed)"), ("optimizer", "optimizer step"))
+
+
+def render_layout(r: dict[str, Any]) -> str:
+    """One layout's estimate as it reads: the step by part, TFLOP/s, memory, bytes."""
+    m, c, e = r["model"], r["cluster"], r["estimate"]
+    lay = e["layout"]
+    lines = [
+        (f"minipar plan: {m['name'] or 'model'} ({m['n_layer']} layers × h {m['hidden']}, "
+        f"{m['heads']} heads, s {m['seq']}, V {m['vocab']}: Ψ = {human_count(m['psi'])}) on "
+        f"{r['gpus']} GPUs of {c['name']}, global batch {r['global_batch']}"),
+        (f"layout: dp={lay['d']} tp={lay['t']} pp={lay['p']} cp={lay['c']} vp={lay['v']} "
+        f"mb={lay['b']} (m={lay['m']} micro-batches) zero={lay['zero']} remat={lay['remat']} "
+        f"sp={'on' if lay['sp'] else 'off'} {lay['placement']}"),
+        "",
+        f"step {_s(e['step_s'])} (an estimate), by part:"]
+    for key, name in _PART_NAMES:
+        x = e["parts_s"][key]
+        if x:
+            lines.append(f"  {name:<38} {_s(x):>9} {x / e['step_s']:>6.1%}")
+    lines += [
+        "",
+        (f"TFLOP/s per GPU: {e['tflops_per_gpu']:.1f} counting recomputation (PTD-P eq. 3 for "
+        f"full), {e['model_tflops_per_gpu']:.1f} model FLOPs; MFU {e['mfu']:.1%}, "
+        f"HFU {e['hfu']:.1%} of {c['peak_tflops']:g} TFLOP/s"),
+        (f"tokens/s {e['tokens_per_s']:,.0f}; bubble (p−1)/(v·m) = {e['bubble_ratio']:.1%} "
+        "of the ideal time")]
+    mem = e["memory"]
+    lines.append(
+        f"memory per GPU (stage {mem['stage']}): {memory_text(mem['total'])} = parameters "
+        f"{memory_text(mem['params'])} + gradients {memory_text(mem['grads'])} + optimizer "
+        f"{memory_text(mem['optimizer'])} + activations {memory_text(mem['activations'])} "
+        f"(of {c['memory_gb']:g} GB)")
+    axes = [f"{a} {human_bytes(v['bytes'])} ({'NVLink' if v.get('within_node') else 'network'})"
+            for a, v in e["traffic"].items() if v["bytes"]]
+    lines.append("bytes one GPU sends per step: " + (", ".join(axes) or "none"))
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     """The verb with ``--cluster``: tables or ``--json``; 2 on bad input, one line."""
     args = _parser().parse_args(argv)
     try:
-        result = plan_layouts(args)
+        if args.layout is not None:
+            result = evaluate_layout(args)
+            text = render_layout
+        else:
+            result = plan_layouts(args)
+            text = render_layouts
     except ValueError as e:
         return error_line("minipar plan", e)
-    print(json.dumps(result, indent=2) if args.json else render_layouts(result))
+    print(json.dumps(result, indent=2) if args.json else text(result))
     return 0
 
 

@@ -37,9 +37,14 @@ One file per family, every formula importable from here:
 - the layout planner (``minipar plan --cluster``), imported from its modules:
   :mod:`~minipar.plan.cluster` (GPUs per node, memory, links, peak),
   :mod:`~minipar.plan.layouts` (the space of d·t·p·c layouts, memory per GPU,
-  ZeRO Table 2's largest models), :mod:`~minipar.plan.step_time` (FLOPs, bubble,
-  α-β cost per axis), :mod:`~minipar.plan.search` (fit, rank: its ``search`` is
-  imported from that module, ``from minipar.plan.search import search``).
+  ZeRO Table 2's largest models), :mod:`~minipar.plan.step_time` (the step
+  estimate: GEMMs by shape on a roofline, memory-bound kernels, the interleaved
+  bubble, exposed messages per axis), :mod:`~minipar.plan.search` (fit, rank: its
+  ``search`` is imported from that module, ``from minipar.plan.search import search``),
+  :mod:`~minipar.plan.presets` (GPT-3, PTD-P Table 1 and Llama 3 models; layouts as
+  ``dp=16,tp=8,...`` text), :mod:`~minipar.plan.calibration` (the step model's three
+  fitted constants and PTD-P Table 1) and :mod:`~minipar.plan.fit` (the fit and its
+  leave-one-out residuals, docs/plan-calibration.md).
 - :mod:`~minipar.plan.human` — sizes as people read them (15.0 GB, 7.50 B).
 
 The ``minipar plan`` verb is the front end :mod:`minipar.cli.plan`; this

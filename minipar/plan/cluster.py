@@ -2,7 +2,7 @@
 
 EN cluster description · RU описание кластера · ZH 集群描述
 
-Eight numbers describe the machine :mod:`minipar.plan.layouts` plans for:
+Nine numbers describe the machine :mod:`minipar.plan.layouts` plans for:
 
 =========================  ====================================================  ==========
 field                      meaning                                               unit
@@ -14,29 +14,37 @@ field                      meaning                                              
 ``peak_tflops``            dense 16-bit tensor-core peak of one GPU              TFLOP/s
 ``intra_node_latency_us``  α of one message inside a node (default 2)            µs
 ``inter_node_latency_us``  α of one message between nodes (default 5)            µs
-``efficiency``             share of the peak the big GEMMs reach (default 0.7)   0 < e ≤ 1
+``efficiency``             share of the peak the largest GEMMs reach             0 < e ≤ 1
+                           (default: the fitted η of :mod:`~minipar.plan.calibration`)
+``hbm_gbps``               memory (HBM) bandwidth of one GPU (default 2039)       GB/s
 =========================  ====================================================  ==========
 
 A message of S bytes costs α + S/β (the α-β model; Hockney 1994): NVLink's
 inside a node; across nodes the network's α and, for a group with g ranks in
 each node, g × ``inter_node_gbps`` (:func:`minipar.plan.step_time.group_bandwidth`).
-The two presets, with the datasheet figure each number comes from:
+The presets, with the datasheet figure each number comes from:
 
-- ``dgx-a100``: 8 × A100 SXM4 80GB (NVIDIA A100 datasheet: 80 GB HBM2e,
-  312 TFLOP/s dense BF16/FP16 tensor core).  NVLink 3 through NVSwitch:
+- ``dgx-a100`` (also ``a100-80gb``): 8 × A100 SXM4 80GB (NVIDIA A100 datasheet: 80 GB HBM2e,
+  2039 GB/s, 312 TFLOP/s dense BF16/FP16 tensor core).  NVLink 3 through NVSwitch:
   12 links × 25 GB/s = 300 GB/s per direction per GPU (the "600 GB/s" of
   the datasheet counts both directions).  Between nodes: 8 × ConnectX-6
   HDR InfiniBand 200 Gb/s per node (DGX A100 datasheet), one per GPU:
   200 Gb/s = 25 GB/s per GPU, 200 GB/s per node.  The cluster of PTD-P
   (Narayanan et al. 2021, arXiv 2104.04473) and Korthikanti et al. 2022.
-- ``h100``: DGX H100, 8 × H100 SXM5 80GB (H100 datasheet: 989 TFLOP/s
-  dense BF16, 1979 with sparsity).  NVLink 4: 18 links × 25 GB/s = 450 GB/s
+- ``a100-40gb``: DGX A100 with the 40 GB A100 SXM4 (A100 datasheet: 40 GB HBM2,
+  1555 GB/s; the same 312 TFLOP/s, NVLink and HDR links as ``dgx-a100``).
+- ``h100``: DGX H100, 8 × H100 SXM5 80GB (H100 datasheet: 80 GB HBM3, 3.35 TB/s,
+  989 TFLOP/s dense BF16, 1979 with sparsity).  NVLink 4: 18 links × 25 GB/s = 450 GB/s
   per direction (900 GB/s both).  8 × ConnectX-7 NDR 400 Gb/s = 50 GB/s per
   GPU, 400 GB/s per node.
+- ``h200``: DGX H200, 8 × H200 SXM (H200 datasheet: 141 GB HBM3e, 4.8 TB/s, the
+  H100's 989 TFLOP/s dense BF16 and NVLink 4), 8 × ConnectX-7 NDR 400 Gb/s.
 
-The latencies (2 µs in a node, 5 µs across) and the 0.7 GEMM efficiency are
-not datasheet numbers: they are order-of-magnitude assumptions (NCCL's
-small-message latency is a few µs); set them in a cluster file.
+The latencies (2 µs in a node, 5 µs across) are not datasheet numbers: they
+are order-of-magnitude assumptions (NCCL's small-message latency is a few
+µs); the GEMM efficiency is the constant fitted on PTD-P's Table 1
+(:mod:`minipar.plan.calibration`, docs/plan-calibration.md).  Set any of them
+in a cluster file.
 
 Read from a preset name, a JSON file, a flat TOML file (``key = value``
 lines, ``#`` comments, an optional ``[cluster]`` header), or ``key=value,...``
@@ -51,8 +59,11 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from minipar.plan.calibration import CONSTANTS
+
 REQUIRED = ("gpus_per_node", "memory_gb", "intra_node_gbps", "inter_node_gbps", "peak_tflops")
-OPTIONAL = {"intra_node_latency_us": 2.0, "inter_node_latency_us": 5.0, "efficiency": 0.7}
+OPTIONAL = {"intra_node_latency_us": 2.0, "inter_node_latency_us": 5.0,
+            "efficiency": CONSTANTS["gemm_efficiency"], "hbm_gbps": 2039.0}
 FIELDS = REQUIRED + tuple(OPTIONAL)
 
 
@@ -69,6 +80,7 @@ class Cluster:
     intra_alpha: float
     inter_alpha: float
     efficiency: float
+    hbm_bw: float = 2039e9
 
     def bandwidth(self, within_node: bool) -> float:
         """β in bytes/s of a group inside one node (NVLink) or spanning nodes (network)."""
@@ -85,14 +97,20 @@ class Cluster:
                 "memory_gb": self.memory_bytes / 1e9, "intra_node_gbps": self.intra_bw / 1e9,
                 "inter_node_gbps": self.inter_bw / 1e9, "peak_tflops": self.peak_flops / 1e12,
                 "intra_node_latency_us": self.intra_alpha * 1e6,
-                "inter_node_latency_us": self.inter_alpha * 1e6, "efficiency": self.efficiency}
+                "inter_node_latency_us": self.inter_alpha * 1e6, "efficiency": self.efficiency,
+                "hbm_gbps": self.hbm_bw / 1e9}
 
 
+_A100 = {"gpus_per_node": 8, "memory_gb": 80, "intra_node_gbps": 300, "inter_node_gbps": 25,
+         "peak_tflops": 312, "hbm_gbps": 2039}
+_H100 = {"gpus_per_node": 8, "memory_gb": 80, "intra_node_gbps": 450, "inter_node_gbps": 50,
+         "peak_tflops": 989, "hbm_gbps": 3350}
 PRESETS: dict[str, dict[str, float]] = {
-    "dgx-a100": {"gpus_per_node": 8, "memory_gb": 80, "intra_node_gbps": 300,
-                 "inter_node_gbps": 25, "peak_tflops": 312},
-    "h100": {"gpus_per_node": 8, "memory_gb": 80, "intra_node_gbps": 450,
-             "inter_node_gbps": 50, "peak_tflops": 989},
+    "dgx-a100": _A100,
+    "a100-80gb": _A100,
+    "a100-40gb": {**_A100, "memory_gb": 40, "hbm_gbps": 1555},
+    "h100": _H100,
+    "h200": {**_H100, "memory_gb": 141, "hbm_gbps": 4800},
 }
 
 
@@ -127,7 +145,8 @@ def cluster_from_fields(fields: dict[str, object], name: str = "custom") -> Clus
                    memory_bytes=v["memory_gb"] * 1e9, intra_bw=v["intra_node_gbps"] * 1e9,
                    inter_bw=v["inter_node_gbps"] * 1e9, peak_flops=v["peak_tflops"] * 1e12,
                    intra_alpha=v["intra_node_latency_us"] / 1e6,
-                   inter_alpha=v["inter_node_latency_us"] / 1e6, efficiency=v["efficiency"])
+                   inter_alpha=v["inter_node_latency_us"] / 1e6, efficiency=v["efficiency"],
+                   hbm_bw=v["hbm_gbps"] * 1e9)
 
 
 def _scalar(text: str) -> object:
@@ -166,7 +185,7 @@ def parse_key_values(text: str) -> dict[str, object]:
 
 
 def load_cluster(spec: str) -> Cluster:
-    """A preset name (``dgx-a100``, ``h100``), a ``.json`` / ``.toml`` file, or key=value text."""
+    """A preset name (:data:`PRESETS`), a ``.json`` / ``.toml`` file, or key=value text."""
     s = str(spec).strip()
     if s.lower() in PRESETS:
         return cluster_from_fields(PRESETS[s.lower()], s.lower())

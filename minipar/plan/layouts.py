@@ -79,6 +79,19 @@ class ModelSpec:
     d_ff: int
     n_ctx: int
     structured: bool
+    kv_heads: int = 0
+    gated: bool = False
+    family: str = "gpt"
+    name: str = ""
+
+    @property
+    def groups(self) -> int:
+        """Key/value heads g (grouped-query attention; = heads for multi-head attention)."""
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
 
 
 def gpt_model(n_layer: int, d_model: int, vocab: int, n_ctx: int, heads: int,
@@ -91,6 +104,30 @@ def gpt_model(n_layer: int, d_model: int, vocab: int, n_ctx: int, heads: int,
     f = 4 * d if d_ff is None else count("d_ff", d_ff)
     s = T if seq is None else count("seq", seq)
     return ModelSpec(L, d, a, s, V, float(gpt_param_count(L, d, V, T, f)), f, T, True)
+
+
+def llama_param_count(n_layer: int, h: int, heads: int, kv_heads: int, d_ff: int, vocab: int,
+                      tied: bool = False) -> int:
+    """Parameters of a Llama-style decoder (Touvron et al. 2023, arXiv 2302.13971; Dubey et
+    al. 2024, arXiv 2407.21783): per layer Q and O h² each, K and V h·g·(h/a) each (grouped-
+    query attention, Ainslie et al. 2023, arXiv 2305.13245), SwiGLU 3·h·f (Shazeer 2020,
+    arXiv 2002.05202), two RMSNorms 2h, no biases; embedding V·h, final norm h, an untied
+    head V·h (none when ``tied``); rotary positions have no parameters."""
+    dh = h // heads
+    layer = 2 * h * h + 2 * h * kv_heads * dh + 3 * h * d_ff + 2 * h
+    return n_layer * layer + vocab * h * (1 if tied else 2) + h
+
+
+def llama_model(n_layer: int, hidden: int, heads: int, kv_heads: int, d_ff: int, vocab: int,
+                seq: int, tied: bool = False, name: str = "") -> ModelSpec:
+    """A Llama-style model (GQA, SwiGLU, RMSNorm, rotary), Ψ by :func:`llama_param_count`."""
+    L, h, a, g, f, V, s = (count(k, v) for k, v in (
+        ("n_layer", n_layer), ("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads),
+        ("d_ff", d_ff), ("vocab", vocab), ("seq", seq)))
+    if h % a or a % g:
+        raise ValueError(f"heads {a} must divide hidden {h} and kv_heads {g} the heads {a}")
+    return ModelSpec(L, h, a, s, V, float(llama_param_count(L, h, a, g, f, V, tied)), f, s,
+                     True, g, True, "llama", name)
 
 
 def model_from_params(psi: float, n_layer: int, hidden: int, heads: int, seq: int,
@@ -116,6 +153,11 @@ class Layout:
     b: int
     m: int
     placement: str = "tp-inner"
+    v: int = 1
+    sp: bool = True
+    overlap: bool = True
+    cp_kind: str = "ring"
+    flash: bool = False
 
     @property
     def n(self) -> int:
@@ -143,6 +185,10 @@ def stage_param_count(model: ModelSpec, p: int, t: int, stage: int) -> float:
     if model.structured is False:
         return model.psi / (p * t)
     d, f, V = model.hidden, model.d_ff, model.vocab
+    if model.family == "llama":  # no biases, RMSNorm (d each), GQA, SwiGLU, untied head
+        kv = 2 * d * model.groups * model.head_dim
+        out = L // p * ((2 * d * d + kv + 3 * d * f) / t + 2 * d)
+        return out + (V * d / t if stage == 0 else 0) + (d + d * V / t if stage == p - 1 else 0)
     block = (3 * d * d + 3 * d + d * d + d * f + f + f * d) / t + 4 * d + 2 * d
     out = L // p * block
     if stage == 0:
@@ -213,20 +259,32 @@ def layout_memory(model: ModelSpec, lay: Layout, itemsize: int = 2, K: float = K
     parameter); minipar's float64 runs: itemsize 8, K = 16 (Adam's m and v).
     """
     N = lay.d * lay.c
-    layer = activation_bytes_layer(model, lay, itemsize, formula, sequence_parallel, cp_kind)
+    sequence_parallel = sequence_parallel and lay.sp
+    if lay.flash and lay.remat == "none":  # flash attention keeps no s × s scores
+        layer = _layer_bytes(model, lay.t, lay.c, lay.b, "selective", itemsize, formula,
+                             sequence_parallel, cp_kind)
+    else:
+        layer = activation_bytes_layer(model, lay, itemsize, formula, sequence_parallel,
+                                       cp_kind)
     per_stage = model.n_layer // lay.p
     best: dict[str, float] = {}
     for stage in sorted({0, lay.p - 1}):
         share = stage_param_count(model, lay.p, lay.t, stage)
         states = zero_model_state_breakdown(share, N, lay.zero, K, itemsize, itemsize)["total"]
-        flight = peak_microbatches_in_flight(lay.p, lay.m) if stage == 0 else 1
-        acts = flight * per_stage * layer
+        if lay.v > 1 and stage == 0:  # Megatron's interleaved warm-up on stage 0
+            chunks = min(lay.m * lay.v, (lay.v - 1) * lay.p + 2 * (lay.p - 1) + 1)
+            acts = chunks * per_stage / lay.v * layer
+        else:
+            flight = peak_microbatches_in_flight(lay.p, lay.m) if stage == 0 else 1
+            acts = flight * per_stage * layer
         if lay.remat == "full":  # one layer recomputed whole during its backward
             acts += _layer_bytes(model, lay.t, lay.c, lay.b, "none", itemsize, formula,
                                  sequence_parallel, cp_kind)
         if states + acts > best.get("total", -1.0):
+            kinds = zero_model_state_breakdown(share, N, lay.zero, K, itemsize, itemsize)
             best = {"states": states, "activations": acts, "total": states + acts,
-                    "stage": stage, "params_per_rank": share}
+                    "stage": stage, "params_per_rank": share, "params": kinds["params"],
+                    "grads": kinds["grads"], "optimizer": kinds["optimizer"]}
     return best
 
 
@@ -242,6 +300,19 @@ def check_layout(model: ModelSpec, lay: Layout, n: int | None = None,
         raise ValueError(f"t = {lay.t} must divide the {model.heads} heads and d_ff {model.d_ff}")
     if model.n_layer % lay.p:
         raise ValueError(f"p = {lay.p} must divide the {model.n_layer} layers")
+    count("v", lay.v)
+    if lay.v > 1 and (model.n_layer // lay.p) % lay.v:
+        raise ValueError(f"v = {lay.v} must divide the {model.n_layer // lay.p} layers of each "
+                         f"of the p = {lay.p} stages")
+    if lay.v > 1 and lay.p == 1:
+        raise ValueError(f"v = {lay.v} interleaves pipeline stages: it needs p > 1")
+    if lay.v > 1 and lay.m % lay.p:
+        raise ValueError(f"interleaving (v = {lay.v}) needs the {lay.m} micro-batches to be a "
+                         f"multiple of p = {lay.p} (Megatron-LM's rule)")
+    if model.groups % lay.t and model.family == "llama":
+        raise ValueError(f"t = {lay.t} must divide the {model.groups} key/value heads")
+    if lay.cp_kind not in ("ring", "allgather"):
+        raise ValueError(f"cp kind must be ring or allgather, got {lay.cp_kind!r}")
     if model.seq % lay.c:
         raise ValueError(f"c = {lay.c} must divide the sequence length {model.seq}")
     if global_batch is not None and lay.d * lay.b * lay.m != global_batch:
