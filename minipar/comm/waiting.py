@@ -8,13 +8,12 @@ Three things happen while a rank waits in a :class:`~minipar.comm.traced.TracedC
 1. **Polite waiting.**  A blocked MPICH rank spins on its core.  With more
    ranks than cores (8 ranks on a 2-core laptop) the waiting ranks starve the
    computing ones.  Every wait here polls ``Test()`` (``Iprobe()`` for a
-   probe): for the first ``SPIN_S`` (500 us, ``MINIPAR_SPIN_S``) it polls,
-   calling ``os.sched_yield()`` between polls when this machine's ranks
-   outnumber its cores (:func:`spin_yields`), so a short wait costs little
-   latency yet hands the core to any rank that can run; after that it sleeps with a
+   probe): for the first ``SPIN_S`` (500 us, ``MINIPAR_SPIN_S``) it calls
+   ``os.sched_yield()`` between polls, so a short wait costs little latency
+   yet hands the core to any rank that can run; after that it sleeps with a
    doubling back-off from 20 us up to ``MINIPAR_POLL_MAX_S`` (default 1 ms),
    so a long wait costs almost no CPU.  ``minipar bench wait`` measures it
-   (``MINIPAR_SPIN_YIELD=0`` spins without yielding, ``=1`` always yields).
+   (``MINIPAR_SPIN_YIELD=0`` spins without yielding, for comparison).
 2. **A deadlock watchdog.**  A wait longer than ``timeout`` seconds
    (``MINIPAR_WATCHDOG_S``, default 60) raises :class:`DeadlockError` naming
    the rank, the operation, the call, the peer and the tag.
@@ -97,35 +96,7 @@ def wait_settings(timeout: float | None) -> tuple[float, float, float, bool]:
     if t <= 0:
         raise ValueError(f"watchdog timeout must be positive, got {t}")
     return (t, env_float(POLL_MAX_ENV, DEFAULT_POLL_MAX_S), env_float(SPIN_ENV, SPIN_S),
-            spin_yields())
-
-
-#: the launchers' variables for "ranks of this job on this machine" (MPICH's Hydra, Open MPI)
-LOCAL_RANKS_ENV = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
-
-
-def local_ranks() -> int:
-    """How many ranks of this job share this machine: the launcher's count, else the size of
-    COMM_WORLD (a single-machine run)."""
-    for name in LOCAL_RANKS_ENV:
-        raw = os.environ.get(name, "")
-        if raw.isdigit() and int(raw) > 0:
-            return int(raw)
-    return MPI.COMM_WORLD.Get_size()
-
-
-def spin_yields() -> bool:
-    """Whether the spinning phase hands the core away between polls (``sched_yield``).
-
-    ``MINIPAR_SPIN_YIELD=1`` or ``0`` decides; unset, it yields only when the ranks on
-    this machine outnumber its cores.  With a core per rank, yielding gains no rank
-    anything and costs latency on a busy machine (the core goes to another process for a
-    time slice); with more ranks than cores, the rank that yields lets the one it waits
-    for run, which MPI's own blocking wait (it spins) cannot."""
-    raw = os.environ.get(YIELD_ENV, "").strip()
-    if raw in ("0", "1"):
-        return raw == "1"
-    return local_ranks() > (os.cpu_count() or 1)
+            os.environ.get(YIELD_ENV, "1") != "0")
 
 
 class Waiter(Protocol):
