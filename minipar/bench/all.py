@@ -132,7 +132,7 @@ def table(data: dict[str, Any]) -> str:
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--skip", nargs="+", choices=("model", "dp", "collectives"), default=[],
-                   help="benchmarks to leave out")
+                   help="benchmarks to leave out (default: none, all three run)")
     add_json_options(p, "the ratios")
     return p
 

@@ -17,7 +17,7 @@ in the same run (1.00: as fast as MPI; above 1: faster; the table says so
 under its blocks and gives, per collective, the best and the worst ratio and
 where).  The ``auto`` rows (:mod:`minipar.collectives.auto`) also
 say which algorithm auto chose; the table ends with auto against MPI's
-Allreduce: the smallest ``x_mpi`` from 64 KiB up and from 1 MiB up (targets
+Allreduce: the smallest ``x_mpi`` from 64 KiB up and from 1 MiB up (the project aims at
 0.8 and 1.0) and the small-message latency ratio (time of auto / time of MPI
 at the smallest size).  The thresholds of ``auto`` were measured with this
 bench (``--algorithms mpi ring recursive_doubling``, see ``auto.py``).
