@@ -47,6 +47,7 @@ BENCHES: dict[str, tuple[str, str]] = {
               "activation checkpointing: peak activation memory vs layers, and the extra compute"),
     "offload": ("minipar.bench.offload",
                 "offloading activations and optimizer states to host / disk: bytes and time cost"),
+    "all": ("minipar.bench.all", "every speed ratio at small sizes (model, dp, collectives), ~1 min"),
 }
 
 #: ``minipar run`` strategy -> (its module in :mod:`minipar.run`: options, checks and

@@ -135,3 +135,13 @@ def test_one_rank_is_refused_with_the_reason(capsys):
     err = capsys.readouterr().err
     assert err == f"minipar bench collectives: {bench.ONE_RANK}\n"
     assert "2(N-1)/N is 0" in err
+
+
+def test_calibrate_writes_constants_the_model_reads(tmp_path, capsys):
+    from minipar.collectives.cost_model import load_costs
+
+    out = tmp_path / "cal.json"
+    assert bench.main(["-n", "2", "--calibrate", str(out)]) == 0
+    costs = load_costs(out)  # positive, finite: the checks of the committed file's reader
+    assert "calibrate" in costs.measured and "2 ranks" in costs.measured
+    assert f"wrote {out}" in capsys.readouterr().out

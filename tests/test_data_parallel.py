@@ -10,9 +10,9 @@ equal to the ring formula summed over buckets and ≈ 2(N-1)/N x S (these cases
 pass ``algorithm="ring"``); only the right neighbour is sent to; the timeline
 shows buckets reduced during backward; bad input raises ValueError on every
 rank before any message.  The default, ``algorithm="auto"``: equal to the
-serial run on 1-4 ranks, each bucket runs what
-``choose_allreduce(bucket bytes, N)`` picks and the bytes are exactly
-Σ_b allreduce_bytes_sent(n_b, 8, N, r, "auto"); with auto's switch lowered
+serial run on 1-4 ranks, each bucket runs what the alpha-beta-gamma model
+(``bucket_algorithm(bucket bytes, N)``) picks and the bytes are exactly
+Σ_b allreduce_bytes_sent(n_b, 8, N, r, a_b); with auto's switch lowered
 (``ring_min_bytes``) ring and recursive-doubling buckets share one step.
 SGD equals the serial run too; under mixed precision the bytes are those of
 16-bit gradients and every replica holds 16 bytes per parameter.  The
@@ -32,11 +32,16 @@ import numpy as np
 import pytest
 
 from minipar import checks, launch, run
-from minipar.collectives import choose_allreduce
 from minipar.collectives.cost import allreduce_bytes_sent
+from minipar.collectives.cost_model import LinkCosts
 from minipar.optim import FlatParams
 from minipar.parallel import common
-from minipar.parallel.data_parallel.ddp import DataParallel, bucket_algorithm, make_buckets
+from minipar.parallel.data_parallel.ddp import (
+    DataParallel,
+    bucket_algorithm,
+    choice_note,
+    make_buckets,
+)
 from minipar.parallel.data_parallel.measure import bucket_bytes_formula, replica_model_state_bytes
 from minipar.precision import ModelStates
 
@@ -182,9 +187,10 @@ def _auto(n: int, label: str) -> list[dict]:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_default_auto_equals_serial_and_sends_the_auto_bytes_per_bucket(n: int) -> None:
-    """DataParallel's default is auto: every bucket of this small model is below 8 MiB, so
-    each runs recursive doubling (blocking), and rank r sends exactly the auto figure of
-    each bucket, summed; the loss (one float64) is all-reduced by auto too."""
+    """DataParallel's default is auto: each bucket runs what the alpha-beta-gamma model of
+    the committed calibration picks for its size and N (the ring or blocking recursive
+    doubling), the same on every rank, and rank r sends exactly that algorithm's figure
+    for each bucket, summed; the loss (one float64) is all-reduced by auto too."""
     for label in ("auto", "auto-one-bucket"):
         for r, d in enumerate(_auto(n, label)):
             assert d["algorithm"] == "auto"
@@ -193,13 +199,14 @@ def test_default_auto_equals_serial_and_sends_the_auto_bytes_per_bucket(n: int) 
             np.testing.assert_allclose(d["params"], d["serial_params"], rtol=common.PARITY_RTOL,
                                        atol=common.PARITY_ATOL, err_msg=label)
             assert d["replicas_identical"], label
-            assert d["bucket_algorithms"] == [choose_allreduce(8 * k, n)
+            assert d["bucket_algorithms"] == [bucket_algorithm(8 * k, n)
                                               for k in d["bucket_sizes"]]
-            assert set(d["bucket_algorithms"]) == {"recursive_doubling"}
-            auto = sum(allreduce_bytes_sent(k, 8, n, r, "auto") for k in d["bucket_sizes"])
+            auto = sum(allreduce_bytes_sent(k, 8, n, r, a)
+                       for k, a in zip(d["bucket_sizes"], d["bucket_algorithms"]))
             assert d["sent_per_step"] == d["formula"] == auto, (label, r)
             assert d["loss_sent"] == allreduce_bytes_sent(1, 8, n, r, "auto")
-            if n == 4:  # recursive doubling: log2 4 = 2 x S per bucket, more than the ring
+            if n == 4 and set(d["bucket_algorithms"]) == {"recursive_doubling"}:
+                # recursive doubling: log2 4 = 2 x S per bucket, more than the ring
                 assert d["sent_per_step"] == 2 * 8 * sum(d["bucket_sizes"])
 
 
@@ -229,13 +236,18 @@ def test_auto_runs_ring_and_recursive_doubling_buckets_in_one_step(n: int) -> No
 
 
 def test_bucket_rule_and_formula() -> None:
-    """auto per bucket: the ring from 8 MiB on N >= 3, recursive doubling below and on
-    N <= 2; ring_min_bytes moves the 8 MiB only; "ring" / "mpi" are every bucket's."""
-    mib8 = 8 << 20
-    assert bucket_algorithm(mib8, 3) == bucket_algorithm(mib8, 8) == "ring"
-    assert bucket_algorithm(mib8 - 1, 4) == "recursive_doubling"
-    assert bucket_algorithm(1 << 30, 2) == "ring"  # overlapped, the ring wins on 2 ranks too
+    """auto per bucket: the alpha-beta-gamma model's pick (recursive doubling for small
+    buckets, the ring for large ones, on 2 ranks from 2 alpha / gamma); ring_min_bytes
+    replaces the model by a fixed switch; "ring" / "mpi" are every bucket's."""
+    costs = LinkCosts(alpha_s=20e-6, beta_s_per_byte=1e-9, gamma_s_per_byte=1e-10)
+    cross = 2 * costs.alpha_s / costs.gamma_s_per_byte  # 400 kB on 2 ranks
+    assert bucket_algorithm(int(cross) + 1000, 2, costs=costs) == "ring"
+    assert bucket_algorithm(int(cross) - 1000, 2, costs=costs) == "recursive_doubling"
+    assert bucket_algorithm(8, 4, costs=costs) == "recursive_doubling"
+    assert bucket_algorithm(1 << 30, 8, costs=costs) == "ring"
+    assert bucket_algorithm(1 << 30, 2) == "ring"  # the committed calibration, too
     assert bucket_algorithm(1 << 30, 1) == "recursive_doubling"  # nothing to send
+    assert "decided on rank 0" in choice_note([1 << 20, 4096], 2, costs)
     assert bucket_algorithm(100, 3, ring_min_bytes=100) == "ring"
     assert bucket_algorithm(99, 3, ring_min_bytes=100) == "recursive_doubling"
     assert bucket_algorithm(10**6, 2, ring_min_bytes=100) == "ring"

@@ -8,11 +8,13 @@ step (``loss_and_grads`` on the whole batch, then the optimizer), once as
 DDP on N ranks (:class:`minipar.parallel.data_parallel.ddp.DataParallel`: each
 rank B/N rows, bucketed all-reduce started as backward fills the buckets, the
 same optimizer step on every replica; ``--algorithm auto``, the default, runs
-a bucket of 8 MiB or more on the overlapped ring when N >= 3 and a smaller one
-by blocking recursive doubling, ``--algorithm ring`` overlaps every bucket).  Both run in this one benchmark, one after
+each bucket by what the alpha-beta-gamma model picks for its size and N, the
+overlapped ring or blocking recursive doubling (the line under the table
+gives the model's times; :mod:`minipar.collectives.cost_model`),
+``--algorithm ring`` overlaps every bucket).  Both run in this one benchmark, one after
 the other, and the figure is their ratio:
 
-    speed-up = (B / t_DP) / (B / t_serial) = t_serial / t_DP      (target >= 1.7 on 2 ranks)
+    speed-up = (B / t_DP) / (B / t_serial) = t_serial / t_DP      (ideal: N)
 
 at a size where computation dominates communication (default d_model 256,
 4 layers, T = 64, B = 32, float32: Ψ ≈ 3.4 M, S ≈ 13.6 MB per all-reduce).
@@ -105,7 +107,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {"seconds": t, "psi": dp.layout.size, "buckets": len(dp.buckets),
             "bucket_algorithms": dp.bucket_algorithms, "bytes_per_step": dp.bytes_sent_per_step(),
-            "bytes_exact": bytes_formula(dp)}
+            "bytes_exact": bytes_formula(dp), "choice": dp.choice_note}
 
 
 def run_bench(o: dict[str, Any], progress: Any = None) -> dict[str, Any]:
@@ -145,6 +147,7 @@ def run_bench(o: dict[str, Any], progress: Any = None) -> dict[str, Any]:
             "load_average": [load0, os.getloadavg()[0]],
             "algorithm": o.get("algorithm", "auto"), "buckets": res["dp"][0]["buckets"],
             "bucket_algorithms": res["dp"][0]["bucket_algorithms"],
+            "choice": res["dp"][0].get("choice", ""),
             "bytes_per_step": res["dp"][0]["bytes_per_step"],
             "bytes_exact": res["dp"][0]["bytes_exact"]}
 
@@ -238,6 +241,8 @@ def main(argv: list[str]) -> int:
           f"{row['bytes_per_step']:,.0f} bytes sent per rank per step; "
           f"load average {row['load_average'][0]:.1f} before, {row['load_average'][1]:.1f} after "
           f"(on {os.cpu_count()} cores: other processes share them)")
+    if row.get("choice"):
+        print(row["choice"])
     return 0
 
 

@@ -49,22 +49,23 @@ def _reduce_scatter_steps(c: Any, x: np.ndarray, out: np.ndarray | None, counts:
                           offs: list[int], ufunc: np.ufunc, tag: int) -> np.ndarray:
     """The N-1 reduce-scatter steps over the flat array ``x`` (never written).
 
-    With ``out`` (full size) the reduced chunks land in ``out`` at their
-    offsets (ring all-reduce); without, one chunk-sized buffer is reused and
-    the returned array is rank r's reduced chunk.
+    With ``out`` (full size) each incoming chunk is received straight into
+    its place in ``out`` and reduced there (ring all-reduce: no scratch
+    buffer, one pass of the ufunc per chunk); without, one chunk-sized buffer
+    is reused and the returned array is rank r's reduced chunk.
     """
     n_ranks, r = c.size, c.rank
     right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
-    scratch = np.empty(max(counts), x.dtype)
-    acc = scratch.copy() if out is None else None
+    scratch = np.empty(max(counts), x.dtype) if out is None else None
+    acc = np.empty(max(counts), x.dtype) if out is None else None
     sent = x[offs[(r - 1) % n_ranks]: offs[(r - 1) % n_ranks] + counts[(r - 1) % n_ranks]]
     for s in range(n_ranks - 1):
         ri = (r - s - 2) % n_ranks
-        got = scratch[: counts[ri]]
+        got = (scratch if out is None else out[offs[ri]:])[: counts[ri]]
         B.sendrecv(c, sent, right, got, left, tag)
         mine = x[offs[ri]: offs[ri] + counts[ri]]
         if out is not None:
-            dst = out[offs[ri]: offs[ri] + counts[ri]]
+            dst = got  # mine op got, in place where the chunk belongs
         elif s == n_ranks - 2:
             dst = np.empty(counts[ri], x.dtype)  # the result: a fresh array
         else:

@@ -59,11 +59,11 @@ from minipar.comm.waiting import (
 
 def as_bytes(buf: Any, *, what: str = "buffer") -> np.ndarray:
     """A uint8 view of a C-contiguous NumPy array (no copy); clear error otherwise."""
-    a = np.asarray(buf) if not isinstance(buf, np.ndarray) else buf
-    if not a.flags.c_contiguous:
+    a = buf if type(buf) is np.ndarray else np.asarray(buf)
+    if a.flags.c_contiguous:
+        return a.reshape(-1).view(np.uint8)
         raise CommUsageError(f"{what} of shape {a.shape} is not C-contiguous; "
                              "pass np.ascontiguousarray(x)")
-    return a.reshape(-1).view(np.uint8)
 
 
 def _world_ranks(comm: Any, world_comm: Any = None) -> list[int]:
@@ -120,10 +120,8 @@ class TracedComm:
 
     def Split(self, color: int = 0, key: int = 0, name: str | None = None) -> TracedComm:
         """Sub-communicator sharing this one's counters and watchdog (collective).
-
         Unnamed children are called ``"<parent>/split<k>"``, k counting this
-        parent's children (the same on every rank: Split is collective).
-        """
+        parent's children (the same on every rank: Split is collective)."""
         label = self._child_name("split", name)
         return TracedComm(_named(self.comm.Split(color, key), label), timeout=self.timeout,
                           stats=self.stats, name=label)
@@ -136,9 +134,7 @@ class TracedComm:
 
     def Free(self) -> None:
         """Free the wrapped communicator (collective); COMM_WORLD and COMM_SELF stay.
-
-        The wrapper is unusable afterwards; a second Free does nothing.
-        """
+        The wrapper is unusable afterwards; a second Free does nothing."""
         if self.comm in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):
             return
         self.comm.Free()
@@ -200,18 +196,31 @@ class TracedComm:
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> MPI.Status:
         """Send to ``dest`` and receive from ``source`` at once (no deadlock in a ring).
 
-        Both are posted (``Irecv`` first, then ``Isend``) and waited for
-        together by the polite, watched poll.  (Probing politely for the
-        incoming message, then receiving it with MPI's blocking ``Recv``, was
-        tried: no consistent gain in ``minipar bench collectives``, 4 ranks on
-        2 shared cores.)
+        Both are posted (``Irecv`` first) and tested once; only what is still in flight
+        is wrapped as :class:`TracedRequest` and waited for by the polite, watched poll:
+        every ring step calls this, so a message already there costs no request object
+        and no poll loop.  (Probing politely, then MPI's blocking ``Recv``, was tried: no
+        consistent gain in ``minipar bench collectives``, 4 ranks on 2 shared cores.)
         """
         if recvbuf is None:
             raise CommUsageError("Sendrecv needs a recvbuf")
-        r = self.Irecv(recvbuf, source, recvtag)
-        s = self.Isend(sendbuf, dest, sendtag)
-        self.waitall([r, s])
-        return r.status
+        self._check_peer(source, "Irecv"), self._check_peer(dest, "Isend")
+        rb, sb = as_bytes(recvbuf, what="receive buffer"), as_bytes(sendbuf, what="send buffer")
+        op, st = self.current_op, MPI.Status()
+        rreq = self.comm.Irecv([rb, MPI.BYTE], source=source, tag=recvtag)
+        sreq = self.comm.Isend([sb, MPI.BYTE], dest=dest, tag=sendtag)
+        self.stats.record_send(op, self.name, self.world_ranks[dest], sb.nbytes)
+        if rreq.Test(st):
+            self.stats.record_recv(op, self.name, self.world_ranks[st.Get_source()],
+                                   st.Get_count(MPI.BYTE))
+            todo = [] if sreq.Test() else [TracedRequest(self, sreq, "Send", dest, sendtag, op)]
+        else:
+            r = TracedRequest(self, rreq, "Recv", source, recvtag, op)
+            r.status = st
+            todo = [r, TracedRequest(self, sreq, "Send", dest, sendtag, op)]
+        if todo:
+            self.waitall(todo)
+        return st
 
     def Barrier(self) -> None:
         """A barrier that waits politely (MPI's Ibarrier, polled)."""
@@ -219,11 +228,8 @@ class TracedComm:
         self.waitall([req])
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> MPI.Status:
-        """Wait (politely, watched) until a message from ``source`` can be received.
-
-        Returns its status: ``Get_count(MPI.BYTE)`` is its size, so a receiver
-        can allocate a buffer for a message whose length it does not know.
-        """
+        """Wait (politely, watched) until a message from ``source`` can be received; its
+        status's ``Get_count(MPI.BYTE)`` sizes a buffer for a message of unknown length."""
         return self.probe_tags(source, (tag,))
 
     def probe_tags(self, source: int, tags: Sequence[int]) -> MPI.Status:
@@ -236,10 +242,7 @@ class TracedComm:
     # -- waiting -------------------------------------------------------------
     def waitall(self, requests: Sequence[TracedRequest]) -> None:
         """Poll until every request completes; past ``timeout`` raise DeadlockError.
-
-        Receives are counted as they complete, once each (a request waited
-        twice is counted once).
-        """
+        Receives are counted as they complete, once each (a request waited twice: once)."""
         poll(self, requests)
 
 

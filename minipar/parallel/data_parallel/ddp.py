@@ -25,10 +25,15 @@ nothing extra: the executor adds their auxiliary loss and scales its
 gradient like the loss's.
 
 **Which all-reduce, per bucket** (``algorithm="auto"``, the default).  Each
-bucket b of S_b bytes takes the ring from 8 MiB up
-(:data:`~minipar.collectives.auto.RING_MIN_BYTES`, where the measured blocking
-crossover lies) and recursive doubling below (:func:`bucket_algorithm`).
-Only the ring has a non-blocking
+bucket b of S_b bytes takes the algorithm the α–β–γ model of Thakur,
+Rabenseifner & Gropp (2005) predicts fastest for S_b on N ranks
+(:func:`bucket_algorithm`, :mod:`minipar.collectives.cost_model`: latency α,
+bandwidth β and the cost γ of the additions, constants from the committed
+``calibration.json``).  Rank 0 decides and broadcasts, so every rank runs
+the same algorithm per bucket whatever its files or clocks say.  On 2 ranks
+the ring and recursive doubling send the same bytes, but the ring adds S_b/2
+where recursive doubling adds S_b: the ring wins from S_b = 2α/γ up (a few
+hundred KiB here).  Only the ring has a non-blocking
 version here (:mod:`minipar.collectives.nonblocking`), so:
 
 * a *ring* bucket is posted when it is ready and advanced by ``progress()``
@@ -42,14 +47,14 @@ version here (:mod:`minipar.collectives.nonblocking`), so:
   bucket posted as a ring would sit in flight for up to 2(N-1) units to
   save a few tens of microseconds of blocking.
 
-PyTorch's default 25 MiB buckets are above 8 MiB, so with real bucket sizes
-``auto`` means the overlapped ring, on any number of ranks (on 2 ranks the
-blocking :func:`~minipar.collectives.auto.choose_allreduce` never picks the
-ring: the same bytes in two messages instead of one; overlapped, the ring
-wins anyway).  The small models here make small buckets and get recursive
-doubling, not overlapped: in ``minipar bench dp`` (Ψ = 3.4 M float32, 13
-buckets of 1 MiB, 2 ranks on this 2-core machine) that cost 1.83-1.85x
-speed-up against 1.92-1.99x with ``algorithm="ring"``.  ``ring_min_bytes`` moves auto's
+With PyTorch's default 25 MiB buckets ``auto`` means the overlapped ring on
+any number of ranks.  The model compares *blocking* times, so it is
+conservative for the ring, which also overlaps.  Before the model, auto took
+recursive doubling below 8 MiB (the blocking rule of
+:func:`~minipar.collectives.auto.choose_allreduce`): in ``minipar bench dp``
+(Ψ = 3.4 M float32, 13 buckets of 1 MiB, 2 ranks on this 2-core machine)
+that cost 1.66-1.85x speed-up against 1.92-1.99x with the ring on every
+bucket, which is what the model now picks there.  ``ring_min_bytes`` moves auto's
 switch for one DDP (to see both kinds of bucket in one step on a small
 model); ``algorithm="ring"`` overlaps every bucket, ``"mpi"`` uses MPI's
 Iallreduce.
@@ -80,7 +85,7 @@ import numpy as np
 
 from minipar import checks
 from minipar.collectives import allreduce
-from minipar.collectives.auto import RING_MIN_BYTES
+from minipar.collectives.cost_model import LinkCosts, allreduce_time, choose_by_model, load_costs
 from minipar.collectives.nonblocking import TAG_BASE, BlockingAllreduceRequest, iallreduce
 from minipar.comm.topology import Grid, require_grid
 from minipar.comm.traced import TracedComm
@@ -143,22 +148,36 @@ def make_buckets(layout: FlatParams, bucket_bytes: int, itemsize: int) -> list[B
 
 
 def bucket_algorithm(nbytes: int, world: int, algorithm: str = "auto",
-                     ring_min_bytes: int | None = None) -> str:
+                     ring_min_bytes: int | None = None, costs: LinkCosts | None = None) -> str:
     """The all-reduce a bucket of ``nbytes`` bytes runs on ``world`` ranks.
 
-    ``"auto"``: the overlapped ring from ``ring_min_bytes`` (default
-    :data:`~minipar.collectives.auto.RING_MIN_BYTES`, 8 MiB) up, on any number of
-    ranks, else blocking recursive doubling.  This differs from the blocking
-    :func:`~minipar.collectives.auto.choose_allreduce` on 2 ranks only, where
-    the ring never wins a *blocking* race (the same bytes in twice the
-    messages) but here it runs *during* backward, which recursive doubling
-    cannot.  Any other ``algorithm`` (``"ring"``, ``"mpi"``) is every bucket's."""
+    ``"auto"``: the algorithm the α–β–γ model predicts fastest
+    (:func:`~minipar.collectives.cost_model.choose_by_model`, ``costs`` or the committed
+    calibration): the overlapped ring or blocking recursive doubling.  With
+    ``ring_min_bytes``, the ring from that many bytes up instead (a fixed switch, to see
+    both kinds of bucket in one step).  Any other ``algorithm`` (``"ring"``, ``"mpi"``) is
+    every bucket's."""
     if algorithm != "auto":
         return algorithm
-    threshold = RING_MIN_BYTES if ring_min_bytes is None else ring_min_bytes
-    if world > 1 and nbytes >= threshold:
-        return "ring"
-    return "recursive_doubling"
+    if world == 1:
+        return "recursive_doubling"
+    if ring_min_bytes is not None:
+        return "ring" if nbytes >= ring_min_bytes else "recursive_doubling"
+    return choose_by_model(nbytes, world, costs)
+
+
+def choice_note(nbytes: list[int], world: int, costs: LinkCosts) -> str:
+    """One line: the model's predicted times of each distinct bucket size, and its pick."""
+    parts = []
+    for s in sorted(set(nbytes), reverse=True)[:3]:
+        t = {a: allreduce_time(a, s, world, costs) for a in ("ring", "recursive_doubling")}
+        pick = choose_by_model(s, world, costs)
+        parts.append(f"{s:,} B: ring {t['ring'] * 1e6:.0f} us, recursive doubling "
+                     f"{t['recursive_doubling'] * 1e6:.0f} us -> {pick.replace('_', ' ')}")
+    return (f"auto by the alpha-beta-gamma model (Thakur et al. 2005; alpha "
+            f"{costs.alpha_s * 1e6:.1f} us, 1/beta {1e-9 / costs.beta_s_per_byte:.2f} GB/s, "
+            f"1/gamma {1e-9 / costs.gamma_s_per_byte:.2f} GB/s; decided on rank 0): "
+            + "; ".join(parts))
 
 
 @dataclass
@@ -255,8 +274,18 @@ class DataParallel:
         self.layout = self.states.layout
         self.itemsize = self.states.grads.itemsize
         self.buckets = make_buckets(self.layout, bucket_bytes, self.itemsize)
-        self.bucket_algorithms = [bucket_algorithm(b.size * self.itemsize, self.world, algorithm,
-                                                   ring_min_bytes) for b in self.buckets]
+        sizes = [b.size * self.itemsize for b in self.buckets]
+        # decided on rank 0 and broadcast: one choice per bucket, the same on every rank
+        choice = None
+        if self.rank == 0:
+            costs = load_costs() if algorithm == "auto" and ring_min_bytes is None else None
+            choice = ([bucket_algorithm(s, self.world, algorithm, ring_min_bytes, costs)
+                       for s in sizes],
+                      choice_note(sizes, self.world, costs) if costs is not None and self.world > 1
+                      else "")
+        if self.world > 1:
+            choice = self.comm.bcast(choice, root=0)
+        self.bucket_algorithms, self.choice_note = choice
         self.timelines: list[Timeline] = []
         self.wrap_hooks = wrap_hooks
         self.walks: list[Any] = []  # what wrap_hooks made (closed by close())
