@@ -120,7 +120,8 @@ def report(dp: Any, grid: Any, options: dict[str, Any], spec: Any,
         "bucket_algorithms": dp.bucket_algorithms,
         "notes": [(f"Ψ = {psi:,} parameters in {len(dp.buckets)} bucket(s), algorithm "
                    f"{dp.algorithm}, overlap {'on' if dp.overlap else 'off'}"),
-                  algorithm_note(dp.algorithm, dp.bucket_algorithms, n, dp.overlap)]
+                  algorithm_note(dp.algorithm, dp.bucket_algorithms, n, dp.overlap,
+                                 dp.choice_note)]
         + memory_notes,
         **({"memory": memory} if memory else {}),
     }
@@ -134,17 +135,19 @@ def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return ddp_events(summary["timeline"])
 
 
-def algorithm_note(algorithm: str, per_bucket: list[str], world: int, overlap: bool) -> str:
-    """One line: which all-reduce the buckets ran, and where the paper's figure is."""
+def algorithm_note(algorithm: str, per_bucket: list[str], world: int, overlap: bool,
+                   why: str = "") -> str:
+    """One line: which all-reduce the buckets ran, why (the α–β–γ model's times, ``why``), and
+    where the paper's figure is."""
     when = "overlapped with backward" if overlap else "after backward (--no-overlap)"
     if algorithm != "auto":
         return f"every bucket: {algorithm} (--algorithm {algorithm}), {when}"
     rd, ring = per_bucket.count("recursive_doubling"), per_bucket.count("ring")
     parts = []
     if ring:
-        parts.append(f"{ring} bucket(s) >= 8 MiB on the ring, {when}")
+        parts.append(f"{ring} bucket(s) on the ring, {when}")
     if rd:
-        parts.append(f"{rd} bucket(s) by recursive doubling (< 8 MiB: latency-bound), blocking "
+        parts.append(f"{rd} bucket(s) by recursive doubling, blocking "
                      + ("when ready" if overlap else "after backward"))
     tail = "" if not rd else "; the formula is the ring's: --algorithm ring"
-    return "auto: " + "; ".join(parts) + tail
+    return "auto: " + "; ".join(parts) + tail + (f"\n{why}" if why else "")
