@@ -12,6 +12,7 @@ fp32.  For float32 and float64 the helpers are no-ops (no copies).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np  # dtype names only; array math goes through xp
@@ -25,7 +26,7 @@ MODEL_DTYPES = ("float64", "float32", *HALF_DTYPES)
 
 
 _FLOATS = (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16))
-_BF16: list[np.dtype] = []  # filled by the first bfloat16(): no bfloat16 array exists before
+_BF16: list[np.dtype] = []  # filled by the first bfloat16(), or seen once ml_dtypes is loaded
 
 
 def bfloat16() -> np.dtype:
@@ -60,6 +61,8 @@ def check_model_dtype(dtype: Any) -> np.dtype:
 def is_16bit(dtype: Any) -> bool:
     """True for float16 and bfloat16."""
     dt = as_dtype(dtype)  # compared with the dtypes, not by name: dtype.name allocates
+    if not _BF16 and "ml_dtypes" in sys.modules:  # a caller made bfloat16 arrays itself
+        bfloat16()
     return dt == _FLOATS[2] or (bool(_BF16) and dt == _BF16[0])
 
 
