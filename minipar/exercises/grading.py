@@ -97,11 +97,19 @@ class GradingComm(TracedComm):
         #: "Message truncated" error is about (:func:`minipar.exercises.diagnosis.truncation`)
         self.last: dict = {} if last is None else last
 
-    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
+    def _posted(self, buf: Any, source: int) -> None:
         self.last.clear()
         self.last.update(source=source, nbytes=getattr(buf, "nbytes", None),
                          itemsize=getattr(buf, "itemsize", None))
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Any:
+        self._posted(buf, source)
         return super().Irecv(buf, source, tag)
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Any:
+        self._posted(recvbuf, source)  # TracedComm.Sendrecv posts its receive on MPI directly
+        return super().Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)
 
     def Split(self, color: int = 0, key: int = 0) -> GradingComm:
         return GradingComm(self.comm.Split(color, key), timeout=self.timeout, stats=self.stats,
