@@ -88,6 +88,10 @@ def test_untouched_skeleton_says_not_implemented(name):
     assert c.detail.startswith("not implemented yet: start with ")
     assert "skeleton.py:" in c.detail  # points at the learner's raise line
     assert f"minipar exercise hint {name}" in c.detail
+    # the message says what is missing and where to start; the steps come as hints, on request
+    code = {f.strip() for h in get(name).hints() for ln in h.splitlines() for f in ln.split(";")
+            if "=" in f and len(f.strip()) > 8}
+    assert not [f for f in code if f in c.detail], c.detail
 
 
 # -- wrong solutions are caught, with the right message --------------------------------------
@@ -143,6 +147,9 @@ WRONG = [
      ["exactly N = 4 times the expected value"]),
     ("ex_wrong_partial.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
      ["A partial sum", "chunk 0 lacks ranks"]),
+    ("ex_wrong_allgather_index.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
+     ["Each chunk c holds only rank c's own values", "the all-gather passed around",
+      "send chunks[(r + 1 - s) % N]"]),
     ("ex_wrong_rotated.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
      ["rotated chunk order", "chunk c holds what belongs in chunk (c + "]),
     # MPI's "Message truncated ... error stack" as a sentence about chunks
@@ -174,6 +181,23 @@ WRONG = [
 def test_wrong_solution_is_caught(file, name, n, check_name, words):
     report = check(name, MPI_DIR / file, n, timeout=60)
     assert_caught(report, check_name, words)
+
+
+def test_an_off_by_one_all_gather_is_not_blamed_on_the_reduce_scatter():
+    report = check("ring_allreduce", MPI_DIR / "ex_wrong_allgather_index.py", 4, timeout=60)
+    (c,) = failed(report)
+    assert "all-gather" in c.detail and "reduce-scatter steps, each adding" not in c.detail
+
+
+def test_a_gradient_sum_never_averaged_is_said_as_the_missing_average():
+    """On 3 ranks with even slices the plain sum is exactly 3 x the serial gradient: the
+    first sentence is the missing division by the world size, not "an all-reduce run twice"."""
+    report = check("dp_grad_sync", MPI_DIR / "dp_wrong_sum.py", 3, timeout=60)
+    (c,) = failed(report)
+    said = c.detail.splitlines()[1]  # the line after "N of M cases wrong. First: ..."
+    assert said.startswith("You returned the SUM of the ranks' gradients, never averaged"), c.detail
+    assert "dividing by the world size, N = 3" in said and "rows / batch" in said
+    assert "twice" not in c.detail and "added N times" not in c.detail
 
 
 def test_wrong_chunking_is_still_a_ring():
