@@ -66,7 +66,8 @@ def test_bad_arguments_are_refused(tmp_path):
     [("ring_allreduce", n) for n in (1, 2, 3, 4, 8)]
     + [("tree_broadcast", n) for n in (1, 2, 3, 4, 5)]
     + [("ps_sync", n) for n in (2, 3, 5)]
-    + [("layernorm_backward", n) for n in (1, 3)],
+    + [("layernorm_backward", n) for n in (1, 3)]
+    + [("remat_budget", n) for n in (1, 2)],
 )
 def test_reference_solution_passes(name, n):
     report = check(name, get(name).solution_path, n, timeout=90)
@@ -162,6 +163,12 @@ WRONG = [
     # the layer norm's backward (notebook 02's exercise)
     ("ex_wrong_ln_no_sigma.py", "layernorm_backward", 3, "the serial layer's backward",
      ["the σ path is left out", "YOUR rows only"]),
+    # remat under a budget (notebook 09's exercise): measured peak, counted recomputation
+    ("ex_wrong_remat_largest_k.py", "remat_budget", 2, "fewest recomputed forwards",
+     ["4 of 9 cases wrong. First: budget", "recomputes 5 unit forwards; every = 4 fits too",
+      "A larger k is not always fewer recomputed forwards"]),
+    ("ex_wrong_remat_keep_all.py", "remat_budget", 1, "measured peak <= budget",
+     ["your plan's measured peak is", "bytes, over the budget of", "keep less"]),
     # the parameter server's mistakes
     ("ex_wrong_ps_pull_first.py", "ps_sync", 4, "result equals the synchronous step",
      ["rank 1 returned the parameters from before the update", "pulled before"]),

@@ -152,6 +152,14 @@ EXERCISES: dict[str, Exercise] = {
             writes="schedule",
         ),
         Exercise(
+            "remat_budget",
+            "remat_step",
+            "activation checkpointing: which activations to keep for a memory budget (notebook 09)",
+            "★★☆",
+            writes_communication=False,
+            writes="plan",
+        ),
+        Exercise(
             "grid_groups",
             "run_grid",
             "process grid: your coordinates and one comm.Split communicator per axis (dp pp cp tp)",
