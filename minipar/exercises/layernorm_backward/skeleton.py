@@ -6,7 +6,7 @@ Grade it (2 ranks by default; 1 rank is the plain serial layer):
 
     minipar exercise check layernorm_backward layernorm_backward.py -n 2
 
-THE SETTING (Ba, Kiros & Hinton 2016, "Layer Normalization", arXiv 1607.06450, eq. 4)
+THE SETTING (Ba, Kiros & Hinton 2016, "Layer Normalization", arXiv 1607.06450)
     y = γ ⊙ x̂ + β,   x̂ = (x - μ) / σ,   μ = mean(x),  σ = sqrt(var(x) + ε)
     over the LAST axis (d features) of every row, ε = 1e-5, as the serial model's
     minipar.nn.layers.layernorm_forward.  The rows (tokens) are split over the N
@@ -28,7 +28,7 @@ WHY IT WORKS
     by all rows: their gradients are sums over every row, and each rank holds
     only some rows, so those two sums are finished with one all-reduce (this is
     why sequence parallelism all-reduces the layer norm's weight gradients,
-    Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2).
+    Korthikanti et al. 2022, arXiv 2205.05198).
 
 WHAT THE GRADER MEASURES
     * The result against the serial layer on all rows, three shapes, and the
