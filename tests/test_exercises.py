@@ -65,14 +65,17 @@ def test_bad_arguments_are_refused(tmp_path):
     "name, n",
     [("ring_allreduce", n) for n in (1, 2, 3, 4, 8)]
     + [("tree_broadcast", n) for n in (1, 2, 3, 4, 5)]
-    + [("ps_sync", n) for n in (2, 3, 5)],
+    + [("ps_sync", n) for n in (2, 3, 5)]
+    + [("layernorm_backward", n) for n in (1, 3)]
+    + [("remat_budget", n) for n in (1, 2)],
 )
 def test_reference_solution_passes(name, n):
     report = check(name, get(name).solution_path, n, timeout=90)
     assert report.passed, report.text()
     assert not failed(report)
     ungraded = [c for c in report.checks if c.ok is None]
-    if name == "tree_broadcast" and n < 4:  # a linear broadcast and a tree look the same
+    if (name == "tree_broadcast" and n < 4) or (name == "layernorm_backward" and n == 1):
+        # a linear broadcast and a tree look the same; one rank sends nothing
         assert [c.name for c in ungraded] == [report.checks[-1].name]
         assert "not graded on" in ungraded[0].detail
     else:
@@ -88,6 +91,10 @@ def test_untouched_skeleton_says_not_implemented(name):
     assert c.detail.startswith("not implemented yet: start with ")
     assert "skeleton.py:" in c.detail  # points at the learner's raise line
     assert f"minipar exercise hint {name}" in c.detail
+    # the message says what is missing and where to start; the steps come as hints, on request
+    code = {f.strip() for h in get(name).hints() for ln in h.splitlines() for f in ln.split(";")
+            if "=" in f and len(f.strip()) > 8}
+    assert not [f for f in code if f in c.detail], c.detail
 
 
 # -- wrong solutions are caught, with the right message --------------------------------------
@@ -143,6 +150,9 @@ WRONG = [
      ["exactly N = 4 times the expected value"]),
     ("ex_wrong_partial.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
      ["A partial sum", "chunk 0 lacks ranks"]),
+    ("ex_wrong_allgather_index.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
+     ["Each chunk c holds only rank c's own values", "the all-gather passed around",
+      "send chunks[(r + 1 - s) % N]"]),
     ("ex_wrong_rotated.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
      ["rotated chunk order", "chunk c holds what belongs in chunk (c + "]),
     # MPI's "Message truncated ... error stack" as a sentence about chunks
@@ -150,6 +160,15 @@ WRONG = [
      ["rank 1 received 1 element (8 bytes) from rank 0 into a buffer of 0 elements (0 bytes)",
       ("chunks of [1, 0, 0, 0] elements: rank 0 sent chunk 0, while rank 1 expected one of "
        "chunks 1, 2, 3"), "ex_wrong_truncate.py:13: comm.Sendrecv"]),
+    # the layer norm's backward (notebook 02's exercise)
+    ("ex_wrong_ln_no_sigma.py", "layernorm_backward", 3, "the serial layer's backward",
+     ["the σ path is left out", "YOUR rows only"]),
+    # remat under a budget (notebook 09's exercise): measured peak, counted recomputation
+    ("ex_wrong_remat_largest_k.py", "remat_budget", 2, "fewest recomputed forwards",
+     ["4 of 9 cases wrong. First: budget", "recomputes 5 unit forwards; every = 4 fits too",
+      "A larger k is not always fewer recomputed forwards"]),
+    ("ex_wrong_remat_keep_all.py", "remat_budget", 1, "measured peak <= budget",
+     ["your plan's measured peak is", "bytes, over the budget of", "keep less"]),
     # the parameter server's mistakes
     ("ex_wrong_ps_pull_first.py", "ps_sync", 4, "result equals the synchronous step",
      ["rank 1 returned the parameters from before the update", "pulled before"]),
@@ -174,6 +193,23 @@ WRONG = [
 def test_wrong_solution_is_caught(file, name, n, check_name, words):
     report = check(name, MPI_DIR / file, n, timeout=60)
     assert_caught(report, check_name, words)
+
+
+def test_an_off_by_one_all_gather_is_not_blamed_on_the_reduce_scatter():
+    report = check("ring_allreduce", MPI_DIR / "ex_wrong_allgather_index.py", 4, timeout=60)
+    (c,) = failed(report)
+    assert "all-gather" in c.detail and "reduce-scatter steps, each adding" not in c.detail
+
+
+def test_a_gradient_sum_never_averaged_is_said_as_the_missing_average():
+    """On 3 ranks with even slices the plain sum is exactly 3 x the serial gradient: the
+    first sentence is the missing division by the world size, not "an all-reduce run twice"."""
+    report = check("dp_grad_sync", MPI_DIR / "dp_wrong_sum.py", 3, timeout=60)
+    (c,) = failed(report)
+    said = c.detail.splitlines()[1]  # the line after "N of M cases wrong. First: ..."
+    assert said.startswith("You returned the SUM of the ranks' gradients, never averaged"), c.detail
+    assert "dividing by the world size, N = 3" in said and "rows / batch" in said
+    assert "twice" not in c.detail and "added N times" not in c.detail
 
 
 def test_wrong_chunking_is_still_a_ring():

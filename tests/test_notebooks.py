@@ -48,6 +48,11 @@ def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
     nb = nbformat.read(path, as_version=4)
     os.environ.setdefault("MPLBACKEND", "Agg")
     monkeypatch.setenv(QUICK_VAR, "1")  # the kernel inherits this process's environment
+    # a temp folder of its own (the kernel, its minipar runs and their ranks inherit TMPDIR):
+    # what the run leaves behind there is seen, whoever else shares the machine's /tmp
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
     client = nbclient.NotebookClient(
         nb,
         timeout=TIMEOUT_PER_CELL,
@@ -59,6 +64,8 @@ def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
     client.km = client.create_kernel_manager()
     client.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     client.execute()
+    left = sorted(p.name for p in tmp.iterdir())  # minipar-launch-*, a notebook's own folders
+    assert not left, f"{path.name} left {left} in the temp folder"
 
 
 def test_the_quick_switch_is_read_by_the_long_notebook() -> None:

@@ -92,6 +92,12 @@ EXERCISES: dict[str, Exercise] = {
             "★★☆",
         ),
         Exercise(
+            "layernorm_backward",
+            "layernorm_backward",
+            "the layer norm's backward on your rows (notebook 02), dγ and dβ summed over ranks",
+            "★☆☆",
+        ),
+        Exercise(
             "dp_grad_sync",
             "sync_gradients",
             "data parallelism: average the ranks' gradients so every replica equals the serial one",
@@ -144,6 +150,14 @@ EXERCISES: dict[str, Exercise] = {
             "★★☆",
             writes_communication=False,
             writes="schedule",
+        ),
+        Exercise(
+            "remat_budget",
+            "remat_step",
+            "activation checkpointing: which activations to keep for a memory budget (notebook 09)",
+            "★★☆",
+            writes_communication=False,
+            writes="plan",
         ),
         Exercise(
             "grid_groups",

@@ -12,6 +12,11 @@ a teacher would say:
   **partial sum** (chunk c holds only some ranks' contributions: solved as
   ``out_c = P_c · a`` by least squares, with every ``a_r`` 0 or 1), or the
   right sums in a **rotated chunk order** (chunk c holds chunk (c+k) % N's).
+  A partial sum is blamed on the **all-gather** when the reduce-scatter
+  visibly finished: some chunk holds the complete sum while others do not, or
+  each chunk c holds exactly rank c's own values (the chunk rank c never
+  added into, passed around by an all-gather that used the reduce-scatter's
+  indices); otherwise on the reduce-scatter.
   Only on inputs whose N contributions are linearly independent: on
   proportional ones (rank r holds (r+1) x the same values) 1/N of a sum can
   also be one rank's own x, and a guess would mislead.
@@ -89,6 +94,23 @@ def sum_mistake(out: np.ndarray, expected: np.ndarray, parts: list[np.ndarray],
         if (np.all(np.abs(a - on) < 1e-6) and set(on) <= {0.0, 1.0} and 0 < on.sum() < n
                 and _close(block @ on, o[spans[c]], tol[spans[c]] + 1e-9 * np.abs(e[spans[c]]))):
             partial.append((c, [r for r in range(n) if on[r] == 0]))
+    complete = [c for c, s in enumerate(spans) if c not in wrong and o[s].size]
+    if partial:
+        if all(m == [r for r in range(n) if r != c] for c, m in partial):
+            return (f"Each chunk c holds only rank c's own values (N = {n}): the "
+                    "all-gather passed around the chunks the reduce-scatter never added into "
+                    "(rank r's chunk r, which it only sends at its first step), overwriting the "
+                    "finished sums. The reduce-scatter leaves rank r with the complete sum of chunk "
+                    "(r + 1) % N: in the all-gather send chunks[(r + 1 - s) % N] and receive into "
+                    "chunks[(r - s) % N] -- its indices are one ahead of the reduce-scatter's.")
+        if complete:
+            said = ", ".join(map(str, complete[:4]))
+            return (f"An all-gather problem: chunk{'s' if len(complete) > 1 else ''} {said} "
+                    "hold the complete sum, so the reduce-scatter finished its sums, but the "
+                    "all-gather did not deliver them to every chunk (others still hold partial "
+                    "sums). After the reduce-scatter rank r holds the complete sum of chunk "
+                    "(r + 1) % N: in the all-gather step s send chunks[(r + 1 - s) % N] and "
+                    "receive straight into chunks[(r - s) % N] (a copy, no +=).")
     if partial:
         said = "; ".join(f"chunk {c} lacks rank{'s' if len(m) > 1 else ''} "
                          f"{', '.join(map(str, m))}" for c, m in partial[:3])

@@ -92,7 +92,7 @@ def report(ps: Any, grid: Any, options: dict[str, Any], spec: Any,
     from minipar.plan.collectives import parameter_server_bytes_at_server, ring_allreduce_volume
 
     mine = (ps.is_server, ps.bytes_per_step(len(history.losses)), ps.model_state_bytes(),
-            ps.max_delay)
+            ps.max_delay, None if ps.is_server else dict(ps.timings))
     everyone = ps.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
     if ps.rank != 0:
         return None
@@ -100,6 +100,7 @@ def report(ps: Any, grid: Any, options: dict[str, Any], spec: Any,
     S, W = ps.layout.size * itemsize, ps.workers
     S0 = (ps.spans[0][1] - ps.spans[0][0]) * itemsize
     roles = ["server" if e[0] else "worker" for e in everyone]
+    timings = [dict(e[4], rank=r) for r, e in enumerate(everyone) if e[4] is not None]
     staleness = f" (staleness {ps.staleness})" if ps.mode == "async" else ""
     return {
         "ranks": len(everyone), "data_parallel_ranks": W,
@@ -113,9 +114,21 @@ def report(ps: Any, grid: Any, options: dict[str, Any], spec: Any,
         "ring_rank_bytes": ring_allreduce_volume(S, W),
         "model_state_bytes_per_rank": [e[2] for e in everyone],
         "max_delay": max(e[3] for e in everyone),
+        "worker_timings": timings,
         "notes": [(f"roles: {', '.join(f'{r}:{x}' for r, x in enumerate(roles))}; "
                    f"{ps.mode}{staleness}"),
                   (f"a ring all-reduce rank would send 2(W-1)/W x S = "
                    f"{ring_allreduce_volume(S, W):,.0f} B per step (S = {S:,} B); "
-                   f"each worker sends S = {S:,} B")],
+                   f"each worker sends S = {S:,} B")]
+        + [timing_line(t, i, ps.straggler_s) for i, t in enumerate(timings)],
     }
+
+
+def timing_line(t: dict[str, Any], worker: int, straggler_s: float) -> str:
+    """One worker's measured seconds in words: computing, waiting for the pull, steps done."""
+    slow = f" (the straggler: +{straggler_s * 1e3:g} ms per step)" if straggler_s and worker == 0 else ""
+    total = t["computing_s"] + t["waiting_s"]
+    share = t["waiting_s"] / total if total > 0 else 0.0
+    return (f"worker {worker} (rank {t['rank']}){slow}: {t['steps']} steps, computing "
+            f"{t['computing_s'] * 1e3:,.1f} ms, waiting for the pull {t['waiting_s'] * 1e3:,.1f} ms "
+            f"({share:.0%} of its time; measured)")

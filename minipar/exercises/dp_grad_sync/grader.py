@@ -80,6 +80,29 @@ def parts(case: dict, size: int) -> list[np.ndarray]:
     return out
 
 
+def diagnose(case: dict, rank: int, size: int, x: np.ndarray, out: np.ndarray,
+             expected: np.ndarray) -> str | None:
+    """The missing average, said first: ``out`` is the plain sum Σ_r g_r of the ranks' means.
+
+    With even slices that is exactly N x the serial gradient, which the generic
+    sum diagnosis would call "each contribution added N times"; here the cause is
+    a sum that was never turned into a mean (rank side, no message sent)."""
+    if size < 2:
+        return None
+    total = np.zeros_like(expected, dtype=np.float64)
+    for q in range(size):
+        lo, hi = local_rows(case["batch"], q, size)
+        total += _grad(case["batch"], case["step"], lo, hi)
+    tol = 1e-9 * float(np.abs(total).max() or 1.0)
+    if out.shape != total.shape or not np.all(np.abs(out - total) <= tol):
+        return None
+    return (f"You returned the SUM of the ranks' gradients, never averaged: about {size} x the "
+            f"serial gradient on N = {size} ranks. Each rank's gradient is a mean over its own "
+            "rows, and the serial gradient is the mean over the whole batch: weight each "
+            "rank's gradient by rows / batch before summing (with even slices that is "
+            f"dividing by the world size, N = {size}).")
+
+
 def oracle(raw: MPI.Comm, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The serial gradient of the whole global batch, and the tolerance per entry."""
     g = _grad(case["batch"], case["step"], 0, case["batch"])
@@ -101,6 +124,8 @@ def judge(n: int, cases: list[dict], records: Records) -> list[Check]:
 def _hint(n: int, cases: list[dict], records: Records, detail: str) -> str:
     if not detail:
         return ""
+    if "You returned the SUM" in detail:
+        return detail  # the sum's own diagnosis (diagnose) already said it, first
     for i, case in enumerate(cases):
         for rec in (records[r][i] for r in range(n)):
             m = rec["mismatch"]

@@ -39,8 +39,9 @@ TOL = 1e-12  #: tolerance, relative to the largest output entry (at least 1)
 #: (batch, heads, block length B, head dim d): the sequence is T = N·B
 SHAPES = ((1, 2, 3, 4), (2, 1, 1, 3))
 FIRST_STEP = (
-    "merge(o, lse, o_blk, lse_blk): new = np.logaddexp(lse, lse_blk), then weigh o by "
-    "exp(lse - new) and o_blk by exp(lse_blk - new) (as [..., None] columns)."
+    "merge() (TODO 1), the online-softmax merge of two partial results (o, lse): the new "
+    "log-sum-exp of both, then each output weighed by its share of it; then the causal mask "
+    "in ring_attention() (TODO 2)."
 )
 
 

@@ -38,8 +38,9 @@ TOL = 1e-11  #: tolerance, relative to the largest entry of each part
 SHAPES = ((2, 3, 8, 8), (1, 4, 5, 3))
 PARTS = ("dx", "dw1", "db1", "dw2", "db2")
 FIRST_STEP = (
-    "the forward: a = x @ w1 + b1 (your columns of W1), partial = gelu(a) @ w2 (your rows of "
-    "W2), then y = allreduce(comm, partial) + b2."
+    "forward() (TODO 1), then backward() (TODO 2): both still raise NotImplementedError. "
+    "Read WHY IT WORKS in the file's docstring: what your columns of W1 and your rows of W2 "
+    "each give you, and where the one all-reduce of each direction goes (allreduce() is given)."
 )
 
 

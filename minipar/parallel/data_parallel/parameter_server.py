@@ -158,6 +158,9 @@ class ParameterServer:
         self.spans = [shard_span(self.layout.size, servers, k) for k in range(servers)]
         self.max_delay = 0  # async: most updates applied between a pull and the push it led to
         self.steps_done = 0
+        #: a worker's measured seconds (perf_counter): computing its gradient (the straggler's
+        #: sleep included) and waiting for the pull, and the steps it ran (``minipar run ps``)
+        self.timings = {"computing_s": 0.0, "waiting_s": 0.0, "steps": 0}
         self._traffic = AxisTraffic(grid)
         if self.is_server:
             self.lo, self.hi = self.spans[self.rank]
@@ -184,11 +187,13 @@ class ParameterServer:
     def _worker_step(self, batch: Batch) -> float:
         c = self.comm
         x, y, weight = self.local_batch(batch)
+        t0 = time.perf_counter()
         loss, grads = self.model.loss_and_grads(self.layout.unflatten(self.params), x, y,
                                                 loss_scale=weight)
         if self.straggler_s and self.worker == 0:
             time.sleep(self.straggler_s)  # a slow worker (the notebook's straggler)
         self.grads[...] = self.layout.flatten(grads)
+        t1 = time.perf_counter()
         header = np.array([weight * loss, float(batch.step)])
         reqs = []
         for k, (lo, hi) in enumerate(self.spans):
@@ -203,6 +208,10 @@ class ParameterServer:
         with c.operation(OP_PULL):
             reqs += [c.Irecv(self.params[lo:hi], k, TAG_PARAM) for k, (lo, hi) in enumerate(self.spans)]
             c.waitall(reqs)
+        t2 = time.perf_counter()
+        self.timings["computing_s"] += t1 - t0
+        self.timings["waiting_s"] += t2 - t1  # the push and the pull: mostly the server's answer
+        self.timings["steps"] += 1
         return float(total[0])
 
     # -- server ------------------------------------------------------------------------

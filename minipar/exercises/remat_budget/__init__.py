@@ -1,0 +1,1 @@
+"""Exercise: which activations to keep under a memory budget (remat; ends notebook 09)."""

@@ -1,0 +1,62 @@
+"""Every option that names a file or folder minipar writes is checked before any work.
+
+One table over all verbs with such an option (``--json-out``, ``--timeline``,
+``--trace``, ``-o``, ``--plot``, ``--save``, ``--offload-dir``, ``checkpoint export
+OUT``, ``glossary --export-md``): a path inside a folder that does not exist exits 2
+with one line naming the option, and nothing was launched (the launcher is replaced
+by one that fails the test) -- the run would otherwise end only to find it cannot
+write its figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minipar import cli, launch
+
+BAD = "/no/such/folder/out.json"
+CASES = [
+    (["run", "pp", "-n", "2", "--timeline", BAD], "--timeline"),
+    (["run", "dp", "-n", "2", "--trace", BAD], "--trace"),
+    (["run", "dp", "-n", "2", "--json-out", BAD], "--json-out"),
+    (["run", "dp", "-n", "2", "--save", "/no/such/folder/ckpt"], "--save"),
+    (["run", "dp", "-n", "2", "--remat", "--offload", "disk", "--offload-dir", "/no/such/folder"],
+     "--offload-dir"),
+    (["train", "--json-out", BAD], "--json-out"),
+    (["train", "--plot", "/no/such/folder/loss.png"], "--plot"),
+    (["bench", "model", "--json-out", BAD], "--json-out"),
+    (["bench", "remat", "--json-out", BAD], "--json-out"),
+    (["bench", "offload", "--json-out", BAD], "--json-out"),
+    (["bench", "train", "--json-out", BAD], "--json-out"),
+    (["bubble", "--schedule", "gpipe", "--stages", "2", "--micro-batches", "2", "-o",
+      "/no/such/folder/b.png"], "-o"),
+    (["bubble", "--schedule", "gpipe", "--stages", "2", "--micro-batches", "2", "--trace", BAD],
+     "--trace"),
+    (["glossary", "--export-md", "/no/such/folder/g.md"], "--export-md"),
+]
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"launched before the output path was checked: {args}")
+    monkeypatch.setattr(launch, "run", refuse)
+
+
+@pytest.mark.parametrize("argv, option", CASES, ids=[" ".join(c[0][:2]) + " " + c[1] for c in CASES])
+def test_an_unwritable_output_path_is_refused_before_the_work(
+        argv: list[str], option: str, no_launch: None, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and option in lines[0] and "/no/such/folder" in lines[0], err
+
+
+def test_checkpoint_export_checks_its_output_before_reading(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["checkpoint", "export", str(tmp_path), "/no/such/folder/m.safetensors"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "/no/such/folder" in err, err
