@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from minipar.parallel.pipeline.schedule import Instruction, schedules
-from minipar.parallel.pipeline.simulate import WHAT, Record, replay
+from minipar.parallel.pipeline.simulate import COMPUTE_WHAT, WHAT, Record, replay
 from minipar.plan.pipeline import bubble_formula
 
 __all__ = ["FORMAT", "bubble_fraction", "bubble_time_ratio", "chart", "load_run",
@@ -80,40 +80,83 @@ def _exact(a: Real, b: Real) -> Real:
 
 
 def _work(timeline: Sequence[Record]) -> tuple[int, Real, Real]:
-    """(stages P, makespan T, work C) of a timeline's forwards and backwards."""
-    compute = [r for r in timeline if r.what in ("forward", "backward")]
+    """(stages P, iteration time S, work C) of a timeline's compute records: S is the
+    longest per-stage span (a stage's first compute start to its last compute end)."""
+    compute = [r for r in timeline if r.what in COMPUTE_WHAT]
     if not compute:
         raise ValueError("the timeline has no forward or backward record")
     stages = len({r.stage for r in timeline})
-    t0 = min(r.start for r in timeline)
-    return stages, max(r.end for r in compute) - t0, sum(r.end - r.start for r in compute)
+    first: dict[int, Real] = {}
+    last: dict[int, Real] = {}
+    for r in compute:
+        first[r.stage] = min(first.get(r.stage, r.start), r.start)
+        last[r.stage] = max(last.get(r.stage, r.end), r.end)
+    span = max(last[s] - first[s] for s in first)
+    return stages, span, sum(r.end - r.start for r in compute)
+
+
+def iteration_time(timeline: Sequence[Record]) -> Real:
+    """The longest per-stage span: first compute start to last compute end on one stage
+    (Qi et al. 2023's measure; a stage steps its optimizer as soon as its own work is
+    done, so a stage that starts late may also end late)."""
+    return _work(timeline)[1]
+
+
+def bubble_time(timeline: Sequence[Record]) -> Real:
+    """Iteration time − one stage's work (C/P): the paper's bubble, in time units.
+    1F1B (p − 1)(T_F + T_B + T_W); ZB-H1 (p − 1)(T_F + T_B − T_W); ZB-H2
+    max(0, (p − 1)(T_F + T_B − 2T_W)); ZB-V 0 (Qi et al. 2023, Table 2)."""
+    P, S, C = _work(timeline)
+    return _exact(P * S - C, P)
 
 
 def bubble_fraction(timeline: Sequence[Record]) -> Real:
-    """Idle share of the pipeline's time: (P·T − C)/(P·T) (see the module docstring)."""
-    P, T, C = _work(timeline)
-    return _exact(P * T - C, P * T)
+    """Idle share of the pipeline's time: (P·S − C)/(P·S), S the iteration time
+    (see the module docstring)."""
+    P, S, C = _work(timeline)
+    return _exact(P * S - C, P * S)
 
 
 def bubble_time_ratio(timeline: Sequence[Record]) -> Real:
-    """Bubble over ideal time: (P·T − C)/C, i.e. idle per stage over work per stage."""
-    P, T, C = _work(timeline)
-    return _exact(P * T - C, C)
+    """Bubble over ideal time: (P·S − C)/C, i.e. idle per stage over work per stage."""
+    P, S, C = _work(timeline)
+    return _exact(P * S - C, C)
+
+
+def synced_bubble_fraction(timeline: Sequence[Record]) -> Real:
+    """The bubble when every stage waits for all the others before its optimizer step (a
+    global gradient norm or found-inf check): the step's makespan T (first compute start
+    to last compute end, any stage) replaces the iteration time: (P·T − C)/(P·T).  The
+    same as :func:`bubble_fraction` for GPipe, 1F1B and interleaved (stage 0 spans the
+    whole step); larger for ZB-H2 and ZB-V, whose later stages end later."""
+    compute = [r for r in timeline if r.what in COMPUTE_WHAT]
+    if not compute:
+        raise ValueError("the timeline has no forward or backward record")
+    P = len({r.stage for r in timeline})
+    T = max(r.end for r in compute) - min(r.start for r in compute)
+    C = sum(r.end - r.start for r in compute)
+    return _exact(P * T - C, P * T)
+
+
+_LETTER = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 def chart(timeline: Sequence[Record], unit: Real = 1) -> str:
     """The timeline as text, one row per stage and two characters per ``unit`` of time:
-    ``F3`` forward of micro-batch 3 (``f3`` on an odd chunk), ``B3``/``b3`` its backward,
-    ``. `` idle or communicating.  Durations should be multiples of ``unit``."""
+    ``F3`` forward of micro-batch 3 (``f3`` on an odd chunk), ``B3``/``b3`` its backward
+    (whole, or its B when split), ``W3``/``w3`` its W, ``. `` idle or communicating.
+    Durations should be multiples of ``unit``; one shorter than a cell still takes one
+    (drawn over its neighbour's)."""
     end = max(r.end for r in timeline)
     width = int(_exact(end, unit))
     stages = sorted({r.stage for r in timeline})
     rows = {s: [". "] * width for s in stages}
-    for r in timeline:
-        if r.what in ("forward", "backward"):
-            letter = "F" if r.what == "forward" else "B"
+    for r in sorted(timeline, key=lambda r: r.start - r.end):  # the shortest drawn last, seen
+        if r.what in COMPUTE_WHAT:
+            letter = _LETTER[r.what]
             cell = (letter if not r.chunk % 2 else letter.lower()) + str(r.micro_batch % 10)
-            for i in range(int(_exact(r.start, unit)), int(_exact(r.end, unit))):
+            lo = int(_exact(r.start, unit))
+            for i in range(lo, min(width, max(int(_exact(r.end, unit)), lo + 1))):
                 rows[r.stage][i] = cell
     return "\n".join(f"stage {s}  " + "".join(rows[s]).rstrip() for s in stages)
 
