@@ -246,3 +246,29 @@ def test_a_short_instruction_still_shows_as_one_character() -> None:
             Record(0, "backward_input", 1, 0, 1.001, 3.0), Record(1, "forward", 1, 0, 3.0, 6.0)]
     drawn = _chart(recs)
     assert "W0" in drawn and "B1" in drawn and "F1" in drawn
+
+
+def test_minipar_bubble_draws_b_and_w_and_gives_the_json(capsys, tmp_path) -> None:
+    """``minipar bubble --schedule zb-h1|zb-h2|zb-v``: the chart with B and W, the paper's
+    formula, ``--json`` with ``bubble_fraction`` and ``in_flight_max``; ``-o`` draws the
+    schedule beside 1F1B; a wrong ``--chunks`` is one line, exit 2."""
+    import json
+
+    from minipar import cli
+
+    assert cli.main(["bubble", "--schedule", "zb-h1", "--stages", "3", "--micro-batches", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "B0F3B1F4B2F5B3W0B4W1B5W2W3W4W5" in out and "Qi et al. 2023, Table 2" in out
+    assert "= 1/10 = 10.0% of the step" in out
+    for kind, fl, frac in (("zb-h1", 4, 3 / 27), ("zb-h2", 7, 0.0), ("zb-v", 8, 0.0)):
+        assert cli.main(["bubble", "--schedule", kind, "--json"]) == 0
+        s = json.loads(capsys.readouterr().out)
+        assert s["in_flight_max"] == fl and s["bubble_fraction"] == pytest.approx(frac), kind
+        assert s["bubble_fraction_synced"] >= s["bubble_fraction"]
+    png = tmp_path / "zb.png"
+    assert cli.main(["bubble", "--schedule", "zb-v", "-o", str(png)]) == 0
+    assert png.stat().st_size > 0
+    capsys.readouterr()
+    assert cli.main(["bubble", "--schedule", "zb-v", "--chunks", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "zb-v holds exactly 2 chunks" in err[0], err

@@ -239,11 +239,18 @@ def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _exact_p2p(pp: Any) -> int:
-    """Bytes this rank's sends carry per step: its micro-batch's rows x T x d x itemsize."""
+    """Bytes this rank's sends carry per step: its micro-batch's rows x T x d x itemsize
+    (a hand-off to itself — ZB-V's turn on the last rank — carries none)."""
     from minipar import spans
-    from minipar.parallel.pipeline.schedule import SendAct, SendGrad
+    from minipar.parallel.pipeline.schedule import SendAct, SendGrad, rank_of
+    from minipar.parallel.pipeline.simulate import message_key
 
     rows = spans.counts(pp.spec.batch, pp.dp)[pp.replica]
     per_row = pp.spec.seq * pp.spec.d_model * pp.act_dtype.itemsize
+
+    def remote(i: Any) -> bool:
+        to = message_key(i, pp.stage, pp.p, pp.place)[3]
+        return rank_of(to, pp.p, pp.place) != pp.stage
     return sum((spans.span(rows, pp.m, i.mb)[1] - spans.span(rows, pp.m, i.mb)[0]) * per_row
-               for i in pp.instructions if isinstance(i, (SendAct, SendGrad)) and pp.p > 1)
+               for i in pp.instructions if isinstance(i, (SendAct, SendGrad)) and pp.p > 1
+               and remote(i))
