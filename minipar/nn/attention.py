@@ -80,7 +80,7 @@ def attention_core_backward(saved: tuple, do: Any) -> tuple[Any, Any, Any]:
     dv = a.transpose(0, 1, 3, 2) @ doc
     da = doc @ up(v).transpose(0, 1, 3, 2)
     ds = da
-    ds -= (da * a).sum(axis=-1, keepdims=True)
+    ds -= xp.einsum("...ij,...ij->...i", da, a)[..., None]  # Σ_j dA ⊙ A, without a (T, T) temporary
     ds *= a
     ds *= scale
     dq = ds @ up(k)
@@ -111,7 +111,10 @@ def attention_backward(
     db_out = bias_backward(dy)
     do, dw_out = linear_backward(p["w_out"], s_out, dy)
     dq, dk, dv = attention_core_backward(s_core, split_heads(do, n_head))
-    dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+    b, t, _ = dy.shape
+    dqkv = xp.empty((b, t, 3 * dq.shape[1] * dq.shape[3]), dtype=dq.dtype)
+    for part, dpart in zip(xp.split(dqkv, 3, axis=-1), (dq, dk, dv)):
+        split_heads(part, n_head)[...] = dpart  # [dq | dk | dv], heads merged: one copy each
     db_qkv = bias_backward(dqkv)
     dx, dw_qkv = linear_backward(p["w_qkv"], s_qkv, dqkv)
     return dx, {"w_qkv": dw_qkv, "b_qkv": db_qkv, "w_out": dw_out, "b_out": db_out}

@@ -91,11 +91,13 @@ def layernorm_forward(x: Any, gamma: Any, beta: Any) -> tuple[Any, tuple]:
     dt = x.dtype
     xc = up(x)
     mu = xc.mean(axis=-1, keepdims=True)
-    xm = xc - mu
-    var = (xm * xm).mean(axis=-1, keepdims=True)
+    xhat = xc - mu  # x − μ; scaled to x̂ in place below
+    y = xhat * xhat  # (x − μ)², its buffer reused for y
+    var = y.mean(axis=-1, keepdims=True)
     rstd = 1.0 / xp.sqrt(var + LN_EPS)
-    xhat = xm * rstd
-    y = xhat * up(gamma) + up(beta)
+    xhat *= rstd
+    xp.multiply(xhat, up(gamma), out=y)
+    y += up(beta)
     return down(y, dt), (down(xhat, dt), rstd)
 
 
@@ -105,14 +107,16 @@ def layernorm_backward(gamma: Any, saved: tuple, dy: Any) -> tuple[Any, Any, Any
     dt = dy.dtype
     xhat, dyc = up(xhat16), up(dy)
     d = xhat.shape[-1]
-    dgamma = (dyc * xhat).reshape(-1, d).sum(axis=0)
+    tmp = dyc * xhat  # one scratch buffer for the three products below
+    dgamma = tmp.reshape(-1, d).sum(axis=0)
     dbeta = dyc.reshape(-1, d).sum(axis=0)
-    dxhat = dyc * up(gamma)
-    dx = rstd * (
-        dxhat
-        - dxhat.mean(axis=-1, keepdims=True)
-        - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
-    )
+    dx = dyc * up(gamma)  # dx̂; turned into dx in place
+    xp.multiply(dx, xhat, out=tmp)
+    mean_dxhat_xhat = tmp.mean(axis=-1, keepdims=True)
+    dx -= dx.mean(axis=-1, keepdims=True)
+    xp.multiply(xhat, mean_dxhat_xhat, out=tmp)
+    dx -= tmp
+    dx *= rstd  # (1/σ̂)(dx̂ − mean(dx̂) − x̂ · mean(dx̂ x̂))
     return down(dx, dt), down(dgamma, gamma.dtype), down(dbeta, gamma.dtype)
 
 
@@ -141,8 +145,9 @@ def gelu_backward(saved: tuple, dy: Any) -> Any:
     du *= 3.0 * _GELU_A
     du += 1.0
     du *= _GELU_C  # du/dx
-    sech2 = 1.0 - t * t
-    g = x * sech2
+    g = t * t
+    xp.subtract(1.0, g, out=g)  # sech²u = 1 − t²
+    g *= x
     g *= du
     g += 1.0
     g += t
