@@ -114,7 +114,7 @@ def units_split() -> None:
     from minipar.parallel.tensor_parallel.layers import shard_params
     from minipar.parallel.tensor_parallel.model import TensorParallelGPT
 
-    spec = RunSpec(layers=2, batch=4, d_model=16, heads=4 if N == 4 else 2, seq=8,
+    spec = RunSpec(vocab=12, layers=2, batch=4, d_model=16, heads=4 if N == 4 else 2, seq=8,
                    experts=0)
     tokens = spec.batch_at(0).tokens
     for experts in (0, N):
