@@ -272,3 +272,11 @@ def test_minipar_bubble_draws_b_and_w_and_gives_the_json(capsys, tmp_path) -> No
     assert cli.main(["bubble", "--schedule", "zb-v", "--chunks", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "zb-v holds exactly 2 chunks" in err[0], err
+
+
+def test_the_chrome_trace_names_b_and_w() -> None:
+    from minipar.trace import pipeline_events
+
+    tl = replay(schedules("zb-v", 2, 3, 2), split_cost(2, 2, 2, v=2), placement="v")
+    names = {e["name"] for e in pipeline_events(tl) if e.get("ph") == "X"}
+    assert {"F0", "B0", "W0", "f0", "b0", "w0"} <= names, names
