@@ -89,6 +89,11 @@ class Hooks:
         """``saved`` again from what :meth:`on_saved` kept (serially: ``kept`` itself)."""
         return kept
 
+    def on_backward_input(self, unit: Unit) -> None:
+        """The unit's B (zero bubble) is done: its ``saved`` is dropped, what its W needs
+        lives on in the pending gradients (serially: nothing to do; checkpointing takes the
+        activations off its ledger here rather than at ``on_grads``, which comes with W)."""
+
     def on_grads(self, unit: Unit, grads: dict[str, Any]) -> None:
         """The unit's gradients by local name, as soon as its backward made them."""
         self.grads.update({unit.prefix + k: v for k, v in grads.items()})
@@ -166,6 +171,7 @@ def backward_input(units: Sequence[Unit], hooks: Hooks, kept: list[Any], dy: Any
         if records is not None:
             records.append(("backward_input", u.name, t0, _now()))
         del saved
+        hooks.on_backward_input(u)
         hooks.release(u, p)
         del p
     return dy, pending

@@ -8,7 +8,8 @@ measured figures as ``ZB-FIGURE {json}`` lines; the job exits 1 if any check fai
    ZB-H2 and ZB-V (Qi et al. 2023) on p = N stages, m = 1..8; with remat (GPipe's and
    k-unit segments), a mixture of experts, and on 4 ranks dp 2 x pp 2;
 2. one record per instruction, B and W among them; the bytes kept only for W
-   (``w_peak_bytes``) > 0, and 0 for 1F1B;
+   (``w_peak_bytes``) > 0, and 0 for 1F1B; the activation ledger (F to B) of ZB-H1 is
+   1F1B's, ZB-H2's stage 0 holds more;
 3. the tensor- (with and without sequence parallelism), context- (Ulysses, ring) and
    expert-parallel units: each unit's B then W is its backward, bit for bit (float64).
 """
@@ -146,10 +147,17 @@ def units_split() -> None:
 def run_all() -> None:
     base = RunSpec(layers=2 * N, batch=10, steps=2, d_model=16, heads=2, seq=8)
     g = Grid(world, pp=N)
+    peak = {}
     for kind in ("zb-h1", "zb-h2", "zb-v"):
         for m in range(1, 9):
-            trial(g, base, kind, m)
-    trial(g, base, "1f1b", 4)
+            peak[kind, m] = trial(g, base, kind, m).activation_peak_bytes
+    peak["1f1b", 4] = trial(g, base, "1f1b", 4).activation_peak_bytes
+    # the ledger counts F -> B (W's operands apart): ZB-H1 holds 1F1B's p - s micro-batches
+    check(peak["zb-h1", 4] == peak["1f1b", 4], f"ZB-H1's activation peak {peak['zb-h1', 4]} "
+          f"is not 1F1B's {peak['1f1b', 4]}")
+    if g.coord("pp") == 0 and N > 1:  # ZB-H2 holds 2p - 1 on stage 0, more than 1F1B's p
+        check(peak["zb-h2", 8] > peak["zb-h1", 8], f"ZB-H2's stage-0 peak {peak['zb-h2', 8]} "
+              f"not above ZB-H1's {peak['zb-h1', 8]}")
     trial(g, base, "zb-h1", 4, remat=True)
     trial(g, base, "zb-h2", 5, remat=1)
     trial(g, base, "zb-v", 3, remat=True)
