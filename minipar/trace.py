@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 #: what a pipeline record's ``what`` is called in the trace (compute first, then messages)
-LETTER = {"forward": "F", "backward": "B"}
+LETTER = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}  # B, W: zero bubble
 
 
 def _us(t: float, seconds: float) -> float:

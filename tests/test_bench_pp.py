@@ -49,3 +49,26 @@ def test_bad_options_are_one_line_and_exit_2(args: list[str], words: str,
     assert cli.main(["bench", "pp", *TINY, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
+
+
+def test_zero_bubble_v_next_to_1f1b_on_the_same_launch(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """``--schedule zb-v`` (Qi et al. 2023): two chunks per rank in a V, run beside 1F1B in
+    the same launch; the formula's zero, the bubble with every stage synchronised, the
+    bytes kept only for W on every stage, and twice 1F1B's messages."""
+    assert bench_pp.main([*TINY, "--layers", "4", "--schedule", "zb-v", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["schedule"] == "zb-v" and row["chunks"] == 2 and row["bubble_formula"] == 0
+    assert 0 <= row["bubble_rebuilt"] < 1 and 0 <= row["bubble_synced"] < 1
+    assert 0 <= row["bubble_rebuilt_cpu_compute"] < 1
+    assert all(b > 0 for b in row["w_peak_bytes"]) and len(row["w_peak_bytes"]) == 2
+    base = row["baseline_1f1b"]
+    assert base["bubble_formula"] == pytest.approx(1 / 9) and 0 <= base["bubble_rebuilt"] < 1
+    assert row["bytes_p2p_per_step"] == 2 * 8 * 8 * 16 * 4  # rank 0: F of chunk 0, B of chunk 1
+
+
+def test_zero_bubble_text_names_table_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_pp.main([*TINY, "--schedule", "zb-h1", "--micro-batches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "Table 2 with the measured T_F, T_B, T_W" in out and "1F1B on the same launch" in out
+    assert "bytes kept only for W, peak per stage" in out and "target" not in out

@@ -38,7 +38,8 @@ def test_text_shows_the_simulators_chart_and_the_exact_bubble(capsys):
     assert code == 0 and err == ""
     drawn = chart(replay(schedules("gpipe", 4, 6), uniform_cost(1, 2)))
     assert drawn in out  # the docstring's GPipe drawing, from the simulator
-    assert "bubble fraction (P·T − C)/(P·T) = 1/3 = 33.3% of the step" in out
+    assert ("bubble fraction (P·S − C)/(P·S), S the longest stage's span = 1/3 = 33.3% of "
+            "the step") in out
     assert "formula (Huang et al. 2018): (p - 1)/(m + p - 1) = 0.3333" in out
     assert "peak per stage: 6 6 6 6" in out
 

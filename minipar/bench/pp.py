@@ -45,6 +45,9 @@ from typing import Any
 from minipar.cli.options import ArgumentParser, integer
 
 PROG = "minipar bench pp"
+#: the formula each schedule's bubble fraction is set against (equal stages)
+FORMULAS = {"naive": "(p-1)/p", "interleaved": "(p-1)/(v·m+p-1)",
+            "zb-h1": "(p-1)/(3m+p-1)", "zb-h2": "0 (m >= 2p-1)", "zb-v": "0 (m >= 2p-1)"}
 
 
 def _spec(o: dict[str, Any]) -> Any:
@@ -85,6 +88,15 @@ def _serial(spec: Any, steps: int, m: int) -> dict[str, float]:
     return out
 
 
+def _chunks(kind: str, v: int | None) -> int:
+    """Model chunks per rank: ``--chunks`` for interleaved (default 2), 2 for zb-v, else 1."""
+    if kind == "zb-v":
+        return 2
+    if kind == "interleaved":
+        return 2 if v is None else v
+    return 1
+
+
 def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     """Rank side: time the serial step (1 rank) or the pipeline (p ranks); rank 0's figures."""
     from minipar.bench.dp import measure_step_time
@@ -96,28 +108,47 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.comm.topology import Grid
     from minipar.parallel.pipeline.engine import PipelineParallel
     from minipar.parallel.pipeline.measure import measured_bubble, rebuild
+    from minipar.parallel.pipeline.simulate import COMPUTE_WHAT
 
     grid = Grid(TracedComm(), pp=o["ranks"])
-    pp = PipelineParallel(grid, spec, o["schedule"], o["micro_batches"])
-    t = measure_step_time(lambda s: pp.step(spec.batch_at(s)), o["steps"], grid.world)
-    bubbles, work, spans = [], [], []
-    args = (o["schedule"], o["ranks"], o["micro_batches"])
-    for s in range(1, len(pp.records)):  # the timed steps (after the warm-up)
-        recs = pp.gather_records(s)
-        b = {k: float(v) for k, v in measured_bubble(recs, *args).items()}
-        cpu = pp.gather_records(s, clock="cpu")  # durations free of waiting for a core
-        b["rebuilt_cpu"] = float(measured_bubble(cpu, *args)["rebuilt"])
-        dedicated = rebuild(cpu, *args)
-        spans.append(max(r.end for r in dedicated) - min(r.start for r in dedicated))
-        bubbles.append(b)
-        work.append([sum(r.end - r.start for r in cpu if r.stage == st
-                         and r.what in ("forward", "backward")) for st in range(o["ranks"])])
+    out: dict[str, Any] = {}
+    # the schedule asked for, and 1F1B on the same model in the same launch (the baseline)
+    for kind in dict.fromkeys((o["schedule"], "1f1b")):
+        v = _chunks(kind, o.get("chunks"))
+        before = grid.bytes_by_axis()["pp_p2p"]
+        pp = PipelineParallel(grid, spec, kind, o["micro_batches"], v)
+        t = measure_step_time(lambda s, pp=pp: pp.step(spec.batch_at(s)), o["steps"],
+                              grid.world)
+        bubbles, work, spans = [], [], []
+        args = (kind, o["ranks"], o["micro_batches"], v)
+        for s in range(1, len(pp.records)):  # the timed steps (after the warm-up)
+            recs = pp.gather_records(s)
+            b = {k: float(x) for k, x in measured_bubble(recs, *args).items()
+                 if k != "costs"}
+            cpu = pp.gather_records(s, clock="cpu")  # durations free of waiting for a core
+            mc = measured_bubble(cpu, *args)
+            b["rebuilt_cpu"] = float(mc["rebuilt"])
+            b["rebuilt_cpu_compute"] = float(mc["rebuilt_compute"])
+            if "formula_measured" in mc:
+                b["formula_measured_cpu"] = float(mc["formula_measured"])
+            dedicated = rebuild(cpu, *args)
+            spans.append(max(r.end for r in dedicated) - min(r.start for r in dedicated))
+            bubbles.append(b)
+            work.append([sum(r.end - r.start for r in cpu if r.stage == st
+                             and r.what in COMPUTE_WHAT) for st in range(o["ranks"])])
+        w_peak = grid.world.comm.allgather(pp.w_peak_bytes)
+        act = grid.world.comm.allgather(pp.activation_peak_bytes)
+        out[kind] = {"seconds": t, "bubbles": bubbles, "chunks": v,
+                     "cpu_step_seconds": statistics.median(spans),
+                     "stage_compute_s": [statistics.median(w[st] for w in work)
+                                         for st in range(o["ranks"])],
+                     "w_peak_bytes": w_peak, "activation_peak_bytes": act,
+                     "bytes_p2p_per_step": (grid.bytes_by_axis()["pp_p2p"] - before)
+                     / len(pp.records)}
+        del pp
     if grid.rank != 0:
         return None
-    return {"seconds": t, "bubbles": bubbles, "cpu_step_seconds": statistics.median(spans),
-            "stage_compute_s": [statistics.median(w[st] for w in work)
-                                for st in range(o["ranks"])],
-            "bytes_p2p_per_step": grid.bytes_by_axis()["pp_p2p"] / len(pp.records)}
+    return {**out[o["schedule"]], "baseline": out.get("1f1b")}
 
 
 def run_bench(o: dict[str, Any]) -> dict[str, Any]:
@@ -135,6 +166,9 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
     best = min(res["pp"], key=lambda r: r["seconds"])
     bubbles = [b for r in res["pp"] for b in r["bubbles"]]
     med = {k: statistics.median(b[k] for b in bubbles) for k in bubbles[0]}
+    base = [r["baseline"] for r in res["pp"] if r.get("baseline")]
+    base_b = [b for r in base for b in r["bubbles"]]
+    base_med = {k: statistics.median(b[k] for b in base_b) for k in base_b[0]} if base_b else None
     B = o["batch"]
     return {"stages": o["ranks"], "micro_batches": o["micro_batches"],
             "schedule": o["schedule"], "batch": B, "serial_s": ts, "pp_s": best["seconds"],
@@ -154,6 +188,20 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
             "bubble_rebuilt_cpu": med["rebuilt_cpu"],
             "bubble_wall_clock": med["wall_clock"],
             "bubble_formula": med["formula"],
+            "bubble_synced": med["rebuilt_synced"],
+            "bubble_rebuilt_cpu_compute": med["rebuilt_cpu_compute"],
+            "bubble_formula_measured": med.get("formula_measured_cpu"),
+            "chunks": best["chunks"],
+            "w_peak_bytes": best["w_peak_bytes"],
+            "activation_peak_bytes": best["activation_peak_bytes"],
+            "baseline_1f1b": None if base_med is None else {
+                "pp_s": min(r["seconds"] for r in base),
+                "bubble_wall_clock": base_med["wall_clock"],
+                "bubble_rebuilt": base_med["rebuilt"],
+                "bubble_rebuilt_cpu": base_med["rebuilt_cpu"],
+                "bubble_rebuilt_cpu_compute": base_med["rebuilt_cpu_compute"],
+                "bubble_formula": base_med["formula"],
+                "activation_peak_bytes": base[0]["activation_peak_bytes"]},
             "stage_compute_s": best["stage_compute_s"],
             "bytes_p2p_per_step": best["bytes_p2p_per_step"],
             "load_average": [load0, os.getloadavg()[0]]}
@@ -168,8 +216,11 @@ def _parser() -> ArgumentParser:
     p.set_defaults(vocab=64)
     p.add_argument("--micro-batches", type=integer(1), default=8, metavar="M",
                    help="micro-batches per step (default %(default)s)")
-    p.add_argument("--schedule", choices=[s for s in SCHEDULES if s != "interleaved"],
-                   default="1f1b", help="pipeline schedule (default %(default)s)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                   help="pipeline schedule (default %(default)s); any but 1f1b also runs "
+                        "1f1b in the same launch, side by side")
+    p.add_argument("--chunks", type=integer(1), default=None, metavar="V",
+                   help="model chunks per rank: interleaved (default 2); zb-v has 2")
     p.add_argument("--rounds", type=integer(1), default=2,
                    help="alternating serial/pipeline rounds (default %(default)s)")
     return p
@@ -180,7 +231,13 @@ def check_options(o: dict[str, Any]) -> None:
     from minipar.parallel.pipeline.partition import check_pipeline
 
     spec = _spec(o)
-    check_pipeline(spec.layers, o["ranks"], o["micro_batches"], o["schedule"], rows=spec.batch)
+    if o.get("chunks") is not None and o["schedule"] != "interleaved":
+        raise ValueError(f"--chunks is for --schedule interleaved (zb-v has 2 chunks, the "
+                         f"others 1), not {o['schedule']}")
+    check_pipeline(spec.layers, o["ranks"], o["micro_batches"], o["schedule"],
+                   _chunks(o["schedule"], o.get("chunks")), rows=spec.batch)
+    if o["schedule"] != "1f1b":  # the baseline run in the same launch
+        check_pipeline(spec.layers, o["ranks"], o["micro_batches"], "1f1b", rows=spec.batch)
 
 
 def main(argv: list[str]) -> int:
@@ -219,13 +276,33 @@ def main(argv: list[str]) -> int:
     print(f"bubble (median of the timed steps): rebuilt {row['bubble_rebuilt']:.3f} (from "
           f"median costs {row['bubble_rebuilt_median']:.3f}, from CPU times "
           f"{row['bubble_rebuilt_cpu']:.3f}), wall clock {row['bubble_wall_clock']:.3f}, "
-          f"formula {'(p-1)/p' if a.schedule == 'naive' else '(p-1)/(m+p-1)'} = "
+          f"formula {FORMULAS.get(a.schedule, '(p-1)/(m+p-1)')} = "
           f"{row['bubble_formula']:.3f}; above it by "
           + ", ".join(f"{row[k] - row['bubble_formula']:+.3f} {w}" for k, w in (
               ("bubble_rebuilt", "rebuilt"), ("bubble_rebuilt_median", "from median costs"),
               ("bubble_rebuilt_cpu", "from CPU times")))
           + " (the formula's stages are equal and never stall; unequal stages and stalls add to "
              "it)")
+    if a.schedule.startswith("zb"):
+        fm = row["bubble_formula_measured"]
+        print(f"zero bubble (Qi et al. 2023; iteration = the longest stage's span): rebuilt "
+              f"from median CPU compute costs, messages free, "
+              f"{row['bubble_rebuilt_cpu_compute']:.3f}; Table 2 with the measured T_F, T_B, "
+              f"T_W: " + (f"{fm:.3f} (gap {row['bubble_rebuilt_cpu_compute'] - fm:+.3f})"
+                          if fm is not None else "given for equal costs only (0)")
+              + f"; with every stage synchronised before the step (minipar's loss all-reduce "
+              f"and found-inf check): {row['bubble_synced']:.3f}")
+        print("bytes kept only for W, peak per stage: "
+              + ", ".join(f"{x:,}" for x in row["w_peak_bytes"])
+              + "; activations, peak per stage: "
+              + ", ".join(f"{x:,}" for x in row["activation_peak_bytes"]))
+    b1 = row.get("baseline_1f1b")
+    if b1:
+        print(f"1F1B on the same launch: {b1['pp_s']:.3f} s/step; bubble wall clock "
+              f"{b1['bubble_wall_clock']:.3f}, rebuilt {b1['bubble_rebuilt']:.3f}, from CPU "
+              f"compute costs {b1['bubble_rebuilt_cpu_compute']:.3f}, formula "
+              f"{b1['bubble_formula']:.3f}; activations, peak per stage: "
+              + ", ".join(f"{x:,}" for x in b1["activation_peak_bytes"]))
     print("compute per stage per step (CPU s): "
           + ", ".join(f"{x:.3f}" for x in row["stage_compute_s"])
           + f"; {row['bytes_p2p_per_step']:,.0f} bytes point-to-point sent by rank 0 per step; load "

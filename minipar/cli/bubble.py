@@ -52,14 +52,21 @@ MAX_STAGES, MAX_MICRO_BATCHES, MAX_CHUNKS = 64, 1024, 16
 #: the text chart is printed up to this many time cells (two characters each)
 MAX_CHART_CELLS = 120
 NAMES = {"naive": "naive pipeline", "gpipe": "GPipe", "1f1b": "1F1B (PipeDream-Flush)",
-         "interleaved": "interleaved 1F1B"}
+         "interleaved": "interleaved 1F1B", "zb-h1": "ZB-H1 (zero bubble, handcrafted 1)",
+         "zb-h2": "ZB-H2 (zero bubble, handcrafted 2)", "zb-v": "ZB-V (zero bubble, a V of 2 "
+         "chunks)"}
 #: bubble fraction and bubble / ideal time, as the papers write them
 FORMULA = {"naive": ("(p - 1)/p", "p - 1"),
            "gpipe": ("(p - 1)/(m + p - 1)", "(p - 1)/m"),
            "1f1b": ("(p - 1)/(m + p - 1)", "(p - 1)/m"),
-           "interleaved": ("(p - 1)/(v*m + p - 1)", "(p - 1)/(v*m)")}
+           "interleaved": ("(p - 1)/(v*m + p - 1)", "(p - 1)/(v*m)"),
+           # Qi et al. 2023, Table 2 with T_F = T_B = T_W (bubble (p-1)(T_F+T_B-T_W) for ZB-H1)
+           "zb-h1": ("(p - 1)/(3m + p - 1)", "(p - 1)/(3m)"),
+           "zb-h2": ("0 (m >= 2p - 1)", "0"), "zb-v": ("0 (m >= 2p - 1)", "0")}
 PAPER = {"naive": "Huang et al. 2018", "gpipe": "Huang et al. 2018",
-         "1f1b": "Narayanan et al. 2021", "interleaved": "Narayanan et al. 2021"}
+         "1f1b": "Narayanan et al. 2021", "interleaved": "Narayanan et al. 2021",
+         "zb-h1": "Qi et al. 2023, Table 2", "zb-h2": "Qi et al. 2023, Table 2",
+         "zb-v": "Qi et al. 2023"}
 
 
 def formula(kind: str, p: int, m: int, v: int = 1) -> tuple[Fraction, Fraction]:
@@ -75,7 +82,10 @@ def check_args(kind: str, p: int, m: int, v: int) -> None:
     """ValueError naming the options and numbers, before anything is simulated."""
     from minipar.parallel.pipeline.schedule import stage_schedule
 
-    if kind != "interleaved" and v != 1:
+    if kind == "zb-v" and v != 2:
+        raise ValueError(f"--chunks {v}: zb-v holds exactly 2 chunks per rank (a V); leave "
+                         "--chunks out")
+    if kind not in ("interleaved", "zb-v") and v != 1:
         raise ValueError(f"--chunks {v} needs --schedule interleaved (the {kind} schedule has "
                          "one chunk per rank)")
     if kind == "interleaved" and m % p:
@@ -86,14 +96,15 @@ def check_args(kind: str, p: int, m: int, v: int) -> None:
 
 def theory(kind: str, p: int, m: int, v: int = 1) -> list:
     """The simulated timeline of ``kind`` on p stages, m micro-batches, v chunks: forward 1,
-    backward 2 per stage (checked schedules, exact integer/Fraction times)."""
+    backward 2 per stage (a split backward: B 1, W 1, the paper's T_F = T_B = T_W;
+    checked schedules, exact integer/Fraction times)."""
     from minipar.parallel.pipeline.check import check_schedules
-    from minipar.parallel.pipeline.schedule import schedules
+    from minipar.parallel.pipeline.schedule import placement, schedules
     from minipar.parallel.pipeline.simulate import replay, uniform_cost
 
     scheds = schedules(kind, p, m, v)
-    check_schedules(scheds)
-    return replay(scheds, uniform_cost(1, 2, v=v))
+    check_schedules(scheds, placement=placement(kind))
+    return replay(scheds, uniform_cost(1, 2, v=v), placement=placement(kind))
 
 
 def in_flight_peaks(records: Sequence) -> list[int]:
@@ -111,12 +122,14 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
         bubble_fraction,
         bubble_time_ratio,
         rebuild_fastest,
+        synced_bubble_fraction,
     )
-    from minipar.parallel.pipeline.schedule import in_flight, schedules
+    from minipar.parallel.pipeline.schedule import in_flight, schedules, w_pending
 
     frac, ratio = formula(kind, p, m, v)
     got, got_ratio = bubble_fraction(records), bubble_time_ratio(records)
-    peaks = [in_flight(s) for s in schedules(kind, p, m, v)]
+    scheds = schedules(kind, p, m, v)
+    peaks = [in_flight(s) for s in scheds]
     out: dict[str, Any] = {
         "schedule": kind, "p": p, "m": m, "v": v,
         "source": "theory" if wall is None else "run",
@@ -124,10 +137,13 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
         "formula": FORMULA[kind][0], "formula_value": float(frac),
         "formula_ratio": FORMULA[kind][1], "formula_ratio_value": float(ratio),
         "in_flight_max": max(peaks), "in_flight": peaks,
+        "w_pending": [w_pending(s) for s in scheds],
+        "bubble_fraction_synced": float(synced_bubble_fraction(records)),
         "makespan": float(max(r.end for r in records) - min(r.start for r in records)),
     }
     if isinstance(got, Fraction):
-        out["bubble_fraction_exact"] = f"{got.numerator}/{got.denominator}"
+        out["bubble_fraction_exact"] = (f"{got.numerator}/{got.denominator}"
+                                        if got.denominator != 1 else str(got.numerator))
     if wall is not None:
         out["bubble_fraction_wall"] = float(bubble_fraction(wall))
         out["bubble_fraction_fastest"] = float(bubble_fraction(rebuild_fastest(wall, kind, p, m, v)))
@@ -137,13 +153,13 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
 
 def _chart(records: Sequence) -> str:
     from minipar.parallel.pipeline.measure import chart
-    from minipar.parallel.pipeline.simulate import Record
+    from minipar.parallel.pipeline.simulate import COMPUTE_WHAT, Record
 
     t0 = min(r.start for r in records)
     shifted = [Record(*r[:4], r.start - t0, r.end - t0) for r in records]
     end = max(r.end for r in shifted)
     exact = all(isinstance(r.end, (int, Fraction)) for r in shifted)
-    short = min((r.end - r.start for r in shifted if r.what in ("forward", "backward")
+    short = min((r.end - r.start for r in shifted if r.what in COMPUTE_WHAT
                  and r.end > r.start), default=1)
     unit = short if exact and end / short <= MAX_CHART_CELLS else end / 60
     if not exact and unit <= 0:
@@ -154,16 +170,24 @@ def _chart(records: Sequence) -> str:
 def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> str:
     """What ``minipar bubble`` prints: the chart(s), the bubble, the formula, the peaks."""
     kind, p, m, v = s["schedule"], s["p"], s["m"], s["v"]
-    chunks = f", v = {v} chunks per rank" if kind == "interleaved" else ""
+    chunks = f", v = {v} chunks per rank" if kind in ("interleaved", "zb-v") else ""
     head = f"{NAMES[kind]}: p = {p} stages, m = {m} micro-batches{chunks}"
     lines = []
     if wall is None:
-        lines += [(f"{head} (simulated: forward 1, backward 2 per stage; "
-                  "F3 forward of micro-batch 3, B3 its backward, f/b an odd chunk, . idle)"), "",
-                  _chart(records), ""]
+        split = kind.startswith("zb")
+        lines += [(f"{head} (simulated: forward 1, backward 2 per stage"
+                   + (", split into B 1 and W 1 (T_F = T_B = T_W); F3 forward of micro-batch 3, "
+                      "B3 its input gradient, W3 its weight gradient" if split else
+                      "; F3 forward of micro-batch 3, B3 its backward")
+                   + ", lower case an odd chunk, . idle)"), "", _chart(records), ""]
         exact = s.get("bubble_fraction_exact", f"{s['bubble_fraction']:.4f}")
-        lines.append(f"bubble fraction (P·T − C)/(P·T) = {exact} = {s['bubble_fraction']:.1%} "
-                     "of the step")
+        lines.append(f"bubble fraction (P·S − C)/(P·S), S the longest stage's span = {exact} = "
+                     f"{s['bubble_fraction']:.1%} of the step")
+        if split:
+            lines.append(f"with every stage waiting for all before its optimizer step (a global "
+                         f"gradient norm, a found-inf check): {s['bubble_fraction_synced']:.1%}"
+                         f" (the paper steps optimistically and validates after, to keep the "
+                         f"zero)")
     else:
         lines += [f"{head} (recorded run)", "", "measured, wall clock:", _chart(wall), "",
                   "rebuilt by the simulator from the measured costs (a dedicated machine):",
@@ -175,9 +199,12 @@ def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> 
                  f"(bubble / ideal time {s['formula_ratio']} = {s['formula_ratio_value']:.4f}; "
                  f"here {s['bubble_time_ratio']:.4f})")
     held = " ".join(map(str, s["in_flight"]))
-    lines.append(f"micro-batches in flight, peak per stage: {held}" + (
-        " (chunk-activations)" if kind == "interleaved" else "") +
+    lines.append(f"micro-batches in flight (F done, B not), peak per stage: {held}" + (
+        " (chunk-activations)" if kind in ("interleaved", "zb-v") else "") +
         f"; GPipe holds m = {m}, 1F1B at most p − stage")
+    if kind.startswith("zb"):
+        lines.append("waiting only for W (B done, W not: the linears' inputs and output "
+                     "gradients kept), peak per stage: " + " ".join(map(str, s["w_pending"])))
     return "\n".join(lines)
 
 
@@ -190,8 +217,8 @@ def parser() -> ArgumentParser:
                    help=f"micro-batches m per step, 1 to {MAX_MICRO_BATCHES} (default 8; with "
                         "--from-run: the run's)")
     p.add_argument("--schedule", choices=KINDS, default=None,
-                   help="gpipe, 1f1b, interleaved or naive (default 1f1b; with --from-run: "
-                        "the run's)")
+                   help="gpipe, 1f1b, interleaved, naive, or the zero-bubble zb-h1, zb-h2, "
+                        "zb-v (default 1f1b; with --from-run: the run's)")
     p.add_argument("--chunks", type=integer(1, MAX_CHUNKS), default=None,
                    help="model chunks per rank v, interleaved only (default 2 for interleaved, "
                         "else 1)")
@@ -241,7 +268,8 @@ def _resolve(args: Any) -> tuple[str, int, int, int, dict | None, list | None]:
                              f"--schedule, one of {', '.join(KINDS)}")
         return kind, int(meta["p"]), int(meta["m"]), int(meta["v"]), meta, recs
     kind = args.schedule or "1f1b"
-    v = args.chunks if args.chunks is not None else (2 if kind == "interleaved" else 1)
+    v = args.chunks if args.chunks is not None else (2 if kind in ("interleaved", "zb-v")
+                                                     else 1)
     return kind, args.stages or 4, args.micro_batches or 8, v, None, None
 
 
@@ -288,6 +316,10 @@ def _draw(path: str, kind: str, p: int, m: int, v: int, records: Sequence,
     from minipar.viz import pipeline as vp
 
     name = f"{NAMES[kind]}, p = {p}, m = {m}" + (f", v = {v}" if kind == "interleaved" else "")
+    if wall is None and kind.startswith("zb"):  # side by side with 1F1B on the same costs
+        fig = vp.plot_schedules({f"1F1B, p = {p}, m = {m}": theory("1f1b", p, m), name: records})
+        fig.savefig(path, dpi=110)
+        return
     if wall is None:
         fig = vp.plot_gantt(records, title=name)
     else:

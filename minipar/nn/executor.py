@@ -34,6 +34,11 @@ The walk, for units u_a … u_{b-1} (a pipeline stage runs a slice [a, b)):
                                           dx, g = u.backward(p, saved, dx, daux=S);
                                           release(u, p); on_grads(u, g)
 
+or, split (zero-bubble pipelines, Qi et al. 2023): :func:`backward_input` (B) walks
+the same way with ``u.backward_input`` and returns dx and, per unit, what W needs;
+:func:`backward_weight` (W), later, turns it into each unit's gradients for
+``on_grads`` — the same gradients, bit for bit.
+
 with S the gradient scale (a data-parallel rank's loss weight b_r/B times a
 mixed-fp16 loss scale).  Because ``saved`` holds activations only, a unit's
 parameters are needed exactly inside ``fetch … release``, twice per step.
@@ -51,7 +56,8 @@ from typing import Any
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.nn.units import Unit
 
-__all__ = ["Hooks", "backward", "forward", "loss_and_grads"]
+__all__ = ["Hooks", "backward", "backward_input", "backward_weight", "forward",
+           "loss_and_grads"]
 
 Record = tuple[str, str, float, float]
 
@@ -82,6 +88,11 @@ class Hooks:
     def restore(self, unit: Unit, kept: Any) -> Any:
         """``saved`` again from what :meth:`on_saved` kept (serially: ``kept`` itself)."""
         return kept
+
+    def on_backward_input(self, unit: Unit) -> None:
+        """The unit's B (zero bubble) is done: its ``saved`` is dropped, what its W needs
+        lives on in the pending gradients (serially: nothing to do; checkpointing takes the
+        activations off its ledger here rather than at ``on_grads``, which comes with W)."""
 
     def on_grads(self, unit: Unit, grads: dict[str, Any]) -> None:
         """The unit's gradients by local name, as soon as its backward made them."""
@@ -138,6 +149,51 @@ def backward(units: Sequence[Unit], hooks: Hooks, kept: list[Any], dy: Any, scal
         hooks.on_grads(u, grads)
         del grads
     return dy
+
+
+def backward_input(units: Sequence[Unit], hooks: Hooks, kept: list[Any], dy: Any,
+                   scale: float = 1.0, records: list[Record] | None = None
+                   ) -> tuple[Any, list[Any]]:
+    """**B** of ``units`` (Qi et al. 2023): the walk of :func:`backward` with each unit's
+    ``backward_input``; returns ``(dx, pending)``, ``pending`` one entry per unit (in
+    ``units``' order) for :func:`backward_weight`.  ``kept`` is emptied as in
+    :func:`backward`: what B does not hand to W is freed here; nothing reaches
+    ``hooks.on_grads`` yet."""
+    if len(kept) != len(units):
+        raise ValueError(f"{len(kept)} kept activations for {len(units)} units")
+    pending: list[Any] = [None] * len(units)
+    for i in reversed(range(len(units))):
+        u = units[i]
+        p = hooks.fetch(u)
+        saved = hooks.restore(u, kept.pop())
+        t0 = _now()
+        dy, pending[i] = u.backward_input(p, saved, dy, scale)
+        if records is not None:
+            records.append(("backward_input", u.name, t0, _now()))
+        del saved
+        hooks.on_backward_input(u)
+        hooks.release(u, p)
+        del p
+    return dy, pending
+
+
+def backward_weight(units: Sequence[Unit], hooks: Hooks, pending: list[Any],
+                    records: list[Record] | None = None) -> None:
+    """**W** of ``units``: each unit's ``backward_weight`` on what its B kept, in the
+    order :func:`backward` would have made them (last unit first), each unit's gradients
+    to ``hooks.on_grads``.  Needs no parameter (dW = xᵀ dy) and, outside sequence
+    parallelism, no message."""
+    if len(pending) != len(units):
+        raise ValueError(f"{len(pending)} pending weight gradients for {len(units)} units")
+    for i in reversed(range(len(units))):
+        u = units[i]
+        t0 = _now()
+        grads = u.backward_weight(pending[i])
+        pending[i] = None
+        if records is not None:
+            records.append(("backward_weight", u.name, t0, _now()))
+        hooks.on_grads(u, grads)
+        del grads
 
 
 def loss_and_grads(units: Sequence[Unit], hooks: Hooks, tokens: Any, targets: Any,

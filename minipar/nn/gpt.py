@@ -293,6 +293,8 @@ class GPT:
 class EmbedUnit(Unit):
     """x = tok_emb[tokens] + pos_emb[:T]; the first unit (its dx is None)."""
 
+    has_input_grad = False  # token ids in: B does nothing, the whole backward is W
+
     def __init__(self, cfg: GPTConfig) -> None:
         self.cfg, self.name, self.names = cfg, "embed", ("tok_emb", "pos_emb")
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from minipar.backend import xp
 from minipar.nn.dtypes import compute_dtype, down, matmul, up
+from minipar.nn.weight_grad import weight_grad
 
 LN_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -54,10 +55,16 @@ def linear_forward(x: Any, w: Any) -> tuple[Any, tuple]:
 def linear_backward(w: Any, saved: tuple, dy: Any) -> tuple[Any, Any]:
     """Return ``(dx, dw)``: dx = dy wᵀ, dw = xᵀ dy (``w`` is the forward's weight)."""
     (x,) = saved
-    d_in, d_out = w.shape
     dx = matmul(dy, w.T)
-    dw = matmul(x.reshape(-1, d_in).T, dy.reshape(-1, d_out))
+    dw = weight_grad(linear_weight_grad, x, dy)  # inside a B (zero bubble): deferred to W
     return dx, dw
+
+
+def linear_weight_grad(x: Any, dy: Any) -> Any:
+    """W of a linear layer: dw = xᵀ dy over every row (x (..., d_in), dy (..., d_out)).
+    :func:`linear_backward` calls it at once, or — inside
+    :func:`minipar.nn.weight_grad.deferred`, a zero-bubble B — hands it to W."""
+    return matmul(x.reshape(-1, x.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
 
 
 def bias_forward(y: Any, b: Any) -> Any:

@@ -22,7 +22,12 @@ and ``gpt_units`` in :mod:`minipar.nn.gpt`, ``LayerUnit`` and ``mlp_units`` in
   (dx, grads)`` with ``p`` and ``grads`` keyed by local name; the first unit
   returns ``dx = None`` (no gradient flows into token ids or the data);
 * ``aux_loss(saved)``: the MoE load-balancing loss it added (0.0 if dense);
-  ``daux`` is the gradient that loss gets (the run's loss scale).
+  ``daux`` is the gradient that loss gets (the run's loss scale);
+* ``backward_input(p, saved, dy, daux) -> (dx, pending)`` — **B** (Qi et al. 2023,
+  arXiv 2401.10241): dx now, and what W needs (the linears' inputs and output
+  gradients) kept in ``pending``; everything else of ``saved`` may be freed — and
+  ``backward_weight(pending) -> grads`` — **W**: the parameter gradients.  ``backward``
+  is their composition, bit for bit (:mod:`minipar.nn.weight_grad`).
 
 Units tile the model's parameter order: concatenated, their full names are
 ``param_shapes`` in order, so a unit is one contiguous span ``[lo, hi)`` of
@@ -37,6 +42,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from minipar.nn import weight_grad
+
 __all__ = ["Unit", "spans"]
 
 
@@ -47,6 +54,9 @@ class Unit(ABC):
     name: str = ""
     prefix: str = ""
     names: tuple[str, ...] = ()
+    #: False for a unit whose input is token ids (an embedding): no dx, so its whole
+    #: backward is W and its B does nothing
+    has_input_grad: bool = True
 
     @property
     def full_names(self) -> tuple[str, ...]:
@@ -71,8 +81,30 @@ class Unit(ABC):
         """The auxiliary loss this unit's forward added to the model's loss."""
         return 0.0
 
+    def backward_input(self, p: dict[str, Any], saved: Any, dy: Any,
+                       daux: float = 1.0) -> tuple[Any, Any]:
+        """**B**: ``(dx, pending)`` — the input's gradient now; ``pending`` holds the
+        gradients that are cheap reductions (biases, LayerNorm's γ, β) and, deferred, the
+        weight-gradient products (:class:`~minipar.nn.weight_grad.Deferred`: each keeps the
+        input and the output gradient of its linear).  ``saved`` is not needed after B.
+
+        The unit's own :meth:`backward`, run with the weight gradients deferred, so
+        B and W are the very code of the whole backward."""
+        if not self.has_input_grad:
+            return None, weight_grad.Deferred(_grads_of, self.backward, p, saved, dy, daux)
+        with weight_grad.deferred():
+            return self.backward(p, saved, dy, daux)
+
+    def backward_weight(self, pending: Any) -> dict[str, Any]:
+        """**W**: the parameter gradients (keyed by local name) from B's ``pending``."""
+        return weight_grad.resolve(pending)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {len(self.names)} parameter tensors)"
+
+
+def _grads_of(backward: Any, p: Any, saved: Any, dy: Any, daux: float) -> dict[str, Any]:
+    return backward(p, saved, dy, daux)[1]
 
 
 def spans(units: tuple[Unit, ...] | list[Unit], layout: Any) -> list[tuple[int, int]]:

@@ -244,6 +244,14 @@ class Checkpointing(Hooks):
         out, self._lent[id(unit)] = seg.saved.pop()
         return out
 
+    def on_backward_input(self, unit: Any) -> None:
+        """A zero-bubble B is done: the unit's ``saved`` is dropped (what W keeps is counted
+        apart, by the pipeline engine), so it leaves the ledger now."""
+        lent = self._lent.pop(id(unit), None)
+        if lent is not None:
+            self._drop(lent)
+        self.inner.on_backward_input(unit)
+
     def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
         """The executor has dropped the unit's ``saved``: off the ledger; grads passed on."""
         lent = self._lent.pop(id(unit), None)

@@ -37,8 +37,43 @@ def bubble_formula(kind: str, p: int, m: int, v: int = 1) -> dict[str, Fraction]
     bubble is checked against it, and every float below is this ``Fraction`` rounded.
     """
     p, m, v = count("p", p), count("m", m), count("v", v)
+    if kind in ZERO_BUBBLE_KINDS:
+        return zero_bubble_formula(kind, p, m)
     r = Fraction(p - 1) if kind == "naive" else Fraction(p - 1, v * m)
     return {"ratio": r, "fraction": r / (1 + r)}
+
+
+#: the zero-bubble schedules (Qi et al. 2023, arXiv 2401.10241)
+ZERO_BUBBLE_KINDS = ("zb-h1", "zb-h2", "zb-v")
+
+
+def zero_bubble_holds(kind: str, p: int, m: int) -> bool:
+    """Whether Table 2's figure applies: m >= p for ZB-H1, m >= 2p − 1 for ZB-H2 and ZB-V
+    (1F1B: any m); below that the schedule's bubble is the simulator's."""
+    return m >= {"zb-h1": p, "zb-h2": 2 * p - 1, "zb-v": 2 * p - 1}.get(kind, 0)
+
+
+def zero_bubble_formula(kind: str, p: int, m: int, t_f: float = 1, t_b: float = 1,
+                        t_w: float = 1) -> dict:
+    """Qi et al. 2023, Table 2: the bubble of ``kind`` with per-stage costs T_F, T_B, T_W
+    (B: input gradient, W: weight gradient), iteration time = the longest stage's span:
+
+        1f1b   (p − 1)(T_F + T_B + T_W)
+        zb-h1  (p − 1)(T_F + T_B − T_W)                 m >= p
+        zb-h2  max(0, (p − 1)(T_F + T_B − 2T_W))        m >= 2p − 1
+        zb-v   max(0, (p − 1)(T_F + T_B − 2T_W))        m >= 2p − 1 (zero when equal)
+
+    ``{"bubble", "ratio": bubble / m(T_F + T_B + T_W), "fraction": bubble / (bubble +
+    ideal)}``; exact ``Fraction`` values for exact costs.  (ZB-V's line for unequal costs
+    is ZB-H2's expression: the paper states ZB-V's zero for equal costs.)"""
+    p, m = count("p", p), count("m", m)
+    exact = all(isinstance(x, (int, Fraction)) for x in (t_f, t_b, t_w))
+    f, b, w = (Fraction(x) if exact else float(x) for x in (t_f, t_b, t_w))
+    bubble = {"1f1b": (p - 1) * (f + b + w), "zb-h1": (p - 1) * (f + b - w),
+              "zb-h2": max(0, (p - 1) * (f + b - 2 * w)),
+              "zb-v": max(0, (p - 1) * (f + b - 2 * w))}[kind]
+    ideal = m * (f + b + w)
+    return {"bubble": bubble, "ratio": bubble / ideal, "fraction": bubble / (bubble + ideal)}
 
 
 def gpipe_bubble_fraction(K: int, M: int) -> float:

@@ -26,7 +26,7 @@ from typing import Any
 
 from minipar.cli.options import integer
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
 #: a model the usual grids of 8 ranks can cut (tp up to 4, pp up to 4), with a batch that
 #: dp·m divides, so the planner's layouts (even micro-batches) compare with the run
 MODEL_DEFAULTS = {"batch": 8, "layers": 4, "heads": 4, "vocab": 8}
@@ -35,6 +35,12 @@ AXES = ("tp", "pp_p2p", "cp", "dp", "ep", "edp")
 #: then the embedding, head and vocabulary-parallel loss (not in it)
 TP_OPS = ("tp_f", "tp_g", "sp_f", "sp_g", "pp_tp_gather", "tp_embed", "tp_head", "tp_ce",
           "sp_embed", "sp_head", "sp_regather", "sp_param_grads")
+
+
+def _chunks(options: dict[str, Any]) -> int:
+    """--chunks, or 2 for zb-v when it is left at its default (zb-v is a V of 2 chunks)."""
+    v = options.get("chunks", 1)
+    return 2 if options.get("schedule") == "zb-v" and v == 1 else v
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "reduce-scattered after the flush) or 3 (parameters gathered per "
                         "micro-batch) (default 0)")
     g.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                   help="pipeline schedule (default 1f1b)")
+                   help="pipeline schedule (default 1f1b; zb-h1, zb-h2, zb-v: zero bubble, "
+                        "the backward split into B and W)")
     g.add_argument("--micro-batches", type=integer(1), default=None, metavar="M",
                    help="micro-batches per step (default: 4, or the fewest rows of a replica)")
     g.add_argument("--chunks", type=integer(1), default=1, metavar="V",
@@ -96,7 +103,7 @@ def check(options: dict[str, Any], spec: Any) -> None:
     remat = options.get("remat")
     check_hybrid(options["ranks"], spec, z["dp"], z["pp"], z["tp"], z["cp"], z["ep"],
                  options.get("zero", 0), options.get("schedule", "1f1b"), z["m"],
-                 options.get("chunks", 1), None, True if remat == 0 else remat,
+                 _chunks(options), None, True if remat == 0 else remat,
                  options.get("cp_kind", "ring"), options.get("sequence_parallel", False))
     remat_offload.check(options, spec)
 
@@ -111,7 +118,7 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
     """The hybrid engine's options (m filled in when not given; ``--remat`` alone: True)."""
     remat = options.get("remat")
     return {"schedule": options.get("schedule", "1f1b"),
-            "micro_batches": sizes(options, spec)["m"], "chunks": options.get("chunks", 1),
+            "micro_batches": sizes(options, spec)["m"], "chunks": _chunks(options),
             "remat": True if remat == 0 else remat, "offload": options.get("offload"),
             "offload_dir": options.get("offload_dir") if options.get("offload") == "disk"
             else None,

@@ -37,13 +37,14 @@ from typing import Any
 from minipar.cli.options import integer, output_file
 
 #: the schedules (:data:`minipar.parallel.pipeline.schedule.KINDS`)
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
 #: the model a pipeline needs by default: 4 blocks, so ``-n 4`` gives one block per stage
 #: (RunSpec's default of 2 would refuse more than 2 stages)
 MODEL_DEFAULTS = {"layers": 4}
 #: r, the bubble over the ideal time, as the summary line writes it
 _RATIO = {"naive": "p-1 (one micro-batch at a time)", "gpipe": "(p-1)/m", "1f1b": "(p-1)/m",
-          "interleaved": "(1/v)(p-1)/m"}
+          "interleaved": "(1/v)(p-1)/m", "zb-h1": "(p-1)/(3m), T_F = T_B = T_W",
+          "zb-h2": "0 for m >= 2p-1, T_F = T_B = T_W", "zb-v": "0 for m >= 2p-1, T_F = T_B = T_W"}
 #: how far above the formula the rebuilt bubble (median costs) may lie before a note says why
 GAP = 0.02
 
@@ -54,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("pipeline parallelism")
     g.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="gpipe (all forwards, then all backwards), 1f1b (PipeDream-Flush, "
-                        "default), interleaved (v chunks per stage), naive (one at a time)")
+                        "default), interleaved (v chunks per stage), naive (one at a time), "
+                        "zb-h1, zb-h2, zb-v (zero bubble: backward split into B and W; zb-v: "
+                        "2 chunks per stage in a V)")
     g.add_argument("--micro-batches", type=integer(1), default=4, metavar="M",
                    help="micro-batches per step (default 4)")
     g.add_argument("--chunks", type=integer(1), default=1, metavar="V",
@@ -95,7 +98,7 @@ def check(options: dict[str, Any], spec: Any) -> None:
     check_world(spec.batch, dp)
     m = options.get("micro_batches", 4)
     remat = options.get("remat")
-    check_pipeline(spec.layers, p, m, options.get("schedule", "1f1b"), options.get("chunks", 1),
+    check_pipeline(spec.layers, p, m, options.get("schedule", "1f1b"), _chunks(options),
                    parse_balance(options.get("balance")), spans.counts(spec.batch, dp)[-1],
                    True if remat == 0 else remat)
     remat_offload.check(options, spec)
@@ -103,6 +106,12 @@ def check(options: dict[str, Any], spec: Any) -> None:
         raise ValueError(f"with --experts each micro-batch routes its rows as one group, and "
                          f"the serial run cuts --batch {spec.batch} into {dp * m} groups "
                          f"another way: use a --batch divisible by --dp {dp}")
+
+
+def _chunks(options: dict[str, Any]) -> int:
+    """--chunks, or 2 for zb-v when it is left at its default (zb-v is a V of 2 chunks)."""
+    v = options.get("chunks", 1)
+    return 2 if options.get("schedule") == "zb-v" and v == 1 else v
 
 
 def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
@@ -117,7 +126,7 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
 
     remat = options.get("remat")
     return {"schedule": options.get("schedule", "1f1b"),
-            "micro_batches": options.get("micro_batches", 4), "chunks": options.get("chunks", 1),
+            "micro_batches": options.get("micro_batches", 4), "chunks": _chunks(options),
             "balance": parse_balance(options.get("balance")),
             "remat": True if remat == 0 else remat, "offload": options.get("offload"),
             "offload_dir": options.get("offload_dir") if options.get("offload") == "disk"
@@ -139,6 +148,7 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
     cpu = pp.gather_records(clock="cpu")  # durations in CPU seconds: free of waiting for a core
     steps = len(history.losses)
     mine = {"stage": pp.stage, "replica": pp.replica, "peak": pp.activation_peak_bytes,
+            "w_peak": pp.w_peak_bytes,
             "axes": {k: b / steps for k, b in pp.traffic().items() if k in ("pp_p2p", "dp")},
             "exact": _exact_p2p(pp), "held": sum(pp.states.bytes_by_category().values()),
             "offload": pp.offload_stats}
@@ -166,6 +176,12 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
               + ", ".join(str(in_flight(stage_schedule(kind, s, p, m, v))) for s in range(p)) + ")"
               + (f"; on the device: what is on {options['offload']} is not counted"
                  if options.get("offload") else ""))]
+    if kind.startswith("zb"):
+        notes.append(f"zero bubble (Qi et al. 2023): iteration = the longest stage's span; "
+                     f"rebuilt with every stage waiting for all before its step (minipar "
+                     f"keeps the loss all-reduce and the found-inf check): "
+                     f"{float(b['rebuilt_synced']):.3f}; bytes kept only for W (B done, W "
+                     f"not), peak per stage: " + ", ".join(f"{s['w_peak']:,}" for s in stages))
     if float(b["rebuilt_median"]) - float(b["formula"]) > GAP:
         notes.append("the rebuilt bubble is above the formula, which assumes equal stages: "
                      "here stage 0 also embeds the tokens and the last stage computes the loss, "
@@ -200,6 +216,7 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
                                                       "wall_clock_ratio")},
         "bubble_formula": float(b["formula"]), "bubble_formula_ratio": float(b["formula_ratio"]),
         "activation_peak_bytes_per_stage": [s["peak"] for s in stages],
+        "w_peak_bytes_per_stage": [s["w_peak"] for s in stages],
         "in_flight_per_stage": [in_flight(stage_schedule(kind, s, p, m, v)) for s in range(p)],
         "bytes_by_axis": [e["axes"] for e in everyone],
         "bytes_sent_per_rank": [e["axes"]["pp_p2p"] for e in everyone],
@@ -222,11 +239,18 @@ def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _exact_p2p(pp: Any) -> int:
-    """Bytes this rank's sends carry per step: its micro-batch's rows x T x d x itemsize."""
+    """Bytes this rank's sends carry per step: its micro-batch's rows x T x d x itemsize
+    (a hand-off to itself — ZB-V's turn on the last rank — carries none)."""
     from minipar import spans
-    from minipar.parallel.pipeline.schedule import SendAct, SendGrad
+    from minipar.parallel.pipeline.schedule import SendAct, SendGrad, rank_of
+    from minipar.parallel.pipeline.simulate import message_key
 
     rows = spans.counts(pp.spec.batch, pp.dp)[pp.replica]
     per_row = pp.spec.seq * pp.spec.d_model * pp.act_dtype.itemsize
+
+    def remote(i: Any) -> bool:
+        to = message_key(i, pp.stage, pp.p, pp.place)[3]
+        return rank_of(to, pp.p, pp.place) != pp.stage
     return sum((spans.span(rows, pp.m, i.mb)[1] - spans.span(rows, pp.m, i.mb)[0]) * per_row
-               for i in pp.instructions if isinstance(i, (SendAct, SendGrad)) and pp.p > 1)
+               for i in pp.instructions if isinstance(i, (SendAct, SendGrad)) and pp.p > 1
+               and remote(i))

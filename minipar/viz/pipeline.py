@@ -9,7 +9,8 @@ micro_batch, chunk, start, end)``, simulated
 executor — the same records, so the same figures.
 
 * :func:`plot_gantt` — stage × time: each forward and backward a bar coloured
-  by micro-batch (forward light, backward dark, odd chunks hatched), the idle
+  by micro-batch (forward light, backward dark, a split backward's W faded —
+  zero bubble, Qi et al. 2023 — odd chunks hatched), the idle
   time of every stage shaded, the bubble fraction in the title (GPipe, Huang
   et al. 2018, arXiv 1811.06965, Fig. 2; PTD-P, Narayanan et al. 2021, arXiv
   2104.04473, Fig. 3–4);
@@ -40,8 +41,11 @@ from matplotlib.patches import Patch
 from minipar.parallel.pipeline.measure import bubble_fraction
 from minipar.parallel.pipeline.simulate import Record
 
-COMPUTE = ("forward", "backward")
-SCHEDULE_NAMES = {"naive": "naive", "gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
+COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
+SCHEDULE_NAMES = {"naive": "naive", "gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B",
+                  "zb-h1": "ZB-H1", "zb-h2": "ZB-H2", "zb-v": "ZB-V"}
+#: the letter a bar is labelled with: F forward, B backward (or its B), W its W
+LETTER = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 def _check(timeline: Sequence[Record]) -> list[Record]:
@@ -58,18 +62,30 @@ def _span(recs: Sequence[Record]) -> tuple[float, float]:
 
 
 def _colour(mb: int, what: str) -> Any:
-    """Micro-batch mb's colour: forward the light, backward the dark member of a tab20 pair."""
-    return plt.cm.tab20(2 * (mb % 10) + (what == "forward"))
+    """Micro-batch mb's colour: forward the light, backward (or B) the dark member of a
+    tab20 pair; W (the weight gradient of a split backward) the dark one faded."""
+    r, g, b, _ = plt.cm.tab20(2 * (mb % 10) + (what == "forward"))
+    if what == "backward_weight":  # the dark colour mixed with white, opaque
+        return (0.45 * r + 0.55, 0.45 * g + 0.55, 0.45 * b + 0.55, 1.0)
+    return (r, g, b, 1.0)
+
+
+def _split(recs: Sequence[Record]) -> bool:
+    return any(r.what == "backward_weight" for r in recs)
 
 
 def _odd(recs: Sequence[Record]) -> bool:
     return any(r.chunk and r.chunk % 2 for r in recs if r.what in COMPUTE)
 
 
-def _legend(ax: Any, odd: bool) -> None:
+def _legend(ax: Any, odd: bool, split: bool = False) -> None:
     """The key under the axes, below the time axis's label whatever the chart's height."""
     handles = [Patch(color=_colour(0, "forward"), label="forward (colour: micro-batch)"),
-               Patch(color=_colour(0, "backward"), label="backward"),
+               Patch(color=_colour(0, "backward"),
+                     label="B: input gradient" if split else "backward")]
+    if split:
+        handles.append(Patch(color=_colour(0, "backward_weight"), label="W: weight gradient"))
+    handles += [
                Patch(facecolor="0.88", hatch="////", edgecolor="0.75", label="idle (bubble)")]
     if odd:
         handles.append(Patch(facecolor=_colour(0, "forward"), hatch="..", edgecolor="white",
@@ -111,7 +127,7 @@ def plot_gantt(timeline: Sequence[Record], title: str = "", time_unit: str = "ti
                 color=_colour(r.micro_batch, r.what), edgecolor="white", linewidth=0.6,
                 hatch=".." if odd else None)
         if labels and w > (span if span is not None else width) / 60:
-            letter = "F" if r.what == "forward" else "B"
+            letter = LETTER[r.what]
             ax.text(left + w / 2, row[r.stage], f"{letter if not odd else letter.lower()}"
                     f"{r.micro_batch}", ha="center", va="center", fontsize=7)
     ax.set_yticks([row[s] for s in stages], [f"stage {s}" for s in stages])
@@ -120,7 +136,7 @@ def plot_gantt(timeline: Sequence[Record], title: str = "", time_unit: str = "ti
     frac = float(bubble_fraction(recs))
     head = f"{title}: " if title else ""
     ax.set_title(f"{head}bubble {frac:.1%} of the step (idle shaded)", fontsize=10)
-    _legend(ax, _odd(recs))
+    _legend(ax, _odd(recs), _split(recs))
     if own:
         fig.tight_layout()
     return fig
@@ -129,10 +145,11 @@ def plot_gantt(timeline: Sequence[Record], title: str = "", time_unit: str = "ti
 def simulated_bubble(kind: str, p: int, m: int, v: int = 1) -> float:
     """The bubble fraction of ``kind`` on the simulator with equal costs (forward 1,
     backward 2 per stage), exact (a Fraction turned into a float)."""
-    from minipar.parallel.pipeline.schedule import schedules
+    from minipar.parallel.pipeline.schedule import placement, schedules
     from minipar.parallel.pipeline.simulate import replay, uniform_cost
 
-    return float(bubble_fraction(replay(schedules(kind, p, m, v), uniform_cost(1, 2, v=v))))
+    return float(bubble_fraction(replay(schedules(kind, p, m, v), uniform_cost(1, 2, v=v),
+                                        placement=placement(kind))))
 
 
 def plot_bubble_vs_m(p: int, ms: Iterable[int] = range(1, 33),
@@ -150,9 +167,10 @@ def plot_bubble_vs_m(p: int, ms: Iterable[int] = range(1, 33),
         raise ValueError(f"need p >= 1 and micro-batch counts m >= 1, got p={p}, m={ms}")
     fig, ax = plt.subplots(figsize=(7, 3.6))
     styles = {"naive": ("C3", "-", "D"), "gpipe": ("C0", "-", "o"), "1f1b": ("C1", "--", "x"),
-              "interleaved": ("C2", "-", "s")}
+              "interleaved": ("C2", "-", "s"), "zb-h1": ("C4", "-", "^"),
+              "zb-h2": ("C5", ":", "v"), "zb-v": ("C6", "-.", "P")}
     for kind in kinds:
-        vk = v if kind == "interleaved" else 1
+        vk = v if kind == "interleaved" else 2 if kind == "zb-v" else 1
         xs = [m for m in ms if kind != "interleaved" or m % p == 0]
         if not xs:
             continue
@@ -190,7 +208,7 @@ def in_flight_over_time(timeline: Sequence[Record]) -> dict[int, list[tuple[floa
     for r in recs:
         if r.what == "forward":
             events.setdefault(r.stage, []).append((r.start - t0, +1))
-        elif r.what == "backward":
+        elif r.what in ("backward", "backward_input"):  # B frees them; W keeps less
             events.setdefault(r.stage, []).append((r.end - t0, -1))
     out = {}
     for s, evs in sorted(events.items()):
@@ -247,7 +265,8 @@ def plot_schedules(timelines: Mapping[str, Sequence[Record]], time_unit: str = "
         ax.set_xlabel("")
     axes[0, 0].set_xlim(0, span)
     axes[-1, 0].set_xlabel(f"time in the step ({time_unit})")
-    _legend(axes[-1, 0], any(_odd(_check(tl)) for tl in timelines.values()))
+    _legend(axes[-1, 0], any(_odd(_check(tl)) for tl in timelines.values()),
+            any(_split(_check(tl)) for tl in timelines.values()))
     fig.tight_layout()
     return fig
 

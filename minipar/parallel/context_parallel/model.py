@@ -98,6 +98,8 @@ def attention_backward(p: dict[str, Any], saved: tuple, dy: Any,
 class CPEmbedUnit(Unit):
     """x = tok_emb[tokens] + pos_emb[my positions] (zigzag positions are not contiguous)."""
 
+    has_input_grad = False  # token ids in: B does nothing, the whole backward is W
+
     def __init__(self, cfg: GPTConfig, positions: np.ndarray) -> None:
         self.cfg, self.name, self.names = cfg, "embed", ("tok_emb", "pos_emb")
         self.positions = positions

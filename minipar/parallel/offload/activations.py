@@ -128,5 +128,8 @@ class Offload(Hooks):
             kept = self.store.back(kept)
         return self.inner.restore(unit, kept)
 
+    def on_backward_input(self, unit: Any) -> None:
+        self.inner.on_backward_input(unit)
+
     def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
         self.inner.on_grads(unit, grads)

@@ -21,10 +21,12 @@ virtual stages s + p, s + 2p, ...)::
 Read in this order (one module each; nothing is imported here):
 
 - :mod:`.schedule` — a schedule is data: the instructions (``Forward``, ``Backward``,
-  ``SendAct``, ``RecvAct``, ``SendGrad``, ``RecvGrad``, ``OptimizerStep``) one stage runs,
+  its split ``BackwardInput`` (B) and ``BackwardWeight`` (W), ``SendAct``, ``RecvAct``,
+  ``SendGrad``, ``RecvGrad``, ``OptimizerStep``) one stage runs,
   ``stage_schedule(kind, stage, p, m, v)`` and ``schedules(kind, p, m, v)`` for naive,
-  gpipe, 1f1b and interleaved; ``forward_schedule`` (validation: forwards only);
-  ``in_flight`` (activations held);
+  gpipe, 1f1b, interleaved and the zero-bubble zb-h1, zb-h2, zb-v (Qi et al. 2023, arXiv
+  2401.10241; zb-v's chunks in a V: ``placement``); ``forward_schedule`` (validation:
+  forwards only); ``in_flight`` (activations held), ``w_pending`` (kept only for W);
 - :mod:`.check` — ``problems(schedules)`` / ``check_schedules(schedules)``: dependencies,
   matching messages, no deadlock, each problem naming the stage and the instruction;
 - :mod:`.simulate` — ``replay(schedules, cost)``: the timeline a dedicated machine would

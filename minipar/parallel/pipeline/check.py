@@ -7,13 +7,16 @@ own), :func:`problems` lists what is wrong, each problem naming the stage and
 the instruction, and :func:`check_schedules` raises them as one ``ValueError``.  A
 schedule of p stages, m micro-batches and v chunks per stage is correct when
 
-1. every stage forwards and backwards each (micro-batch, chunk) exactly once,
-   and ends with exactly one ``OptimizerStep`` (the flush);
+1. every stage forwards and backwards each (micro-batch, chunk) exactly once —
+   the backward whole (``Backward``) or split into its B (``BackwardInput``) and
+   its W (``BackwardWeight``), each once (Qi et al. 2023) — and ends with exactly
+   one ``OptimizerStep`` (the flush);
 2. on each stage: ``RecvAct`` before its ``Forward`` (except on the first
    virtual stage), ``SendAct`` after it (except on the last), ``Backward``
    after its own ``Forward`` and after its ``RecvGrad`` (except on the last
    virtual stage), ``SendGrad`` after it (except on the first) — each of these
-   messages exactly once;
+   messages exactly once; split, the same rules hold for B, and W comes after
+   its own B (it reads what B kept);
 3. every send is matched by exactly one receive on the neighbour;
 4. replayed with blocking receives (and, with ``sends="rendezvous"``, sends
    that wait for their receive, as ``MPI_Ssend``), no stage waits forever: a
@@ -21,7 +24,8 @@ schedule of p stages, m micro-batches and v chunks per stage is correct when
    the cycle of stages waiting for each other.
 
 The number of stages is ``len(schedules)``; micro-batches and chunks are read
-from the Forward instructions.
+from the Forward instructions; ``placement="v"`` checks ZB-V's chunks
+(:func:`~.schedule.virtual_stage`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from minipar.parallel.pipeline.schedule import (
     RECVS,
     SENDS,
     Backward,
+    BackwardInput,
+    BackwardWeight,
     Forward,
     Instruction,
     OptimizerStep,
@@ -42,13 +48,14 @@ from minipar.parallel.pipeline.schedule import (
     SendGrad,
     virtual_stage,
 )
-from minipar.parallel.pipeline.simulate import Deadlock, message_key, replay, uniform_cost
+from minipar.parallel.pipeline.simulate import Deadlock, message_key, replay, split_cost
 
-_TYPES = (Forward, Backward, SendAct, RecvAct, SendGrad, RecvGrad, OptimizerStep)
+_TYPES = (Forward, Backward, BackwardInput, BackwardWeight, SendAct, RecvAct, SendGrad,
+          RecvGrad, OptimizerStep)
 
 
 def _stage_problems(s: int, ins: Sequence[Instruction], p: int, mbs: list[int],
-                    v: int) -> list[str]:
+                    v: int, placement: str = "loop") -> list[str]:
     """Rules 1 and 2 on stage s."""
     out: list[str] = []
     where: dict[tuple[type, int, int], list[int]] = {}
@@ -67,9 +74,17 @@ def _stage_problems(s: int, ins: Sequence[Instruction], p: int, mbs: list[int],
     last = p * v - 1
     for mb in mbs:
         for c in range(v):
-            vs = virtual_stage(s, c, p)
-            need = {Forward: True, Backward: True, RecvAct: vs > 0, SendAct: vs < last,
+            vs = virtual_stage(s, c, p, placement)
+            split = (BackwardInput, mb, c) in where or (BackwardWeight, mb, c) in where
+            if split and (Backward, mb, c) in where:
+                out.append(f"stage {s}: {Backward(mb, c)} and a split B/W of the same "
+                           f"micro-batch: run its backward whole or as B then W, not both")
+                continue
+            bx = BackwardInput if split else Backward
+            need = {Forward: True, bx: True, RecvAct: vs > 0, SendAct: vs < last,
                     RecvGrad: vs < last, SendGrad: vs > 0}
+            if split:
+                need[BackwardWeight] = True
             pos = {}
             for t, needed in need.items():
                 found = where.get((t, mb, c), [])
@@ -82,15 +97,16 @@ def _stage_problems(s: int, ins: Sequence[Instruction], p: int, mbs: list[int],
                                f"{edge} stage of the pipeline (virtual stage {vs} of {last + 1})")
                 if len(found) == 1:
                     pos[t] = found[0]
-            for before, after in ((RecvAct, Forward), (Forward, SendAct), (Forward, Backward),
-                                  (RecvGrad, Backward), (Backward, SendGrad)):
+            for before, after in ((RecvAct, Forward), (Forward, SendAct), (Forward, bx),
+                                  (RecvGrad, bx), (bx, SendGrad), (bx, BackwardWeight)):
                 if before in pos and after in pos and pos[before] > pos[after]:
                     out.append(f"stage {s}: {after(mb, c)} at position {pos[after]} comes "
                                f"before {before(mb, c)} at position {pos[before]}")
     return out
 
 
-def problems(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered") -> list[str]:
+def problems(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered",
+             placement: str = "loop") -> list[str]:
     """Every way ``schedules`` (one list per stage) breaks the rules above; [] when correct."""
     p = len(schedules)
     if p < 1:
@@ -111,27 +127,28 @@ def problems(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered"
     if m < 1 or v < 1:
         return ["most stages have no Forward: nothing to run"]
     mbs = list(range(m))
-    out = [m for s in range(p) for m in _stage_problems(s, schedules[s], p, mbs, v)]
+    out = [m for s in range(p) for m in _stage_problems(s, schedules[s], p, mbs, v, placement)]
     if out:
         return out
-    posted = Counter(message_key(x, s, p) for s in range(p) for x in schedules[s]
+    posted = Counter(message_key(x, s, p, placement) for s in range(p) for x in schedules[s]
                      if isinstance(x, SENDS))
-    taken = Counter(message_key(x, s, p) for s in range(p) for x in schedules[s]
+    taken = Counter(message_key(x, s, p, placement) for s in range(p) for x in schedules[s]
                     if isinstance(x, RECVS))
     if posted != taken:  # unreachable after rule 2 with a consistent p, v; kept as the contract
         return [f"message {k} sent {posted[k]} times, received {taken[k]} times"
                 for k in sorted(set(posted) | set(taken)) if posted[k] != taken[k]]
     try:
-        replay(schedules, uniform_cost(1, 1, 0), sends=sends)
+        replay(schedules, split_cost(1, 1, 1), sends=sends, placement=placement)
     except Deadlock as e:
         return [str(e)]
     return []
 
 
-def check_schedules(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered") -> None:
+def check_schedules(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered",
+                    placement: str = "loop") -> None:
     """Raise ``ValueError`` listing :func:`problems` (every one names the stage and the
     instruction); return None when the schedules are correct."""
-    found = problems(schedules, sends)
+    found = problems(schedules, sends, placement)
     if found:
         more = f"\n  ... and {len(found) - 10} more" if len(found) > 10 else ""
         raise ValueError("the pipeline schedule is wrong:\n  " + "\n  ".join(found[:10]) + more)

@@ -10,7 +10,10 @@ gradients and AdamW states only — and runs ``stage_schedule(kind, s, p, m, v)`
 (DeepSpeed's ``_INSTRUCTION_MAP``): ``RecvAct``/``RecvGrad`` a blocking receive;
 ``Forward`` the units executor's forward over the chunk (one ``kept`` per
 micro-batch; the last virtual stage adds the loss); ``Backward`` its backward,
-the gradients *added* to the stage's flat buffer; ``SendAct``/``SendGrad`` a
+the gradients *added* to the stage's flat buffer — or, split (zero bubble, Qi et al.
+2023), ``BackwardInput`` (B: the input's gradient, the linears' inputs and output
+gradients kept in ``_pending``) and later ``BackwardWeight`` (W: the weight
+gradients from them, into the buffer); ``SendAct``/``SendGrad`` a
 non-blocking ``Isend`` (Megatron's ``batch_isend_irecv``: every schedule
 that passes :func:`~.check.check_schedules` runs without deadlock);
 ``OptimizerStep`` waits for the sends and hands the gradients to the sync (the
@@ -62,7 +65,7 @@ from typing import Any
 
 from minipar import checks, spans
 from minipar.comm.topology import require_grid
-from minipar.nn import executor
+from minipar.nn import executor, weight_grad
 from minipar.nn.dtypes import check_model_dtype
 from minipar.parallel.common import check_world
 from minipar.parallel.engine import AxisTraffic, Batch, State, StepResult, saved_step, sources_of
@@ -71,6 +74,8 @@ from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.parts import AllReduceSync, SerialStage, all_reduce
 from minipar.parallel.pipeline.schedule import (
     Backward,
+    BackwardInput,
+    BackwardWeight,
     Forward,
     Instruction,
     OptimizerStep,
@@ -79,6 +84,7 @@ from minipar.parallel.pipeline.schedule import (
     SendAct,
     SendGrad,
     forward_schedule,
+    placement,
     stage_schedule,
     virtual_stage,
 )
@@ -97,7 +103,8 @@ OPTIONS = ("schedule", "micro_batches", "chunks", "balance", "remat", "offload",
 class PipelineParallel:
     """Stage ``grid.coord("pp")`` of a pipeline replica ``grid.coord("dp")``.
 
-    ``schedule``: naive, gpipe, 1f1b or interleaved (``chunks`` v > 1);
+    ``schedule``: naive, gpipe, 1f1b, interleaved (``chunks`` v > 1), or the zero-bubble
+    zb-h1, zb-h2, zb-v (``chunks`` 2, the V placement), whose backwards run as B and W;
     ``micro_batches`` m; ``balance``: blocks per virtual stage (default even);
     ``remat``: None, True (GPipe's: keep each chunk's input per micro-batch,
     recompute the chunk in backward) or k units per segment; ``offload``: None,
@@ -122,6 +129,7 @@ class PipelineParallel:
         self.p, self.dp = grid.size("pp"), grid.size("dp")
         self.stage, self.replica = grid.coord("pp"), grid.coord("dp")
         self.m, self.v = micro_batches, chunks
+        self.place = placement(schedule)
         check_world(spec.batch, self.dp)
         rows = spans.counts(spec.batch, self.dp)[-1]
         self.balance = check_pipeline(spec.layers, self.p, micro_batches, schedule, chunks,
@@ -135,7 +143,7 @@ class PipelineParallel:
                      if sync is None else sync)
         self.model = self.stage_model.model
         self.chunk_units = stage_units(self.stage_model.units(), self.balance, self.stage,
-                                       self.p, chunks)
+                                       self.p, chunks, self.place)
         units = [u for us in self.chunk_units for u in us]
         params = self.stage_model.params([n for u in units for n in u.full_names])
         self.states = self.sync.build(spec, params, units)
@@ -143,11 +151,14 @@ class PipelineParallel:
         self.act_dtype = check_model_dtype(self.model.cfg.dtype)
         self.wire = Whole() if wire is None else wire
         self.link = StageLink(grid.p2p, self.stage, self.p, self.v, self.act_dtype,
-                              spec.d_model, self.wire)
+                              spec.d_model, self.wire, self.place)
         self.stage_memory = StageMemory(self.chunk_units, remat, offload, offload_dir)
         self.records: list[list[Record]] = []  # per step: wall-clock seconds from its start
         self.cpu_records: list[list[Record]] = []  # per step: CPU seconds (process_time)
         self.steps_done = 0
+        #: the most bytes this stage kept only for W at once (B done, W not: the linears'
+        #: inputs and output gradients, Qi et al. 2023), over every step; 0 unsplit
+        self.w_peak_bytes = 0
         self._eval_hooks: Any = None  # evaluate(): the hooks of a forward-only pass
         self._traffic = AxisTraffic(grid)
 
@@ -196,7 +207,7 @@ class PipelineParallel:
         self._begin(batch)
         self._eval_hooks = self.sync.eval_hooks()
         try:
-            for ins in forward_schedule(self.stage, self.p, self.m, self.v):
+            for ins in forward_schedule(self.stage, self.p, self.m, self.v, self.place):
                 self._run(ins)
             self.link.wait()
         finally:
@@ -253,6 +264,7 @@ class PipelineParallel:
         self._x, self._y = x, y
         self._cuts = [spans.span(len(x), self.m, i) for i in range(self.m)]
         self._held: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> (kept, loss state)
+        self._pending: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> what W needs
         self._box: dict[tuple[str, int, int], Any] = {}  # outputs, inputs, grads by (what, mb, c)
         self.link.begin()
         self._loss = 0.0
@@ -260,9 +272,10 @@ class PipelineParallel:
     def _finish(self, what: str) -> float:
         """Nothing may be left over; the global loss (one number: MPI's own sum)."""
         left = self.link.unreceived()
-        if self._held or self._box or left:
+        if self._held or self._box or left or self._pending:
             raise ValueError(f"stage {self.stage}: the {what} ended with work left: "
-                             f"micro-batches without backward {sorted(self._held)}, unsent or "
+                             f"micro-batches without backward {sorted(self._held)}, without "
+                             f"W {sorted(self._pending)}, unsent or "
                              f"unused messages {sorted(self._box) + left}")
         with self.world.operation(OP_LOSS):
             return float(self.world.comm.allreduce(self.stage_model.loss_share(self._loss)))
@@ -277,6 +290,8 @@ class PipelineParallel:
         if isinstance(ins, OptimizerStep):
             return self._optimizer_step()
         table = {Forward: (self._forward,), Backward: (self._backward,),
+                 BackwardInput: (self._backward_input,),
+                 BackwardWeight: (self._backward_weight,),
                  SendAct: (self._send, "act", +1), SendGrad: (self._send, "grad", -1),
                  RecvAct: (self._recv, "act", -1), RecvGrad: (self._recv, "grad", +1)}
         if type(ins) not in table:
@@ -287,7 +302,7 @@ class PipelineParallel:
     def _vs(self, chunk: int) -> int:
         if not 0 <= chunk < self.v:
             raise ValueError(f"stage {self.stage}: chunk {chunk} outside 0..{self.v - 1}")
-        return virtual_stage(self.stage, chunk, self.p)
+        return virtual_stage(self.stage, chunk, self.p, self.place)
 
     def _forward(self, mb: int, chunk: int) -> None:
         vs, last = self._vs(chunk), self.p * self.v - 1
@@ -321,10 +336,12 @@ class PipelineParallel:
             if kept is not None:
                 self._held[(mb, chunk)] = (kept, None)
 
-    def _backward(self, mb: int, chunk: int) -> None:
+    def _output_grad(self, mb: int, chunk: int, name: str) -> tuple[Any, Any, float]:
+        """(kept, dy, scale) of a backward: the loss's gradient on the last virtual stage,
+        else the received one."""
         vs, last = self._vs(chunk), self.p * self.v - 1
         if (mb, chunk) not in self._held:
-            raise ValueError(f"stage {self.stage}: Backward({mb}, {chunk}) before its Forward")
+            raise ValueError(f"stage {self.stage}: {name}({mb}, {chunk}) before its Forward")
         kept, s_ce = self._held.pop((mb, chunk))
         scale = self._weight(mb) * self.states.loss_scale
         if vs == last:
@@ -332,13 +349,42 @@ class PipelineParallel:
         else:
             dy = self._box.pop(("dout", mb, chunk), None)
             if dy is None:
-                raise ValueError(f"stage {self.stage}: Backward({mb}, {chunk}) before its "
+                raise ValueError(f"stage {self.stage}: {name}({mb}, {chunk}) before its "
                                  f"RecvGrad({mb}, {chunk})")
+        return kept, dy, scale
+
+    def _backward(self, mb: int, chunk: int) -> None:
+        kept, dy, scale = self._output_grad(mb, chunk, "Backward")
         mem = self.stage_memory
         dx = mem.measured(chunk, lambda: executor.backward(
             self.chunk_units[chunk], mem.hooks[chunk], kept, dy, scale))
-        if vs > 0:
+        if self._vs(chunk) > 0:
             self._box[("din", mb, chunk)] = dx
+
+    def _backward_input(self, mb: int, chunk: int) -> None:
+        """B: the chunk's input gradient (sent by the next instruction); the activations
+        the weight gradients need stay in ``_pending`` until this micro-batch's W."""
+        kept, dy, scale = self._output_grad(mb, chunk, "BackwardInput")
+        mem = self.stage_memory
+        dx, pending = mem.measured(chunk, lambda: executor.backward_input(
+            self.chunk_units[chunk], mem.hooks[chunk], kept, dy, scale))
+        self._pending[(mb, chunk)] = pending
+        self.w_peak_bytes = max(self.w_peak_bytes,
+                                weight_grad.kept_bytes([p for ps in self._pending.values()
+                                                        for p in ps]))
+        if self._vs(chunk) > 0:
+            self._box[("din", mb, chunk)] = dx
+
+    def _backward_weight(self, mb: int, chunk: int) -> None:
+        """W: the chunk's parameter gradients from what its B kept, added to the stage's
+        gradient buffer (no message: with sequence parallelism, the tensor-parallel
+        re-gather of the inputs, inside the stage's own group)."""
+        if (mb, chunk) not in self._pending:
+            raise ValueError(f"stage {self.stage}: BackwardWeight({mb}, {chunk}) before its "
+                             f"BackwardInput")
+        pending = self._pending.pop((mb, chunk))
+        executor.backward_weight(self.chunk_units[chunk], self.stage_memory.hooks[chunk],
+                                 pending)
 
     def _send(self, mb: int, chunk: int, kind: str, step: int) -> None:
         """``SendAct`` ("act": the chunk's output, to vs + 1) or ``SendGrad`` ("grad": its

@@ -62,12 +62,13 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from minipar.parallel.pipeline.schedule import Instruction, schedules
-from minipar.parallel.pipeline.simulate import WHAT, Record, replay
-from minipar.plan.pipeline import bubble_formula
+from minipar.parallel.pipeline.schedule import Instruction, placement, schedules
+from minipar.parallel.pipeline.simulate import COMPUTE_WHAT, WHAT, Record, replay
+from minipar.plan.pipeline import bubble_formula, zero_bubble_formula
 
-__all__ = ["FORMAT", "bubble_fraction", "bubble_time_ratio", "chart", "load_run",
-           "measured_bubble", "read_timeline", "rebuild", "rebuild_fastest", "write_timeline"]
+__all__ = ["FORMAT", "bubble_fraction", "bubble_time", "bubble_time_ratio", "chart",
+           "iteration_time", "load_run", "measured_bubble", "read_timeline", "rebuild",
+           "rebuild_compute", "rebuild_fastest", "stage_costs", "synced_bubble_fraction", "write_timeline"]
 
 FORMAT = "minipar-pipeline-timeline"
 
@@ -80,40 +81,83 @@ def _exact(a: Real, b: Real) -> Real:
 
 
 def _work(timeline: Sequence[Record]) -> tuple[int, Real, Real]:
-    """(stages P, makespan T, work C) of a timeline's forwards and backwards."""
-    compute = [r for r in timeline if r.what in ("forward", "backward")]
+    """(stages P, iteration time S, work C) of a timeline's compute records: S is the
+    longest per-stage span (a stage's first compute start to its last compute end)."""
+    compute = [r for r in timeline if r.what in COMPUTE_WHAT]
     if not compute:
         raise ValueError("the timeline has no forward or backward record")
     stages = len({r.stage for r in timeline})
-    t0 = min(r.start for r in timeline)
-    return stages, max(r.end for r in compute) - t0, sum(r.end - r.start for r in compute)
+    first: dict[int, Real] = {}
+    last: dict[int, Real] = {}
+    for r in compute:
+        first[r.stage] = min(first.get(r.stage, r.start), r.start)
+        last[r.stage] = max(last.get(r.stage, r.end), r.end)
+    span = max(last[s] - first[s] for s in first)
+    return stages, span, sum(r.end - r.start for r in compute)
+
+
+def iteration_time(timeline: Sequence[Record]) -> Real:
+    """The longest per-stage span: first compute start to last compute end on one stage
+    (Qi et al. 2023's measure; a stage steps its optimizer as soon as its own work is
+    done, so a stage that starts late may also end late)."""
+    return _work(timeline)[1]
+
+
+def bubble_time(timeline: Sequence[Record]) -> Real:
+    """Iteration time − one stage's work (C/P): the paper's bubble, in time units.
+    1F1B (p − 1)(T_F + T_B + T_W); ZB-H1 (p − 1)(T_F + T_B − T_W); ZB-H2
+    max(0, (p − 1)(T_F + T_B − 2T_W)); ZB-V 0 (Qi et al. 2023, Table 2)."""
+    P, S, C = _work(timeline)
+    return _exact(P * S - C, P)
 
 
 def bubble_fraction(timeline: Sequence[Record]) -> Real:
-    """Idle share of the pipeline's time: (P·T − C)/(P·T) (see the module docstring)."""
-    P, T, C = _work(timeline)
-    return _exact(P * T - C, P * T)
+    """Idle share of the pipeline's time: (P·S − C)/(P·S), S the iteration time
+    (see the module docstring)."""
+    P, S, C = _work(timeline)
+    return _exact(P * S - C, P * S)
 
 
 def bubble_time_ratio(timeline: Sequence[Record]) -> Real:
-    """Bubble over ideal time: (P·T − C)/C, i.e. idle per stage over work per stage."""
-    P, T, C = _work(timeline)
-    return _exact(P * T - C, C)
+    """Bubble over ideal time: (P·S − C)/C, i.e. idle per stage over work per stage."""
+    P, S, C = _work(timeline)
+    return _exact(P * S - C, C)
+
+
+def synced_bubble_fraction(timeline: Sequence[Record]) -> Real:
+    """The bubble when every stage waits for all the others before its optimizer step (a
+    global gradient norm or found-inf check): the step's makespan T (first compute start
+    to last compute end, any stage) replaces the iteration time: (P·T − C)/(P·T).  The
+    same as :func:`bubble_fraction` for GPipe, 1F1B and interleaved (stage 0 spans the
+    whole step); larger for ZB-H2 and ZB-V, whose later stages end later."""
+    compute = [r for r in timeline if r.what in COMPUTE_WHAT]
+    if not compute:
+        raise ValueError("the timeline has no forward or backward record")
+    P = len({r.stage for r in timeline})
+    T = max(r.end for r in compute) - min(r.start for r in compute)
+    C = sum(r.end - r.start for r in compute)
+    return _exact(P * T - C, P * T)
+
+
+_LETTER = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 def chart(timeline: Sequence[Record], unit: Real = 1) -> str:
     """The timeline as text, one row per stage and two characters per ``unit`` of time:
-    ``F3`` forward of micro-batch 3 (``f3`` on an odd chunk), ``B3``/``b3`` its backward,
-    ``. `` idle or communicating.  Durations should be multiples of ``unit``."""
+    ``F3`` forward of micro-batch 3 (``f3`` on an odd chunk), ``B3``/``b3`` its backward
+    (whole, or its B when split), ``W3``/``w3`` its W, ``. `` idle or communicating.
+    Durations should be multiples of ``unit``; one shorter than a cell still takes one
+    (drawn over its neighbour's)."""
     end = max(r.end for r in timeline)
     width = int(_exact(end, unit))
     stages = sorted({r.stage for r in timeline})
     rows = {s: [". "] * width for s in stages}
-    for r in timeline:
-        if r.what in ("forward", "backward"):
-            letter = "F" if r.what == "forward" else "B"
+    for r in sorted(timeline, key=lambda r: r.start - r.end):  # the shortest drawn last, seen
+        if r.what in COMPUTE_WHAT:
+            letter = _LETTER[r.what]
             cell = (letter if not r.chunk % 2 else letter.lower()) + str(r.micro_batch % 10)
-            for i in range(int(_exact(r.start, unit)), int(_exact(r.end, unit))):
+            lo = int(_exact(r.start, unit))
+            for i in range(lo, min(width, max(int(_exact(r.end, unit)), lo + 1))):
                 rows[r.stage][i] = cell
     return "\n".join(f"stage {s}  " + "".join(rows[s]).rstrip() for s in stages)
 
@@ -161,24 +205,82 @@ def rebuild(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
             raise ValueError(f"no record of {ins} on stage {stage}: the records are not of "
                              f"this schedule ({kind}, p={p}, m={m}, v={v})")
         return cost[key]
-    return replay(scheds, measured, measured)
+    return replay(scheds, measured, measured, placement=placement(kind))
 
 
 def measured_bubble(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
                     instructions: Sequence[Sequence[Instruction]] | None = None
                     ) -> dict[str, Any]:
     """Both views' bubble next to the formula: ``wall_clock``, ``rebuilt`` (fractions of
-    P·T), ``rebuilt_median`` (rebuilt from median costs), ``wall_clock_ratio``,
-    ``rebuilt_ratio`` (over ideal time), ``formula``, ``formula_ratio``; exact
-    ``Fraction`` values when the times are."""
+    P·S, S the iteration time), ``rebuilt_median`` (rebuilt from median costs),
+    ``rebuilt_synced`` (rebuilt, every stage waiting for all before its step),
+    ``rebuilt_compute`` (median compute costs, messages free: :func:`rebuild_compute`),
+    ``wall_clock_ratio``, ``rebuilt_ratio`` (over ideal time), ``formula``,
+    ``formula_ratio`` (equal stages); for the split schedules also ``costs`` (the
+    median T_F, T_B, T_W of the records, per stage, averaged over the stages) and
+    ``formula_measured``: Table 2 of Qi et al. 2023 with those costs (1f1b, zb-h1,
+    zb-h2).  Exact ``Fraction`` values when the times are."""
     timeline = rebuild(records, kind, p, m, v, instructions)
     steady = rebuild(records, kind, p, m, v, instructions, median=True)
     f = bubble_formula(kind, p, m, v)
-    return {"wall_clock": bubble_fraction(records), "rebuilt": bubble_fraction(timeline),
-            "rebuilt_median": bubble_fraction(steady),
-            "wall_clock_ratio": bubble_time_ratio(records),
-            "rebuilt_ratio": bubble_time_ratio(timeline),
-            "formula": f["fraction"], "formula_ratio": f["ratio"]}
+    out = {"wall_clock": bubble_fraction(records), "rebuilt": bubble_fraction(timeline),
+           "rebuilt_median": bubble_fraction(steady),
+           "rebuilt_synced": synced_bubble_fraction(timeline),
+           "wall_clock_ratio": bubble_time_ratio(records),
+           "rebuilt_ratio": bubble_time_ratio(timeline),
+           "formula": f["fraction"], "formula_ratio": f["ratio"]}
+    free = rebuild_compute(records, kind, p, m, v, instructions)
+    out["rebuilt_compute"] = bubble_fraction(free)
+    split = any(r.what == "backward_input" for r in records)
+    if split:
+        c = stage_costs(records)
+        out["costs"] = c
+        if kind in ("zb-h1", "zb-h2"):
+            out["formula_measured"] = zero_bubble_formula(
+                kind, p, m, c["forward"], c["backward_input"], c["backward_weight"])["fraction"]
+    return out
+
+
+def rebuild_compute(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
+                    instructions: Sequence[Sequence[Instruction]] | None = None
+                    ) -> list[Record]:
+    """The dedicated machine as the papers' formulas see it: each compute instruction costs
+    the median of its kind on its stage and chunk, messages and the step cost nothing."""
+    scheds = [list(s) for s in instructions] if instructions is not None else \
+        schedules(kind, p, m, v)
+    cost = _medians(_costs(records))
+
+    def measured(ins: Instruction, stage: int) -> Real:
+        key = (stage, WHAT[type(ins)], getattr(ins, "mb", None), getattr(ins, "chunk", None))
+        if WHAT[type(ins)] not in COMPUTE_WHAT:
+            return 0
+        if key not in cost:
+            raise ValueError(f"no record of {ins} on stage {stage}: the records are not of "
+                             f"this schedule ({kind}, p={p}, m={m}, v={v})")
+        return cost[key]
+    return replay(scheds, measured, placement=placement(kind))
+
+
+def stage_costs(records: Sequence[Record]) -> dict[str, float]:
+    """T_F, T_B, T_W (and T_B + T_W as ``backward``) of one stage's share of a step: per
+    stage the median of each kind over its micro-batches, times its chunks, averaged over
+    the stages — the costs Table 2's formulas take."""
+    per: dict[tuple[int, str], list[Real]] = {}
+    chunks: dict[int, set] = {}
+    for r in records:
+        if r.what in COMPUTE_WHAT:
+            per.setdefault((r.stage, r.what), []).append(r.end - r.start)
+            chunks.setdefault(r.stage, set()).add(r.chunk or 0)
+    stages = sorted(chunks)
+    out = {}
+    for what in ("forward", "backward_input", "backward_weight"):
+        vals = [statistics.median(per[s, what]) * len(chunks[s]) for s in stages
+                if (s, what) in per]
+        if vals:
+            out[what] = float(sum(vals) / len(vals))
+    if "backward_input" in out:
+        out["backward"] = out["backward_input"] + out["backward_weight"]
+    return out
 
 
 def write_timeline(path: str | Path, records: Sequence[Record], schedule: str, p: int, m: int,
@@ -229,7 +331,7 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[Record]]:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"--from-run {path}: a record lacks stage, what, start or end "
                          f"({type(e).__name__}: {e})") from None
-    compute = [r for r in recs if r.what in ("forward", "backward")]
+    compute = [r for r in recs if r.what in COMPUTE_WHAT]
     if not compute:
         raise ValueError(f"--from-run {path}: no forward or backward record")
     meta.setdefault("p", max(r.stage for r in recs) + 1)
@@ -247,7 +349,7 @@ def rebuild_fastest(records: Sequence[Record], kind: str, p: int, m: int, v: int
     ``timeit`` reports the minimum."""
     by: dict[tuple[int, str], list[float]] = {}
     for r in records:
-        if r.what in ("forward", "backward", "optimizer"):
+        if r.what in (*COMPUTE_WHAT, "optimizer"):
             by.setdefault((r.stage, r.what), []).append(r.end - r.start)
     fastest = {k: min(ts) for k, ts in by.items()}
 
@@ -257,4 +359,4 @@ def rebuild_fastest(records: Sequence[Record], kind: str, p: int, m: int, v: int
             raise ValueError(f"the recorded run has no {what} on stage {stage}: it is not a "
                              f"{kind} step with p={p}, m={m}, v={v}")
         return fastest[stage, what]
-    return replay(schedules(kind, p, m, v), cost)
+    return replay(schedules(kind, p, m, v), cost, placement=placement(kind))

@@ -42,6 +42,7 @@ from typing import Any
 
 from minipar.backend import xp
 from minipar.comm.tags import pipeline_tag
+from minipar.parallel.pipeline.schedule import rank_of
 
 __all__ = ["OP_ACT", "OP_GRAD", "StageLink", "Whole"]
 
@@ -75,8 +76,9 @@ class StageLink:
     buffers); :meth:`begin` starts a step, :meth:`wait` ends its sends."""
 
     def __init__(self, comm: Any, stage: int, p: int, v: int, dtype: Any, width: int,
-                 wire: Any) -> None:
+                 wire: Any, placement: str = "loop") -> None:
         self.comm, self.stage, self.p, self.v = comm, stage, p, v
+        self.placement = placement  # "v": ZB-V's chunks (schedule.virtual_stage)
         self.dtype, self.width, self.wire = dtype, width, wire
         self.begin()
 
@@ -90,7 +92,10 @@ class StageLink:
         return sorted(self._local)
 
     def _peer(self, vs: int) -> tuple[int, int]:
-        """(rank in the pp communicator, its chunk) of virtual stage ``vs``."""
+        """(rank in the pp communicator, its chunk) of virtual stage ``vs``; in ZB-V's V
+        chunk 0 of rank r is vs r and chunk 1 is vs 2p − 1 − r."""
+        if self.placement == "v":
+            return rank_of(vs, self.p, "v"), int(vs >= self.p)
         return vs % self.p, vs // self.p
 
     def send(self, mb: int, chunk: int, vs: int, kind: str, step: int, data: Any) -> None:

@@ -60,7 +60,10 @@ def check_pipeline(layers: int, p: int, m: int, schedule: str = "1f1b", v: int =
     checks.integer("the number of stages p", p, 1)
     checks.integer("--micro-batches m", m, 1)
     checks.integer("--chunks v", v, 1)
-    if schedule != "interleaved" and v != 1:
+    if schedule == "zb-v" and v != 2:
+        raise ValueError(f"--schedule zb-v holds exactly 2 model chunks per stage (a V), "
+                         f"got --chunks {v} (use --chunks 2)")
+    if schedule not in ("interleaved", "zb-v") and v != 1:
         raise ValueError(f"--chunks {v} model chunks per stage needs --schedule interleaved, "
                          f"not {schedule}")
     pv = p * v
@@ -117,15 +120,17 @@ def _check_remat(balance: list[int], remat: Any, v: int) -> list[int]:
     return balance
 
 
-def chunk_blocks(balance: Sequence[int], stage: int, p: int, chunk: int) -> range:
-    """The block indices of rank ``stage``'s chunk ``chunk`` (virtual stage chunk·p + stage)."""
-    j = virtual_stage(stage, chunk, p)
+def chunk_blocks(balance: Sequence[int], stage: int, p: int, chunk: int,
+                 placement: str = "loop") -> range:
+    """The block indices of rank ``stage``'s chunk ``chunk`` (virtual stage chunk·p + stage;
+    ZB-V's ``placement="v"``: stage, then 2p − 1 − stage)."""
+    j = virtual_stage(stage, chunk, p, placement)
     lo = sum(balance[:j])
     return range(lo, lo + balance[j])
 
 
 def stage_units(units: Sequence[Any], balance: Sequence[int], stage: int, p: int,
-                v: int = 1) -> list[tuple[Any, ...]]:
+                v: int = 1, placement: str = "loop") -> list[tuple[Any, ...]]:
     """Rank ``stage``'s units, one tuple per chunk: ``units`` = embed, block 0..L-1, head
     (:func:`minipar.nn.gpt.gpt_units`); embed joins virtual stage 0, head the last."""
     n_blocks = len(units) - 2
@@ -134,11 +139,11 @@ def stage_units(units: Sequence[Any], balance: Sequence[int], stage: int, p: int
                          f"{p * v} virtual stages")
     out = []
     for c in range(v):
-        blocks = chunk_blocks(balance, stage, p, c)
+        blocks = chunk_blocks(balance, stage, p, c, placement)
         chunk = [units[1 + i] for i in blocks]
-        if virtual_stage(stage, c, p) == 0:
+        if virtual_stage(stage, c, p, placement) == 0:
             chunk.insert(0, units[0])
-        if virtual_stage(stage, c, p) == p * v - 1:
+        if virtual_stage(stage, c, p, placement) == p * v - 1:
             chunk.append(units[-1])
         out.append(tuple(chunk))
     return out

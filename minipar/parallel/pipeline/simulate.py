@@ -38,9 +38,12 @@ from typing import NamedTuple
 
 from minipar import checks
 from minipar.parallel.pipeline.schedule import (
+    PLACEMENTS,
     RECVS,
     SENDS,
     Backward,
+    BackwardInput,
+    BackwardWeight,
     Forward,
     Instruction,
     OptimizerStep,
@@ -48,12 +51,17 @@ from minipar.parallel.pipeline.schedule import (
     RecvGrad,
     SendAct,
     SendGrad,
+    rank_of,
     virtual_stage,
 )
 
 Cost = Callable[[Instruction, int], Real]
-WHAT = {Forward: "forward", Backward: "backward", SendAct: "send_act", RecvAct: "recv_act",
+WHAT = {Forward: "forward", Backward: "backward", BackwardInput: "backward_input",
+        BackwardWeight: "backward_weight", SendAct: "send_act", RecvAct: "recv_act",
         SendGrad: "send_grad", RecvGrad: "recv_grad", OptimizerStep: "optimizer"}
+#: the ``what`` of compute records (the work a stage does; everything else is waiting or
+#: talking)
+COMPUTE_WHAT = ("forward", "backward", "backward_input", "backward_weight")
 
 
 class Record(NamedTuple):
@@ -87,20 +95,31 @@ def _whole(x: Fraction) -> Real:
 
 def uniform_cost(forward: Real = 1, backward: Real = 2, optimizer: Real = 0, v: int = 1) -> Cost:
     """Every stage alike: a chunk-forward costs forward/v, a chunk-backward backward/v
-    (v model chunks share the stage's layers), the optimizer step ``optimizer``."""
-    f, b = (_whole(Fraction(x) / v) for x in (forward, backward))
+    (v model chunks share the stage's layers), the optimizer step ``optimizer``.  A split
+    backward costs half of ``backward`` for B and half for W (use :func:`split_cost`
+    to set them apart)."""
+    return split_cost(forward, Fraction(backward) / 2, Fraction(backward) / 2, optimizer, v)
+
+
+def split_cost(forward: Real = 1, backward_input: Real = 1, backward_weight: Real = 1,
+               optimizer: Real = 0, v: int = 1) -> Cost:
+    """Every stage alike, the backward split (Qi et al. 2023): a chunk's F costs
+    T_F/v, its B T_B/v, its W T_W/v, a whole ``Backward`` (T_B + T_W)/v; the step
+    ``optimizer``.  ``split_cost(1, 1, 1)`` is the paper's Table 2 setting."""
+    f, b, w = (_whole(Fraction(x) / v) for x in (forward, backward_input, backward_weight))
+    bw = _whole(Fraction(b) + Fraction(w))
+    table = {Forward: f, BackwardInput: b, BackwardWeight: w, Backward: bw}
 
     def cost(ins: Instruction, stage: int) -> Real:
-        if isinstance(ins, Forward):
-            return f
-        return b if isinstance(ins, Backward) else optimizer
+        return table.get(type(ins), optimizer)
     return cost
 
 
-def message_key(ins: Instruction, stage: int, p: int) -> tuple[str, int, int, int]:
+def message_key(ins: Instruction, stage: int, p: int,
+                placement: str = "loop") -> tuple[str, int, int, int]:
     """(kind, micro-batch, from virtual stage, to virtual stage) of a send or a receive;
     a send and a receive match when their keys are equal."""
-    vs = virtual_stage(stage, ins.chunk, p)
+    vs = virtual_stage(stage, ins.chunk, p, placement)
     if isinstance(ins, SendAct):
         return ("act", ins.mb, vs, vs + 1)
     if isinstance(ins, RecvAct):
@@ -110,12 +129,13 @@ def message_key(ins: Instruction, stage: int, p: int) -> tuple[str, int, int, in
     return ("grad", ins.mb, vs + 1, vs)
 
 
-def _peer(key: tuple[str, int, int, int], p: int, sending: bool) -> int:
-    return (key[3] if sending else key[2]) % p
+def _peer(key: tuple[str, int, int, int], p: int, sending: bool, placement: str) -> int:
+    return rank_of(key[3] if sending else key[2], p, placement)
 
 
 def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
-           comm_cost: Cost | None = None, sends: str = "buffered") -> Timeline:
+           comm_cost: Cost | None = None, sends: str = "buffered",
+           placement: str = "loop") -> Timeline:
     """Replay every stage's list ASAP; return the timeline sorted by (start, stage).
 
     ``cost(ins, stage)`` times Forward, Backward and OptimizerStep; ``comm_cost(ins,
@@ -123,8 +143,10 @@ def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
     when no stage can move and some have instructions left.  The lists are replayed as
     given: :func:`~.check.check_schedules` first tells whether they are a correct
     schedule at all (each forward and backward once, every message matched).
+    ``placement``: ``"v"`` for ZB-V's chunks (:func:`~.schedule.virtual_stage`).
     """
     checks.one_of("sends", sends, ("buffered", "rendezvous"))
+    checks.one_of("placement", placement, PLACEMENTS)
     p = len(schedules)
     pc, clock = [0] * p, [0] * p
     sent: dict[tuple, Real] = {}  # message key -> arrival time
@@ -145,18 +167,18 @@ def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
             while (ins := current(s)) is not None:
                 t = clock[s]
                 if isinstance(ins, RECVS):
-                    key = message_key(ins, s, p)
+                    key = message_key(ins, s, p, placement)
                     if key not in sent:
                         break
                     rec(s, ins, t, max(t, sent.pop(key)))
                 elif isinstance(ins, SENDS):
-                    key = message_key(ins, s, p)
+                    key = message_key(ins, s, p, placement)
                     dt = comm_cost(ins, s) if comm_cost else 0
-                    peer = _peer(key, p, sending=True)
+                    peer = _peer(key, p, True, placement)
                     if sends == "rendezvous" and peer != s:
                         other = current(peer)
                         if other is None or not isinstance(other, RECVS) or \
-                                message_key(other, peer, p) != key:
+                                message_key(other, peer, p, placement) != key:
                             break
                         t = max(t, clock[peer])
                     sent[key] = t + dt
@@ -169,8 +191,8 @@ def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
         waiting = {}
         for s, ins in stuck.items():
             if isinstance(ins, RECVS + SENDS):
-                key = message_key(ins, s, p)
-                peer = _peer(key, p, sending=isinstance(ins, SENDS))
+                key = message_key(ins, s, p, placement)
+                peer = _peer(key, p, isinstance(ins, SENDS), placement)
                 waiting[s] = (ins, peer if peer in stuck else None)
             else:
                 waiting[s] = (ins, None)

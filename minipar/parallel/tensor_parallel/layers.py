@@ -50,6 +50,7 @@ from minipar.nn.dtypes import down, matmul, up
 from minipar.nn.gpt import param_shapes
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import bias_backward, bias_forward, embedding_backward
+from minipar.nn.weight_grad import weight_grad
 from minipar.parallel.engine import Piece, Shard
 from minipar.parallel.mappings import (
     copy_to_parallel,
@@ -211,6 +212,14 @@ def _dw(x: Any, dy: Any) -> Any:
     return matmul(x.reshape(-1, x.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
 
 
+def _regathered_dw(comm: Any, x: Any, dy: Any) -> Any:
+    """Sequence parallelism's dW: the input's sequence shards all-gathered again (op
+    ``sp_regather``), then xᵀ dy.  Split into B and W (:mod:`minipar.nn.weight_grad`)
+    this all-gather is part of W: the stage keeps only its shard of x until then."""
+    x_in = gather_from_sequence.forward(comm, x, op="sp_regather")
+    return _dw(x_in, dy)
+
+
 # ---------------------------------------------------------------------------- layers
 class ColumnParallelLinear:
     """Y_r = f(X) W_r (+ b_r); p = {"w": (d_in, d_out/t), "b": (d_out/t,) optional}.
@@ -240,9 +249,8 @@ class ColumnParallelLinear:
         if self.gather_output:
             dy = _mine_last(dy, c.Get_size(), c.Get_rank())
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
-        x_in = gather_from_sequence.forward(c, x, op="sp_regather") if self.sp else x
-        grads["w"] = _dw(x_in, dy)
-        del x_in
+        grads["w"] = weight_grad(_regathered_dw, c, x, dy) if self.sp else \
+            weight_grad(_dw, x, dy)
         dx = matmul(dy, p["w"].T)
         if self.sp:
             return gather_from_sequence.backward(c, dx, op=self.op), grads
@@ -283,7 +291,7 @@ class RowParallelLinear:
             dy = scatter_to_sequence.backward(c, dy, op=self.op)
         else:
             dy = reduce_from_parallel.backward(c, dy, op=self.op)
-        grads["w"] = _dw(x, dy)
+        grads["w"] = weight_grad(_dw, x, dy)
         dx = matmul(dy, p["w"].T)
         if not self.input_is_parallel:
             dx = _gather_last(c, dx, "tp_gather")

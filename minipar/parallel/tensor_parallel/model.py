@@ -257,6 +257,8 @@ class TPEmbedUnit(Unit):
     ``positions``: a context-parallel rank's positions, as context parallelism's
     ``CPEmbedUnit`` looks them up)."""
 
+    has_input_grad = False  # token ids in: B does nothing, the whole backward is W
+
     def __init__(self, cfg: GPTConfig, comm: Any, sequence_parallel: bool = False,
                  positions: Any = None) -> None:
         self.cfg, self.comm, self.sp, self.positions = cfg, comm, sequence_parallel, positions
