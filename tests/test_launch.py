@@ -289,6 +289,19 @@ def test_a_rank_that_ended_early_without_a_message_is_named() -> None:
                     "error message (mpiexec exit status 3)")
 
 
+
+def test_a_rank_that_ended_the_job_is_named_when_its_output_was_lost() -> None:
+    """CI, under load: rank 1's sys.exit(3) became MPI_Abort(3), and the job was killed before
+    MPICH's "Abort(3) ... (rank 1 in comm 0)" or the rank's own line were forwarded (stdout
+    and stderr empty).  The rank noted how it ended in its record first."""
+    def ranks(**how: object) -> dict:
+        return {11: {"pid": 11, "rank": 0, "size": 3, "host": "vm", "done": False},
+                12: {"pid": 12, "rank": 1, "size": 3, "host": "vm", "done": False, **how}}
+    assert failure.describe(3, "", "", ranks(aborted=3), [12, 11]) == (
+        "[minipar] rank 1 ended the job with exit status 3 (MPI_Abort)")
+    line = "[minipar] rank 1 of 3 failed: RuntimeError: deliberate failure on rank 1"
+    assert failure.describe(1, "", "", ranks(raised=line), []) == line
+
 #: what MPICH printed when rank 1 of 4 was killed by SIGKILL mid-step and rank 3, whose
 #: message from rank 1 was being copied (CMA), got an MPI error and raised (seen 1 in 4
 #: runs of tests/test_drills.py's CLI drill, before describe() read the exit order first)

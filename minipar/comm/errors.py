@@ -30,6 +30,13 @@ class CollectiveMismatchError(ValueError):
     """Ranks called a collective with different lengths, dtypes, ops or collectives."""
 
 
+def failed_line(value: BaseException) -> str:
+    """``[minipar] rank R of N failed: Type: message``, the line the launcher reports."""
+    world = MPI.COMM_WORLD
+    return (f"[minipar] rank {world.Get_rank()} of {world.Get_size()} failed: "
+            f"{type(value).__name__}: {value}")
+
+
 def install_excepthook() -> None:
     """Make an unhandled exception on a rank say which rank failed, then abort.
 
@@ -44,10 +51,8 @@ def install_excepthook() -> None:
         return
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        world = MPI.COMM_WORLD
         sys.stderr.write(
-            f"[minipar] rank {world.Get_rank()} of {world.Get_size()} failed: "
-            f"{kind.__name__}: {value}\n[minipar] the whole job is aborted "
+            f"{failed_line(value)}\n[minipar] the whole job is aborted "
             "(python -m mpi4py calls MPI_Abort); the traceback of that rank follows.\n"
         )
         previous(kind, value, tb)

@@ -8,7 +8,10 @@ every survivor.  A learner needs one sentence: which rank, and what happened.
 
 1. a rank raised: the ``[minipar] rank R of N failed: Type: message`` line
    (:func:`minipar.comm.install_excepthook`);
-2. a rank ended the job itself: MPICH's ``Abort(code) ... (rank R in comm 0)``;
+2. a rank ended the job itself: MPICH's ``Abort(code) ... (rank R in comm 0)``
+   (for 1 and 2, when the job was killed before that output was forwarded,
+   the rank's own record says it: :func:`minipar.launch.rank.main` notes the
+   status or the failure line before ``MPI_Abort`` is called);
 3. a rank was killed by a signal (SIGKILL: the kernel's out-of-memory killer,
    or ``kill -9``): MPICH says "BAD TERMINATION ... Killed (signal 9)", but the
    process id it names is whichever rank it looked at first, often a survivor
@@ -115,32 +118,43 @@ class ExitOrder(threading.Thread):
         poller = ep or select.poll()
         poller.register(self.listener.fileno(), select.POLLIN)
         conns: dict[int, tuple[socket.socket, bytearray]] = {}
-        while not self.stop.is_set():
-            for fd, _ in poller.poll(0.25 if ep else 250):
+        while True:
+            last = self.stop.is_set()  # mpiexec has ended, and every rank with it: one last
+            for fd, _ in poller.poll(0 if last else (0.25 if ep else 250)):  # look, no wait
                 if fd == self.listener.fileno():
-                    with contextlib.suppress(BlockingIOError):
-                        while True:
-                            c, _ = self.listener.accept()
-                            c.setblocking(False)
-                            conns[c.fileno()] = (c, bytearray())
-                            poller.register(c.fileno(), select.POLLIN)
-                    continue
-                c, said = conns[fd]
-                try:
-                    while chunk := c.recv(64):
-                        said += chunk
-                except BlockingIOError:
-                    continue  # the rank said its pid and is still running
-                poller.unregister(fd)  # recv gave b"": the rank's process has ended
-                c.close()
-                del conns[fd]
-                if said.strip().isdigit():
-                    self.order.append(int(said))
+                    self._accept(poller, conns)
+                else:
+                    self._read(poller, conns, fd)
+            if last:
+                break
         for c, _ in conns.values():
             c.close()
         self.listener.close()
         if ep:
             ep.close()
+
+    def _accept(self, poller: Any, conns: dict[int, tuple[socket.socket, bytearray]]) -> None:
+        assert self.listener is not None
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                c, _ = self.listener.accept()
+                c.setblocking(False)
+                conns[c.fileno()] = (c, bytearray())
+                poller.register(c.fileno(), select.POLLIN)
+
+    def _read(self, poller: Any, conns: dict[int, tuple[socket.socket, bytearray]],
+              fd: int) -> None:
+        c, said = conns[fd]
+        try:
+            while chunk := c.recv(64):
+                said += chunk
+        except BlockingIOError:
+            return  # the rank said its pid and is still running
+        poller.unregister(fd)  # recv gave b"": the rank's process has ended
+        c.close()
+        del conns[fd]
+        if said.strip().isdigit():
+            self.order.append(int(said))
 
 
 def socket_address(folder: str) -> str:
@@ -178,10 +192,19 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     killed = _KILLED.search(output)
     # the rank that ended first, killed by a signal: a survivor's error came after it
     dead = ranks[first].get("rank") if killed and first is not None else None
-    if (m := _RAISED.search(output)) and dead in (None, int(m.group(1))):
-        return m.group(0)
-    if (m := _ABORT.search(output)) and dead in (None, int(m.group(2))):
-        return (f"[minipar] rank {m.group(2)} ended the job with exit status {m.group(1)} "
+    if m := _RAISED.search(output):
+        raised: tuple[int, str] | None = (int(m.group(1)), m.group(0))
+    else:  # the line was lost as the job was killed: the rank's own record has it
+        raised = next(((r["rank"], r["raised"]) for r in ranks.values() if r.get("raised")), None)
+    if raised and dead in (None, raised[0]):
+        return raised[1]
+    if m := _ABORT.search(output):
+        aborted: tuple[int, int] | None = (int(m.group(2)), int(m.group(1)))
+    else:
+        aborted = next(((r["rank"], r["aborted"]) for r in ranks.values() if r.get("aborted")),
+                       None)
+    if aborted and dead in (None, aborted[0]):
+        return (f"[minipar] rank {aborted[0]} ended the job with exit status {aborted[1]} "
                 "(MPI_Abort)")
     if m := killed:
         pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))

@@ -88,8 +88,9 @@ def _write(path: Path, record: dict) -> None:
     tmp.replace(path)  # whole or absent: the launcher never reads half a record
 
 
-def note(folder: str) -> None:
-    """Write this rank's record before MPI starts, complete it after, mark a normal exit."""
+def note(folder: str) -> tuple[Path, dict]:
+    """Write this rank's record before MPI starts, complete it after, mark a normal exit;
+    return the record's path and contents (:func:`main` adds how the rank ended)."""
     ranks = Path(folder, RANKS_DIR)
     ranks.mkdir(exist_ok=True)
     pid = os.getpid()
@@ -123,6 +124,7 @@ def note(folder: str) -> None:
         pass
     _write(path, record)
     atexit.register(_done, ranks / f"{pid}.done")
+    return path, record
 
 
 def watch_launcher(fd: int, folder: str) -> None:
@@ -212,8 +214,7 @@ def whole_lines() -> None:
 def main(argv: list[str]) -> None:
     whole_lines()
     folder = os.environ.get(LAUNCH_DIR_VAR, "")
-    if folder and os.path.isdir(folder):  # only on the launching machine
-        note(folder)
+    noted = note(folder) if folder and os.path.isdir(folder) else None  # the launching machine
     try:
         if argv[0] == "-m":
             sys.argv[:] = argv[1:]
@@ -222,11 +223,29 @@ def main(argv: list[str]) -> None:
             sys.argv[:] = argv
             sys.path[0] = os.path.realpath(os.path.dirname(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
-    except Exception:  # the "[minipar] rank R of N failed: ..." line above the traceback
+    except SystemExit as e:  # python -m mpi4py turns a non-zero status into MPI_Abort(status)
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if status and noted:
+            _ended(*noted, aborted=status)
+        raise
+    except Exception as e:  # the "[minipar] rank R of N failed: ..." line above the traceback
         from minipar.comm import install_excepthook
+        from minipar.comm.errors import failed_line
 
+        if noted:
+            _ended(*noted, raised=failed_line(e))
         install_excepthook()
         raise
+
+
+def _ended(path: Path, record: dict, **how: object) -> None:
+    """Add to the rank's record how it is about to end the job (``aborted``: the status it
+    passes to MPI_Abort; ``raised``: its failure line), before MPI_Abort is called.  MPICH
+    prints its own ``Abort(status) ... (rank R in comm 0)`` line too, but on a busy machine
+    the process manager may kill the job before it has forwarded the rank's last output:
+    the launcher then reads the record."""
+    with contextlib.suppress(OSError):  # the launcher may have removed its folder already
+        _write(path, {**record, **how})
 
 
 if __name__ == "__main__":
