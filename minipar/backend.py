@@ -1,4 +1,4 @@
-"""Array backend: NumPy by default, CuPy on request.
+"""Array backend: NumPy by default, CuPy on request, a strict CuPy stand-in for tests.
 
 Every module that does math takes its array functions from ``xp``::
 
@@ -6,10 +6,17 @@ Every module that does math takes its array functions from ``xp``::
     y = xp.tanh(x)
 
 so the same code runs on a GPU when ``MINIPAR_BACKEND=cupy`` is set before
-minipar is imported.  MPI buffers must live in host memory unless the MPI
-library is CUDA-aware; ``to_host`` / ``to_device`` move arrays across.
-``tests/test_backend.py`` keeps modules honest: no math module imports NumPy
-for array computation behind ``xp``'s back.
+minipar is imported (each rank takes GPU ``local rank % device count``).
+``MINIPAR_BACKEND=strict`` selects :mod:`minipar.strict_device`: CuPy's rules
+(no NumPy on a device array, no host array in a device function) enforced on
+NumPy, so the device path is tested on a machine with no GPU.
+
+The device boundary: MPI buffers live in host memory unless the MPI library is
+CUDA-aware (``MINIPAR_CUDA_AWARE_MPI=1``); :mod:`minipar.comm.traced` stages
+device buffers through host memory itself.  Elsewhere ``to_host`` /
+``to_device`` move arrays across, and :func:`on_device` says which side an
+array is on.  ``tests/test_backend.py`` keeps modules honest: no math module
+imports NumPy for array computation behind ``xp``'s back.
 """
 
 from __future__ import annotations
@@ -20,18 +27,27 @@ from typing import Any
 import numpy as np
 
 BACKEND_ENV = "MINIPAR_BACKEND"
+#: "1": device buffers go to MPI as they are (a CUDA-aware MPI library); otherwise staged
+CUDA_AWARE_ENV = "MINIPAR_CUDA_AWARE_MPI"
+#: the environment variables MPI launchers set to a process's rank on its own node
+LOCAL_RANK_ENVS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
+                   "LOCAL_RANK")
 
 
 def _load(name: str) -> Any:
     if name in ("", "numpy"):
         return np
+    if name == "strict":
+        from minipar import strict_device
+
+        return strict_device
     if name == "cupy":
         try:
             import cupy  # type: ignore[import-not-found]
         except ImportError as e:  # pragma: no cover - depends on the machine
             raise RuntimeError(
                 f"{BACKEND_ENV}=cupy but CuPy is not installed: "
-                "pip install 'minipar[gpu]' (and a CUDA GPU), or unset "
+                "pip install 'minipar[gpu-cuda12]' or 'minipar[gpu-cuda13]' (and a CUDA GPU), or unset "
                 f"{BACKEND_ENV} to use NumPy"
             ) from e
         try:
@@ -40,20 +56,58 @@ def _load(name: str) -> Any:
             raise RuntimeError(f"{BACKEND_ENV}=cupy but no CUDA GPU is usable: {e}") from e
         if n == 0:  # pragma: no cover
             raise RuntimeError(f"{BACKEND_ENV}=cupy but no CUDA GPU was found")
+        cupy.cuda.Device(local_rank() % n).use()  # pragma: no cover
         return cupy
-    raise ValueError(f"{BACKEND_ENV}={name!r}: expected 'numpy' or 'cupy'")
+    raise ValueError(f"{BACKEND_ENV}={name!r}: expected 'numpy', 'cupy' or 'strict'")
 
 
-#: the array module every math module uses (numpy or cupy)
-xp = _load(os.environ.get(BACKEND_ENV, "numpy").strip().lower())
-name: str = "cupy" if xp is not np else "numpy"
+def local_rank() -> int:
+    """This process's rank on its node, as the MPI launcher says (0 when not launched)."""
+    for var in LOCAL_RANK_ENVS:
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return 0
+
+
+#: the backend's name: "numpy", "cupy" or "strict"
+name: str = os.environ.get(BACKEND_ENV, "numpy").strip().lower() or "numpy"
+#: the array module every math module uses (numpy, cupy or minipar.strict_device)
+xp = _load(name)
+#: whether arrays live in device memory (CuPy, or the strict stand-in)
+device: bool = xp is not np
+
+
+def cuda_aware() -> bool:
+    """Whether device buffers go to MPI as they are (``MINIPAR_CUDA_AWARE_MPI=1``)."""
+    return os.environ.get(CUDA_AWARE_ENV, "").strip() == "1"
+
+
+def on_device(a: Any) -> bool:
+    """Whether ``a`` is a device array (never under NumPy)."""
+    return device and isinstance(a, xp.ndarray)
 
 
 def to_host(a: Any) -> np.ndarray:
-    """Return ``a`` as a NumPy array in host memory (a no-op under NumPy)."""
-    if xp is np:
+    """Return ``a`` as a NumPy array in host memory (a no-op under NumPy; a device
+    array is copied, and the stand-in counts the copy)."""
+    if not on_device(a):
         return np.asarray(a)
-    return xp.asnumpy(a)  # pragma: no cover
+    return xp.asnumpy(a)
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work (before reading a clock); nothing on the host."""
+    if name == "cupy":  # pragma: no cover - needs a GPU
+        xp.cuda.Device().synchronize()
+
+
+def transfers() -> dict[str, int]:
+    """Device<->host copies this process made, counted by the strict stand-in (bytes and
+    calls each way); zeros under NumPy, and under CuPy, which does not count them."""
+    if name == "strict":
+        return xp.transfers.as_dict()
+    return {"d2h_bytes": 0, "d2h_calls": 0, "h2d_bytes": 0, "h2d_calls": 0}
 
 
 def to_device(a: Any) -> Any:
@@ -62,8 +116,8 @@ def to_device(a: Any) -> Any:
 
 
 def offload_stream() -> Any:
-    """A CUDA stream for device<->host copies that overlap compute (None under NumPy)."""
-    if xp is np:
+    """A CUDA stream for device<->host copies that overlap compute (None without CuPy)."""
+    if name != "cupy":
         return None
     return xp.cuda.Stream(non_blocking=True)  # pragma: no cover
 
@@ -71,12 +125,15 @@ def offload_stream() -> Any:
 def host_copy(a: Any, stream: Any = None) -> np.ndarray:
     """A new host array holding a copy of ``a`` (offloading, ``minipar.parallel.offload``).
 
-    NumPy: a plain copy in the same RAM.  CuPy: pinned (page-locked) host memory,
+    NumPy: a plain copy in the same RAM.  The strict stand-in: a counted device->host
+    copy.  CuPy: pinned (page-locked) host memory,
     filled by a device-to-host copy queued on ``stream`` after the work already queued
     on the current stream: asynchronous, so ``stream.synchronize()`` before reading it
     and keep ``a`` alive until then."""
-    if xp is np:
+    if not on_device(a):
         return np.array(a, copy=True)
+    if name != "cupy":
+        return a.get()
     import cupyx  # type: ignore[import-not-found]  # pragma: no cover
 
     out = cupyx.empty_pinned(a.shape, a.dtype)  # pragma: no cover
@@ -96,20 +153,20 @@ def address(a: Any) -> int:
     differ by their byte offsets."""
     if isinstance(a, np.ndarray):
         return int(a.__array_interface__["data"][0])
-    return int(a.data.ptr)  # pragma: no cover
+    return int(a.data.ptr)
 
 
 def view_of(flat: Any, shape: tuple[int, ...], dtype: Any, offset: int,
             strides: tuple[int, ...]) -> Any:
     """The view (``shape``, ``dtype``, ``strides``) starting ``offset`` bytes into the
     1-D array ``flat``: rebuilds a view of a buffer that was moved away and back."""
-    if xp is np:
+    if not on_device(flat):
         return np.ndarray(shape, dtype, buffer=flat, offset=offset, strides=strides)
-    return xp.ndarray(shape, dtype, memptr=flat.data + offset, strides=strides)  # pragma: no cover
+    return xp.ndarray(shape, dtype, memptr=flat.data + offset, strides=strides)
 
 
 def device_memory_bytes() -> int | None:
-    """Bytes currently held by the device memory pool, or None under NumPy."""
-    if xp is np:
+    """Bytes currently held by CuPy's device memory pool, or None without CuPy."""
+    if name != "cupy":
         return None
     return int(xp.get_default_memory_pool().used_bytes())  # pragma: no cover

@@ -79,7 +79,7 @@ def _import_with(value: str) -> subprocess.CompletedProcess[str]:
 def test_unknown_backend_is_a_clear_error() -> None:
     proc = _import_with("tensorflow")
     assert proc.returncode != 0
-    assert "expected 'numpy' or 'cupy'" in proc.stderr
+    assert "expected 'numpy', 'cupy' or 'strict'" in proc.stderr
 
 
 def test_cupy_without_cupy_or_gpu_is_a_clear_error() -> None:

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent / "minipar"
 #: layer -> module prefixes (a prefix covers a module and everything under it); the
 #: longest prefix decides.  The same table is docs/ARCHITECTURE.md's "Layers".
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("minipar", "minipar.backend", "minipar.spans", "minipar.checks", "minipar.trees",
-        "minipar.progress", "minipar.trace", "minipar.registry", "minipar.glossary",
+    0: ("minipar", "minipar.backend", "minipar.strict_device", "minipar.spans",
+        "minipar.checks", "minipar.trees", "minipar.progress", "minipar.trace", "minipar.registry", "minipar.glossary",
         "minipar.safetensors_io"),
     1: ("minipar.comm",),
     2: ("minipar.collectives",),

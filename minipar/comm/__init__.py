@@ -6,6 +6,7 @@ only, so ``minipar.comm.traced`` is the module.
 
 * :mod:`minipar.comm.traced`: the communicator wrapper (counts, waits, names);
 * :mod:`minipar.comm.stats`: the counters it keeps (by operation, communicator, peer);
+* :mod:`minipar.comm.staging`: the device boundary (device buffers staged through host memory);
 * :mod:`minipar.comm.waiting`: polite waiting, the watchdog, the mismatch guard;
 * :mod:`minipar.comm.tags`: which MPI tags each part of minipar uses;
 * :mod:`minipar.comm.errors`: the errors, said in words a learner can act on;

@@ -40,6 +40,10 @@ class OpStats:
     msgs_recv: int = 0
     calls: int = 0
     seconds: float = 0.0
+    #: device bytes copied to host memory before a send, and from it after a receive
+    #: (the device boundary: a GPU backend with an MPI library that is not CUDA-aware)
+    staged_d2h: int = 0
+    staged_h2d: int = 0
 
 
 def _ops() -> dict[str, OpStats]:
@@ -108,6 +112,15 @@ class Stats:
             s.calls += 1
             s.seconds += seconds
 
+    def record_staged(self, op: str, comm: str, direction: str, nbytes: int) -> None:
+        """``nbytes`` of a device buffer staged through host memory, ``direction`` "d2h"
+        (before a send) or "h2d" (after a receive)."""
+        if self.aside is not None:
+            return self.aside.record_staged(op, comm, direction, nbytes)
+        attr = "staged_" + direction
+        for s in (self.ops[op], self.comms[comm][op]):
+            setattr(s, attr, getattr(s, attr) + nbytes)
+
     def reset(self) -> None:
         self.ops.clear()
         self.sent_to.clear()
@@ -133,6 +146,12 @@ class Stats:
     def bytes_recv(self, op: str | None = None, comm: str | None = None) -> int:
         """Bytes this rank received, in operation ``op`` (or all), on ``comm`` (or all)."""
         return self._sum("bytes_recv", op, comm)
+
+    def bytes_staged(self, direction: str, op: str | None = None,
+                     comm: str | None = None) -> int:
+        """Device bytes staged through host memory, ``direction`` "d2h" (sends) or "h2d"
+        (receives); 0 under NumPy or with a CUDA-aware MPI."""
+        return self._sum("staged_" + direction, op, comm)
 
     def msgs_sent(self, op: str | None = None, comm: str | None = None) -> int:
         return self._sum("msgs_sent", op, comm)

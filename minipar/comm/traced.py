@@ -32,7 +32,8 @@ cached on the communicator (an MPI attribute, MPI 4.1 §7.7), so counters
 accumulate across calls, and the cache goes when the communicator is freed.
 
 All messages travel as raw bytes (``MPI.BYTE``), so any NumPy dtype works,
-float16 and bfloat16 included; buffers must be C-contiguous.
+float16 and bfloat16 included; buffers must be C-contiguous.  Device arrays (a GPU
+backend) cross to MPI through :mod:`minipar.comm.staging`, the device boundary.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
+from minipar.comm import staging
 from minipar.comm.errors import CommUsageError, install_excepthook
 from minipar.comm.stats import Stats
 from minipar.comm.waiting import (
@@ -55,15 +56,6 @@ from minipar.comm.waiting import (
     poll,
     wait_settings,
 )
-
-
-def as_bytes(buf: Any, *, what: str = "buffer") -> np.ndarray:
-    """A uint8 view of a C-contiguous NumPy array (no copy); clear error otherwise."""
-    a = buf if type(buf) is np.ndarray else np.asarray(buf)
-    if a.flags.c_contiguous:
-        return a.reshape(-1).view(np.uint8)
-        raise CommUsageError(f"{what} of shape {a.shape} is not C-contiguous; "
-                             "pass np.ascontiguousarray(x)")
 
 
 def _world_ranks(comm: Any, world_comm: Any = None) -> list[int]:
@@ -159,9 +151,7 @@ class TracedComm:
 
     # -- point-to-point ------------------------------------------------------
     def _check_peer(self, peer: int, call: str) -> None:
-        if peer == ANY_SOURCE:
-            return
-        if not (0 <= peer < self.size):
+        if peer != ANY_SOURCE and not (0 <= peer < self.size):
             raise CommUsageError(f"rank {self.rank}: {call} with peer {peer} outside "
                                  f"0..{self.size - 1}")
 
@@ -173,18 +163,19 @@ class TracedComm:
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> TracedRequest:
         self._check_peer(dest, "Isend")
-        b = as_bytes(buf, what="send buffer")
-        req = self.comm.Isend([b, MPI.BYTE], dest=dest, tag=tag)
         op = self.current_op
+        b, finish = staging.outgoing(buf, self.stats, op, self.name)
+        req = self.comm.Isend([b, MPI.BYTE], dest=dest, tag=tag)
         self.stats.record_send(op, self.name, self.world_ranks[dest], b.nbytes)
-        return TracedRequest(self, req, "Send", dest, tag, op)
+        return TracedRequest(self, req, "Send", dest, tag, op, finish)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> TracedRequest:
         """Post a receive; bytes are counted when it completes (the real size)."""
         self._check_peer(source, "Irecv")
-        b = as_bytes(buf, what="receive buffer")
+        op = self.current_op
+        b, finish = staging.incoming(buf, self.stats, op, self.name)
         req = self.comm.Irecv([b, MPI.BYTE], source=source, tag=tag)
-        return TracedRequest(self, req, "Recv", source, tag, self.current_op)
+        return TracedRequest(self, req, "Recv", source, tag, op, finish)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         self.Isend(buf, dest, tag).Wait()
@@ -205,19 +196,25 @@ class TracedComm:
         if recvbuf is None:
             raise CommUsageError("Sendrecv needs a recvbuf")
         self._check_peer(source, "Irecv"), self._check_peer(dest, "Isend")
-        rb, sb = as_bytes(recvbuf, what="receive buffer"), as_bytes(sendbuf, what="send buffer")
         op, st = self.current_op, MPI.Status()
+        rb, rfinish = staging.incoming(recvbuf, self.stats, op, self.name)
+        sb, sfinish = staging.outgoing(sendbuf, self.stats, op, self.name)
         rreq = self.comm.Irecv([rb, MPI.BYTE], source=source, tag=recvtag)
         sreq = self.comm.Isend([sb, MPI.BYTE], dest=dest, tag=sendtag)
         self.stats.record_send(op, self.name, self.world_ranks[dest], sb.nbytes)
         if rreq.Test(st):
             self.stats.record_recv(op, self.name, self.world_ranks[st.Get_source()],
                                    st.Get_count(MPI.BYTE))
-            todo = [] if sreq.Test() else [TracedRequest(self, sreq, "Send", dest, sendtag, op)]
+            if rfinish is not None:
+                rfinish(st)
+            done = sreq.Test()
+            todo = [] if done else [TracedRequest(self, sreq, "Send", dest, sendtag, op, sfinish)]
+            if done and sfinish is not None:
+                sfinish(None)
         else:
-            r = TracedRequest(self, rreq, "Recv", source, recvtag, op)
+            r = TracedRequest(self, rreq, "Recv", source, recvtag, op, rfinish)
             r.status = st
-            todo = [r, TracedRequest(self, sreq, "Send", dest, sendtag, op)]
+            todo = [r, TracedRequest(self, sreq, "Send", dest, sendtag, op, sfinish)]
         if todo:
             self.waitall(todo)
         return st
@@ -297,6 +294,8 @@ def _passed_through(name: str) -> Any:
     def call(self: TracedComm, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
+            if staging.any_device(args, kwargs):
+                return staging.mpi_collective(self, name, args, kwargs)
             return getattr(self.comm, name)(*args, **kwargs)
         finally:
             self.stats.record_call("mpi." + name, self.name, time.perf_counter() - t0)

@@ -139,12 +139,14 @@ class TracedRequest:
     """
 
     def __init__(self, comm: Any, req: MPI.Request, kind: str, peer: int, tag: int,
-                 op: str | None = None):
+                 op: str | None = None, finish: Any = None):
         self.comm, self.req, self.kind, self.peer, self.tag = comm, req, kind, peer, tag
         self.op = comm.current_op if op is None else op  # the operation a receive counts in
         self.status = MPI.Status()
         self.done = False
         self._rival: int | None = None  # set when the guard cancelled this receive
+        #: run once on completion, given the status (host staging: minipar.comm.staging)
+        self.finish = finish
 
     def Test(self) -> bool:
         if self.done:
@@ -156,6 +158,9 @@ class TracedRequest:
             raise mismatch(self.comm, self.tag, self._rival, self.peer)
         if self.kind == "Recv":
             self.comm._count_recv(self)
+        if self.finish is not None:
+            finish, self.finish = self.finish, None
+            finish(self.status)
         return True
 
     def Wait(self) -> MPI.Status:
