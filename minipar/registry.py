@@ -28,6 +28,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "sample": ("minipar.cli.sample", "continue a prompt with a model trained on text (a checkpoint)"),
     "checkpoint": ("minipar.cli.checkpoint",
                    "a saved checkpoint: info DIR | export DIR OUT.safetensors"),
+    "doctor": ("minipar.cli.doctor",
+               "this machine: Python, NumPy, MPI, backend, GPU, CUDA-aware MPI; what to fix"),
 }
 
 #: benchmark -> (module exposing ``main(argv)``, one-line help)
@@ -47,6 +49,8 @@ BENCHES: dict[str, tuple[str, str]] = {
               "activation checkpointing: peak activation memory vs layers, and the extra compute"),
     "offload": ("minipar.bench.offload",
                 "offloading activations and optimizer states to host / disk: bytes and time cost"),
+    "device": ("minipar.bench.device",
+               "the CuPy backend on a GPU vs NumPy: serial and 2-rank parity, step time"),
     "all": ("minipar.bench.all", "every speed ratio at small sizes (model, dp, collectives), ~1 min"),
 }
 
