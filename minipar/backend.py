@@ -88,6 +88,12 @@ def on_device(a: Any) -> bool:
     return device and isinstance(a, xp.ndarray)
 
 
+def array_module(a: Any) -> Any:
+    """The array module of ``a``'s side: ``xp`` for a device array, NumPy for anything else
+    (CuPy's ``get_array_module``): code that takes either makes its buffers beside ``a``."""
+    return xp if on_device(a) else np
+
+
 def to_host(a: Any) -> np.ndarray:
     """Return ``a`` as a NumPy array in host memory (a no-op under NumPy; a device
     array is copied, and the stand-in counts the copy)."""

@@ -121,6 +121,22 @@ def _device_call(fn: Any, where: str) -> Any:
     return call
 
 
+class ufunc:  # noqa: N801 - named as NumPy's and CuPy's
+    """A NumPy ufunc on device arrays: called, or by its methods (``xp.add.at(...)``)."""
+
+    def __init__(self, f: np.ufunc) -> None:
+        self._f = f
+        self.__name__ = f.__name__
+        self._call = _device_call(f, f.__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        v = getattr(self._f, name)
+        return _device_call(v, f"{self.__name__}.{name}") if callable(v) else v
+
+
 class MemoryPointer:
     """A device address (``ndarray.data``): a buffer and a byte offset into it, as CuPy's."""
 
@@ -354,6 +370,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"the device stand-in has no {name!r} (NumPy has none)") from None
     if isinstance(v, _PLAIN) or not callable(v):
         return v
-    f = _device_call(v, name)
+    f = ufunc(v) if isinstance(v, np.ufunc) else _device_call(v, name)
     globals()[name] = f  # made once
     return f

@@ -27,11 +27,12 @@ def summary_of(proc, tag: str) -> dict[str, str]:
 
 
 def launch_checks(n: int, script: str, tag: str, timeout: float,
-                  watchdog_s: float) -> dict[str, str]:
-    """One launch of ``tests/mpi/<script>`` on ``n`` ranks (the watchdog at ``watchdog_s``):
-    the fields of its summary line, after asserting it ran on n ranks and no check failed."""
+                  watchdog_s: float, backend: str = "numpy") -> dict[str, str]:
+    """One launch of ``tests/mpi/<script>`` on ``n`` ranks (the watchdog at ``watchdog_s``,
+    the array backend ``backend``: "strict" is the device stand-in): the fields of its
+    summary line, after asserting it ran on n ranks and no check failed."""
     proc = launch.run(n, str(MPI_DIR / script), timeout=timeout,
-                      env={"MINIPAR_WATCHDOG_S": str(watchdog_s)})
+                      env={"MINIPAR_WATCHDOG_S": str(watchdog_s), "MINIPAR_BACKEND": backend})
     fields = summary_of(proc, tag)
     assert fields["N"] == str(n) and fields["failures"] == "0", proc.stdout[-4000:]
     return fields

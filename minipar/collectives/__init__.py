@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import backend
 from minipar.collectives._base import OPS, CollectiveMismatchError, chunk_counts
 from minipar.collectives.alltoall import all_to_all
 from minipar.collectives.auto import auto_allreduce, choose_allreduce
@@ -119,9 +120,9 @@ def allreduce(comm: Any, x: Any, op: str = "sum", algorithm: str = "auto") -> np
         return tree_allreduce(comm, x, op)
     c, a = B.prepare(comm, x)
     buf, dt, mop = B.mpi_spec(a, op)
-    out = np.empty_like(a)
+    out = backend.array_module(a).empty_like(a)
     with c.operation("mpi_allreduce"):
-        c.comm.Allreduce(B.mpi_buf(buf, dt), B.mpi_buf(out, dt), mop)
+        B.mpi_comm(c, a).Allreduce(B.mpi_buf(buf, dt), B.mpi_buf(out, dt), mop)
     return out
 
 

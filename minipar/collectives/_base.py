@@ -23,6 +23,10 @@ Nothing here is an algorithm; it is what every algorithm needs:
   different length shows up as a wrong byte count (``status.Get_count``) or
   as MPI's truncation error, turned into the same error.
 * Chunks follow :mod:`minipar.spans` (the ``numpy.array_split`` rule).
+* **Either side of the device boundary.**  A collective's buffers are made
+  beside its input (``backend.array_module``): NumPy for a host array, ``xp``
+  for a device array, whose messages the traced communicator stages through
+  host memory.  The reductions are the input's module's own ufuncs.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from minipar import checks, spans
+from minipar import backend, checks, spans
 from minipar.comm import tags as T
 from minipar.comm.errors import CollectiveMismatchError
 from minipar.comm.traced import TracedComm, traced
@@ -47,7 +51,8 @@ __all__ = [
     "tag_for", "traced",
 ]
 
-#: reduction ops: name -> NumPy ufunc (applied as ``ufunc(a, b, out=a)``) and MPI's own
+#: reduction ops: name -> NumPy ufunc (applied as ``ufunc(a, b, out=a)``; on a device array
+#: the array module's ufunc of the same name, :func:`check_op`) and MPI's own
 OPS: dict[str, tuple[np.ufunc, MPI.Op]] = {
     "sum": (np.add, MPI.SUM),
     "max": (np.maximum, MPI.MAX),
@@ -70,8 +75,10 @@ chunk_counts = spans.counts
 offsets_of = spans.offsets
 
 
-def check_op(op: str) -> np.ufunc:
-    return OPS[checks.one_of("op", op, OPS)][0]
+def check_op(op: str, a: Any = None) -> np.ufunc:
+    """The ufunc of reduction ``op``, from the array module of ``a`` (NumPy without one)."""
+    ufunc = OPS[checks.one_of("op", op, OPS)][0]
+    return ufunc if a is None or not backend.on_device(a) else getattr(backend.xp, ufunc.__name__)
 
 
 def check_algorithm(algorithm: str, allowed: tuple[str, ...], what: str) -> None:
@@ -83,11 +90,13 @@ def check_root(root: int, size: int) -> None:
 
 
 def prepare(comm: Any, x: Any) -> tuple[TracedComm, np.ndarray]:
-    """(TracedComm, contiguous array).  Non-contiguous input is copied, never modified."""
+    """(TracedComm, contiguous array, on ``x``'s side of the device boundary).
+    Non-contiguous input is copied, never modified."""
     c = traced(comm)
-    a = np.asarray(x)
-    if not a.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
-        a = np.ascontiguousarray(a)
+    am = backend.array_module(x)
+    a = am.asarray(x)
+    if not a.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
+        a = am.ascontiguousarray(a)
     dtype_code(a.dtype)
     return c, a
 
@@ -131,8 +140,9 @@ def recv(c: TracedComm, buf: np.ndarray, source: int, tag: int) -> None:
 
 
 def recv_any_size(c: TracedComm, source: int, tag: int, dtype: np.dtype,
-                  unit: int = 1) -> np.ndarray:
-    """Receive a message of unknown length (learned by probing) as a 1-D array.
+                  unit: int = 1, am: Any = np) -> np.ndarray:
+    """Receive a message of unknown length (learned by probing) as a 1-D array of the
+    array module ``am``.
 
     ``unit`` is the number of elements the length must be a multiple of (a row).
     """
@@ -143,7 +153,7 @@ def recv_any_size(c: TracedComm, source: int, tag: int, dtype: np.dtype,
             f"rank {c.rank}: {describe_tag(tag)}: rank {source} sent {n} bytes, not a whole "
             f"number of rows of {row} bytes: the trailing shapes differ between ranks."
         )
-    buf = np.empty(n // dtype.itemsize, dtype)
+    buf = am.empty(n // dtype.itemsize, dtype)
     recv(c, buf, source, tag)
     return buf
 
@@ -204,6 +214,12 @@ def _user_op(ufunc: np.ufunc, dtype: np.dtype) -> Callable[[Any, Any, Any], None
         ufunc(dst, src, out=dst)
 
     return apply
+
+
+def mpi_comm(c: TracedComm, a: Any) -> Any:
+    """Whom to ask for MPI's own collective on ``a``: the plain communicator for a host
+    array, the traced one (which stages a device array through host memory) otherwise."""
+    return c if backend.on_device(a) else c.comm
 
 
 def mpi_buf(a: np.ndarray, dt: MPI.Datatype) -> list[Any]:

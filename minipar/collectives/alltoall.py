@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import backend
 from minipar.collectives import _base as B
 
 _ALGOS = ("pairwise", "mpi")
@@ -41,7 +42,8 @@ def all_to_all(comm: Any, chunks: Sequence[Any], algorithm: str = "pairwise") ->
     if len(chunks) != c.size:
         raise ValueError(f"all_to_all needs one chunk per rank: {c.size} chunks, "
                          f"got {len(chunks)}")
-    arrs = [np.ascontiguousarray(x) for x in chunks]
+    am = backend.array_module(chunks[0]) if len(chunks) else np  # the chunks' side
+    arrs = [am.ascontiguousarray(x) for x in chunks]
     arrs = [x.reshape(1) if x.ndim == 0 else x for x in arrs]
     dtype, trailing = arrs[0].dtype, arrs[0].shape[1:]
     for i, x in enumerate(arrs):
@@ -54,13 +56,13 @@ def all_to_all(comm: Any, chunks: Sequence[Any], algorithm: str = "pairwise") ->
     B.dtype_code(dtype)
     n, r = c.size, c.rank
     if algorithm == "mpi":
-        send = np.concatenate([x.reshape(-1) for x in arrs])
+        send = am.concatenate([x.reshape(-1) for x in arrs])
         scounts = [x.size for x in arrs]
         rcounts = c.comm.alltoall(scounts)  # pickled: the oracle may use extra messages
-        recv = np.empty(sum(rcounts), dtype)
+        recv = am.empty(sum(rcounts), dtype)
         _, dt, _ = B.mpi_spec(send)
         with c.operation("mpi_all_to_all"):
-            c.comm.Alltoallv([send, scounts, B.offsets_of(scounts), dt],
+            B.mpi_comm(c, send).Alltoallv([send, scounts, B.offsets_of(scounts), dt],
                              [recv, rcounts, B.offsets_of(rcounts), dt])
         offs = B.offsets_of(rcounts)
         return [recv[o: o + k].reshape(-1, *trailing) for o, k in zip(offs, rcounts)]
@@ -71,6 +73,6 @@ def all_to_all(comm: Any, chunks: Sequence[Any], algorithm: str = "pairwise") ->
         for s in range(1, n):
             dst, src = (r + s) % n, (r - s) % n
             req = c.Isend(arrs[dst].reshape(-1), dst, tag)
-            got[src] = B.recv_any_size(c, src, tag, dtype, row).reshape(-1, *trailing)
+            got[src] = B.recv_any_size(c, src, tag, dtype, row, am).reshape(-1, *trailing)
             c.waitall([req])
     return [g for g in got if g is not None]

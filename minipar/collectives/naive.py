@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import backend
 from minipar.collectives import _base as B
 
 
@@ -33,18 +34,19 @@ def naive_allreduce(comm: Any, x: Any, op: str = "sum", root: int = 0) -> np.nda
 
     Counted under ``"naive_allreduce"``.
     """
-    ufunc = B.check_op(op)
+    B.check_op(op)
     c, a = B.prepare(comm, x)
+    ufunc, am = B.check_op(op, a), backend.array_module(a)
     B.check_root(root, c.size)
     tag = B.tag_for("naive_allreduce", a.dtype, op)
-    out = np.empty_like(a)
+    out = am.empty_like(a)
     flat = out.reshape(-1)
     with c.operation("naive_allreduce"):
         if c.rank != root:
             c.Send(a.reshape(-1), root, tag)
             B.recv(c, flat, root, tag)
             return out
-        scratch = np.empty_like(flat)
+        scratch = am.empty_like(flat)
         for i in range(c.size):  # reduce in rank order: x_0 op x_1 op ... op x_{N-1}
             if i == root:
                 got = a.reshape(-1)

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minipar import backend
 from minipar.collectives import _base as B
 from minipar.comm import tags as T
 from minipar.comm.traced import TracedComm, TracedRequest
@@ -53,9 +54,10 @@ nonblocking_tag = T.nonblocking_tag
 
 
 def _check_buffer(buf: Any) -> np.ndarray:
-    if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
-        raise ValueError("a non-blocking all-reduce reduces a 1-D C-contiguous NumPy array "
-                         "in place; pass a contiguous slice of a flat buffer")
+    if (not isinstance(buf, np.ndarray) and not backend.on_device(buf)) or buf.ndim != 1 \
+            or not buf.flags.c_contiguous:
+        raise ValueError("a non-blocking all-reduce reduces a 1-D C-contiguous array (NumPy, "
+                         "or the device's) in place; pass a contiguous slice of a flat buffer")
     if not buf.flags.writeable:
         raise ValueError("the buffer of a non-blocking all-reduce must be writeable")
     B.dtype_code(buf.dtype)
@@ -80,16 +82,17 @@ class RingAllreduceRequest:
 
     def __init__(self, comm: Any, buf: np.ndarray, tag: int = TAG_BASE, op: str = "sum",
                  name: str = "ring_iallreduce") -> None:
-        self.ufunc = B.check_op(op)
+        B.check_op(op)
         self.buf = _check_buffer(buf)
+        self.ufunc = B.check_op(op, self.buf)
         self.name, self.tag = name, _check_tag(tag)
-        self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
+        self.comm: TracedComm = B.traced(comm)
         n, world = self.buf.size, self.comm.size
         self.counts = B.chunk_counts(n, world)
         self.offs = B.offsets_of(self.counts)
         self.total_steps = 2 * (world - 1)
         self.step = 0
-        self.scratch = np.empty(max(self.counts), self.buf.dtype)
+        self.scratch = backend.array_module(buf).empty(max(self.counts), self.buf.dtype)
         self.reqs: list[TracedRequest] = []
         self.t_start = time.perf_counter()
         self.t_end: float | None = None
@@ -177,20 +180,37 @@ class RingAllreduceRequest:
 
 
 class MPIIallreduceRequest:
-    """The same interface over MPI's own ``Iallreduce`` (in place), for comparison."""
+    """The same interface over MPI's own ``Iallreduce`` (in place), for comparison.
+
+    A device buffer (MPI not CUDA-aware) is reduced in a host copy, staged each way
+    and counted as the traced communicator stages its messages
+    (:mod:`minipar.comm.staging`), and copied back when the request completes."""
 
     def __init__(self, comm: Any, buf: np.ndarray, tag: int = TAG_BASE, op: str = "sum",
                  name: str = "mpi_iallreduce") -> None:
         B.check_op(op)
         self.buf = _check_buffer(buf)
         self.name, self.tag = name, _check_tag(tag)
-        self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
-        a, dt, mop = B.mpi_spec(self.buf, op)
+        self.comm: TracedComm = B.traced(comm)
+        staged = backend.on_device(self.buf) and not backend.cuda_aware()
+        host = backend.to_host(self.buf) if staged else self.buf
+        a, dt, mop = B.mpi_spec(host, op)
         self.t_start = time.perf_counter()
         self.t_end: float | None = None
         with self.comm.operation(name):
+            if staged:
+                self.comm.stats.record_staged(name, self.comm.name, "d2h", host.nbytes)
+            elif backend.on_device(self.buf):
+                backend.synchronize()
             req = self.comm.comm.Iallreduce(MPI.IN_PLACE, B.mpi_buf(a, dt), mop)
-        self.req = TracedRequest(self.comm, req, "Iallreduce", -1, self.tag)
+        self.req = TracedRequest(self.comm, req, "Iallreduce", -1, self.tag,
+                                 finish=self._copy_back(host) if staged else None)
+
+    def _copy_back(self, host: np.ndarray) -> Any:
+        def finish(status: Any) -> None:
+            self.buf[...] = backend.to_device(host)
+            self.comm.stats.record_staged(self.name, self.comm.name, "h2d", host.nbytes)
+        return finish
 
     @property
     def done(self) -> bool:
@@ -224,7 +244,7 @@ class BlockingAllreduceRequest:
         from minipar.collectives import allreduce
 
         self.buf = _check_buffer(buf)
-        self.comm: TracedComm = B.prepare(comm, np.empty(0))[0]
+        self.comm: TracedComm = B.traced(comm)
         self.t_start = time.perf_counter()
         with self.comm.operation(name or f"{algorithm}_allreduce"):
             buf[...] = allreduce(self.comm, buf, algorithm=algorithm)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar import backend
 from minipar.collectives import _base as B
 
 _RS_ALGOS = ("ring", "mpi")
@@ -56,8 +57,9 @@ def _reduce_scatter_steps(c: Any, x: np.ndarray, out: np.ndarray | None, counts:
     """
     n_ranks, r = c.size, c.rank
     right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
-    scratch = np.empty(max(counts), x.dtype) if out is None else None
-    acc = np.empty(max(counts), x.dtype) if out is None else None
+    am = backend.array_module(x)  # NumPy, or xp for a device array
+    scratch = am.empty(max(counts), x.dtype) if out is None else None
+    acc = am.empty(max(counts), x.dtype) if out is None else None
     sent = x[offs[(r - 1) % n_ranks]: offs[(r - 1) % n_ranks] + counts[(r - 1) % n_ranks]]
     for s in range(n_ranks - 1):
         ri = (r - s - 2) % n_ranks
@@ -67,7 +69,7 @@ def _reduce_scatter_steps(c: Any, x: np.ndarray, out: np.ndarray | None, counts:
         if out is not None:
             dst = got  # mine op got, in place where the chunk belongs
         elif s == n_ranks - 2:
-            dst = np.empty(counts[ri], x.dtype)  # the result: a fresh array
+            dst = am.empty(counts[ri], x.dtype)  # the result: a fresh array
         else:
             dst = acc[: counts[ri]]  # type: ignore[index]
         ufunc(mine, got, out=dst)
@@ -92,15 +94,16 @@ def ring_allreduce(comm: Any, x: Any, op: str = "sum") -> np.ndarray:
     Counted under the operation name ``"ring_allreduce"``; sends only to the
     right neighbour, receives only from the left one.
     """
-    ufunc = B.check_op(op)
+    B.check_op(op)
     c, a = B.prepare(comm, x)
+    ufunc = B.check_op(op, a)
     flat = a.reshape(-1)
     if c.size == 1:
         return flat.copy().reshape(a.shape)
     counts = B.chunk_counts(flat.size, c.size)
     offs = B.offsets_of(counts)
     tag = B.tag_for("ring_allreduce", a.dtype, op)
-    out = np.empty_like(flat)
+    out = backend.array_module(a).empty_like(flat)
     with c.operation("ring_allreduce"):
         _reduce_scatter_steps(c, flat, out, counts, offs, ufunc, tag)
         _all_gather_steps(c, out, counts, offs, tag)
@@ -124,9 +127,10 @@ def reduce_scatter(comm: Any, x: Any, op: str = "sum", algorithm: str = "ring",
     array_split rule, e.g. to cut a buffer at the boundaries of ZeRO shards;
     every rank passes the same counts.
     """
-    ufunc = B.check_op(op)
+    B.check_op(op)
     B.check_algorithm(algorithm, _RS_ALGOS, "reduce_scatter")
     c, a = B.prepare(comm, x)
+    ufunc, am = B.check_op(op, a), backend.array_module(a)
     rows, row = _rows(a, "reduce_scatter")
     if counts is None:
         row_counts = B.chunk_counts(rows, c.size)
@@ -141,9 +145,9 @@ def reduce_scatter(comm: Any, x: Any, op: str = "sum", algorithm: str = "ring",
     flat = a.reshape(-1)
     if algorithm == "mpi":
         buf, dt, mop = B.mpi_spec(flat, op)
-        res = np.empty(counts[c.rank], a.dtype)
+        res = am.empty(counts[c.rank], a.dtype)
         with c.operation("mpi_reduce_scatter"):
-            c.comm.Reduce_scatter(B.mpi_buf(buf, dt), B.mpi_buf(res, dt), counts, mop)
+            B.mpi_comm(c, flat).Reduce_scatter(B.mpi_buf(buf, dt), B.mpi_buf(res, dt), counts, mop)
         return res.reshape(shape)
     if c.size == 1:
         return flat.copy().reshape(shape)
@@ -168,13 +172,13 @@ def all_gather(comm: Any, chunk: Any, algorithm: str = "ring") -> np.ndarray:
     if row == 0:
         raise ValueError(f"all_gather of chunks of shape {a.shape}: rows of zero elements "
                          "cannot be counted; give the chunk a non-empty trailing shape")
-    flat = a.reshape(-1)
+    flat, am = a.reshape(-1), backend.array_module(a)
     if algorithm == "mpi":
         counts = c.comm.allgather(flat.size)  # pickled: the oracle may use extra messages
-        out = np.empty(sum(counts), a.dtype)
+        out = am.empty(sum(counts), a.dtype)
         buf, dt, _ = B.mpi_spec(flat)
         with c.operation("mpi_all_gather"):
-            c.comm.Allgatherv(B.mpi_buf(buf, dt), [out, counts, B.offsets_of(counts), dt])
+            B.mpi_comm(c, flat).Allgatherv(B.mpi_buf(buf, dt), [out, counts, B.offsets_of(counts), dt])
         return out.reshape(-1, *trailing)
     n_ranks, r = c.size, c.rank
     pieces: list[np.ndarray] = [flat] * n_ranks
@@ -184,6 +188,6 @@ def all_gather(comm: Any, chunk: Any, algorithm: str = "ring") -> np.ndarray:
         for s in range(n_ranks - 1):
             si, ri = (r - s) % n_ranks, (r - s - 1) % n_ranks
             req = c.Isend(pieces[si], right, tag)
-            pieces[ri] = B.recv_any_size(c, left, tag, a.dtype, row)
+            pieces[ri] = B.recv_any_size(c, left, tag, a.dtype, row, am)
             c.waitall([req])
-    return np.concatenate(pieces).reshape(-1, *trailing)
+    return am.concatenate(pieces).reshape(-1, *trailing)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minipar import backend
 from minipar.collectives import _base as B
 
 _ALGOS = ("binomial", "mpi")
@@ -60,7 +61,7 @@ def _bcast_steps(c: Any, buf: np.ndarray, root: int, tag: int) -> None:
 def _reduce_steps(c: Any, acc: np.ndarray, root: int, ufunc: np.ufunc, tag: int) -> None:
     """Binomial reduce into ``acc`` (this rank's contribution, overwritten)."""
     n, v = c.size, (c.rank - root) % c.size
-    scratch = np.empty_like(acc)
+    scratch = backend.array_module(acc).empty_like(acc)
     m = 1
     while m < n and not (v & m):  # children v + 1, v + 2, v + 4, ... below lowbit(v)
         if v + m < n:
@@ -76,7 +77,8 @@ def broadcast(comm: Any, x: Any, root: int = 0, algorithm: str = "binomial") -> 
 
     Non-roots pass an array of the same shape and dtype (its values are
     ignored; it is not written), or ``None``: then the length and dtype are
-    learned from the message itself and the result is 1-D.
+    learned from the message itself and the result is 1-D (on the backend's side of
+    the device boundary, ``xp``).
     """
     B.check_algorithm(algorithm, _ALGOS, "broadcast")
     c = B.traced(comm)
@@ -86,7 +88,7 @@ def broadcast(comm: Any, x: Any, root: int = 0, algorithm: str = "binomial") -> 
             raise ValueError(f"broadcast: the root (rank {root}) must pass an array, not None")
         return _broadcast_unknown(c, root, algorithm)
     c, a = B.prepare(c, x)
-    out = a.copy() if c.rank == root else np.empty_like(a)
+    out = a.copy() if c.rank == root else backend.array_module(a).empty_like(a)
     if algorithm == "mpi":
         head = (a.size, B.dtype_code(a.dtype))
         n, code = c.comm.bcast(head, root=root)  # header, for None-callers
@@ -96,7 +98,7 @@ def broadcast(comm: Any, x: Any, root: int = 0, algorithm: str = "binomial") -> 
                 f"{B.DTYPES[code - 1]}")
         _, dt, _ = B.mpi_spec(out)
         with c.operation("mpi_broadcast"):
-            c.comm.Bcast(B.mpi_buf(out, dt), root=root)
+            B.mpi_comm(c, out).Bcast(B.mpi_buf(out, dt), root=root)
         return out
     with c.operation("broadcast"):
         _bcast_steps(c, out.reshape(-1), root, B.tag_for("broadcast", a.dtype))
@@ -107,10 +109,10 @@ def _broadcast_unknown(c: Any, root: int, algorithm: str) -> np.ndarray:
     """A non-root's side of a broadcast whose length and dtype it does not know."""
     if algorithm == "mpi":
         n, code = c.comm.bcast(None, root=root)  # pickled header: the oracle's extra message
-        out = np.empty(n, B.dtype_named(B.DTYPES[code - 1]))
+        out = backend.xp.empty(n, B.dtype_named(B.DTYPES[code - 1]))
         _, dt, _ = B.mpi_spec(out)
         with c.operation("mpi_broadcast"):
-            c.comm.Bcast(B.mpi_buf(out, dt), root=root)
+            B.mpi_comm(c, out).Bcast(B.mpi_buf(out, dt), root=root)
         return out
     n, v = c.size, (c.rank - root) % c.size
     parent = (v - _lowbit(v) + root) % n
@@ -118,7 +120,7 @@ def _broadcast_unknown(c: Any, root: int, algorithm: str) -> np.ndarray:
     st = c.probe_tags(parent, [B.tag_for("broadcast", d) for d in B.DTYPES])
     dtype = B.dtype_of_tag(st.Get_tag())
     assert dtype is not None  # one of the tags probed for
-    out = np.empty(st.Get_count(MPI.BYTE) // dtype.itemsize, dtype)
+    out = backend.xp.empty(st.Get_count(MPI.BYTE) // dtype.itemsize, dtype)
     with c.operation("broadcast"):
         _bcast_steps(c, out, root, st.Get_tag())
     return out
@@ -127,16 +129,17 @@ def _broadcast_unknown(c: Any, root: int, algorithm: str) -> np.ndarray:
 def reduce(comm: Any, x: Any, root: int = 0, op: str = "sum",
            algorithm: str = "binomial") -> np.ndarray | None:
     """The root gets the element-wise ``op`` of every rank's ``x``; others get None."""
-    ufunc = B.check_op(op)
+    B.check_op(op)
     B.check_algorithm(algorithm, _ALGOS, "reduce")
     c, a = B.prepare(comm, x)
+    ufunc = B.check_op(op, a)
     B.check_root(root, c.size)
     acc = a.copy()
     if algorithm == "mpi":
         _, dt, mop = B.mpi_spec(acc, op)
-        out = np.empty_like(acc)
+        out = backend.array_module(acc).empty_like(acc)
         with c.operation("mpi_reduce"):
-            c.comm.Reduce(B.mpi_buf(acc, dt), B.mpi_buf(out, dt), mop, root=root)
+            B.mpi_comm(c, acc).Reduce(B.mpi_buf(acc, dt), B.mpi_buf(out, dt), mop, root=root)
         return out if c.rank == root else None
     with c.operation("reduce"):
         _reduce_steps(c, acc.reshape(-1), root, ufunc, B.tag_for("reduce", a.dtype, op))
@@ -145,8 +148,9 @@ def reduce(comm: Any, x: Any, root: int = 0, op: str = "sum",
 
 def tree_allreduce(comm: Any, x: Any, op: str = "sum") -> np.ndarray:
     """All-reduce as binomial reduce to rank 0, then binomial broadcast from it."""
-    ufunc = B.check_op(op)
+    B.check_op(op)
     c, a = B.prepare(comm, x)
+    ufunc = B.check_op(op, a)
     acc = a.copy()
     tag = B.tag_for("tree_allreduce", a.dtype, op)
     with c.operation("tree_allreduce"):
@@ -162,10 +166,11 @@ def _fold(n: int) -> tuple[int, int]:
 
 def recursive_doubling_allreduce(comm: Any, x: Any, op: str = "sum") -> np.ndarray:
     """All-reduce in ceil(log2 N) rounds of whole-buffer exchanges (any N)."""
-    ufunc = B.check_op(op)
+    B.check_op(op)
     c, a = B.prepare(comm, x)
+    ufunc = B.check_op(op, a)
     acc = a.copy()
-    flat, scratch = acc.reshape(-1), np.empty(a.size, a.dtype)
+    flat, scratch = acc.reshape(-1), backend.array_module(a).empty(a.size, a.dtype)
     r, (p, rem) = c.rank, _fold(c.size)
     tag = B.tag_for("recursive_doubling_allreduce", a.dtype, op)
     with c.operation("recursive_doubling_allreduce"):

@@ -145,7 +145,7 @@ def mpi_collective(self: Any, name: str, args: tuple, kwargs: dict) -> Any:
     if name not in WRITTEN:
         raise CommUsageError(f"{name} with a device buffer: stage it to the host first "
                              f"(or set {backend.CUDA_AWARE_ENV}=1 for a CUDA-aware MPI)")
-    op, back = "mpi." + name, []
+    op, back = self.current_op, []
 
     def host(a: Any, written: bool) -> Any:
         spec = isinstance(a, (list, tuple))

@@ -8,6 +8,10 @@ Data are small rank-valued integers, so every sum is exact in every dtype
 (float16 and bfloat16 included) and results compare with ``np.array_equal``
 against (a) a reference every rank computes locally from every rank's data and
 (b) MPI's own collective (``algorithm="mpi"``).
+
+Under ``MINIPAR_BACKEND=strict`` (the device stand-in) the inputs are device arrays:
+every collective must run on them without NumPy, and every byte it sent or received
+must have been staged through host memory (counted each way).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mpi_checks import Checks
 
 import minipar.collectives as C
+from minipar import backend
+from minipar.backend import to_device as D
+from minipar.backend import to_host as H
 from minipar.comm import TracedComm
 
 comm = TracedComm(MPI.COMM_WORLD)
@@ -33,19 +40,27 @@ LENGTHS = sorted({0, 1, max(N - 1, 0), N, N + 1, 1000, 1001})
 ALL_DTYPES = [np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64, bfloat16]
 
 
-def data(rank: int, shape: tuple[int, ...] | int, dtype: type, salt: int = 0) -> np.ndarray:
+def host_data(rank: int, shape: tuple[int, ...] | int, dtype: type, salt: int = 0) -> np.ndarray:
     n = int(np.prod(shape))
     return ((np.arange(n) * (rank + 1) + rank + salt) % 7).astype(dtype).reshape(shape)
 
 
+def data(rank: int, shape: tuple[int, ...] | int, dtype: type) -> np.ndarray:
+    """Rank ``rank``'s input, on the backend's side (a device array under the stand-in)."""
+    return D(host_data(rank, shape, dtype))
+
+
 def reference(shape: tuple[int, ...] | int, dtype: type, op: str) -> np.ndarray:
-    parts = [data(q, shape, dtype).astype(np.float64) for q in range(N)]
+    parts = [host_data(q, shape, dtype).astype(np.float64) for q in range(N)]
     red = np.sum(parts, axis=0) if op == "sum" else np.max(parts, axis=0)
     return red.astype(dtype)
 
 
 def same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
-    return a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape \
+    if a is None or b is None:
+        return False
+    a, b = H(a), H(b)
+    return a.dtype == b.dtype and a.shape == b.shape \
         and np.array_equal(a.astype(np.float64), b.astype(np.float64))
 
 
@@ -54,6 +69,9 @@ def bytes_ok(name: str, sent: int, recv: int, what: str) -> None:
     c.check(s.bytes_sent(name) == sent and s.bytes_recv(name) == recv,
             f"{what}: counted sent/recv {s.bytes_sent(name)}/{s.bytes_recv(name)}, "
             f"formula {sent}/{recv}")
+    staged = (s.bytes_staged("d2h", name), s.bytes_staged("h2d", name))
+    c.check(staged == ((sent, recv) if backend.device else (0, 0)),
+            f"{what}: staged device->host/host->device {staged}, sent/received {sent}/{recv}")
 
 
 # -- all-reduce: every algorithm, lengths x dtypes x ops -----------------------------
@@ -78,7 +96,7 @@ for n in LENGTHS:
                 got = C.allreduce(comm, x, op, algorithm=algo)
                 what = f"{algo} allreduce n={n} {np.dtype(dt)} {op}"
                 c.check(same(got, mpi), what + ": result differs from MPI's Allreduce")
-                c.check(np.array_equal(x, keep), what + ": input modified")
+                c.check(same(x, keep), what + ": input modified")
                 bytes_ok(name, *formula(n, np.dtype(dt).itemsize), what)
                 if algo == "ring" and N > 1:
                     c.check(set(comm.stats.peers_sent(name)) <= {RIGHT}
@@ -112,11 +130,11 @@ for n in LENGTHS:
             got = C.reduce_scatter(comm, x, op)
             what = f"reduce_scatter n={n} {np.dtype(dt)} {op}"
             c.check(same(got, want) and same(mpi, want), what)
-            c.check(np.array_equal(x, keep), what + ": input modified")
+            c.check(same(x, keep), what + ": input modified")
             bytes_ok("reduce_scatter", *C.reduce_scatter_bytes(n, np.dtype(dt).itemsize, N, R),
                      what)
         full = data(0, n, dt)
-        chunk = np.array_split(full, N)[R]
+        chunk = D(np.array_split(host_data(0, n, dt), N)[R])
         comm.stats.reset()
         got = C.all_gather(comm, chunk)
         what = f"all_gather n={n} {np.dtype(dt)}"
@@ -145,7 +163,7 @@ c.check(same(got, full[lo: lo + counts[R]]), "reduce_scatter with counts")
 c.check(same(C.reduce_scatter(comm, xc, counts=counts, algorithm="mpi"), got), "counts vs MPI")
 c.check(comm.stats.bytes_sent("reduce_scatter") == (sum(counts) - counts[R]) * 3 * 8 * (N > 1),
         "reduce_scatter with counts: bytes")
-mine = np.full((R % 3, 2), R, np.int16)  # uneven, arbitrary lengths
+mine = D(np.full((R % 3, 2), R, np.int16))  # uneven, arbitrary lengths
 want = np.concatenate([np.full((q % 3, 2), q, np.int16) for q in range(N)])
 c.check(same(C.all_gather(comm, mine), want), "all_gather of uneven chunks")
 
@@ -159,7 +177,7 @@ for root in range(N):
             comm.stats.reset()
             got = C.broadcast(comm, x, root=root)
             c.check(same(got, data(root, n, dt)), what)
-            c.check(np.array_equal(x, keep), what + ": input modified")
+            c.check(same(x, keep), what + ": input modified")
             bytes_ok("broadcast", *C.broadcast_bytes(x.nbytes, N, R, root), what)
             c.check(same(C.broadcast(comm, x, root, algorithm="mpi"), data(root, n, dt)),
                     what + " (mpi)")
@@ -178,12 +196,12 @@ for root in range(N):
                     c.check(same(got, reference(n, dt, op)) and same(mpi, got), what)
                 else:
                     c.check(got is None and mpi is None, what + ": non-root gets None")
-                c.check(np.array_equal(x, keep), what + ": input modified")
+                c.check(same(x, keep), what + ": input modified")
                 bytes_ok("reduce", *C.reduce_bytes(x.nbytes, N, R, root), what)
 
 # -- all-to-all -------------------------------------------------------------------------
 for trailing in ((), (2,)):
-    chunks = [np.full(((R + i) % 3, *trailing), 10 * R + i, np.int32) for i in range(N)]
+    chunks = [D(np.full(((R + i) % 3, *trailing), 10 * R + i, np.int32)) for i in range(N)]
     keep = [c.copy() for c in chunks]
     comm.stats.reset()
     got = C.all_to_all(comm, chunks)
@@ -192,7 +210,7 @@ for trailing in ((), (2,)):
     for j in range(N):
         want = np.full(((j + R) % 3, *trailing), 10 * j + R, np.int32)
         c.check(same(got[j], want) and same(mpi[j], want), what + f" chunk from {j}")
-    c.check(all(np.array_equal(a, b) for a, b in zip(chunks, keep)), what + ": input modified")
+    c.check(all(same(a, b) for a, b in zip(chunks, keep)), what + ": input modified")
     sent = sum(c.nbytes for i, c in enumerate(chunks) if i != R)
     recv = sum(g.nbytes for j, g in enumerate(got) if j != R)
     bytes_ok("all_to_all", sent, recv, what)
