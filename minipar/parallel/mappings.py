@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar import checks, spans
+from minipar import backend, checks, spans
 from minipar.collectives import allreduce, alltoall, cost
 from minipar.collectives.ring import all_gather, reduce_scatter
 from minipar.comm.tags import dtype_code
@@ -98,7 +98,7 @@ def _axis(shape: tuple[int, ...], axis: int, what: str) -> int:
 
 
 def _array(x: Any) -> np.ndarray:
-    a = np.asarray(x)
+    a = backend.array_module(x).asarray(x)  # a device array stays on the device
     dtype_code(a.dtype)  # unsupported dtype: ValueError before any message
     return a
 
@@ -189,13 +189,13 @@ def _gather_seq(comm: Any, x: np.ndarray, axis: int, op: str, what: str) -> np.n
     ax = _axis(x.shape, axis, what)
     c = traced(comm)
     with c.operation(op):
-        full = all_gather(c, np.moveaxis(x, ax, 0))
+        full = all_gather(c, backend.array_module(x).moveaxis(x, ax, 0))
     want = spans.counts(full.shape[0], c.size)[c.rank]
     if x.shape[ax] != want:
         raise ValueError(f"{what}: rank {c.rank} holds {x.shape[ax]} of the {full.shape[0]} "
                          f"positions along axis {ax}; the array_split rule gives it {want} "
                          "(shard with minipar.spans)")
-    return np.moveaxis(full, 0, ax)
+    return backend.array_module(full).moveaxis(full, 0, ax)
 
 
 def _reduce_scatter_seq(comm: Any, x: np.ndarray, axis: int, op: str, what: str) -> np.ndarray:
@@ -203,8 +203,8 @@ def _reduce_scatter_seq(comm: Any, x: np.ndarray, axis: int, op: str, what: str)
     ax = _axis(x.shape, axis, what)
     c = traced(comm)
     with c.operation(op):
-        part = reduce_scatter(c, np.moveaxis(x, ax, 0))
-    return np.moveaxis(part, 0, ax)
+        part = reduce_scatter(c, backend.array_module(x).moveaxis(x, ax, 0))
+    return backend.array_module(part).moveaxis(part, 0, ax)
 
 
 def _seq_bytes(full_shape: Sequence[int], itemsize: int, world: int, rank: int,
@@ -335,7 +335,8 @@ class AllToAll(Pair):
         if per_position == 0:
             raise ValueError(f"{what}: the array of shape {x.shape} has an empty axis besides "
                              f"axis {ca}: the parts received would hold no elements")
-        parts = [np.ascontiguousarray(np.take(x, range(o, o + k), axis=sa)).reshape(-1)
+        am = backend.array_module(x)
+        parts = [am.ascontiguousarray(x[(slice(None),) * sa + (slice(o, o + k),)]).reshape(-1)
                  for o, k in zip(spans.offsets(sizes), sizes)]
         with c.operation(op):
             got = alltoall.all_to_all(c, parts)
@@ -345,7 +346,7 @@ class AllToAll(Pair):
             raise ValueError(f"{what}: rank {r} received {lengths} positions along axis {ca} "
                              f"from ranks 0..{n - 1}, not the " + ("output sizes" if expect
                              else "array_split parts") + f" {want} (pass output_sizes)")
-        return np.concatenate([g.reshape(known[:ca] + [k] + known[ca + 1:])
+        return am.concatenate([g.reshape(known[:ca] + [k] + known[ca + 1:])
                                for g, k in zip(got, lengths)], axis=ca)
 
     def bytes_sent(self, full_shape: Sequence[int], itemsize: int, world: int, rank: int, *,
@@ -387,7 +388,8 @@ def dot(comm: Any, a: Any, b: Any, kind: str = PER_RANK) -> float:
     all-reduce of one float64, counted under ``"dot"``); ``"replicated"``: the
     local ``<a, b>`` once (a replicated array is one vector, not N).
     """
-    local = float(np.vdot(np.asarray(a, np.float64), np.asarray(b, np.float64)))
+    am = backend.array_module(a)
+    local = float(am.vdot(am.asarray(a, np.float64), am.asarray(b, np.float64)))
     if kind == REPLICATED:
         return local
     if kind != PER_RANK:
