@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from minipar import checks
+from minipar.backend import to_device
 from minipar.collectives import allreduce
 from minipar.comm.topology import Grid, require_grid
 from minipar.nn import cross_entropy_forward, executor
@@ -102,6 +103,7 @@ class ContextParallel:
         self.rank, self.world = self.comm.rank, P
         self.layout = sharding(spec.seq, P, kind, zigzag)
         self.positions = self.layout.positions(self.rank)
+        self.index = to_device(self.positions)  # to index device arrays with, moved once
         self.cfg = spec.config()
         self.units = cp_units(self.cfg, self.comm, kind, self.layout)
         self.states = ModelStates(get_policy(spec.precision), spec.initial_params(),
@@ -112,7 +114,7 @@ class ContextParallel:
 
     def shard(self, a: Any) -> Any:
         """My columns (positions) of a (batch, seq) array."""
-        return a[:, self.positions]
+        return a[:, self.index]
 
     def forward(self, params: dict[str, Any], tokens: Any) -> tuple[Any, list[Any]]:
         """Local logits (b, t_r, V) of the full ``tokens`` and the units' saved activations."""

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from minipar import checks, memory
+from minipar.backend import to_device
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.topology import Grid
 from minipar.comm.traced import traced
@@ -145,7 +146,7 @@ def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int,
     layout = sharding(s, P, kind, zigzag)
     core = CPAttention(c, kind, layout, H)
     full = np.random.default_rng(seed).standard_normal((b, s, 3 * d)).astype(dtype)
-    mine = np.ascontiguousarray(full[:, layout.positions(c.rank)])
+    mine = to_device(np.ascontiguousarray(full[:, layout.positions(c.rank)]))
     del full
     o, saved = core.forward(mine.copy())  # warm-up
     del o, saved

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from minipar.backend import xp
+from minipar.backend import to_device, xp
 from minipar.comm.traced import traced
 from minipar.nn.attention import merge_heads, split_heads
 from minipar.nn.dtypes import up
@@ -102,7 +102,7 @@ class CPEmbedUnit(Unit):
 
     def __init__(self, cfg: GPTConfig, positions: np.ndarray) -> None:
         self.cfg, self.name, self.names = cfg, "embed", ("tok_emb", "pos_emb")
-        self.positions = positions
+        self.positions = to_device(positions)  # an index of device arrays, moved once
 
     def forward(self, p: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
         self.cfg.check_tokens(tokens)

@@ -50,8 +50,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from minipar.backend import xp
 from minipar.comm.tags import collective_tag
 from minipar.comm.traced import traced
@@ -99,14 +97,14 @@ def ring_attention_forward(comm: Any, q: Any, k: Any, v: Any,
                          f"communicator has {P}")
     o = xp.zeros(q.shape, dtype=compute_dtype(q.dtype))
     lse = xp.full(q.shape[:3], -xp.inf, dtype=o.dtype)
-    kv = np.ascontiguousarray(np.stack([k, v]))  # one message: (2, B, H, t, d_h)
+    kv = xp.ascontiguousarray(xp.stack([k, v]))  # one message: (2, B, H, t, d_h)
     tag = collective_tag(OP, kv.dtype)
     with c.operation(OP):
         for i in range(P):
             j = (r - i) % P  # whose K/V block I hold now
             reqs: list[Any] = []
             if i < P - 1:  # the next block is in flight while I compute with this one
-                nxt = np.empty(kv.shape, kv.dtype)
+                nxt = xp.empty(kv.shape, kv.dtype)
                 reqs = [c.Irecv(nxt, left, tag), c.Isend(kv, right, tag)]
             for qs, ks, qo, ko in block_pairs(layout, r, j):
                 ob, lb = attention_block_forward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
@@ -125,15 +123,15 @@ def ring_attention_backward(comm: Any, saved: tuple, do: Any) -> tuple[Any, Any,
     c, P, r, right, left = _ring(comm)
     cd = compute_dtype(q.dtype)
     dq = xp.zeros(q.shape, dtype=cd)
-    kv = np.ascontiguousarray(np.stack([k, v]))
-    dkv = np.zeros(kv.shape, dtype=cd)  # the visiting block's dK, dV, travelling with it
+    kv = xp.ascontiguousarray(xp.stack([k, v]))
+    dkv = xp.zeros(kv.shape, dtype=cd)  # the visiting block's dK, dV, travelling with it
     tag, dtag = collective_tag(OP, kv.dtype), collective_tag(OP, dkv.dtype)
     with c.operation(OP):
         for i in range(P):
             j = (r - i) % P
             reqs: list[Any] = []
             if i < P - 1:
-                nxt = np.empty(kv.shape, kv.dtype)
+                nxt = xp.empty(kv.shape, kv.dtype)
                 reqs = [c.Irecv(nxt, left, tag), c.Isend(kv, right, tag)]
             for qs, ks, qo, ko in block_pairs(layout, r, j):
                 a, b, g = attention_block_backward(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
@@ -145,7 +143,7 @@ def ring_attention_backward(comm: Any, saved: tuple, do: Any) -> tuple[Any, Any,
                 c.waitall(reqs)
                 kv = nxt
             if P > 1:  # pass the accumulators on; after step P−1 this is the hop home
-                got = np.empty(dkv.shape, dkv.dtype)
+                got = xp.empty(dkv.shape, dkv.dtype)
                 c.Sendrecv(dkv, right, dtag, got, left, dtag)
                 dkv = got
     dt = q.dtype

@@ -43,8 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from minipar.backend import xp
 from minipar.nn.attention import attention_core_backward, attention_core_forward
 from minipar.parallel.mappings import all_to_all
 
@@ -73,7 +72,7 @@ def ulysses_attention_backward(comm: Any, saved: tuple, do: Any) -> Any:
     do_full = all_to_all.forward(comm, do.reshape(b, t, n_head, dh), split_axis=2,
                                  concat_axis=1, op=OP)  # (b, s, H/P, dh)
     dq, dk, dv = attention_core_backward(s_core, do_full.transpose(0, 2, 1, 3))
-    d_full = np.stack([g.transpose(0, 2, 1, 3) for g in (dq, dk, dv)], axis=2)
+    d_full = xp.stack([g.transpose(0, 2, 1, 3) for g in (dq, dk, dv)], axis=2)
     dx = all_to_all.backward(comm, d_full, split_axis=3, concat_axis=1, op=OP)  # (b, t, 3, H, dh)
     return dx.reshape(b, t, 3 * n_head * dh)
 

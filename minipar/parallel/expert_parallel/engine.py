@@ -74,6 +74,7 @@ from typing import Any
 import numpy as np
 
 from minipar import checks
+from minipar.backend import to_host
 from minipar.collectives import all_gather, allreduce
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.topology import Grid, require_grid
@@ -148,8 +149,9 @@ class EPHooks(executor.Hooks):
         if isinstance(unit, EPBlockUnit):
             f = saved["ffn"]
             self.stats.append({"capacity": int(f["capacity"]), "dropped": int(f["dropped"]),
-                               "routed": [int(v) for v in f["routed"]],
-                               "tokens_per_expert": [int(v) for v in f["tokens_per_expert"]]})
+                               "routed": [int(v) for v in to_host(f["routed"])],
+                               "tokens_per_expert": [int(v) for v in
+                                                     to_host(f["tokens_per_expert"])]})
         return saved
 
     def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from minipar import spans
+from minipar.backend import to_host, xp
 from minipar.nn.gpt import (
     BlockUnit,
     EmbedUnit,
@@ -110,12 +111,13 @@ class EPMoE:
                              f"capacity C = {self.caps[self.coord]} was set for {self.tokens}")
         buffers, sd = dispatch_forward(p["router"], h, cfg.n_experts, cfg.top_k,
                                        cfg.capacity_factor, cfg.aux_loss_coef)
-        counts = np.asarray(sd["tokens_per_expert"], dtype=np.int64).reshape(-1, 1)
-        got = all_to_all.forward(self.comm, counts, split_axis=0, concat_axis=1,
+        # the host needs the counts (which rows to compute): one small device->host copy
+        counts = to_host(sd["tokens_per_expert"])
+        got = all_to_all.forward(self.comm, np.asarray(counts, dtype=np.int64).reshape(-1, 1), split_axis=0, concat_axis=1,
                                  split_sizes=[self.per] * self.ep, output_sizes=[1] * self.ep,
                                  op=OPS[0])  # (E/ep, ep): rows source j filled for expert i
         rows = self._a2a(buffers, False, OPS[1])  # (E/ep, Σ C_j, d)
-        out = np.zeros_like(rows)
+        out = xp.zeros_like(rows)
         s_experts = []
         for j, (o, c) in enumerate(zip(self.offsets, self.caps)):  # one source at a time
             oj, sj = experts_forward(p, rows[:, o:o + c], got[:, j], self.ids)
@@ -123,14 +125,14 @@ class EPMoE:
             s_experts.append(sj)
         back = self._a2a(out, True, OPS[2])  # (E, C_r, d)
         y, s_combine = combine_forward(back, sd)
-        saved = {**sd, "x_shape": x.shape, "experts": s_experts, "combine": s_combine}
+        saved = {**sd, "tokens_per_expert": counts, "x_shape": x.shape, "experts": s_experts, "combine": s_combine}
         return y.reshape(x.shape), saved
 
     def backward(self, p: dict[str, Any], saved: dict[str, Any], dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
         d_back, d_gates = combine_backward(saved["combine"], dy.reshape(-1, dy.shape[-1]))
         d_out = self._a2a(d_back, False, OPS[3])  # (E/ep, Σ C_j, d) to the experts' ranks
-        d_rows = np.zeros_like(d_out)
+        d_rows = xp.zeros_like(d_out)
         grads: dict[str, Any] = {}
         for (o, c), se in zip(zip(self.offsets, self.caps), saved["experts"]):
             db, g = experts_backward(p, se, d_out[:, o:o + c])

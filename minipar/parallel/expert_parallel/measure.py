@@ -57,6 +57,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from minipar import checks
+from minipar.backend import to_host
 from minipar.data import synthetic
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.expert_parallel.layout import OPS
@@ -89,13 +90,14 @@ def routing_table(cfg: GPTConfig, params: dict[str, Any], tokens: Any,
         c = replace(cfg, capacity_factor=float(cf))
         _, cache = GPT(c).forward(params, tokens)
         stats = GPT.moe_stats(cache)
-        routed = [[int(v) for v in s["routed"]] for s in stats]
+        routed = [[int(v) for v in to_host(s["routed"])] for s in stats]
         dropped = sum(int(s["dropped"]) for s in stats)
         assignments = int(tokens.size) * cfg.top_k
         out.append({
             "capacity_factor": float(cf), "capacity": int(stats[0]["capacity"]),
             "assignments": assignments, "routed": routed,
-            "tokens_per_expert": [[int(v) for v in s["tokens_per_expert"]] for s in stats],
+            "tokens_per_expert": [[int(v) for v in to_host(s["tokens_per_expert"])]
+                                  for s in stats],
             "dropped": dropped, "drop_rate": dropped / (assignments * len(stats)),
             "imbalance": max(max(r) * len(r) / sum(r) for r in routed),
         })

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from minipar import checks, spans
 from minipar.backend import xp
 from minipar.collectives import allreduce
@@ -79,20 +77,20 @@ def check_tp(cfg: GPTConfig, t: int, sequence_parallel: bool = False,
 def split_columns(a: Any, t: int, r: int, parts: int = 1) -> Any:
     """Rank r's columns (last axis) of ``a``: each of ``parts`` equal groups cut t ways and
     rank r's pieces concatenated (``parts=3``: the q, k and v columns of its heads)."""
-    groups = np.split(a, parts, axis=-1)
-    return np.ascontiguousarray(np.concatenate([np.split(g, t, axis=-1)[r] for g in groups],
+    groups = xp.split(a, parts, axis=-1)
+    return xp.ascontiguousarray(xp.concatenate([xp.split(g, t, axis=-1)[r] for g in groups],
                                                axis=-1))
 
 
 def split_rows(a: Any, t: int, r: int) -> Any:
     """Rank r's rows (first axis) of ``a``, cut in t equal blocks."""
-    return np.ascontiguousarray(np.split(a, t, axis=0)[r])
+    return xp.ascontiguousarray(xp.split(a, t, axis=0)[r])
 
 
 def split_sequence(x: Any, t: int, r: int, axis: int = 1) -> Any:
     """Rank r's positions of ``x`` along ``axis`` (the ``numpy.array_split`` rule)."""
     lo, hi = spans.span(x.shape[axis], t, r)
-    return np.ascontiguousarray(np.take(x, np.arange(lo, hi), axis=axis))
+    return xp.ascontiguousarray(x[(slice(None),) * (axis % x.ndim) + (slice(lo, hi),)])
 
 
 def kind_of(name: str) -> str:
@@ -118,7 +116,7 @@ def _slice(name: str, a: Any, t: int, r: int) -> Any:
         return split_rows(a, t, r)
     if k in ("columns", "qkv"):
         return split_columns(a, t, r, 3 if k == "qkv" else 1)
-    return np.array(a, copy=True)
+    return xp.array(a, copy=True)
 
 
 def shard_params(full: dict[str, Any], cfg: GPTConfig, t: int, r: int) -> dict[str, Any]:
@@ -160,12 +158,12 @@ def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, An
     for n in param_shapes(cfg):
         k, ps = kind_of(n), [s[n] for s in shards]
         if k == "rows":
-            out[n] = np.concatenate(ps, axis=0)
+            out[n] = xp.concatenate(ps, axis=0)
         elif k == "columns":
-            out[n] = np.concatenate(ps, axis=-1)
+            out[n] = xp.concatenate(ps, axis=-1)
         elif k == "qkv":
-            thirds = [np.split(p, 3, axis=-1) for p in ps]
-            out[n] = np.concatenate([np.concatenate([th[j] for th in thirds], axis=-1)
+            thirds = [xp.split(p, 3, axis=-1) for p in ps]
+            out[n] = xp.concatenate([xp.concatenate([th[j] for th in thirds], axis=-1)
                                      for j in range(3)], axis=-1)
         else:
             out[n] = ps[0]
@@ -199,13 +197,13 @@ def _gather_last(comm: Any, x: Any, op: str) -> Any:
     """All-gather along the last axis (rank order): the columns of every rank."""
     c = traced(comm)
     with c.operation(op):
-        full = all_gather(c, np.moveaxis(x, -1, 0))
-    return np.ascontiguousarray(np.moveaxis(full, 0, -1))
+        full = all_gather(c, xp.moveaxis(x, -1, 0))
+    return xp.ascontiguousarray(xp.moveaxis(full, 0, -1))
 
 
 def _mine_last(x: Any, t: int, r: int) -> Any:
     """This rank's equal share of the last axis (no message)."""
-    return np.ascontiguousarray(np.split(x, t, axis=-1)[r])
+    return xp.ascontiguousarray(xp.split(x, t, axis=-1)[r])
 
 
 def _dw(x: Any, dy: Any) -> Any:
@@ -328,7 +326,7 @@ class VocabParallelEmbedding:
         if self.sp:
             dy = scatter_to_sequence.backward(self.comm, dy, op=self.op)
         else:
-            dy = np.array(reduce_from_parallel.backward(self.comm, dy, op=self.op), copy=True)
+            dy = xp.array(reduce_from_parallel.backward(self.comm, dy, op=self.op), copy=True)
         dy[outside] = 0
         return None, {"table": embedding_backward((local, shape, dtype), dy)}
 

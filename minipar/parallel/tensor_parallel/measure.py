@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from minipar import checks
+from minipar.backend import to_device
 from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
@@ -189,7 +190,7 @@ def activation_bytes_per_block(comm: Any, cfg: GPTConfig, batch: int,
         unit = TPBlockUnit(one, c, 0, sequence_parallel=mode == "tp+sp")
         p = {k: v.astype(one.dtype) for k, v in
              unit.params(shard_params(full, one, t, r)).items()}
-    x = np.random.default_rng(seed).standard_normal((batch, s, h)).astype(one.dtype)
+    x = to_device(np.random.default_rng(seed).standard_normal((batch, s, h)).astype(one.dtype))
     if mode == "tp+sp":
         x = split_sequence(x, t, r)
     y, saved = unit.forward(p, x)  # warm-up: the causal mask cache, first-call allocations

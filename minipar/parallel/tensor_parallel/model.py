@@ -65,10 +65,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from minipar import spans
-from minipar.backend import xp
+from minipar.backend import to_device, xp
 from minipar.collectives import allreduce
 from minipar.comm.traced import traced
 from minipar.nn import executor
@@ -189,7 +187,7 @@ def tp_moe_forward(comm: Any, p: dict[str, Any], x: Any, cfg: GPTConfig) -> tupl
     pe = dict(p)
     if r:  # b_out is replicated: rank 0 adds it, g's sum then has it once
         for e in range(cfg.n_experts):
-            pe[f"experts.{e}.b_out"] = np.zeros_like(p[f"experts.{e}.b_out"])
+            pe[f"experts.{e}.b_out"] = xp.zeros_like(p[f"experts.{e}.b_out"])
     out, s_e = experts_forward(pe, buffers, s_d["tokens_per_expert"])
     out = reduce_from_parallel.forward(comm, out)
     y, s_c = combine_forward(out, s_d)
@@ -241,7 +239,7 @@ def _sum_param_grads(comm: Any, grads: dict[str, Any], names: list[str]) -> None
     """SP: the named gradients saw one sequence shard each; sum them over the tp ranks
     (one fused all-reduce, op ``sp_param_grads``), in place in ``grads``."""
     names = [n for n in names if n in grads]
-    flat = np.concatenate([np.asarray(grads[n], np.float64).reshape(-1) for n in names])
+    flat = xp.concatenate([xp.asarray(grads[n], xp.float64).reshape(-1) for n in names])
     c = traced(comm)
     with c.operation(OP_PARAM_GRADS):
         total = allreduce(c, flat.astype(grads[names[0]].dtype), "sum", "ring")
@@ -261,7 +259,8 @@ class TPEmbedUnit(Unit):
 
     def __init__(self, cfg: GPTConfig, comm: Any, sequence_parallel: bool = False,
                  positions: Any = None) -> None:
-        self.cfg, self.comm, self.sp, self.positions = cfg, comm, sequence_parallel, positions
+        self.cfg, self.comm, self.sp = cfg, comm, sequence_parallel
+        self.positions = None if positions is None else to_device(positions)  # moved once
         self.name, self.names = "embed", ("tok_emb", "pos_emb")
         self.emb = VocabParallelEmbedding(comm, cfg.vocab_size, sequence_parallel,
                                           op="sp_embed" if sequence_parallel else "tp_embed")
