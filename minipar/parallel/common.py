@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from minipar import checks, spans
+from minipar.backend import to_host
 from minipar.data import synthetic, text, tokenizer
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.engine import Batch
@@ -273,8 +274,8 @@ def serial_reference(spec: RunSpec, world: int = 1,
 
 
 def max_abs_diff(a: Any, b: Any) -> float:
-    """max |a - b| in float64 (0.0 for empty arrays)."""
-    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    """max |a - b| in float64 (0.0 for empty arrays), on the host."""
+    a64, b64 = to_host(a).astype(np.float64), to_host(b).astype(np.float64)
     return float(np.abs(a64 - b64).max()) if a64.size else 0.0
 
 

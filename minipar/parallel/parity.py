@@ -79,6 +79,8 @@ from typing import Any
 
 import numpy as np
 
+from minipar.backend import to_host
+
 #: the largest gap of a correct run in its first HORIZON_STEPS steps (measured, lr <= 3e-2)
 CORRECT_CEILING = 2e-11
 #: the smallest gap that catches a deliberately broken run (measured: a skipped bucket)
@@ -153,8 +155,8 @@ def compare(losses: Any, serial_losses: Any, params: Any, serial_params: Any,
     if p.size != ser_p.size:
         raise ValueError(f"{p.size} parameters against {ser_p.size} in the serial run: "
                          "not the same model")
-    low = [np.dtype(a.dtype).name for a in (np.asarray(params), np.asarray(serial_params))
-           if np.asarray(a).dtype.itemsize < 8]
+    low = [np.dtype(a.dtype).name for a in (to_host(params), to_host(serial_params))
+           if a.dtype.itemsize < 8]
     if low:
         return not_comparable(f"{low[0]} parameters: their rounding (u = 2^-24 or coarser) is "
                               "as large as a bug's difference; parity is defined for float64",
@@ -211,8 +213,9 @@ def not_comparable(reason: str, losses: Any = None, serial_losses: Any = None,
 
 # -- helpers -----------------------------------------------------------------
 def _flat(x: Any, what: str) -> np.ndarray:
-    """x as a flat float64 array (bfloat16, an ml_dtypes type, converts too)."""
-    a = np.asarray(x)
+    """x as a flat float64 host array (bfloat16, an ml_dtypes type, converts too; a device
+    array is copied to the host: a verdict is read by people)."""
+    a = to_host(x)
     try:
         return a.astype(np.float64).ravel()
     except (TypeError, ValueError) as e:

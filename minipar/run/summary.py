@@ -35,6 +35,11 @@ The summary's keys (the ones every strategy has first):
 ``model_state_bytes_per_rank``  list over ranks: bytes of params+grads+optimizer
 ``model_state_formula``,        the paper's figure and its formula as text
 ``model_state_formula_text``
+``backend``, ``cuda_aware_mpi``  the array backend (numpy, cupy, strict) and
+                                whether device buffers went to MPI as they are
+``staged_d2h_per_rank``,        list over ranks: device bytes staged through
+``staged_h2d_per_rank``         host memory per step, before sends and after
+                                receives (0 under NumPy or a CUDA-aware MPI)
 ``notes``                       list of extra lines to print
 =============================  ==============================================
 
@@ -153,5 +158,21 @@ def format_summary(s: dict[str, Any]) -> str:
         if "model_state_formula" in s:
             lines.append(f"  formula {s.get('model_state_formula_text', '')} = "
                          f"{s['model_state_formula']:,.0f}")
+    if "backend" in s:
+        lines.append(_device_boundary(s))
     lines += list(s.get("notes", []))
     return "\n".join(lines)
+
+
+def _device_boundary(s: dict[str, Any]) -> str:
+    """What crossing to MPI cost: nothing on the host; a copy each way per message on a
+    device with an MPI that is not CUDA-aware (minipar.comm.staging)."""
+    if s["backend"] == "numpy":
+        return "device boundary: NumPy arrays live in host memory, MPI reads them as they are"
+    if s.get("cuda_aware_mpi"):
+        return (f"device boundary ({s['backend']}): CUDA-aware MPI, device buffers handed to "
+                "MPI as they are, nothing staged")
+    d2h = ", ".join(f"{b:,.0f}" for b in s["staged_d2h_per_rank"])
+    h2d = ", ".join(f"{b:,.0f}" for b in s["staged_h2d_per_rank"])
+    return (f"device boundary ({s['backend']}, MPI not CUDA-aware): bytes staged through host "
+            f"memory per rank per step, device->host {d2h}; host->device {h2d}")

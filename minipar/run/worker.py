@@ -48,6 +48,7 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
                        aside=grid.world.stats.set_aside)  # the steps' bytes, not validation's
     with grid.world.stats.set_aside():  # gathering the result is not a step's traffic
         params = engine.full_params()
+    staged = _staged(grid.world, max(len(history.losses), 1))
     m = module.report(engine, grid, options, spec, history)
     engine.close()  # collective (no finally: a failed rank must not wait in a collective)
     grid.free()
@@ -55,7 +56,22 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
         return None
     return {"losses": history.losses, "start": history.start,
             "validation": {str(k): v for k, v in history.validation.items()},
-            "params": FlatParams.like(params).flatten(params), **m}
+            "params": FlatParams.like(params).flatten(params), **staged, **m}
+
+
+def _staged(world: Any, steps: int) -> dict[str, Any]:
+    """The device boundary's cost, for the summary (rank 0): the backend, and the bytes each
+    rank's steps staged through host memory per step, each way (:mod:`minipar.comm.staging`;
+    nothing under NumPy or with a CUDA-aware MPI).  A collective of all ranks."""
+    from minipar import backend
+
+    mine = (world.stats.bytes_staged("d2h") // steps, world.stats.bytes_staged("h2d") // steps)
+    every = world.comm.gather(mine, root=0)  # pickled, uncounted: a report, not a step
+    if every is None:
+        return {}
+    return {"backend": backend.name, "cuda_aware_mpi": backend.cuda_aware(),
+            "staged_d2h_per_rank": [d for d, _ in every],
+            "staged_h2d_per_rank": [h for _, h in every]}
 
 
 if __name__ == "__main__":
