@@ -183,17 +183,18 @@ def separate_link(timeline: TimelineDict, ready_after: Sequence[str],
 # ---------------------------------------------------------------------- rank side
 def _median_allreduce_seconds(comm: Any, nbytes: int, repeats: int) -> float:
     """Median seconds (slowest rank) of a blocking ring all-reduce of ``nbytes`` float64 bytes."""
-    import numpy as np
     from mpi4py import MPI
 
+    from minipar.backend import synchronize, xp
     from minipar.collectives.ring import ring_allreduce
 
-    x = np.ones(max(1, nbytes // 8))
+    x = xp.ones(max(1, nbytes // 8))  # where DDP's buckets live (device memory on a GPU)
     times = []
     for _ in range(repeats + 1):  # the first one warms up
         comm.Barrier()
         t0 = time.perf_counter()
         ring_allreduce(comm, x)
+        synchronize()  # the device's queued work done before the clock is read
         times.append(comm.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))  # reporting only
     return statistics.median(times[1:])
 

@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 
 from minipar import checks, spans
+from minipar.backend import xp
 from minipar.collectives import allreduce, broadcast
 from minipar.comm.tags import PS_GRAD, PS_HEADER, PS_PARAM
 from minipar.comm.topology import Grid, require_grid
@@ -174,7 +175,7 @@ class ParameterServer:
             self.model: GPT = spec.model()
             dt = self.model.cfg.dtype
             self.params = flat.astype(dt)
-            self.grads = np.zeros_like(self.params)
+            self.grads = xp.zeros_like(self.params)
 
     # -- worker ------------------------------------------------------------------------
     def local_batch(self, batch: Batch) -> tuple[Any, Any, float]:
@@ -259,11 +260,11 @@ class ParameterServer:
         """The server's buffers and bookkeeping after ``done`` complete steps (every worker
         has pushed ``done`` gradients and holds the parameters of ``done`` updates)."""
         W = self.workers
-        self._bufs = [np.empty_like(self.states.grads) for _ in range(W if self.mode == "sync" else 1)]
+        self._bufs = [xp.empty_like(self.states.grads) for _ in range(W if self.mode == "sync" else 1)]
         self.pushed = [done] * W  # gradients received from each worker
         self.version_sent = [done] * W  # updates applied when each worker last got parameters
         self.updates = done
-        self.acc = np.zeros_like(self.states.grads)
+        self.acc = xp.zeros_like(self.states.grads)
         self.in_acc, self.waiting = 0, set()
 
     def _server_async(self) -> None:
@@ -366,7 +367,7 @@ class ParameterServer:
         """Collective: worker 0's parameters (the servers' after the last pull) broadcast
         to every rank, under the serial names."""
         dtype = self.states.params.dtype if self.is_server else self.params.dtype
-        mine = self.params if not self.is_server else np.empty(self.layout.size, dtype)
+        mine = self.params if not self.is_server else xp.empty(self.layout.size, dtype)
         return self.layout.unflatten(broadcast(self.comm, mine, root=self.servers))
 
     def memory(self) -> dict[str, int]:

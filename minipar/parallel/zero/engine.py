@@ -81,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from minipar import checks
+from minipar.backend import xp
 from minipar.collectives import all_gather, allreduce, choose_allreduce, reduce_scatter
 from minipar.comm.traced import TracedComm
 from minipar.memory import Ledger
@@ -197,7 +198,7 @@ class ZeRO:
                                   **self.opt_kwargs)
         pd = self.policy.param_dtype
         self.params = None if self.stage == 3 else flat.astype(pd)
-        self.grads = np.zeros(psi, pd) if self.stage <= 1 else None
+        self.grads = xp.zeros(psi, pd) if self.stage <= 1 else None
         del flat
         if self.params is not None:
             self.states.params = self.params[lo:hi]  # the slice the optimizer writes

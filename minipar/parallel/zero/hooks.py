@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from minipar.collectives import all_gather, reduce_scatter
 from minipar.nn import executor
 from minipar.nn.units import Unit
@@ -58,7 +56,7 @@ class ZeroHooks(executor.Hooks):
         self.params, self.grads, self.dtype = params, grads, dtype
         self.accumulate = accumulate
         self.table = {u.name: (lo, hi, lay) for u, lo, hi, lay in table}
-        self.gathered: dict[str, np.ndarray] = {}
+        self.gathered: dict[str, Any] = {}
         self.peak_gathered_bytes = 0
         n = comm.size
         self.shards = [shard_range(size, n, q) for q in range(n)]
