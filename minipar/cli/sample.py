@@ -55,6 +55,7 @@ def sample(path: str, prompt: str, tokens: int, temperature: float = 0.8,
            top_k: int | None = None, seed: int = 0) -> tuple[str, dict[str, Any]]:
     """(prompt + continuation, the checkpoint's manifest); ValueError (one line) for a
     checkpoint that is not a text model's, or a bad argument."""
+    from minipar import backend
     from minipar.data import tokenizer
     from minipar.nn import GPT, GPTConfig
     from minipar.nn.decoding import generate
@@ -72,7 +73,7 @@ def sample(path: str, prompt: str, tokens: int, temperature: float = 0.8,
     d, m, tensors = checkpoint.full_tensors(d)
     dtype = "float64" if m["precision"] == "float64" else "float32"
     model = GPT(GPTConfig(**m["model"], dtype=dtype))
-    params = {n: a.astype(dtype) for n, a in tensors.items()}
+    params = {n: backend.to_device(a.astype(dtype)) for n, a in tensors.items()}
     ids = generate(model, params, tokenizer.encode(prompt), tokens, temperature=temperature,
                    top_k=top_k, seed=seed)
     # complete characters only: the bytes the decoder still holds at the end (without

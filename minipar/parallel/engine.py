@@ -65,7 +65,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from minipar import checks, spans
-from minipar.backend import to_host
+from minipar.backend import array_module, to_host
 from minipar.precision import ModelStates, get
 
 Array = Any
@@ -269,8 +269,9 @@ def load_pieces(target: State, sources: Iterable[State]) -> None:
     sources = list(sources)
     for (kind, name), (shard, arr) in target.arrays.items():
         for p in shard.pieces:
-            block = read_region(sources, kind, name, p.global_)
-            arr[p.local] = block.reshape(arr[p.local].shape).astype(arr.dtype, copy=False)
+            block = read_region(sources, kind, name, p.global_)  # on the host
+            block = block.reshape(arr[p.local].shape).astype(arr.dtype, copy=False)
+            arr[p.local] = array_module(arr).asarray(block)  # to the device, if arr is there
 
 
 # -- the one container of model states ----------------------------------------------
