@@ -42,6 +42,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dp": ("minipar.bench.dp", "samples/s: serial vs data parallel on N ranks"),
     "zero": ("minipar.bench.zero", "ZeRO stages 0-3 step time vs DDP on N ranks, bytes per step"),
     "glossary": ("minipar.bench.glossary", "glossary lookup latency and process start time"),
+    "plan": ("minipar.bench.plan", "minipar plan --layout --json: process time per layout"),
     "tp": ("minipar.bench.tp", "one block forward+backward: serial vs tensor-parallel on 2 ranks"),
     "ep": ("minipar.bench.ep", "MoE step time: 1 rank vs expert parallel, vs dense; drops vs capacity"),
     "pp": ("minipar.bench.pp", "pipeline (2 stages, m = 8) vs serial throughput; the bubble measured"),

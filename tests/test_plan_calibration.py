@@ -117,6 +117,8 @@ def test_cli_layout_table(capsys):
     ("tp=8,pipe=12", "unknown key 'pipe'"),
     ("dp=1536", "layout does not fit: "),
     ("tp=64,pp=1,dp=24", "t = 64 must divide the 96 heads"),
+    ("dp=16,tp=8,pp=12,dp=32", "layout: dp given twice ('16', then '32')"),
+    ("tp=8,pp=12,zero=-1", "zero must be a whole number ≥ 0, got '-1'"),
 ])
 def test_cli_bad_layout_one_line_exit_2(capsys, layout, says):
     assert plan_main([*GPT3, "--layout", layout, "--json"]) == 2
@@ -189,3 +191,15 @@ def test_dp_overlap_hides_all_but_one_bucket():
     on, off = (estimate(m, parse_layout(f"mb=16,remat=full,overlap={o}", m, 32, 512), a100,
                         512)["parts_s"]["dp"] for o in ("on", "off"))
     assert on == pytest.approx(off / 24)  # one layer's bucket of the 24 stays exposed
+
+
+def test_flash_attention_keeps_no_scores_in_the_recomputed_layer_either():
+    """Full recomputation holds one layer's activations whole during its backward; with flash
+    attention that layer has no s × s scores, so full remat never needs more than none."""
+    from minipar.plan.layouts import layout_memory
+
+    m = load_model("llama3-405b", seq=131072)
+    lay = "tp=8,pp=9,cp=16,mb=1,zero=2,flash=on,remat="
+    full, none = (layout_memory(m, parse_layout(lay + r, m, 2304, 16))["activations"]
+                  for r in ("full", "none"))
+    assert full < none

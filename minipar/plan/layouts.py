@@ -277,9 +277,10 @@ def layout_memory(model: ModelSpec, lay: Layout, itemsize: int = 2, K: float = K
         else:
             flight = peak_microbatches_in_flight(lay.p, lay.m) if stage == 0 else 1
             acts = flight * per_stage * layer
-        if lay.remat == "full":  # one layer recomputed whole during its backward
-            acts += _layer_bytes(model, lay.t, lay.c, lay.b, "none", itemsize, formula,
-                                 sequence_parallel, cp_kind)
+        if lay.remat == "full":  # one layer recomputed whole during its backward (with
+            # flash attention that layer too keeps no s × s scores: selective's bytes)
+            acts += _layer_bytes(model, lay.t, lay.c, lay.b, "selective" if lay.flash else "none",
+                                 itemsize, formula, sequence_parallel, cp_kind)
         if states + acts > best.get("total", -1.0):
             kinds = zero_model_state_breakdown(share, N, lay.zero, K, itemsize, itemsize)
             best = {"states": states, "activations": acts, "total": states + acts,

@@ -100,6 +100,8 @@ def parse_layout(text: str, model: ModelSpec, gpus: int, global_batch: int) -> L
         key, val = (x.strip().lower() for x in part.split("=", 1))
         if key not in LAYOUT_KEYS:
             raise ValueError(f"layout: unknown key {key!r}; keys: {', '.join(LAYOUT_KEYS)}")
+        if key in kv:
+            raise ValueError(f"layout: {key} given twice ({kv[key]!r}, then {val!r})")
         kv[key] = val
 
     def whole(key: str, default: int) -> int:
@@ -110,7 +112,8 @@ def parse_layout(text: str, model: ModelSpec, gpus: int, global_batch: int) -> L
         except ValueError:
             x = 0
         if x < 1 and not (key == "zero" and kv[key] == "0"):
-            raise ValueError(f"layout: {key} must be a whole number ≥ 1, got {kv[key]!r}")
+            least = "0" if key == "zero" else "1"
+            raise ValueError(f"layout: {key} must be a whole number ≥ {least}, got {kv[key]!r}")
         return x
 
     def flag(key: str, default: bool) -> bool:
