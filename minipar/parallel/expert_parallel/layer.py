@@ -113,7 +113,8 @@ class EPMoE:
                                        cfg.capacity_factor, cfg.aux_loss_coef)
         # the host needs the counts (which rows to compute): one small device->host copy
         counts = to_host(sd["tokens_per_expert"])
-        got = all_to_all.forward(self.comm, np.asarray(counts, dtype=np.int64).reshape(-1, 1), split_axis=0, concat_axis=1,
+        got = all_to_all.forward(self.comm, np.asarray(counts, dtype=np.int64).reshape(-1, 1),
+                                 split_axis=0, concat_axis=1,
                                  split_sizes=[self.per] * self.ep, output_sizes=[1] * self.ep,
                                  op=OPS[0])  # (E/ep, ep): rows source j filled for expert i
         rows = self._a2a(buffers, False, OPS[1])  # (E/ep, Σ C_j, d)
@@ -125,7 +126,8 @@ class EPMoE:
             s_experts.append(sj)
         back = self._a2a(out, True, OPS[2])  # (E, C_r, d)
         y, s_combine = combine_forward(back, sd)
-        saved = {**sd, "tokens_per_expert": counts, "x_shape": x.shape, "experts": s_experts, "combine": s_combine}
+        saved = {**sd, "tokens_per_expert": counts, "x_shape": x.shape, "experts": s_experts,
+                 "combine": s_combine}
         return y.reshape(x.shape), saved
 
     def backward(self, p: dict[str, Any], saved: dict[str, Any], dy: Any,
