@@ -35,6 +35,7 @@ from __future__ import annotations
 import dis
 import os
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,10 @@ def _device_call(fn: Any, where: str) -> Any:
     return call
 
 
+#: the device array of each wrapped NumPy array still alive (by the NumPy array's id)
+_LIVE: weakref.WeakValueDictionary[int, ndarray] = weakref.WeakValueDictionary()
+
+
 class ufunc:  # noqa: N801 - named as NumPy's and CuPy's
     """A NumPy ufunc on device arrays: called, or by its methods (``xp.add.at(...)``)."""
 
@@ -170,7 +175,7 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
     ``ndarray(shape, dtype, memptr=, strides=)`` makes a view of device memory, as
     ``cupy.ndarray`` does; the stand-in's own functions make the rest."""
 
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "__weakref__")
     __hash__ = None  # type: ignore[assignment]  # == is elementwise
 
     def __init__(self, shape: Any, dtype: Any = float, memptr: MemoryPointer | None = None,
@@ -185,7 +190,18 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
     def _of(cls, a: np.ndarray) -> ndarray:
         d = object.__new__(cls)
         d._a = a
+        _LIVE[id(a)] = d  # so that a view's ``base`` is this very object
         return d
+
+    @property
+    def base(self) -> ndarray | None:
+        """The device array that owns this view's memory (None if it owns its own), the
+        same object each time, as in CuPy."""
+        b = self._a.base
+        if not isinstance(b, np.ndarray):
+            return None
+        d = _LIVE.get(id(b))
+        return d if d is not None and d._a is b else ndarray._of(b)
 
     # -- what NumPy and MPI may not do with it ----------------------------------
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
@@ -215,7 +231,7 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
                 "strides": i.get("strides"), "version": 3}
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("ctypes", "tobytes", "tofile", "base"):
+        if name.startswith("__") or name in ("ctypes", "tobytes", "tofile"):
             # __array_interface__, __array_struct__, __dlpack__: host access, refused
             raise AttributeError(f"'ndarray' (the device stand-in) has no attribute {name!r}")
         v = getattr(self._a, name)

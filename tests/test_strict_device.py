@@ -153,3 +153,12 @@ def test_staging_reuses_one_host_buffer_per_message_size() -> None:
     pool.give(b)
     assert pool.take(64) is b and pool.take(64) is a and pool.made == 2
     assert pool.take(32).nbytes == 32 and pool.made == 3
+
+
+def test_a_views_base_is_the_device_array_that_owns_it() -> None:
+    """``base`` as in CuPy, the same object each time: the memory ledgers find a view's
+    owner through it (``minipar.trees.owner``), as under NumPy."""
+    from minipar import trees
+
+    a = sd.zeros((4, 4))
+    assert a.base is None and a[1:].base is a and trees.owner(a.reshape(-1)[2:]) is a

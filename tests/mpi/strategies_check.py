@@ -9,8 +9,10 @@ loss and the parameters after it equal, to the bit, those of the engine that wen
 ``MINIPAR_CASES=first``: only the first case of each strategy that fits the world (the
 device stand-in's run, ``MINIPAR_BACKEND=strict``); rank 0 prints ``DIGEST <case>
 <sha256>`` of the final parameters, so a run on NumPy and one on the stand-in can be
-compared to the bit.  On a device backend, a step's bytes staged through host memory
-equal the bytes it sent (device->host) and received (host->device).
+compared to the bit.  On a device backend, every operation of a step either staged
+through host memory exactly the bytes it sent (device->host) and received
+(host->device): it moved device arrays (the gradients, the activations); or staged
+none: it moved host values (a loss, a count).  Some bytes of every step were staged.
 """
 
 from __future__ import annotations
@@ -114,6 +116,12 @@ def digest(params: dict) -> str:
     return h.hexdigest()
 
 
+def per_op(stats) -> dict[str, tuple[int, int, int, int]]:
+    """operation -> (bytes sent, received, staged device->host, staged host->device)."""
+    return {op: (s.bytes_sent, s.bytes_recv, s.staged_d2h, s.staged_h2d)
+            for op, s in stats.ops.items()}
+
+
 def copy_state(st: State) -> State:
     return State({k: (sh, a.copy()) for k, (sh, a) in st.arrays.items()},
                  dict(st.scalars))
@@ -127,16 +135,19 @@ def run(name: str, sizes: dict, options: dict, changes: dict) -> None:
     stats = world.stats
     eng = strategies.build(name, spec, grid, **options)
     eng.traffic()  # bytes since the last call: from here on
-    sent, got = stats.bytes_sent(), stats.bytes_recv()
-    staged = stats.bytes_staged("d2h"), stats.bytes_staged("h2d")
+    sent, before = stats.bytes_sent(), per_op(stats)
     losses = [eng.step(spec.batch_at(0)).loss]
     t = eng.traffic()
     c.check(isinstance(t, dict) and sum(t.values()) == stats.bytes_sent() - sent,
             f"{what}: traffic {t} != counted {stats.bytes_sent() - sent}")
-    moved = (stats.bytes_sent() - sent, stats.bytes_recv() - got)
-    now = (stats.bytes_staged("d2h") - staged[0], stats.bytes_staged("h2d") - staged[1])
-    c.check(now == (moved if backend.device else (0, 0)),
-            f"{what}: staged device->host, host->device {now}; sent, received {moved}")
+    step = {op: tuple(a - b for a, b in zip(v, before.get(op, (0, 0, 0, 0))))
+            for op, v in per_op(stats).items()}
+    for op, (s, r, d2h, h2d) in step.items():
+        c.check((d2h, h2d) in {(s, r), (0, 0)} and (backend.device or d2h + h2d == 0),
+                f"{what}: {op} sent, received {s}, {r}; staged each way {d2h}, {h2d}")
+    moved = sum(s + r for s, r, _, _ in step.values())
+    c.check(not (backend.device and moved) or any(d for _, _, d, _ in step.values()),
+            f"{what}: nothing staged on a device backend")
     saved = copy_state(eng.state_dict())
     fresh = strategies.build(name, spec, grid, **options)
     fresh.load_state_dict(saved)
