@@ -264,7 +264,15 @@ def test_minipar_bubble_draws_b_and_w_and_gives_the_json(capsys, tmp_path) -> No
         assert cli.main(["bubble", "--schedule", kind, "--json"]) == 0
         s = json.loads(capsys.readouterr().out)
         assert s["in_flight_max"] == fl and s["bubble_fraction"] == pytest.approx(frac), kind
-        assert s["bubble_fraction_synced"] >= s["bubble_fraction"]
+        assert s["bubble_fraction_synced"] >= s["bubble_fraction"] and s["formula_holds"]
+    # below m >= 2p - 1 Table 2 is not set against the simulator's bubble: it is stated
+    assert cli.main(["bubble", "--schedule", "zb-h2", "--stages", "4", "--micro-batches",
+                     "4"]) == 0
+    assert "holds for m >= 2p - 1 only (here m = 4, p = 4)" in capsys.readouterr().out
+    assert cli.main(["bubble", "--schedule", "zb-v", "--stages", "4", "--micro-batches", "4",
+                     "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["formula_holds"] is False and s["bubble_fraction"] == pytest.approx(1 / 9)
     png = tmp_path / "zb.png"
     assert cli.main(["bubble", "--schedule", "zb-v", "-o", str(png)]) == 0
     assert png.stat().st_size > 0

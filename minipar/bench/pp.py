@@ -284,14 +284,23 @@ def main(argv: list[str]) -> int:
           + " (the formula's stages are equal and never stall; unequal stages and stalls add to "
              "it)")
     if a.schedule.startswith("zb"):
+        from minipar.plan.pipeline import zero_bubble_holds
+
+        if not zero_bubble_holds(a.schedule, p_, m):
+            need = "m >= p" if a.schedule == "zb-h1" else "m >= 2p-1"
+            print(f"(Table 2 holds for {need} only: with m = {m} on {p_} stages its formula "
+                  f"does not apply; compare with `minipar bubble --schedule {a.schedule} "
+                  f"--stages {p_} --micro-batches {m}`, the simulator's bubble)")
         fm = row["bubble_formula_measured"]
         print(f"zero bubble (Qi et al. 2023; iteration = the longest stage's span): rebuilt "
               f"from median CPU compute costs, messages free, "
               f"{row['bubble_rebuilt_cpu_compute']:.3f}; Table 2 with the measured T_F, T_B, "
               f"T_W: " + (f"{fm:.3f} (gap {row['bubble_rebuilt_cpu_compute'] - fm:+.3f})"
                           if fm is not None else "given for equal costs only (0)")
-              + f"; with every stage synchronised before the step (minipar's loss all-reduce "
-              f"and found-inf check): {row['bubble_synced']:.3f}")
+              + f"; with every stage synchronised before the step: {row['bubble_synced']:.3f}"
+              f" (what minipar keeps: each step ends with a loss all-reduce over every stage "
+              f"and the next starts with a barrier; the found-inf check before the step only "
+              f"with a loss scaler, mixed-fp16; the dp all-reduce joins one stage's replicas)")
         print("bytes kept only for W, peak per stage: "
               + ", ".join(f"{x:,}" for x in row["w_peak_bytes"])
               + "; activations, peak per stage: "

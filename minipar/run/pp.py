@@ -179,7 +179,8 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
     if kind.startswith("zb"):
         notes.append(f"zero bubble (Qi et al. 2023): iteration = the longest stage's span; "
                      f"rebuilt with every stage waiting for all before its step (minipar "
-                     f"keeps the loss all-reduce and the found-inf check): "
+                     f"keeps the loss all-reduce after the step, a barrier before the next "
+                     f"and, with a loss scaler, the found-inf check before it): "
                      f"{float(b['rebuilt_synced']):.3f}; bytes kept only for W (B done, W "
                      f"not), peak per stage: " + ", ".join(f"{s['w_peak']:,}" for s in stages))
     if float(b["rebuilt_median"]) - float(b["formula"]) > GAP:

@@ -86,7 +86,9 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
         model = gpt_model(spec.layers, spec.d_model, spec.vocab, spec.seq, spec.heads)
         share = stage_param_count(model, pp, tp, grid.coord("pp"))
         psi = h.stage_layout.size
-        check(psi == share, f"{what}: {psi} parameters on this rank, the plan counts {share}")
+        v_shape = kind == "zb-v"  # the plan's stages are a line; zb-v's rank 0 holds both ends
+        check(psi == share or v_shape,
+              f"{what}: {psi} parameters on this rank, the plan counts {share}")
         lay = Layout(dp, tp, pp, cp, zero, "none", spec.batch // (dp * m), m)
         plan = layout_memory(model, lay, itemsize=8, K=16, formula="minipar",
                              sequence_parallel=bool(kw.get("sequence_parallel")), cp_kind=cp_kind)
@@ -114,7 +116,8 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
             check(counted["pp_p2p"] == plan_pp,
                   f"{what}: pp bytes {counted['pp_p2p']} vs plan {plan_pp}")
         held_here = stage_param_count(model, pp, tp, grid.coord("pp"))
-        if held_here == max(stage_param_count(model, pp, tp, i) for i in {0, pp - 1}) and (
+        if not v_shape and held_here == max(stage_param_count(model, pp, tp, i)
+                                            for i in {0, pp - 1}) and (
                 held_here % (dp * cp) == 0) and zero != 2 and not (zero == 3 and "remat" in kw):
             # the plan: the fuller end stage, even ring chunks; its ZeRO-2 is DeepSpeed's (m
             # reduce-scatters), its ZeRO-3 gathers nothing again for remat
@@ -185,6 +188,11 @@ def run_all() -> list[str]:
         trial(dense, 2, 2, 1, cp=2, m=2)
         trial(dense, 1, 2, 2, cp=2)  # cp x tp: ring zigzag on each tp rank's 4 heads
         trial(dense, 2, 1, 2, cp=2, cp_kind="ulysses")  # Ulysses: heads/t = 4 over cp 2
+        # zero bubble (Qi et al. 2023): B and W with tp inside the stage, SP's W, ZeRO-1
+        trial(dense, 2, 2, 2, kind="zb-h1", m=4)
+        trial(dense, 2, 2, 2, kind="zb-h1", m=2, sequence_parallel=True)
+        trial(dense, 2, 2, 2, kind="zb-h2", m=4, zero=1)
+        trial(dense, 2, 2, 2, kind="zb-v", m=4, v=2, zero=1)
     if N == 4:
         trial(dense, 1, 2, 1, cp=2)
         trial(dense, 2, 1, 1, cp=2, cp_kind="ulysses")

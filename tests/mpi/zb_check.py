@@ -5,13 +5,13 @@ Run by tests/test_pipeline_zero_bubble.py as ``launch.run(N, this file)``; rank 
 measured figures as ``ZB-FIGURE {json}`` lines; the job exits 1 if any check failed.
 
 1. parity with the serial GPT (float64, ``parity.compare`` over 2 AdamW steps) of ZB-H1,
-   ZB-H2 and ZB-V (Qi et al. 2023) on p = N stages, m = 1..8; with remat (GPipe's and
+   ZB-H2 and ZB-V (Qi et al. 2023) on p = N stages (2, 3, 4), m = 1..8; with remat (GPipe's and
    k-unit segments), a mixture of experts, and on 4 ranks dp 2 x pp 2;
 2. one record per instruction, B and W among them; the bytes kept only for W
    (``w_peak_bytes``) > 0, and 0 for 1F1B; the activation ledger (F to B) of ZB-H1 is
    1F1B's, ZB-H2's stage 0 holds more;
-3. the tensor- (with and without sequence parallelism), context- (Ulysses, ring) and
-   expert-parallel units: each unit's B then W is its backward, bit for bit (float64).
+3. (N = 2, 4) the tensor- (with and without sequence parallelism), context- (Ulysses,
+   ring) and expert-parallel units: each unit's B then W is its backward, bit for bit (float64).
 """
 
 from __future__ import annotations
@@ -168,7 +168,8 @@ def run_all() -> None:
         for kind, m in (("zb-h1", 3), ("zb-h2", 4), ("zb-v", 3)):
             trial(g, base.with_(layers=4), kind, m)
         g.free()
-    units_split()
+    if N != 3:  # t = cp = 3 divides none of the small model's heads, width or sequence
+        units_split()
 
 
 run_all()

@@ -129,13 +129,26 @@ def engine_bytes(engine: Any) -> dict[str, int]:
     from minipar.nn.units import spans as unit_spans
     from minipar.parallel.hybrid.sync import ZeroSync
     from minipar.parallel.hybrid.wire import ScatterGather
-    from minipar.parallel.pipeline.schedule import RecvAct, RecvGrad, SendAct, SendGrad
+    from minipar.parallel.pipeline.schedule import (
+        RecvAct,
+        RecvGrad,
+        SendAct,
+        SendGrad,
+        rank_of,
+        virtual_stage,
+    )
 
     h, model = engine, engine.stage_model
     units = [u for us in h.chunk_units for u in us]
     blocks = sum(u.name.startswith("block") for u in units)
-    sends, recvs = ((sum(isinstance(i, k) for i in h.instructions) // h.m if h.p > 1 else 0)
-                    for k in ((SendAct, SendGrad), (RecvAct, RecvGrad)))
+    toward = {SendAct: 1, RecvGrad: 1, SendGrad: -1, RecvAct: -1}
+
+    def remote(i: Any) -> bool:  # zb-v's turn on rank p - 1 is a local hand-off: no bytes
+        vs = virtual_stage(h.stage, i.chunk, h.p, h.place) + toward[type(i)]
+        return rank_of(vs, h.p, h.place) != h.stage
+
+    sends, recvs = ((sum(isinstance(i, k) and remote(i) for i in h.instructions) // h.m
+                     if h.p > 1 else 0) for k in ((SendAct, SendGrad), (RecvAct, RecvGrad)))
     again = h.stage_memory.recomputed_units()
     at = dict(zip((u.name for u in units), unit_spans(units, h.stage_layout)))
     zero = h.sync.stage if isinstance(h.sync, ZeroSync) else 0
