@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar.backend import to_device, to_host, xp
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.parallel.engine import Piece, Shard, whole
 from minipar.parallel.pipeline.parts import replica_rows
@@ -90,6 +91,7 @@ class HybridStage:
 
             self.cp_layout = sharding(spec.seq, self.cp, cp_kind, cp_kind == "ring")
             self.positions = self.cp_layout.positions(grid.coord("cp"))
+            self._columns = to_device(self.positions)  # indexes the batch: moved once
 
     def units(self) -> Any:
         """The whole model's units (:func:`grid_units`)."""
@@ -115,7 +117,7 @@ class HybridStage:
     def local_batch(self, batch: Any) -> tuple[Any, Any]:
         """My replica's rows of the global batch, at my cp rank's positions."""
         x, y = replica_rows(batch, self.grid.coord("dp"), self.grid.size("dp"))
-        return (x[:, self.positions], y[:, self.positions]) if self.cp > 1 else (x, y)
+        return (x[:, self._columns], y[:, self._columns]) if self.cp > 1 else (x, y)
 
     def weight(self, w: float) -> float:
         """w (the micro-batch's rows over the global batch) times s_c/s."""
@@ -165,16 +167,17 @@ class HybridStage:
         on the world's own communicator is not counted); the dtype of ``mine``'s."""
         from minipar.parallel.tensor_parallel.layers import unshard_params
 
-        mine = {k: np.asarray(v) for k, v in mine.items()}
+        mine = {k: to_host(v) for k, v in mine.items()}
         dtype = next(iter(mine.values())).dtype
         g = self.grid
         everyone = world.comm.allgather((g.coord("dp"), g.coord("cp"), g.coord("tp"), mine))
         shards: list[dict[str, Any]] = [{} for _ in range(self.t)]
         for _, _, t, part in sorted(everyone, key=lambda e: (e[0], e[1], e[2])):
             for k, v in part.items():
-                shards[t].setdefault(k, v)
+                if k not in shards[t]:
+                    shards[t][k] = to_device(v)
         full = unshard_params(shards, self.cfg)
-        return {n: np.asarray(full[n], dtype=dtype) for n in self.model.param_shapes()}
+        return {n: xp.asarray(full[n], dtype=dtype) for n in self.model.param_shapes()}
 
 
 def tp_placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar.backend import to_device, to_host, xp
 from minipar.collectives import all_gather, reduce_scatter
 from minipar.nn import executor
 from minipar.parallel.common import found_inf
@@ -128,7 +129,7 @@ class ZeroSync:
             from minipar.parallel.pipeline.stage import StageHooks
 
             lay = self.layout
-            self._acc = np.zeros(lay.size, self.full_buf.dtype)
+            self._acc = xp.zeros(lay.size, self.full_buf.dtype)
             self.grad_accumulation_bytes = int(self._acc.nbytes)
             return StageHooks(lay.unflatten(self.full_buf), lay.unflatten(self._acc))
         return self.zero_hooks
@@ -212,7 +213,7 @@ class ZeroSync:
         if self.stage == 2:
             flat = self.full_buf
         elif self.stage == 3:
-            flat = np.concatenate(self.comm.comm.allgather(np.asarray(flat)))
+            flat = to_device(np.concatenate(self.comm.comm.allgather(to_host(flat))))
         return self.layout.unflatten(flat)
 
     def model_state_bytes(self) -> dict[str, int]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from minipar.backend import xp
 from minipar.collectives import all_gather
 
 __all__ = ["OP_GATHER", "ScatterGather", "SequenceShard"]
@@ -38,7 +39,7 @@ class ScatterGather:
     def to_wire(self, buf: Any) -> Any:
         """The tp ranks hold the same activation; each sends its 1/t of it."""
         k = buf.size // self.t
-        return np.ascontiguousarray(buf.reshape(-1)[self.r * k:(self.r + 1) * k])
+        return xp.ascontiguousarray(buf.reshape(-1)[self.r * k:(self.r + 1) * k])
 
     def wire_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """1/t of the flat tensor arrives."""

@@ -29,8 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
-
+from minipar.backend import to_device, to_host
 from minipar.nn import executor
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
 from minipar.parallel.common import found_inf, local_rows
@@ -103,10 +102,10 @@ class SerialStage:
     def gather(self, world: Any, mine: dict[str, Any]) -> dict[str, Any]:
         """The whole model from every stage's ``mine`` (replica 0's), serial order, on every
         rank (a report: the pickled all-gather on the world's own communicator, not counted)."""
-        mine = {k: np.asarray(v) for k, v in mine.items()} if self.d == 0 else {}
+        mine = {k: to_host(v) for k, v in mine.items()} if self.d == 0 else {}
         everyone = world.comm.allgather(mine)
         merged = {k: v for d in everyone for k, v in d.items()}
-        return {n: merged[n] for n in self.model.param_shapes()}
+        return {n: to_device(merged[n]) for n in self.model.param_shapes()}
 
 
 def all_reduce(comm: Any, op: str, algorithm: str = "auto") -> Callable[[Any, Any], None]:
