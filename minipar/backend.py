@@ -108,6 +108,13 @@ def synchronize() -> None:
         xp.cuda.Device().synchronize()
 
 
+def stream_synchronize() -> None:
+    """Wait for the work queued on the current CUDA stream: a copy from pinned host memory
+    is asynchronous, so its host buffer may be reused only after this (nothing on the host)."""
+    if name == "cupy":  # pragma: no cover - needs a GPU
+        xp.cuda.get_current_stream().synchronize()
+
+
 def transfers() -> dict[str, int]:
     """Device<->host copies this process made, counted by the strict stand-in (bytes and
     calls each way); zeros under NumPy, and under CuPy, which does not count them."""

@@ -126,6 +126,16 @@ def _device_call(fn: Any, where: str) -> Any:
 _LIVE: weakref.WeakValueDictionary[int, ndarray] = weakref.WeakValueDictionary()
 
 
+def _device_base(a: np.ndarray) -> ndarray | None:
+    """The device array of ``a.base`` (None if ``a`` owns its memory): held by the view, as
+    CuPy's views hold their base, so it stays the same object while any view lives."""
+    b = a.base
+    if not isinstance(b, np.ndarray):
+        return None
+    d = _LIVE.get(id(b))
+    return d if d is not None and d._a is b else ndarray._of(b)
+
+
 class ufunc:  # noqa: N801 - named as NumPy's and CuPy's
     """A NumPy ufunc on device arrays: called, or by its methods (``xp.add.at(...)``)."""
 
@@ -140,6 +150,17 @@ class ufunc:  # noqa: N801 - named as NumPy's and CuPy's
     def __getattr__(self, name: str) -> Any:
         v = getattr(self._f, name)
         return _device_call(v, f"{self.__name__}.{name}") if callable(v) else v
+
+
+class Flags:
+    """An array's flags as CuPy has them: ``c_contiguous``, ``f_contiguous``, ``owndata``
+    (no ``writeable``, no ``aligned``: code that reads them fails here as on a GPU)."""
+
+    __slots__ = ("c_contiguous", "f_contiguous", "owndata")
+
+    def __init__(self, f: Any) -> None:
+        self.c_contiguous, self.f_contiguous, self.owndata = (
+            f.c_contiguous, f.f_contiguous, f.owndata)
 
 
 class MemoryPointer:
@@ -175,7 +196,7 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
     ``ndarray(shape, dtype, memptr=, strides=)`` makes a view of device memory, as
     ``cupy.ndarray`` does; the stand-in's own functions make the rest."""
 
-    __slots__ = ("_a", "__weakref__")
+    __slots__ = ("_a", "_base", "__weakref__")
     __hash__ = None  # type: ignore[assignment]  # == is elementwise
 
     def __init__(self, shape: Any, dtype: Any = float, memptr: MemoryPointer | None = None,
@@ -185,11 +206,13 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
         else:
             self._a = np.ndarray(shape, dtype, buffer=memptr.base, offset=memptr.offset,
                                  strides=strides)
+        self._base = _device_base(self._a)
 
     @classmethod
     def _of(cls, a: np.ndarray) -> ndarray:
         d = object.__new__(cls)
         d._a = a
+        d._base = _device_base(a)
         _LIVE[id(a)] = d  # so that a view's ``base`` is this very object
         return d
 
@@ -197,11 +220,7 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
     def base(self) -> ndarray | None:
         """The device array that owns this view's memory (None if it owns its own), the
         same object each time, as in CuPy."""
-        b = self._a.base
-        if not isinstance(b, np.ndarray):
-            return None
-        d = _LIVE.get(id(b))
-        return d if d is not None and d._a is b else ndarray._of(b)
+        return self._base
 
     # -- what NumPy and MPI may not do with it ----------------------------------
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
@@ -286,7 +305,7 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
     nbytes = property(lambda self: self._a.nbytes)
     itemsize = property(lambda self: self._a.itemsize)
     strides = property(lambda self: self._a.strides)
-    flags = property(lambda self: self._a.flags)
+    flags = property(lambda self: Flags(self._a.flags))
     T = property(lambda self: ndarray._of(self._a.T))
     real = property(lambda self: ndarray._of(self._a.real))
     imag = property(lambda self: ndarray._of(self._a.imag))

@@ -58,7 +58,7 @@ def _check_buffer(buf: Any) -> np.ndarray:
             or not buf.flags.c_contiguous:
         raise ValueError("a non-blocking all-reduce reduces a 1-D C-contiguous array (NumPy, "
                          "or the device's) in place; pass a contiguous slice of a flat buffer")
-    if not buf.flags.writeable:
+    if not getattr(buf.flags, "writeable", True):  # (a device array is: CuPy has no flag)
         raise ValueError("the buffer of a non-blocking all-reduce must be writeable")
     B.dtype_code(buf.dtype)
     return buf

@@ -115,6 +115,7 @@ def incoming(buf: Any, stats: Any, op: str, comm: str) -> tuple[Any, Finish | No
         n = status.Get_count(MPI.BYTE)
         if n > 0:
             d[:n].set(host[:n])
+            backend.stream_synchronize()  # from pinned memory the copy runs on: wait for it
         stats.record_staged(op, comm, "h2d", n)
         BUFFERS.give(host)
 
