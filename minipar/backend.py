@@ -21,6 +21,7 @@ imports NumPy for array computation behind ``xp``'s back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -113,6 +114,12 @@ def stream_synchronize() -> None:
     is asynchronous, so its host buffer may be reused only after this (nothing on the host)."""
     if name == "cupy":  # pragma: no cover - needs a GPU
         xp.cuda.get_current_stream().synchronize()
+
+
+def errstate(**kwargs: Any) -> Any:
+    """NumPy's floating-point warnings set for a block (``np.errstate``, also for the strict
+    stand-in, which computes with NumPy); CuPy has none to set: its kernels never warn."""
+    return contextlib.nullcontext() if name == "cupy" else np.errstate(**kwargs)
 
 
 def transfers() -> dict[str, int]:

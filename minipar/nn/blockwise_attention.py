@@ -49,7 +49,7 @@ import math
 from typing import Any
 
 from minipar import checks
-from minipar.backend import xp
+from minipar.backend import errstate, xp
 from minipar.nn.dtypes import down, up
 
 __all__ = ["attention_block_backward", "attention_block_forward", "block_visible",
@@ -86,7 +86,7 @@ def attention_block_forward(q: Any, k: Any, v: Any, q_offset: int = 0,
     xp.exp(s, out=s)
     denom = s.sum(axis=-1, keepdims=True)
     o = s @ up(v)
-    with xp.errstate(divide="ignore"):
+    with errstate(divide="ignore"):  # log 0 = −inf for a query that sees no key
         lse = (m + xp.log(denom))[..., 0]
     o /= xp.where(denom > 0, denom, 1.0)
     return down(o, q.dtype), lse
