@@ -1,9 +1,10 @@
-"""Pipeline-schedule exercises (gpipe_schedule, one_f_one_b): references pass, wrong ones are named.
+"""Pipeline-schedule exercises (gpipe_schedule, one_f_one_b, zb_h1_schedule): references pass,
+wrong ones are named.
 
 Most of the grading is pure (checker and simulator on the learner's lists), so
-every wrong solution in tests/mpi/ex_wrong_gpipe_*.py / ex_wrong_1f1b_*.py is
-judged in-process first; four launches then grade through the real path
-(minipar.launch, the worker, the MPI pipeline executor on the ranks).
+every wrong solution in tests/mpi/ex_wrong_gpipe_*.py / ex_wrong_1f1b_*.py /
+ex_wrong_zbh1_*.py is judged in-process first; six launches then grade through the
+real path (minipar.launch, the worker, the MPI pipeline executor on the ranks).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ def learner(path: Path):
     return module.schedule
 
 
-@pytest.mark.parametrize("name, kind", [("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b")])
+KINDS = [("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b"), ("zb_h1_schedule", "zb-h1")]
+
+
+@pytest.mark.parametrize("name, kind", KINDS)
 def test_reference_schedules_pass_every_rule_up_to_six_stages(name, kind):
     fn = learner(get(name).solution_path)
     for p in range(1, 7):
@@ -40,10 +44,38 @@ def test_each_schedule_fails_the_others_rule():
     assert set(said) == {"rule"} and "stage 0 holds 8 micro-batches at once" in said["rule"]
     said = common.findings("gpipe", one_f, 4)
     assert set(said) == {"rule"} and "a Backward runs before all 8 Forwards" in said["rule"]
+    said = common.findings("zb-h1", gpipe, 4)  # m in flight, and no B/W split
+    assert set(said) == {"rule", "bubble"} and "between their F and their B" in said["rule"]
+    said = common.findings("zb-h1", one_f, 4)  # 1F1B's memory, its backward whole
+    assert set(said) == {"bubble"} and "every backward runs whole" in said["bubble"]
+
+
+def test_zb_h1_reference_reaches_table_2_and_holds_p_from_f_to_w():
+    """Qi et al. 2023, Table 2 on the simulator, exactly (T_F = T_B = T_W = 1): the bubble is
+    (p - 1)(T_F + T_B - T_W) for m >= p; each stage lets s W's wait, so every stage holds
+    at most p micro-batches from F to W (p - s to B, s more to W), 1F1B's peak."""
+    from minipar.parallel.pipeline.measure import bubble_time
+    from minipar.parallel.pipeline.schedule import BackwardWeight, Forward
+    from minipar.parallel.pipeline.simulate import replay, split_cost
+    from minipar.plan.pipeline import zero_bubble_formula
+
+    fn = learner(get("zb_h1_schedule").solution_path)
+    for p in range(1, 7):
+        for m in range(1, 13):
+            lists = [fn(s, p, m) for s in range(p)]
+            if m >= p:
+                assert bubble_time(replay(lists, split_cost(1, 1, 1))) == \
+                    zero_bubble_formula("zb-h1", p, m)["bubble"] == p - 1, (p, m)
+            for s, ins in enumerate(lists):
+                held = peak = 0
+                for x in ins:
+                    held += isinstance(x, Forward) - isinstance(x, BackwardWeight)
+                    peak = max(peak, held)
+                assert peak == min(p, m), (p, m, s, peak)
 
 
 def test_cases_name_the_schedule_they_grade():
-    for name, kind in (("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b")):
+    for name, kind in KINDS:
         cases = get(name).grader().cases(3)
         assert {c["kind"] for c in cases} == {kind}
         assert [c["p"] for c in cases if c["what"] == "rules"] == [1, 2, 3, 4]
@@ -63,6 +95,19 @@ WRONG = [
     ("ex_wrong_1f1b_no_warmup.py", "1f1b", "bubble", "the formula 3/8"),
     ("ex_wrong_1f1b_backward_first.py", "1f1b", "check",
      "Backward(mb=0, chunk=0) at position 4 comes before RecvGrad(mb=0, chunk=0)"),
+    ("ex_wrong_zbh1_deadlock.py", "zb-h1", "check",
+     "p=2, m=2: deadlock: stage 0 waits at RecvGrad(mb=0, chunk=0) for stage 1; stage 1 waits "
+     "at RecvAct(mb=1, chunk=0) for stage 0 (cycle of waiting stages: 0 -> 1 -> 0)\nEach stage "
+     "in the cycle waits for a message its neighbour sends only later"),
+    ("ex_wrong_zbh1_w_before_b.py", "zb-h1", "check",
+     "stage 1: BackwardWeight(mb=0, chunk=0) at position 0 comes before BackwardInput(mb=0, "
+     "chunk=0) at position 3\nA W reads what its own B kept"),
+    ("ex_wrong_zbh1_1f1b.py", "zb-h1", "bubble",
+     "p=4, m=8: on the simulator (T_F = T_B = T_W = 1) the bubble is 9 time units, ZB-H1's "
+     "(p - 1)(F + B - W) = 3: your bubble is 1F1B's (p - 1)(F + B + W) = 9: move the W's into "
+     "the cool-down / warm-up idle time"),
+    ("ex_wrong_zbh1_w_in_steady.py", "zb-h1", "bubble",
+     "the bubble is 6 time units, ZB-H1's (p - 1)(F + B - W) = 3: (p - 1)(F + B) = 6"),
 ]
 
 
@@ -75,6 +120,8 @@ def test_wrong_schedules_are_named(file, kind, key, words):
             said.setdefault(k, v)
     assert key in said, (file, said)
     assert words in said[key], said[key]
+    if file.startswith("ex_wrong_zbh1_"):
+        assert set(said) == {key}, said  # one named reason, nothing else
 
 
 def test_calling_the_packages_schedule_is_not_writing_it():
@@ -84,7 +131,8 @@ def test_calling_the_packages_schedule_is_not_writing_it():
 
 
 # -- through the real path: launch, worker, the MPI executor --------------------------------------
-@pytest.mark.parametrize("name, n", [("gpipe_schedule", 3), ("one_f_one_b", 4)])
+@pytest.mark.parametrize("name, n", [("gpipe_schedule", 3), ("one_f_one_b", 4),
+                                     ("zb_h1_schedule", 3)])
 def test_reference_solution_passes_on_real_ranks(name, n):
     report = check(name, get(name).solution_path, n, timeout=120)
     assert report.passed, report.text()
@@ -105,6 +153,16 @@ def test_a_copied_1f1b_fails_written_by_you_on_real_ranks():
     report = check("one_f_one_b", MPI_DIR / "ex_wrong_1f1b_copied.py", 2, timeout=120)
     (bad,) = failed(report)
     assert bad.name.startswith("written by you") and "write the list yourself" in bad.detail
+
+
+def test_zb_h1_with_1f1b_bubble_runs_right_on_real_ranks_and_fails_the_bubble():
+    """Correct and equal to the serial run on the ranks, but no faster than 1F1B: named."""
+    report = check("zb_h1_schedule", MPI_DIR / "ex_wrong_zbh1_1f1b.py", 2, timeout=120)
+    (bad,) = failed(report)
+    assert bad.name.startswith("bubble on the simulator (T_F = T_B = T_W = 1")
+    assert "your bubble is 1F1B's (p - 1)(F + B + W) = 9" in bad.detail
+    assert bad.case == "p = 4 stages, m = 1..8 (checker and simulator)"
+    assert report.checks[-1].ok and "MPI executor" in report.checks[-1].name
 
 
 def test_a_list_of_something_else_is_named():

@@ -152,6 +152,15 @@ EXERCISES: dict[str, Exercise] = {
             writes="schedule",
         ),
         Exercise(
+            "zb_h1_schedule",
+            "run_stage",
+            "zero-bubble pipeline: write ZB-H1 (1F1B with the backward split in B and W, the "
+            "W's in the bubble)",
+            "★★★",
+            writes_communication=False,
+            writes="schedule",
+        ),
+        Exercise(
             "remat_budget",
             "remat_step",
             "activation checkpointing: which activations to keep for a memory budget (notebook 09)",

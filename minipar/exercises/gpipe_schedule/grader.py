@@ -1,4 +1,4 @@
-"""Grader of the pipeline-schedule exercises (GPipe here, 1F1B reuses it): checker, simulator, MPI.
+"""Grader of the pipeline-schedule exercises (GPipe; 1F1B, ZB-H1 reuse it): checker, simulator, MPI.
 
 EN pipeline schedule grader · RU проверка расписания конвейера · ZH 流水线调度评分
 
@@ -14,9 +14,14 @@ plain data, so most of the grading needs no MPI; every rank computes it, rank
 2. **the schedule's rule** — GPipe (Huang et al. 2018, arXiv 1811.06965):
    all m forwards before any backward, so every stage holds m micro-batches;
    1F1B (Narayanan et al. 2021, arXiv 2104.04473): at most p − s on stage s;
+   ZB-H1 (Qi et al. 2023, arXiv 2401.10241): the same, counted from F to B;
 3. **the bubble** — on the simulator with equal costs (forward 1, backward
    2), exactly (Fractions): GPipe (p − 1)/(m + p − 1) of the step, 1F1B
-   (p − 1)/m of the ideal time;
+   (p − 1)/m of the ideal time; ZB-H1 with the paper's T_F = T_B = T_W = 1 and
+   its span bubble (:func:`~minipar.parallel.pipeline.measure.bubble_time`): at
+   most (p − 1)(T_F + T_B − T_W) for m ≥ p (Table 2), below that at most the
+   simulator's value for minipar's own zb-h1; a bubble that is 1F1B's
+   (p − 1)(T_F + T_B + T_W), or a backward never split, is named;
 4. **real ranks** — on N ranks, each rank runs *its own stage's list* through
    minipar's MPI pipeline executor
    (:class:`minipar.parallel.pipeline.engine.PipelineParallel`, its
@@ -62,9 +67,14 @@ NAMES = {
     "bubble": {"gpipe": "bubble on the simulator (forward 1, backward 2) = (p - 1)/(m + p - 1) "
                         "of the step, exactly",
                "1f1b": "bubble on the simulator (forward 1, backward 2) = (p - 1)/m of the "
-                       "ideal time, exactly"},
+                       "ideal time, exactly",
+               "zb-h1": "bubble on the simulator (T_F = T_B = T_W = 1, the longest stage's "
+                        "span) at most ZB-H1's (p - 1)(T_F + T_B - T_W) for m >= p, a third "
+                        "of 1F1B's (below m = p: the simulator's ZB-H1 value)"},
     "rule": {"gpipe": "GPipe: all m forwards before any backward (m micro-batches in flight)",
-             "1f1b": "1F1B: at most p - s micro-batches in flight on stage s (never more than p)"},
+             "1f1b": "1F1B: at most p - s micro-batches in flight on stage s (never more than p)",
+             "zb-h1": "ZB-H1: 1F1B's memory, at most p - s micro-batches between F and B on "
+                      "stage s"},
     "own": "written by you (not a call to minipar.parallel.pipeline.schedule)",
 }
 _notes: dict[str, str] = {}  # case label -> findings, for diagnose (same process, rank side)
@@ -121,6 +131,11 @@ def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
                     f"most p - s = {min(p - s, m)} there: p - s - 1 = {p - s - 1} warm-up "
                     "forwards, then one forward, one backward (never more than p in flight; "
                     "GPipe holds all m)")
+        if kind == "zb-h1" and held > min(p - s, m):
+            return (f"p={p}, m={m}: stage {s} holds {held} micro-batches between their F and "
+                    f"their B at once; ZB-H1 keeps 1F1B's memory, at most p - s = "
+                    f"{min(p - s, m)} there: p - s - 1 = {p - s - 1} warm-up forwards, then "
+                    "one F, one B (extra warm-up forwards are ZB-H2, which holds 2p - 1)")
     return None
 
 
@@ -130,6 +145,8 @@ def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:
     from minipar.parallel.pipeline.simulate import replay, uniform_cost
     from minipar.plan.pipeline import bubble_formula
 
+    if kind == "zb-h1":
+        return zb_bubble(lists, p, m)
     tl = replay(lists, uniform_cost(1, 2))
     formula = bubble_formula(kind, p, m)
     if kind == "gpipe":
@@ -144,6 +161,58 @@ def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:
             + (", or too few warm-up forwards)" if kind == "1f1b" else ")"))
 
 
+def zb_bubble(lists: list[list], p: int, m: int) -> str | None:
+    """ZB-H1's bubble (Qi et al. 2023, Table 2): on the simulator with T_F = T_B = T_W = 1,
+    the iteration time (the longest stage's span) − m(T_F + T_B + T_W), at most
+    (p − 1)(T_F + T_B − T_W) for m >= p; below, at most what minipar's own zb-h1 reaches.
+    In words, or None; 1F1B's bubble and a backward never split are named."""
+    from minipar.parallel.pipeline.measure import bubble_time
+    from minipar.parallel.pipeline.schedule import BackwardInput, schedules
+    from minipar.parallel.pipeline.simulate import replay, split_cost
+    from minipar.plan.pipeline import zero_bubble_formula, zero_bubble_holds
+
+    def span_bubble(ls: list[list]) -> Any:
+        return bubble_time(replay(ls, split_cost(1, 1, 1)))
+
+    got = span_bubble(lists)
+    table = zero_bubble_holds("zb-h1", p, m)
+    want = (zero_bubble_formula("zb-h1", p, m)["bubble"] if table
+            else span_bubble(schedules("zb-h1", p, m)))
+    if got <= want:
+        return None
+    said = (f"p={p}, m={m}: on the simulator (T_F = T_B = T_W = 1) the bubble is {got} time "
+            "units, ZB-H1's " + (f"(p - 1)(F + B - W) = {want}" if table else
+                                 f"{want} (the simulator's zb-h1; the formula needs m >= p)"))
+    one_f = zero_bubble_formula("1f1b", p, m)["bubble"]
+    if not any(isinstance(x, BackwardInput) for ins in lists for x in ins):
+        return (said + ": every backward runs whole (Backward: B and W in one). Split it: "
+                "BackwardInput(i) (B, the input's gradient, sent on at once) and "
+                "BackwardWeight(i) (W, the weights' gradient, which nobody waits for)")
+    if got == one_f:
+        return (said + f": your bubble is 1F1B's (p - 1)(F + B + W) = {one_f}: move the W's "
+                "into the cool-down / warm-up idle time (a W may run any time after its own "
+                "B; right after it, it only makes the backward whole again)")
+    if got == (p - 1) * 2:
+        return (said + f": (p - 1)(F + B) = {got}, as when each gradient goes back right "
+                "after its B but each W still runs right after it, in the steady state, where "
+                "the next F or B should be: hold the W's back and run them where the stage "
+                "would idle, in the cool-down")
+    return (said + ": the stages wait for each other more than ZB-H1 needs: each B as soon as "
+            "its gradient has come, its gradient sent on at once, and the W's where the stage "
+            "would idle")
+
+
+#: what the checker's words mean for a split backward
+W_BEFORE_B = ("A W reads what its own B kept (the layer's input x and the gradient of its "
+              "output dy): BackwardWeight(i) comes after BackwardInput(i) on the same stage, "
+              "never before it (not in the warm-up either)")
+
+#: what a deadlock of a 1F1B-shaped schedule (1F1B, ZB-H1) usually is
+STUCK = ("Each stage in the cycle waits for a message its neighbour sends only later in its "
+         "own list: stage s runs p - s - 1 warm-up forwards, so that the activations its next "
+         "stage needs go out before it waits for a gradient")
+
+
 def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[str, str]:
     """A problem of each kind over m in ``ms`` on p stages: "check" at the smallest m that
     fails it, "rule" and "bubble" at the largest."""
@@ -155,7 +224,10 @@ def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[
         found = [bad] if bad else problems(lists)
         if found:
             out.setdefault("check", f"p={p}, m={m}: " + "\n".join(found[:4]) + (
-                f"\n... and {len(found) - 4} more" if len(found) > 4 else ""))
+                f"\n... and {len(found) - 4} more" if len(found) > 4 else "") + (
+                "\n" + W_BEFORE_B if any("BackwardWeight(" in f and "comes before "
+                                          "BackwardInput(" in f for f in found[:4]) else "") + (
+                "\n" + STUCK if kind != "gpipe" and found[0].startswith("deadlock") else ""))
             continue
         for key, said in (("rule", rule(kind, lists, p, m)), ("bubble", bubble(kind, lists, p, m))):
             if said:  # the largest m wins: the clearest numbers
