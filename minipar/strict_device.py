@@ -65,6 +65,24 @@ class Transfers:
                 "h2d_bytes": self.h2d_bytes, "h2d_calls": self.h2d_calls}
 
 
+#: NumPy's public names that CuPy does not have (read off NumPy 2.5.2 and CuPy 14.2.0 on an
+#: H200, 2026-12-04): the stand-in refuses them as CuPy would, with an AttributeError
+_NOT_IN_CUPY = frozenset("""
+    False_ ScalarType True_ asmatrix block bmat busday_count busday_offset
+    busdaycalendar bytes_ char character clongdouble complex256 core ctypeslib
+    datetime64 datetime_as_string datetime_data dtypes einsum_path emath errstate f2py
+    flexible float128 frompyfunc fromregex geomspace get_include getbufsize geterr
+    geterrcall histogram_bin_edges info insert is_busday isnat little_endian longdouble
+    ma matrix matvec memmap nanpercentile nanquantile ndenumerate nditer nested_iters
+    object_ polyder polydiv polyint rec recarray record sctypeDict setbufsize seterr
+    seterrcall show_runtime spacing str_ strings test timedelta64 typecodes unstack
+    vecdot vecmat void
+""".split())
+#: NumPy array methods CuPy's arrays do not have (the same reading)
+_NOT_ON_CUPY_ARRAYS = frozenset(("ctypes", "getfield", "resize", "setfield", "setflags",
+                                 "to_device", "tobytes", "tofile"))
+
+
 #: the crossings this process made (minipar.backend.transfers() reads them)
 transfers = Transfers()
 
@@ -250,9 +268,10 @@ class ndarray:  # noqa: N801 - named as CuPy's (and NumPy's) array type
                 "strides": i.get("strides"), "version": 3}
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("ctypes", "tobytes", "tofile"):
-            # __array_interface__, __array_struct__, __dlpack__: host access, refused
-            raise AttributeError(f"'ndarray' (the device stand-in) has no attribute {name!r}")
+        if name.startswith("__") or name in _NOT_ON_CUPY_ARRAYS:
+            # __array_interface__, __array_struct__, __dlpack__, ctypes: host access, refused
+            raise AttributeError(f"'ndarray' (the device stand-in, as CuPy's) has no "
+                                 f"attribute {name!r}")
         v = getattr(self._a, name)
         return _device_call(v, f"ndarray.{name}") if callable(v) else _wrap(v)
 
@@ -399,6 +418,9 @@ def __getattr__(name: str) -> Any:
     device arrays out, host arrays refused."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if name in _NOT_IN_CUPY:
+        raise AttributeError(f"CuPy has no xp.{name} (nor has the device stand-in): "
+                             "write it with what both NumPy and CuPy offer")
     try:
         v = getattr(np, name)
     except AttributeError:

@@ -162,3 +162,13 @@ def test_a_views_base_is_the_device_array_that_owns_it() -> None:
 
     a = sd.zeros((4, 4))
     assert a.base is None and a[1:].base is a and trees.owner(a.reshape(-1)[2:]) is a
+
+
+def test_numpy_names_cupy_lacks_are_refused(d: sd.ndarray) -> None:
+    """As on a GPU (found there: ``xp.errstate`` failed under CuPy 14.2)."""
+    for name in ("errstate", "matrix", "memmap", "nditer"):
+        with pytest.raises(AttributeError, match="CuPy has no"):
+            getattr(sd, name)
+    with pytest.raises(AttributeError):
+        d.resize((2, 6))
+    assert sd.einsum is sd.einsum and sd.float32 is np.float32  # what CuPy has, kept
