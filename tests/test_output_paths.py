@@ -53,6 +53,7 @@ def test_an_unwritable_output_path_is_refused_before_the_work(
     assert rc == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and option in lines[0] and "/no/such/folder" in lines[0], err
+    assert "unrecognized" not in lines[0], err  # the option exists: refused for its path
 
 
 def test_checkpoint_export_checks_its_output_before_reading(tmp_path: Path,
@@ -60,3 +61,15 @@ def test_checkpoint_export_checks_its_output_before_reading(tmp_path: Path,
     rc = cli.main(["checkpoint", "export", str(tmp_path), "/no/such/folder/m.safetensors"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "/no/such/folder" in err, err
+
+
+def test_run_json_out_writes_the_summary_it_prints_with_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``minipar run --json-out FILE`` (the one meaning of --json across verbs): FILE holds
+    the summary ``--json`` prints."""
+    import json
+
+    out = tmp_path / "summary.json"
+    assert cli.main(["run", "dp", "-n", "2", "--steps", "1", "--json", "--json-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(out.read_text()) == json.loads(printed[printed.index("{"):])

@@ -39,6 +39,7 @@ other machines (:mod:`minipar.launch`).
 from __future__ import annotations
 
 import json
+import sys
 
 from minipar.run.options import PROG, parse
 from minipar.run.summary import SUMMARY_PREFIX, build, format_summary
@@ -69,4 +70,12 @@ def main(argv: list[str]) -> int:
         summary.setdefault("notes", []).append(
             f"trace written to {options['trace']}: open it in https://ui.perfetto.dev")
     print(json.dumps(summary, indent=2) if options["json"] else format_summary(summary))
+    if options.get("json_out"):  # its folder was checked before the launch
+        try:
+            with open(options["json_out"], "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=2)
+        except OSError as e:
+            print(f"{PROG} {options['strategy']}: cannot write {options['json_out']}: "
+                  f"{e.strerror or e}", file=sys.stderr)
+            return 1
     return 1 if summary["verdict"]["status"] == "different" else 0

@@ -29,7 +29,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from minipar.cli.options import ArgumentParser, integer, number, output_file, seconds
+from minipar.cli.options import (ArgumentParser, add_json_options, integer, number, output_file,
+                                 seconds)
 from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
 
 PROG = "minipar run"
@@ -68,7 +69,7 @@ def parser(strategy: str | None = None) -> ArgumentParser:
     g.add_argument("--precision", choices=list(POLICIES), default="float64",
                    help="float64 (parity), float32, mixed (bf16 + fp32 master), mixed-fp16 "
                    "(default %(default)s)")
-    g.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_json_options(g, "the summary")
     g.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT,
                    help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
     g.add_argument("--hostfile", type=existing_file, default=None,
