@@ -85,7 +85,11 @@ def embedding_forward(table: Any, ids: Any) -> tuple[Any, tuple]:
 
 
 def embedding_backward(saved: tuple, dy: Any) -> Any:
-    """Gradient of the table: dy scattered (summed) into the rows that were read."""
+    """Gradient of the table: dy scattered (summed) into the rows that were read.
+
+    On a GPU (CuPy) the scatter-add adds with atomics, in an order that varies from run
+    to run, so the last bits of the gradient of a row read more than once do too (as
+    PyTorch's embedding backward without deterministic algorithms)."""
     ids, shape, dtype = saved
     dtable = xp.zeros(shape, dtype=compute_dtype(dy.dtype))
     xp.add.at(dtable, ids.reshape(-1), up(dy).reshape(-1, shape[1]))

@@ -13,6 +13,12 @@ compared to the bit.  On a device backend, every operation of a step either stag
 through host memory exactly the bytes it sent (device->host) and received
 (host->device): it moved device arrays (the gradients, the activations); or staged
 none: it moved host values (a loss, a count).  Some bytes of every step were staged.
+
+Under CuPy (a real GPU) the engine's arithmetic is not reproducible to the bit: the
+embedding's gradient is a scatter-add (``xp.add.at``) that CuPy adds with atomics, in
+an order that varies from run to run, as PyTorch's embedding backward does without
+deterministic algorithms.  There, "to the bit" becomes "within 1e-12 relative"; the
+parity verdict against the serial run is the same everywhere.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from minipar.parallel.parity import compare
 
 N = MPI.COMM_WORLD.Get_size()
 c = Checks("STRATEGIES")
+#: whether two runs of the same computation agree to the bit (not with CuPy's atomics)
+EXACT = backend.name != "cupy"
 
 #: strategy -> cases: (grid sizes, the strategy's options, RunSpec changes); a case runs
 #: on the world size its grid's product gives (no sizes: on every world size, each rank
@@ -116,6 +124,15 @@ def digest(params: dict) -> str:
     return h.hexdigest()
 
 
+def close(a: dict, b: dict) -> bool:
+    """Every tensor of ``a`` within 1e-12 of ``b``'s, relative to the largest |value|."""
+    for k in a:
+        x, y = to_host(a[k]).astype(np.float64), to_host(b[k]).astype(np.float64)
+        if x.size and np.abs(x - y).max() > 1e-12 * max(np.abs(x).max(), np.abs(y).max()):
+            return False
+    return True
+
+
 def per_op(stats) -> dict[str, tuple[int, int, int, int]]:
     """operation -> (bytes sent, received, staged device->host, staged host->device)."""
     return {op: (s.bytes_sent, s.bytes_recv, s.staged_d2h, s.staged_h2d)
@@ -152,14 +169,19 @@ def run(name: str, sizes: dict, options: dict, changes: dict) -> None:
     fresh = strategies.build(name, spec, grid, **options)
     fresh.load_state_dict(saved)
     a, b = eng.step(spec.batch_at(1)), fresh.step(spec.batch_at(1))
-    c.check(a.loss == b.loss, f"{what}: loss after load_state_dict {b.loss!r} != {a.loss!r}")
+    c.check(a.loss == b.loss or not EXACT and abs(a.loss - b.loss) <= 1e-12 * abs(a.loss),
+            f"{what}: loss after load_state_dict {b.loss!r} != {a.loss!r}")
     pa, pb = eng.full_params(), fresh.full_params()
-    c.check(digest(pa) == digest(pb), f"{what}: params after load_state_dict differ")
+    c.check(digest(pa) == digest(pb) or not EXACT and close(pa, pb),
+            f"{what}: params after load_state_dict differ")
     losses.append(a.loss)
     losses += [eng.step(spec.batch_at(s)).loss for s in range(2, spec.steps)]
     params = eng.full_params()
     everyone = MPI.COMM_WORLD.allgather(digest(params))
-    c.check(len(set(everyone)) == 1, f"{what}: full_params differ between ranks")
+    c.check(len(set(everyone)) == 1 or not EXACT and all(
+        close(params, p) for p in MPI.COMM_WORLD.allgather(
+            {k: to_host(v) for k, v in params.items()})),
+            f"{what}: full_params differ between ranks")
     serial = strategies.build("serial", spec, None,
                               **({"routing": options["routing"]} if "routing" in options else {}))
     ref = [serial.step(spec.batch_at(s)).loss for s in range(spec.steps)]
