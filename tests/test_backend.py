@@ -97,3 +97,22 @@ def test_cupy_without_cupy_or_gpu_is_a_clear_error() -> None:
 @pytest.mark.parametrize("value", ["numpy", " NumPy "])
 def test_numpy_spellings(value: str) -> None:
     assert _import_with(value).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["tensorflow", "cupy"])
+def test_a_backend_that_cannot_load_is_one_line_before_anything_starts(value: str) -> None:
+    """Every verb but ``doctor`` (which reports it among the rest) refuses to start."""
+    try:
+        import cupy  # noqa: F401
+        if value == "cupy":
+            pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    env = {**os.environ, backend.BACKEND_ENV: value}
+    proc = subprocess.run([sys.executable, "-m", "minipar.cli", "run", "dp", "-n", "2"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"minipar run: {backend.BACKEND_ENV}=")
+    doctor = subprocess.run([sys.executable, "-m", "minipar.cli", "doctor"], env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert doctor.returncode == 0 and "cannot load" in doctor.stdout

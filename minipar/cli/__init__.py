@@ -57,6 +57,16 @@ def _status(code: object) -> int:
     return 1
 
 
+def _backend_problem() -> str | None:
+    """Why the array backend ``MINIPAR_BACKEND`` names cannot load (None when it loads):
+    said in one line before anything starts, rather than as a traceback from every rank."""
+    try:
+        importlib.import_module("minipar.backend")
+    except (RuntimeError, ValueError) as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -71,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"minipar: unknown verb {verb!r}; one of {', '.join(VERBS)} "
               "(minipar --help describes them)", file=sys.stderr)
+        return EXIT_USAGE
+    why = None if verb == "doctor" else _backend_problem()  # doctor reports it itself
+    if why:
+        print(f"minipar {verb}: {why}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: launches stop their ranks
