@@ -225,3 +225,51 @@ def test_a_planned_strategy_says_it_is_planned(capsys: pytest.CaptureFixture[str
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warp-speed parallelism" in err and "planned" in err
+
+
+#: the strategies' options tests/test_strategies.py's one case per strategy does not reach,
+#: each once on the device stand-in: (argv, what the summary's JSON must hold equal)
+STAND_IN = [
+    (["train", "--model", "mlp", "--precision", "float64", "--steps", "3"], "mlp"),
+    (["run", "zero", "-n", "2", "--stage", "3", "--remat", "--offload", "host"], "zero3"),
+    (["run", "pp", "-n", "2", "--schedule", "gpipe", "--remat", "--offload", "disk"], "gpipe"),
+    (["run", "pp", "-n", "2", "--schedule", "1f1b"], "1f1b"),
+    (["run", "cp", "-n", "2", "--kind", "ulysses"], "ulysses"),
+]
+
+
+@pytest.mark.parametrize("argv, name", STAND_IN, ids=[n for _, n in STAND_IN])
+def test_on_the_device_stand_in_runs_equal_numpys_to_the_bit(argv, name, tmp_path) -> None:
+    """MINIPAR_BACKEND=strict (CuPy's rules on NumPy: tests/test_strict_device.py): the
+    same losses as on NumPy, to the bit, and for a parallel run the same verdict."""
+    out = {}
+    for backend in ("strict", "numpy"):
+        proc = run_minipar(*argv, "--steps", "2", "--json", env={"MINIPAR_BACKEND": backend},
+                           timeout=240) if argv[0] == "run" else run_minipar(
+            *argv, "--json", "--quiet", env={"MINIPAR_BACKEND": backend}, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[backend] = json.loads(proc.stdout)
+    s, n = out["strict"], out["numpy"]
+    assert s["losses"] == n["losses"]
+    if argv[0] == "run":
+        assert s["verdict"] == n["verdict"] and s["verdict"]["status"] == "equal"
+        assert s["backend"] == "strict" and min(s["staged_d2h_per_rank"]) > 0
+
+
+def test_a_checkpoint_saved_on_the_stand_in_resumes_and_samples_as_on_numpy(tmp_path) -> None:
+    """Sharded checkpoints and resume across the device boundary (to_host on save, the
+    array's own module on load), and sampling from the saved model."""
+    got = {}
+    for backend in ("strict", "numpy"):
+        env = {"MINIPAR_BACKEND": backend}
+        d = tmp_path / backend
+        first = run_minipar("run", "tp", "-n", "2", "--text", "--steps", "2", "--save", str(d),
+                            env=env, timeout=240)
+        assert first.returncode == 0, first.stderr[-2000:]
+        second = run_minipar("run", "tp", "-n", "2", "--text", "--steps", "3", "--resume",
+                             str(d), "--json", env=env, timeout=240)
+        assert second.returncode == 0, second.stderr[-2000:]
+        sample = run_minipar("sample", str(d), "--tokens", "12", "--seed", "1", env=env)
+        assert sample.returncode == 0, sample.stderr[-2000:]
+        got[backend] = (json.loads(second.stdout)["losses"], sample.stdout)
+    assert got["strict"] == got["numpy"]
