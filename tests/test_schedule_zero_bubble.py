@@ -159,6 +159,22 @@ def test_in_flight_is_the_papers(p: int) -> None:
                 assert w_pending(ins) >= 1
 
 
+@pytest.mark.parametrize("p", P)
+def test_zb_h1_holds_1f1bs_peak_from_f_to_w(p: int) -> None:
+    """ZB-H1 (Qi et al. 2023, Fig. 3 top) keeps 1F1B's peak memory: stage s runs each W s
+    B's late, so it holds p − s micro-batches to B and s more to W, min(p, m) from F to W on
+    every stage — not the W's of every micro-batch piled up after the last F."""
+    for m in M:
+        for s in range(p):
+            ins = stage_schedule("zb-h1", s, p, m)
+            held = peak = 0
+            for x in ins:
+                held += isinstance(x, Forward) - isinstance(x, BackwardWeight)
+                peak = max(peak, held)
+            assert peak == min(p, m), (p, m, s, peak)
+            assert w_pending(ins) == min(s + 1, m), (p, m, s)  # counted right after a B
+
+
 def test_zb_v_is_a_v() -> None:
     """Rank 0 holds virtual stages 0 and 2p − 1 (the loss), rank p − 1 stages p − 1 and p
     (it hands chunk 0's output to its own chunk 1); rank_of inverts virtual_stage."""
@@ -258,7 +274,8 @@ def test_minipar_bubble_draws_b_and_w_and_gives_the_json(capsys, tmp_path) -> No
 
     assert cli.main(["bubble", "--schedule", "zb-h1", "--stages", "3", "--micro-batches", "6"]) == 0
     out = capsys.readouterr().out
-    assert "B0F3B1F4B2F5B3W0B4W1B5W2W3W4W5" in out and "Qi et al. 2023, Table 2" in out
+    assert "B0W0F3B1W1F4B2W2F5B3W3B4W4B5W5" in out and "Qi et al. 2023, Table 2" in out
+    assert "gradients kept), peak per stage: 1 2 3" in out  # each W s B's late on stage s
     assert "= 1/10 = 10.0% of the step" in out
     for kind, fl, frac in (("zb-h1", 4, 3 / 27), ("zb-h2", 7, 0.0), ("zb-v", 8, 0.0)):
         assert cli.main(["bubble", "--schedule", kind, "--json"]) == 0

@@ -74,13 +74,16 @@ micro-batches; 1F1B on the same costs (a whole backward ``B0B0`` = B + W)::
              stage 1  . F0F1. . B0B0F2B1B1F3B2B2F4B3B3F5B4B4. B5B5. .
              stage 2  . . F0B0B0F1B1B1F2B2B2F3B3B3F4B4B4F5B5B5. . . .
 
-``zb-h1`` — 1F1B's forwards and memory (p − s micro-batches between F and B on
-stage s), each B as early as its gradient allows, the W's into the cool-down:
-bubble (p − 1)(T_F + T_B − T_W), a third of 1F1B's (m >= p)::
+``zb-h1`` — 1F1B's warm-up, steady state and cool-down with each B sent on at
+once (Qi et al. 2023, Fig. 3 top): stage s runs each W s B's late, so the W's
+fill the idle slots that would be stage s's bubble, and its last s W's fill the
+cool-down.  1F1B's peak memory: p − s micro-batches between F and B and at most
+s more between B and W — p from F to W on every stage (m >= p); bubble
+(p − 1)(T_F + T_B − T_W), a third of 1F1B's (m >= p)::
 
-    zb-h1    stage 0  F0F1F2. . B0F3B1F4B2F5B3W0B4W1B5W2W3W4W5
-             stage 1  . F0F1. B0F2B1F3B2F4B3F5B4W0B5W1W2W3W4W5
-             stage 2  . . F0B0F1B1F2B2F3B3F4B4F5B5W0W1W2W3W4W5
+    zb-h1    stage 0  F0F1F2. . B0W0F3B1W1F4B2W2F5B3W3B4W4B5W5
+             stage 1  . F0F1. B0F2B1W0F3B2W1F4B3W2F5B4W3B5W4W5
+             stage 2  . . F0B0F1B1F2B2W0F3B3W1F4B4W2F5B5W3W4W5
 
 ``zb-h2`` — extra warm-up forwards (2(p − s) − 1 between F and B on stage s)
 fill the start, W's the end: each stage busy from its first to its last
@@ -108,9 +111,10 @@ its optimizer when its own W's are done), bubble = that − m(T_F + T_B + T_W)
 later stages end later than stage 0: a synchronisation of all stages before
 the step (a global gradient norm, a found-inf check) brings the bubble back
 (:func:`~minipar.parallel.pipeline.measure.synced_bubble_fraction`); the paper
-removes it by stepping optimistically and validating afterwards.  ZB-H1 and
-ZB-H2 (and zb-v when m < 2p − 1) are built by :func:`_zero_bubble_orders`, a
-list scheduler at unit costs; ZB-V's own order is :func:`_zb_v_order`.
+removes it by stepping optimistically and validating afterwards.  ZB-H1's order is
+:func:`_zb_h1_order` and ZB-V's :func:`_zb_v_order` (both handcrafted); ZB-H2 (and
+zb-v when m < 2p − 1) are built by :func:`_zero_bubble_orders`, a list scheduler at
+unit costs.
 
 Communication is in the list, so an executor can run it as written: a
 receive comes right before the compute that needs it, a send right after
@@ -348,10 +352,12 @@ def _zero_bubble_orders(kind: str, p: int, m: int) -> tuple[tuple[tuple[str, int
        bubble);
     4. else it waits.
 
-    With two chunks (ZB-V) chunk 1 wins a tie.  The result is the paper's handcrafted
-    shapes (Qi et al. 2023, Fig. 3): ZB-H1 is 1F1B with the W's moved into the cool-down,
-    ZB-H2 adds warm-up forwards and becomes a parallelogram, ZB-V runs the V.  The order
-    is then fixed data: the executor and the simulator run it with any costs."""
+    With two chunks (ZB-V) chunk 1 wins a tie.  Used for ZB-H2 (1F1B plus warm-up
+    forwards: a parallelogram) and for zb-v when m < 2p − 1; ZB-H1 is
+    :func:`_zb_h1_order` (this rule, run for ``"zb-h1"``, also reaches Table 2 but runs
+    every W after the stage's last F: up to m micro-batches held between B and W on the
+    last stage, where the paper keeps 1F1B's p).  The order is then fixed data: the
+    executor and the simulator run it with any costs."""
     v = 2 if kind == "zb-v" else 1
     place = placement(kind)
     last = p * v - 1
@@ -396,6 +402,27 @@ def _zero_bubble_orders(kind: str, p: int, m: int) -> tuple[tuple[tuple[str, int
             todo -= 1
         t += 1
     return tuple(tuple(o) for o in orders)
+
+
+def _zb_h1_order(stage: int, p: int, m: int) -> list[tuple[str, int, int]]:
+    """ZB-H1's handcrafted order on stage s (Qi et al. 2023, Fig. 3 top): 1F1B's, with
+    each backward split and its W run s B's late.
+
+    1. warm-up: w = min(p − s − 1, m) forwards, as in 1F1B;
+    2. steady: m − w times (F(w + i), B(i), W(i − s)) — no W while i < s;
+    3. cool-down: the last w B's, each with its late W; then the s W's still waiting.
+
+    Stage s holds p − s micro-batches between F and B and at most s more between B and
+    W: p from F to W on every stage (m >= p), 1F1B's peak.  Held back, the W's leave the
+    B's (which the previous stage waits for) first in line, and the s W's still waiting
+    after the last B fill the cool-down; with T_F = T_B = T_W the bubble is
+    (p − 1)(T_F + T_B − T_W) for m >= p (Table 2)."""
+    w = min(p - stage - 1, m)
+    o: list[tuple[str, int, int]] = [("F", i, 0) for i in range(w)]
+    for i in range(m):
+        o += [("F", w + i, 0)] if i < m - w else []
+        o += [("BI", i, 0)] + ([("W", i - stage, 0)] if i >= stage else [])
+    return o + [("W", i, 0) for i in range(max(0, m - stage), m)]
 
 
 def _zb_v_order(r: int, p: int, m: int) -> list[tuple[str, int, int]]:
@@ -457,6 +484,8 @@ def stage_schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[In
         order = [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in reversed(range(m))]
     elif kind == "1f1b":
         return _one_f_one_b(stage, p, m)
+    elif kind == "zb-h1":
+        return _with_comm(_zb_h1_order(stage, p, m), stage, p, v)
     elif kind == "zb-v" and m >= 2 * p - 1:
         return _with_comm(_zb_v_order(stage, p, m), stage, p, v, "v")
     elif kind in ZERO_BUBBLE:
@@ -504,7 +533,8 @@ def in_flight(stage_schedule: list[Instruction]) -> int:
 def w_pending(stage_schedule: list[Instruction]) -> int:
     """Peak number of (micro-batch, chunk) pairs whose B has run and whose W has not: what
     the stage keeps *only for W* (the linears' inputs and output gradients), 0 when the
-    backward is not split."""
+    backward is not split.  ZB-H1: min(s + 1, m) on stage s (s W's held back, counted
+    right after the next B), so F to W stays within 1F1B's p."""
     kept: set[tuple[int, int]] = set()
     peak = 0
     for ins in stage_schedule:
