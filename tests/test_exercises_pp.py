@@ -74,6 +74,22 @@ def test_zb_h1_reference_reaches_table_2_and_holds_p_from_f_to_w():
                 assert peak == min(p, m), (p, m, s, peak)
 
 
+def test_zb_h1_w_pileup_reaches_table_2_but_fails_the_memory_rule():
+    """The W's piled up after the last F (minipar's own zb-h1 before d8a443b) fill the
+    cool-down as well as ZB-H1's late W's do, so only the F-to-W count tells them apart."""
+    from minipar.parallel.pipeline.measure import bubble_time
+    from minipar.parallel.pipeline.simulate import replay, split_cost
+
+    fn = learner(MPI_DIR / "ex_wrong_zbh1_w_pileup.py")
+    for p in range(2, 5):
+        lists = [fn(s, p, 8) for s in range(p)]
+        assert bubble_time(replay(lists, split_cost(1, 1, 1))) == p - 1  # Table 2
+        assert [common.f_to_w(ins) for ins in lists] == [8] * p
+        assert common.bubble("zb-h1", lists, p, 8) is None
+    ref = learner(get("zb_h1_schedule").solution_path)
+    assert [common.f_to_w(ref(s, 4, 8)) for s in range(4)] == [4] * 4
+
+
 def test_cases_name_the_schedule_they_grade():
     for name, kind in KINDS:
         cases = get(name).grader().cases(3)
@@ -108,6 +124,10 @@ WRONG = [
      "the cool-down / warm-up idle time"),
     ("ex_wrong_zbh1_w_in_steady.py", "zb-h1", "bubble",
      "the bubble is 6 time units, ZB-H1's (p - 1)(F + B - W) = 3: (p - 1)(F + B) = 6"),
+    ("ex_wrong_zbh1_w_pileup.py", "zb-h1", "rule",  # Table 2's bubble, the memory of m
+     "p=4, m=8: stage 0 holds 8 micro-batches between F and W (their inputs and output "
+     "gradients kept for W); ZB-H1 holds at most p = 4, as 1F1B: run each W soon after its B, "
+     "s B's late on stage s"),
 ]
 
 

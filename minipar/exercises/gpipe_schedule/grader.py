@@ -14,7 +14,9 @@ plain data, so most of the grading needs no MPI; every rank computes it, rank
 2. **the schedule's rule** — GPipe (Huang et al. 2018, arXiv 1811.06965):
    all m forwards before any backward, so every stage holds m micro-batches;
    1F1B (Narayanan et al. 2021, arXiv 2104.04473): at most p − s on stage s;
-   ZB-H1 (Qi et al. 2023, arXiv 2401.10241): the same, counted from F to B;
+   ZB-H1 (Qi et al. 2023, arXiv 2401.10241, §3): the same, counted from F to B,
+   and at most p micro-batches from F to W on every stage (1F1B's peak: the W's
+   must not pile up after the last F);
 3. **the bubble** — on the simulator with equal costs (forward 1, backward
    2), exactly (Fractions): GPipe (p − 1)/(m + p − 1) of the step, 1F1B
    (p − 1)/m of the ideal time; ZB-H1 with the paper's T_F = T_B = T_W = 1 and
@@ -74,7 +76,7 @@ NAMES = {
     "rule": {"gpipe": "GPipe: all m forwards before any backward (m micro-batches in flight)",
              "1f1b": "1F1B: at most p - s micro-batches in flight on stage s (never more than p)",
              "zb-h1": "ZB-H1: 1F1B's memory, at most p - s micro-batches between F and B on "
-                      "stage s"},
+                      "stage s, at most p between F and W"},
     "own": "written by you (not a call to minipar.parallel.pipeline.schedule)",
 }
 _notes: dict[str, str] = {}  # case label -> findings, for diagnose (same process, rank side)
@@ -136,7 +138,28 @@ def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
                     f"their B at once; ZB-H1 keeps 1F1B's memory, at most p - s = "
                     f"{min(p - s, m)} there: p - s - 1 = {p - s - 1} warm-up forwards, then "
                     "one F, one B (extra warm-up forwards are ZB-H2, which holds 2p - 1)")
+        if kind == "zb-h1" and (kept := f_to_w(ins)) > p:
+            return (f"p={p}, m={m}: stage {s} holds {kept} micro-batches between F and W (their "
+                    "inputs and output gradients kept for W); ZB-H1 holds at most p = "
+                    f"{p}, as 1F1B: run each W soon after its B, s B's late on stage s (W's "
+                    "piled up after the last F fill the cool-down too, but hold up to m)")
     return None
+
+
+def f_to_w(ins: list) -> int:
+    """Peak number of micro-batches whose Forward has run and whose W (BackwardWeight; or
+    a whole Backward) has not: what the stage holds for them, activations or W's inputs."""
+    from minipar.parallel.pipeline.schedule import Backward, BackwardWeight, Forward
+
+    held: set = set()
+    peak = 0
+    for x in ins:
+        if isinstance(x, Forward):
+            held.add((x.mb, x.chunk))
+            peak = max(peak, len(held))
+        elif isinstance(x, (Backward, BackwardWeight)):
+            held.discard((x.mb, x.chunk))
+    return peak
 
 
 def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:

