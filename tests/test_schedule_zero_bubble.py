@@ -175,6 +175,26 @@ def test_zb_h1_holds_1f1bs_peak_from_f_to_w(p: int) -> None:
             assert w_pending(ins) == min(s + 1, m), (p, m, s)  # counted right after a B
 
 
+@pytest.mark.parametrize("p", P)
+def test_zb_h2_holds_2p_minus_1_from_f_to_w(p: int) -> None:
+    """ZB-H2 (Qi et al. 2023, Fig. 3 bottom, §3.2) holds 2p − 1 micro-batches on every
+    stage from F to W: 2(p − s) − 1 to B, then one W before each later F — not the W's of
+    every micro-batch piled up after the last F (the list scheduler's shape, m on every
+    stage).  Below m = 2p − 1 no stage can hold more than m."""
+    for m in M:
+        for s in range(p):
+            ins = stage_schedule("zb-h2", s, p, m)
+            held = peak = 0
+            for x in ins:
+                held += isinstance(x, Forward) - isinstance(x, BackwardWeight)
+                peak = max(peak, held)
+            if m >= 2 * p - 1:
+                assert peak == 2 * p - 1, (p, m, s, peak)
+                assert w_pending(ins) == 2 * s + 1, (p, m, s)  # counted right after a B
+            else:
+                assert peak <= m, (p, m, s, peak)
+
+
 def test_zb_v_is_a_v() -> None:
     """Rank 0 holds virtual stages 0 and 2p − 1 (the loss), rank p − 1 stages p − 1 and p
     (it hands chunk 0's output to its own chunk 1); rank_of inverts virtual_stage."""

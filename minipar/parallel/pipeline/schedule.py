@@ -85,14 +85,16 @@ s more between B and W — p from F to W on every stage (m >= p); bubble
              stage 1  . F0F1. B0F2B1W0F3B2W1F4B3W2F5B4W3B5W4W5
              stage 2  . . F0B0F1B1F2B2W0F3B3W1F4B4W2F5B5W3W4W5
 
-``zb-h2`` — extra warm-up forwards (2(p − s) − 1 between F and B on stage s)
-fill the start, W's the end: each stage busy from its first to its last
-instruction, a parallelogram; bubble max(0, (p − 1)(T_F + T_B − 2T_W)), zero
-here (m >= 2p − 1)::
+``zb-h2`` — ZB-H1 with p − 1 more warm-up forwards per stage (Qi et al. 2023,
+Fig. 3 bottom): 2(p − s) − 1 between F and B on stage s fill the start, then 2s
+(B, F) pairs whose W's wait, one W before each later F, and the W's still
+waiting fill the end: each stage busy from its first to its last instruction,
+a parallelogram.  2p − 1 micro-batches from F to W on every stage, the paper's
+peak (§3.2); bubble max(0, (p − 1)(T_F + T_B − 2T_W)), zero here (m >= 2p − 1)::
 
-    zb-h2    stage 0  F0F1F2F3F4B0F5B1W0B2W1B3W2B4W3B5W4W5. .
-             stage 1  . F0F1F2B0F3B1F4B2F5B3W0B4W1B5W2W3W4W5.
-             stage 2  . . F0B0F1B1F2B2F3B3F4B4F5B5W0W1W2W3W4W5
+    zb-h2    stage 0  F0F1F2F3F4B0W0F5B1W1B2W2B3W3B4W4B5W5. .
+             stage 1  . F0F1F2B0F3B1F4B2W0F5B3W1B4W2B5W3W4W5.
+             stage 2  . . F0B0F1B1F2B2F3B3F4B4W0F5B5W1W2W3W4W5
 
 ``zb-v`` — two chunks per rank in a V (:func:`virtual_stage` with
 ``placement="v"``): chunk 0 is virtual stage s, chunk 1 is 2p − 1 − s, so rank 0
@@ -112,9 +114,9 @@ later stages end later than stage 0: a synchronisation of all stages before
 the step (a global gradient norm, a found-inf check) brings the bubble back
 (:func:`~minipar.parallel.pipeline.measure.synced_bubble_fraction`); the paper
 removes it by stepping optimistically and validating afterwards.  ZB-H1's order is
-:func:`_zb_h1_order` and ZB-V's :func:`_zb_v_order` (both handcrafted); ZB-H2 (and
-zb-v when m < 2p − 1) are built by :func:`_zero_bubble_orders`, a list scheduler at
-unit costs.
+:func:`_zb_h1_order`, ZB-H2's :func:`_zb_h2_order` and ZB-V's :func:`_zb_v_order`
+(handcrafted); below m = 2p − 1, ZB-H2 and ZB-V are built by
+:func:`_zero_bubble_orders`, a list scheduler at unit costs.
 
 Communication is in the list, so an executor can run it as written: a
 receive comes right before the compute that needs it, a send right after
@@ -352,12 +354,14 @@ def _zero_bubble_orders(kind: str, p: int, m: int) -> tuple[tuple[tuple[str, int
        bubble);
     4. else it waits.
 
-    With two chunks (ZB-V) chunk 1 wins a tie.  Used for ZB-H2 (1F1B plus warm-up
-    forwards: a parallelogram) and for zb-v when m < 2p − 1; ZB-H1 is
-    :func:`_zb_h1_order` (this rule, run for ``"zb-h1"``, also reaches Table 2 but runs
-    every W after the stage's last F: up to m micro-batches held between B and W on the
-    last stage, where the paper keeps 1F1B's p).  The order is then fixed data: the
-    executor and the simulator run it with any costs."""
+    With two chunks (ZB-V) chunk 1 wins a tie.  Used for zb-h2 and zb-v when
+    m < 2p − 1 (too few micro-batches to fill; no stage can hold more than m from F to
+    W anyway); from m = 2p − 1 on they are :func:`_zb_h2_order` and :func:`_zb_v_order`,
+    and ZB-H1 is always :func:`_zb_h1_order`.  This rule, run for ``"zb-h1"`` or for
+    ``"zb-h2"`` at larger m, also reaches Table 2 but runs the W's after the stage's last
+    F: up to m micro-batches held from F to W, where the paper keeps p (ZB-H1) and
+    2p − 1 (ZB-H2).  The order is then fixed data: the executor and the simulator run it
+    with any costs."""
     v = 2 if kind == "zb-v" else 1
     place = placement(kind)
     last = p * v - 1
@@ -425,6 +429,32 @@ def _zb_h1_order(stage: int, p: int, m: int) -> list[tuple[str, int, int]]:
     return o + [("W", i, 0) for i in range(max(0, m - stage), m)]
 
 
+def _zb_h2_order(stage: int, p: int, m: int) -> list[tuple[str, int, int]]:
+    """ZB-H2's handcrafted order on stage s (m >= 2p − 1; Qi et al. 2023, Fig. 3 bottom):
+    ZB-H1's shape with p − 1 more warm-up forwards per stage, a parallelogram.
+
+    1. warm-up: w = 2(p − s) − 1 forwards (they fill what would be the start's bubble);
+    2. 2s times (B(i), F(w + i)): the B's come back every other step, the W's wait — now
+       2p − 1 forwards have run on every stage, none of their W's;
+    3. steady: m − 2p + 1 times (B, W, F): one W before each new F;
+    4. cool-down: w times (B, W); then the 2s W's still waiting fill the tail.
+
+    Every stage holds 2p − 1 micro-batches from F to W (2(p − s) − 1 of them to B), the
+    paper's peak (§3.2), and B(i) on stage s comes at least two steps after B(i) on stage
+    s + 1 in the stages' own clocks (stage s starts one step after stage s − 1): with
+    T_F = T_B = T_W each stage is busy from its first F to its last W, zero bubble."""
+    w = 2 * (p - stage) - 1
+    o: list[tuple[str, int, int]] = [("F", i, 0) for i in range(w)]
+    for i in range(2 * stage):
+        o += [("BI", i, 0), ("F", w + i, 0)]
+    for r in range(m - 2 * p + 1):
+        o += [("BI", 2 * stage + r, 0), ("W", r, 0), ("F", 2 * p - 1 + r, 0)]
+    done = m - 2 * p + 1
+    for d in range(w):
+        o += [("BI", m - w + d, 0), ("W", done + d, 0)]
+    return o + [("W", i, 0) for i in range(done + w, m)]
+
+
 def _zb_v_order(r: int, p: int, m: int) -> list[tuple[str, int, int]]:
     """ZB-V's handcrafted order on rank r (m >= 2p − 1; Qi et al. 2023's V schedule, as
     PyTorch's ``ScheduleZBVZeroBubble`` lays it out).  Chunk 0 is virtual stage r, chunk 1
@@ -486,6 +516,8 @@ def stage_schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[In
         return _one_f_one_b(stage, p, m)
     elif kind == "zb-h1":
         return _with_comm(_zb_h1_order(stage, p, m), stage, p, v)
+    elif kind == "zb-h2" and m >= 2 * p - 1:
+        return _with_comm(_zb_h2_order(stage, p, m), stage, p, v)
     elif kind == "zb-v" and m >= 2 * p - 1:
         return _with_comm(_zb_v_order(stage, p, m), stage, p, v, "v")
     elif kind in ZERO_BUBBLE:
@@ -534,7 +566,8 @@ def w_pending(stage_schedule: list[Instruction]) -> int:
     """Peak number of (micro-batch, chunk) pairs whose B has run and whose W has not: what
     the stage keeps *only for W* (the linears' inputs and output gradients), 0 when the
     backward is not split.  ZB-H1: min(s + 1, m) on stage s (s W's held back, counted
-    right after the next B), so F to W stays within 1F1B's p."""
+    right after the next B), so F to W stays within 1F1B's p; ZB-H2: 2s + 1 (m >= 2p − 1),
+    so F to W stays within 2p − 1."""
     kept: set[tuple[int, int]] = set()
     peak = 0
     for ins in stage_schedule:
