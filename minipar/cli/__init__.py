@@ -24,6 +24,7 @@ and each ``minipar bench WHAT`` included; ``python -m minipar.run`` comes here t
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 
@@ -59,7 +60,11 @@ def _status(code: object) -> int:
 
 def _backend_problem() -> str | None:
     """Why the array backend ``MINIPAR_BACKEND`` names cannot load (None when it loads):
-    said in one line before anything starts, rather than as a traceback from every rank."""
+    said in one line before anything starts, rather than as a traceback from every rank.
+    NumPy, the default, is not tried here: the verbs that need no arrays (``glossary``)
+    stay light, and ``doctor`` reports a backend that cannot load among the rest."""
+    if os.environ.get("MINIPAR_BACKEND", "").strip().lower() in ("", "numpy"):
+        return None
     try:
         importlib.import_module("minipar.backend")
     except (RuntimeError, ValueError) as e:
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minipar: unknown verb {verb!r}; one of {', '.join(VERBS)} "
               "(minipar --help describes them)", file=sys.stderr)
         return EXIT_USAGE
-    why = None if verb == "doctor" else _backend_problem()  # doctor reports it itself
+    why = None if verb in ("doctor", "glossary") else _backend_problem()
     if why:
         print(f"minipar {verb}: {why}", file=sys.stderr)
         return EXIT_USAGE
