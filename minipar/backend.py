@@ -48,8 +48,8 @@ def _load(name: str) -> Any:
         except ImportError as e:  # pragma: no cover - depends on the machine
             raise RuntimeError(
                 f"{BACKEND_ENV}=cupy but CuPy is not installed: "
-                "pip install 'minipar[gpu-cuda12]' or 'minipar[gpu-cuda13]' (and a CUDA GPU), or unset "
-                f"{BACKEND_ENV} to use NumPy"
+                "pip install 'minipar[gpu-cuda12]' or 'minipar[gpu-cuda13]' (and a CUDA GPU), "
+                f"or unset {BACKEND_ENV} to use NumPy"
             ) from e
         try:
             n = cupy.cuda.runtime.getDeviceCount()

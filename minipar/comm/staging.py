@@ -122,11 +122,11 @@ def incoming(buf: Any, stats: Any, op: str, comm: str) -> tuple[Any, Finish | No
     return host, finish
 
 
-
 def any_device(args: tuple, kwargs: dict) -> bool:
     """Whether a call's arguments hold a device array (alone or first in a list)."""
-    return backend.device and any(backend.on_device(a[0] if isinstance(a, (list, tuple)) and a else a)
-               for a in (*args, *kwargs.values()))
+    return backend.device and any(
+        backend.on_device(a[0] if isinstance(a, (list, tuple)) and a else a)
+        for a in (*args, *kwargs.values()))
 
 
 #: MPI's blocking buffer collectives: the position and name of the buffer MPI writes
@@ -137,9 +137,10 @@ WRITTEN = {"Allgather": (1, "recvbuf"), "Allgatherv": (1, "recvbuf"),
 
 
 def mpi_collective(self: Any, name: str, args: tuple, kwargs: dict) -> Any:
-    """MPI's own collective ``name`` (a TracedComm passes it through) on device buffers:
-    each device buffer (alone, or first in a ``[buf, ...]`` spec) copied to the host
-    before, the one MPI writes copied back after, both counted under ``"mpi." + name``."""
+    """MPI's own collective ``name`` on device buffers, for the TracedComm ``self`` that
+    passes it through: each device buffer (alone, or first in a ``[buf, ...]`` spec)
+    copied to the host before, the one MPI writes copied back after, both counted under
+    the operation in progress."""
     if backend.cuda_aware():
         backend.synchronize()
         return getattr(self.comm, name)(*args, **kwargs)
