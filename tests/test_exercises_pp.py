@@ -78,16 +78,17 @@ def test_zb_h1_w_pileup_reaches_table_2_but_fails_the_memory_rule():
     """The W's piled up after the last F (minipar's own zb-h1 before d8a443b) fill the
     cool-down as well as ZB-H1's late W's do, so only the F-to-W count tells them apart."""
     from minipar.parallel.pipeline.measure import bubble_time
+    from minipar.parallel.pipeline.schedule import in_flight
     from minipar.parallel.pipeline.simulate import replay, split_cost
 
     fn = learner(MPI_DIR / "ex_wrong_zbh1_w_pileup.py")
     for p in range(2, 5):
         lists = [fn(s, p, 8) for s in range(p)]
         assert bubble_time(replay(lists, split_cost(1, 1, 1))) == p - 1  # Table 2
-        assert [common.f_to_w(ins) for ins in lists] == [8] * p
+        assert [in_flight(ins, until="W") for ins in lists] == [8] * p
         assert common.bubble("zb-h1", lists, p, 8) is None
     ref = learner(get("zb_h1_schedule").solution_path)
-    assert [common.f_to_w(ref(s, 4, 8)) for s in range(4)] == [4] * 4
+    assert [in_flight(ref(s, 4, 8), until="W") for s in range(4)] == [4] * 4
 
 
 def test_cases_name_the_schedule_they_grade():

@@ -167,10 +167,7 @@ def test_zb_h1_holds_1f1bs_peak_from_f_to_w(p: int) -> None:
     for m in M:
         for s in range(p):
             ins = stage_schedule("zb-h1", s, p, m)
-            held = peak = 0
-            for x in ins:
-                held += isinstance(x, Forward) - isinstance(x, BackwardWeight)
-                peak = max(peak, held)
+            peak = in_flight(ins, until="W")
             assert peak == min(p, m), (p, m, s, peak)
             assert w_pending(ins) == min(s + 1, m), (p, m, s)  # counted right after a B
 
@@ -184,10 +181,7 @@ def test_zb_h2_holds_2p_minus_1_from_f_to_w(p: int) -> None:
     for m in M:
         for s in range(p):
             ins = stage_schedule("zb-h2", s, p, m)
-            held = peak = 0
-            for x in ins:
-                held += isinstance(x, Forward) - isinstance(x, BackwardWeight)
-                peak = max(peak, held)
+            peak = in_flight(ins, until="W")
             if m >= 2 * p - 1:
                 assert peak == 2 * p - 1, (p, m, s, peak)
                 assert w_pending(ins) == 2 * s + 1, (p, m, s)  # counted right after a B

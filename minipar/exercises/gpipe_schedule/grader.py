@@ -138,28 +138,12 @@ def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
                     f"their B at once; ZB-H1 keeps 1F1B's memory, at most p - s = "
                     f"{min(p - s, m)} there: p - s - 1 = {p - s - 1} warm-up forwards, then "
                     "one F, one B (extra warm-up forwards are ZB-H2, which holds 2p - 1)")
-        if kind == "zb-h1" and (kept := f_to_w(ins)) > p:
+        if kind == "zb-h1" and (kept := in_flight(ins, until="W")) > p:
             return (f"p={p}, m={m}: stage {s} holds {kept} micro-batches between F and W (their "
                     "inputs and output gradients kept for W); ZB-H1 holds at most p = "
                     f"{p}, as 1F1B: run each W soon after its B, s B's late on stage s (W's "
                     "piled up after the last F fill the cool-down too, but hold up to m)")
     return None
-
-
-def f_to_w(ins: list) -> int:
-    """Peak number of micro-batches whose Forward has run and whose W (BackwardWeight; or
-    a whole Backward) has not: what the stage holds for them, activations or W's inputs."""
-    from minipar.parallel.pipeline.schedule import Backward, BackwardWeight, Forward
-
-    held: set = set()
-    peak = 0
-    for x in ins:
-        if isinstance(x, Forward):
-            held.add((x.mb, x.chunk))
-            peak = max(peak, len(held))
-        elif isinstance(x, (Backward, BackwardWeight)):
-            held.discard((x.mb, x.chunk))
-    return peak
 
 
 def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:

@@ -547,17 +547,20 @@ def schedules(kind: str, p: int, m: int, v: int = 1) -> list[list[Instruction]]:
     return [stage_schedule(kind, s, p, m, v) for s in range(p)]
 
 
-def in_flight(stage_schedule: list[Instruction]) -> int:
+def in_flight(stage_schedule: list[Instruction], until: str = "B") -> int:
     """Peak number of (micro-batch, chunk) pairs whose Forward has run and whose backward
     (``Backward``, or its B: ``BackwardInput``) has not — their full activations held.
-    1F1B and ZB-H1: p on stage 0 (m >= p); ZB-H2: 2p − 1 (m >= 2p − 1); GPipe: m."""
+    1F1B and ZB-H1: p on stage 0 (m >= p); ZB-H2: 2p − 1 (m >= 2p − 1); GPipe: m.
+    ``until="W"``: counted up to the W (``BackwardWeight``) instead — everything a stage
+    keeps for a micro-batch: ZB-H1 p, ZB-H2 2p − 1 on every stage, as the paper's."""
+    ends = (Backward, BackwardInput) if until == "B" else (Backward, BackwardWeight)
     held: set[tuple[int, int]] = set()
     peak = 0
     for ins in stage_schedule:
         if isinstance(ins, Forward):
             held.add((ins.mb, ins.chunk))
             peak = max(peak, len(held))
-        elif isinstance(ins, (Backward, BackwardInput)):
+        elif isinstance(ins, ends):
             held.discard((ins.mb, ins.chunk))
     return peak
 
