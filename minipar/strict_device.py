@@ -83,7 +83,8 @@ _NOT_ON_CUPY_ARRAYS = frozenset(("ctypes", "getfield", "resize", "setfield", "se
                                  "to_device", "tobytes", "tofile"))
 
 
-#: the crossings this process made (minipar.backend.transfers() reads them)
+#: the crossings this process made (minipar.backend.transfers() reads them; a run
+#: summary shows them, minipar.run.summary)
 transfers = Transfers()
 
 

@@ -254,6 +254,8 @@ def test_on_the_device_stand_in_runs_equal_numpys_to_the_bit(argv, name, tmp_pat
     if argv[0] == "run":
         assert s["verdict"] == n["verdict"] and s["verdict"]["status"] == "equal"
         assert s["backend"] == "strict" and min(s["staged_d2h_per_rank"]) > 0
+        assert all(t["d2h_calls"] > 0 and t["h2d_bytes"] > 0 for t in s["transfers_per_rank"])
+        assert "transfers_per_rank" not in n
 
 
 def test_a_checkpoint_saved_on_the_stand_in_resumes_and_samples_as_on_numpy(tmp_path) -> None:

@@ -110,21 +110,6 @@ def compare(a: dict[str, Any], b: dict[str, Any], rtol: float = RTOL) -> dict[st
 
 
 # ------------------------------------------------------------------ in the measuring processes
-def _host(a: Any) -> Any:
-    """A device array's host copy (``.get()``); a host array as it is."""
-    import numpy as np
-
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
-
-
-def _sync() -> None:
-    """Wait for the device's queued work (nothing to wait for under NumPy)."""
-    from minipar import backend
-
-    if backend.name == "cupy":
-        backend.xp.cuda.Device().synchronize()
-
-
 def serial_run(steps: int) -> dict[str, Any]:
     """This process's backend: the serial GPT trained ``steps`` steps in float64."""
     from minipar import backend
@@ -136,13 +121,14 @@ def serial_run(steps: int) -> dict[str, Any]:
                           n_head=s["heads"], d_model=s["d_model"], dtype="float64"))
     run = train(model, gpt_task(s["vocab"], s["seq"], s["batch"]), steps, "float64")
     return {"backend": backend.name, "losses": [float(v) for v in run["losses"]],
-            "params": _host(run["states"].params).tolist()}
+            "params": backend.to_host(run["states"].params).tolist()}
 
 
 def step_times(sizes: list[int], repeat: int, warmup: int = 2) -> list[dict[str, Any]]:
     """This process's backend: seconds of one float32 training step per d_model."""
     import numpy as np
 
+    from minipar import backend
     from minipar.backend import to_device
     from minipar.nn import GPT, GPTConfig
     from minipar.parallel.engine import Batch, SerialEngine
@@ -157,10 +143,10 @@ def step_times(sizes: list[int], repeat: int, warmup: int = 2) -> list[dict[str,
         x, y = (to_device(r.integers(0, t["vocab"], (t["batch"], t["seq"]))) for _ in range(2))
         times = []
         for i in range(warmup + repeat):
-            _sync()
+            backend.synchronize()
             t0 = time.perf_counter()
             engine.step(Batch(i, x, y))
-            _sync()
+            backend.synchronize()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         rows.append({"d_model": d, "params": model.n_params(), "seconds": statistics.median(times)})
@@ -182,7 +168,7 @@ def _dp_worker(o: dict[str, Any]) -> dict[str, Any] | None:
     if m is None:
         return None
     out = {"backend": backend.name, "losses": [float(v) for v in m["losses"]],
-           "params": _host(m["params"]).tolist()}
+           "params": backend.to_host(m["params"]).tolist()}
     try:
         out["verdict"] = build(options, spec, dict(m))["verdict"]["line"]
     except Exception as e:  # the comparison with the oracle is extra: report, go on

@@ -40,6 +40,9 @@ The summary's keys (the ones every strategy has first):
 ``staged_d2h_per_rank``,        list over ranks: device bytes staged through
 ``staged_h2d_per_rank``         host memory per step, before sends and after
                                 receives (0 under NumPy or a CUDA-aware MPI)
+``transfers_per_rank``          the strict stand-in only: every crossing it
+                                counted over the whole run, staging included
+                                (``d2h_bytes``, ``d2h_calls``, ``h2d_...``)
 ``notes``                       list of extra lines to print
 =============================  ==============================================
 
@@ -174,5 +177,13 @@ def _device_boundary(s: dict[str, Any]) -> str:
                 "MPI as they are, nothing staged")
     d2h = ", ".join(f"{b:,.0f}" for b in s["staged_d2h_per_rank"])
     h2d = ", ".join(f"{b:,.0f}" for b in s["staged_h2d_per_rank"])
-    return (f"device boundary ({s['backend']}, MPI not CUDA-aware): bytes staged through host "
+    line = (f"device boundary ({s['backend']}, MPI not CUDA-aware): bytes staged through host "
             f"memory per rank per step, device->host {d2h}; host->device {h2d}")
+    if "transfers_per_rank" in s:
+        t = s["transfers_per_rank"]
+        line += ("\n  every crossing the stand-in counted over the run (staging, loss values, "
+                 "checkpoints, the final parameters), per rank: device->host " + ", ".join(
+                     f"{x['d2h_calls']:,} calls {x['d2h_bytes']:,} B" for x in t)
+                 + "; host->device " + ", ".join(
+                     f"{x['h2d_calls']:,} calls {x['h2d_bytes']:,} B" for x in t))
+    return line

@@ -65,13 +65,17 @@ def _staged(world: Any, steps: int) -> dict[str, Any]:
     nothing under NumPy or with a CUDA-aware MPI).  A collective of all ranks."""
     from minipar import backend
 
-    mine = (world.stats.bytes_staged("d2h") // steps, world.stats.bytes_staged("h2d") // steps)
+    mine = (world.stats.bytes_staged("d2h") // steps, world.stats.bytes_staged("h2d") // steps,
+            backend.transfers())
     every = world.comm.gather(mine, root=0)  # pickled, uncounted: a report, not a step
     if every is None:
         return {}
-    return {"backend": backend.name, "cuda_aware_mpi": backend.cuda_aware(),
-            "staged_d2h_per_rank": [d for d, _ in every],
-            "staged_h2d_per_rank": [h for _, h in every]}
+    out = {"backend": backend.name, "cuda_aware_mpi": backend.cuda_aware(),
+           "staged_d2h_per_rank": [d for d, _, _ in every],
+           "staged_h2d_per_rank": [h for _, h, _ in every]}
+    if backend.name == "strict":  # every other crossing, counted by the stand-in
+        out["transfers_per_rank"] = [t for _, _, t in every]
+    return out
 
 
 if __name__ == "__main__":
