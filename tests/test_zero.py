@@ -26,6 +26,7 @@ import pytest
 
 from minipar import launch
 from minipar.collectives import choose_allreduce, chunk_counts
+from minipar.collectives.auto import ring_threshold
 from minipar.collectives.cost import allreduce_bytes_sent, ring_allreduce_bytes_sent
 from minipar.parallel.common import RunSpec
 from minipar.parallel.zero.engine import ALLREDUCE_CHOICES, check_allreduce, check_stage
@@ -118,16 +119,29 @@ def test_exact_bytes_and_the_stage_0_note() -> None:
         assert (exact_bytes_sent(psi, n, r, 2, 2, found_inf=True)
                 == exact_bytes_sent(psi, n, r, 2, 2) + allreduce_bytes_sent(1, 8, n, r))
     assert exact_bytes_sent(psi, 1, 0, 0, 8) == exact_bytes_sent(psi, 1, 0, 3, 8) == 0
-    assert allreduce_note(5216, 3, 8) == ("stage 0's all-reduce: recursive doubling: S = 41,728 B "
-                                          "< 8 MiB; the paper's figure is the ring's: "
-                                          "--allreduce ring")
+    edge = int(ring_threshold(2))  # where the committed constants put the ring ahead on 2 ranks
+    assert allreduce_note(5000, 2, 8) == (
+        f"stage 0's all-reduce: recursive doubling: S = 40,000 B < {edge:,} B, from where the "
+        "alpha-beta-gamma model has the ring faster on 2 ranks; the paper's figure is the "
+        "ring's: --allreduce ring")
     assert allreduce_note(2 << 20, 4, 4).startswith("stage 0's all-reduce: ring: S = 8,388,608 B")
-    assert "N = 2 <= 2" in allreduce_note(2 << 20, 2, 4)
+    assert allreduce_note(2 << 20, 2, 4).endswith("faster on 2 ranks; the paper's figure is the ring's")
+
     assert "ring (--allreduce ring); the paper's figure is the ring's" in allreduce_note(9, 3, 8,
                                                                                          "ring")
     assert "binomial tree (--allreduce tree)" in allreduce_note(9, 3, 8, "tree")
     assert formulas(psi, n, 0, "float64")["allreduce_note"].startswith("stage 0's all-reduce")
     assert formulas(psi, n, 1, "float64")["allreduce_note"] is None
+
+
+def test_stage_0_note_when_the_model_never_picks_the_ring(monkeypatch):
+    import minipar.collectives.auto as auto
+
+    monkeypatch.setattr(auto, "ring_threshold", lambda n: float("inf"))  # (constants where
+    assert allreduce_note(2 << 20, 2, 4) == (                           # γ adds nothing)
+        "stage 0's all-reduce: recursive doubling: the alpha-beta-gamma model never has the "
+        "ring faster on 2 ranks, S = 8,388,608 B; the paper's figure is the ring's: "
+        "--allreduce ring")
 
 
 def test_shards_follow_array_split_and_refuse_more_ranks_than_parameters() -> None:
@@ -257,19 +271,23 @@ def test_bytes_sent_per_step_match_the_paper(n: int) -> None:
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_default_auto_stage_0_sends_the_auto_bytes_and_equals_serial(n: int) -> None:
-    """ZeRO's default all-reduce is auto: stage 0's Ψ = 7,040 float64 gradients (56 KB,
-    below 8 MiB) go by recursive doubling, exactly allreduce_bytes_sent(Ψ, 8, N, r, "auto")
-    per rank per step (on 3 ranks rank 1 absorbs the folded rank 0: 2S, the others S; on
-    4 ranks log2 4 = 2 rounds: 2S), and the run equals the serial one."""
+    """ZeRO's default all-reduce is auto: stage 0's Ψ = 7,040 float64 gradients (56 KB)
+    go by what the α–β–γ model picks for 56 KB on N ranks, exactly
+    allreduce_bytes_sent(Ψ, 8, N, r, "auto") per rank per step: with the committed
+    constants recursive doubling on 2 and 4 ranks (2: S each; 4: log2 4 = 2 rounds, 2S)
+    and the ring on 3 (from ~52 KB there), and the run equals the serial one."""
     res = zero_check(n)
     assert res["parity"]["0"]["ok"], res["parity"]["0"]
+    S = res["auto"][0]["psi"] * res["auto"][0]["itemsize"]
+    chosen = choose_allreduce(S, n)
+    assert chosen == ("ring" if S >= ring_threshold(n) else "recursive_doubling")
     for r, row in enumerate(res["auto"]):
         psi, b = row["psi"], row["itemsize"]
-        assert row["grad_allreduce"] == choose_allreduce(psi * b, n) == "recursive_doubling"
-        assert row["sent"] == row["exact"] == allreduce_bytes_sent(psi, b, n, r, "auto")
-    S = res["auto"][0]["psi"] * res["auto"][0]["itemsize"]
-    assert [row["sent"] for row in res["auto"]] == {2: [S, S], 3: [S, 2 * S, S],
-                                                    4: [2 * S] * 4}[n]
+        assert row["grad_allreduce"] == chosen
+        assert row["sent"] == row["exact"] == allreduce_bytes_sent(psi, b, n, r, chosen)
+    if chosen == "recursive_doubling":  # on 3 ranks rank 1 absorbs the folded rank 0: 2S
+        assert [row["sent"] for row in res["auto"]] == {2: [S, S], 3: [S, 2 * S, S],
+                                                        4: [2 * S] * 4}[n]
 
 
 def test_run_verb_end_to_end() -> None:
@@ -325,15 +343,18 @@ def test_run_verb_stage_0_reports_what_ran_and_the_paper(allreduce: str) -> None
     s = json.loads(out.stdout[out.stdout.index("{"):])
     psi = s["psi"]
     assert s["verdict"]["status"] == "equal" and s["allreduce"] == allreduce
-    ran = "recursive_doubling" if allreduce == "auto" else allreduce
+    ran = choose_allreduce(psi * 8, 3) if allreduce == "auto" else allreduce
     assert s["grad_allreduce"] == ran
     assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"] == [
         allreduce_bytes_sent(psi, 8, 3, r, ran) for r in range(3)]
     assert s["bytes_formula"] == zero_comm_bytes_per_rank(psi, 3, 0, 8)
     note = next(x for x in s["notes"] if x.startswith("stage 0's all-reduce"))
-    if allreduce == "auto":
-        assert f"recursive doubling: S = {psi * 8:,} B < 8 MiB" in note
+    if allreduce == "auto" and ran == "recursive_doubling":
+        assert f"recursive doubling: S = {psi * 8:,} B < {int(ring_threshold(3)):,} B" in note
         assert note.endswith("the paper's figure is the ring's: --allreduce ring")
+    elif allreduce == "auto":
+        assert f"ring: S = {psi * 8:,} B >= {int(ring_threshold(3)):,} B" in note
+        assert note.endswith("the paper's figure is the ring's")
     else:
         assert f"(--allreduce {allreduce})" in note
 

@@ -19,8 +19,9 @@ where).  The ``auto`` rows (:mod:`minipar.collectives.auto`) also
 say which algorithm auto chose; the table ends with auto against MPI's
 Allreduce: the smallest ``x_mpi`` from 64 KiB up and from 1 MiB up (the project aims at
 0.8 and 1.0) and the small-message latency ratio (time of auto / time of MPI
-at the smallest size).  The thresholds of ``auto`` were measured with this
-bench (``--algorithms mpi ring recursive_doubling``, see ``auto.py``).
+at the smallest size).  ``auto`` chooses by the α–β–γ model; this bench
+(``--algorithms ring recursive_doubling``) checks its choices (``auto.py``),
+and ``--calibrate`` measures the model's constants.
 
 One rank is refused (``-n 1``): a collective on one rank moves no byte
 between ranks, busbw = algbw x 2(N-1)/N is 0 for every algorithm, and a ratio

@@ -34,6 +34,7 @@ from minipar.cli.options import (
     Terminated,
     sigterm_as_interrupt,
 )
+from minipar.host_memory import keep_freed_memory
 from minipar.registry import VERBS
 
 
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"minipar {verb}: {why}", file=sys.stderr)
         return EXIT_USAGE
+    keep_freed_memory()  # every step reuses the memory of the last (minipar.host_memory)
     try:
         with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: launches stop their ranks
             module = importlib.import_module(VERBS[verb][0])

@@ -5,7 +5,8 @@ EN environment check · RU проверка окружения · ZH 环境检�
 The lines: Python, NumPy, mpi4py, the MPI library (the first line of
 ``MPI.Get_library_version()``), the array backend (``MINIPAR_BACKEND`` and
 what :mod:`minipar.backend` loaded), CuPy, the device, whether the MPI is
-CUDA-aware, and what to fix.  ``--json`` prints the same as JSON.
+CUDA-aware, whether freed host memory is kept for reuse
+(:mod:`minipar.host_memory`), and what to fix.  ``--json`` prints the same as JSON.
 
 CUDA-aware MPI (it reads and writes device memory itself, so a GPU buffer
 goes to ``Send`` as it is; otherwise minipar stages it through host memory)
@@ -226,12 +227,16 @@ def collect() -> dict[str, Any]:
 
     aware, aware_err = probe(lambda: cuda_aware(env.get(CUDA_AWARE_VAR), mpi))
     lines["CUDA-aware MPI"] = aware_err or f"{aware['answer']} ({aware['rule']})"
+    from minipar import host_memory  # what the minipar command asked of malloc at its start
+
+    lines["host memory"] = f"freed memory {host_memory.status()}"
 
     fix = fixes(asked, name, backend_err, cp, gpus, aware, mpi_err, env.get(CUDA_AWARE_VAR))
     return {"lines": lines, "fix": fix, "backend": name,
             "cuda_aware_mpi": (aware or {}).get("answer", "unknown"),
             "cuda_aware_rule": (aware or {}).get("rule", aware_err),
-            "gpus": gpus, "mpi_library": (mpi or {}).get("library")}
+            "gpus": gpus, "mpi_library": (mpi or {}).get("library"),
+            "host_memory": host_memory.status()}
 
 
 def fixes(asked: str | None, name: str | None, backend_err: str | None,

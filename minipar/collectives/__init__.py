@@ -34,9 +34,10 @@ exact bytes of any all-reduce algorithm, ``"auto"`` included.
 **Which all-reduce.**  :func:`allreduce` takes ``algorithm="auto"`` by default:
 recursive doubling for small messages (few sequential messages: latency),
 the ring for large ones (2(N-1)/N x S: bandwidth), as MPICH does; the switch
-(8 MiB on 3 ranks or more, never on 2) was measured on this machine with
-``minipar bench collectives`` (:mod:`minipar.collectives.auto`,
-:func:`choose_allreduce`).
+is where the α–β–γ cost model (Thakur, Rabenseifner & Gropp 2005) with this
+machine's committed constants says the ring becomes faster
+(:mod:`minipar.collectives.auto`, :func:`choose_allreduce`,
+:mod:`minipar.collectives.cost_model`).
 
 **Contract.**
 
@@ -100,9 +101,9 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "naive", "recursive_doubling", "tree", "
 def allreduce(comm: Any, x: Any, op: str = "sum", algorithm: str = "auto") -> np.ndarray:
     """All-reduce by the named algorithm: auto | ring | naive | recursive_doubling | tree | mpi.
 
-    ``"auto"`` (the default) is recursive doubling or the ring, by message
-    size and world size (:func:`choose_allreduce`); counted under the name of
-    the algorithm it ran.
+    ``"auto"`` (the default) is recursive doubling or the ring, whichever the
+    α–β–γ model says is faster for this size on this many ranks
+    (:func:`choose_allreduce`); counted under the name of the algorithm it ran.
     """
     from minipar.collectives import _base as B
 

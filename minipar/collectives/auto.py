@@ -1,77 +1,73 @@
-"""Choosing an all-reduce algorithm by message size and world size, as MPICH does.
+"""Choosing an all-reduce algorithm by the α–β–γ cost model, as MPICH does.
 
 EN algorithm selection (auto all-reduce) · RU выбор алгоритма (автоматический all-reduce) ·
 ZH 算法选择（自动全归约）
 
 No one all-reduce is best at every size.  Thakur, Rabenseifner & Gropp,
 "Optimization of collective communication operations in MPICH", IJHPCA
-19(1), 2005, model a message of S bytes as costing ``alpha + S / beta``
-(alpha: the fixed cost of one message, beta: bandwidth; Hockney's model) and
-MPICH picks recursive doubling below a size threshold and a bandwidth-optimal
-algorithm above it.  With N ranks (p the largest power of two <= N):
+19(1), 2005, price a message of n bytes at ``α + n β`` (α: the fixed cost
+of a message, β: seconds per byte) and reducing n bytes at ``n γ``; MPICH
+runs recursive doubling for short messages and a bandwidth-optimal
+algorithm for long ones.  With N ranks (p the largest power of two <= N),
+:mod:`minipar.collectives.cost_model` has the times:
 
-================== ====================================== ==============================
-algorithm          sequential messages (critical path)    bytes on the critical path
-================== ====================================== ==============================
-ring               2(N-1)                                 2(N-1)/N x S
-recursive doubling log2 p, + 2 when N is not a power of 2  (log2 p + 2 if N != p) x S
-binomial tree      2 ceil(log2 N)                         2 ceil(log2 N) x S
-================== ====================================== ==============================
+================== ====================================== =========================
+algorithm          messages on the critical path          bytes sent / reduced
+================== ====================================== =========================
+ring               2(N-1)                                 2(N-1)/N S / (N-1)/N S
+recursive doubling log2 p, + 2 when N is not a power of 2  S per round / S per round
+binomial tree      2 ceil(log2 N)                         as many bytes, more messages
+================== ====================================== =========================
 
-The tree never has fewer messages than recursive doubling and moves as many
-bytes, so it never wins in this model; recursive doubling takes the small
-messages, the ring the large ones.  Setting the two times equal gives the
-size from which the ring wins::
+The tree never beats recursive doubling (as many bytes, more messages), so
+auto chooses between the other two: **the one the model says is faster**
+(:func:`choose_allreduce`; recursive doubling on a tie).  The difference of
+the two times is linear in S, so there is one crossover size
+(:func:`ring_threshold`): recursive doubling below it (fewer messages, α
+wins), the ring from it up (fewer bytes, β and γ win).  On 2 ranks both send
+S bytes, but the ring adds S/2 where recursive doubling adds S: the ring wins
+from ``S = 2α/γ`` up.  Without γ (the α–β model alone) the ring would never
+win on 2 ranks; the additions decide.
 
-    S*(N) = alpha·beta x (2(N-1) - L) / (L - 2(N-1)/N),   L = messages of recursive doubling
+The constants are this machine's, measured by ``minipar bench collectives
+--calibrate`` and committed as ``calibration.json``; the choice depends only
+on that file, the bytes and N, so the ranks of one installation agree
+without a message.  (Data parallelism decides once per run on rank 0 and
+broadcasts its per-bucket choice: :mod:`minipar.parallel.data_parallel.ddp`.)
+With the committed constants (α 6.5 us, 1/β 18.6 GB/s, 1/γ 39 GB/s, measured
+on 2 ranks, 2026-12-04) the crossovers are about 510 KB on N = 2, 52 KB on
+3, 440 KB on 4 and 590 KB on 8.
 
-For N = 2 the denominator is 0 (one message of S against two of S/2, the
-same bytes): the ring never wins, and auto never picks it.  For N >= 3 the
-model's S*(N) moves with N (0.6, 8, 2.6, 8.8 x alpha·beta at N = 3, 4, 6, 8),
-but on this machine the measured crossovers did not: they sit near 8 MiB for
-every N measured and move more with the machine's load than with N.  So the
-rule is the measurement: **the ring from 8 MiB up when N >= 3, recursive
-doubling below it and always for N <= 2** (``RING_MIN_BYTES``).  MPICH's
-default is the same shape with its own numbers (recursive doubling up to
-2 KiB, then Rabenseifner's reduce-scatter + all-gather).
+**Checked against measurement** (``minipar bench collectives -n N
+--collectives allreduce --algorithms ring recursive_doubling``, 2 cores,
+quiet, 2026-12-04; time of the ring / time of recursive doubling, RD):
 
-**How it was measured (this machine: 2 shared cores, other engineers' tests
-running).**  ``minipar bench collectives -n N --collectives allreduce
---algorithms mpi ring recursive_doubling``, 10 timed calls per size up to
-1 MiB (3 above), 2-3 runs per N; the crossover is where the ring's median
-time drops below recursive doubling's.  Two sweeps, the second on a busier
-machine (MPI's own times 1.7-3.5x those of the first at 1 MiB); ring time /
-recursive doubling time (first: of the median times of 3 runs; second: the
-range over its runs):
+==  ===============================================  =================
+N   measured                                         the model's choice
+==  ===============================================  =================
+2   64 KiB 1.28-1.37, 1 MiB 0.76-0.88                RD, ring
+3   64 KiB 1.57, 256 KiB 0.78, 1 MiB 0.79            ring, ring, ring
+4   64 KiB 2.10, 256 KiB 1.06, 1 MiB 0.86            RD, RD, ring
+==  ===============================================  =================
 
-==  =============================================  ==============================================
-N   first sweep (64 B .. 16 MiB, x4 steps)          busier (256 KiB .. 16 MiB, x2 steps)
-==  =============================================  ==============================================
-2   4 MiB 1.20, 16 MiB 0.98                         --
-3   1 MiB 0.88, 4 MiB 0.96, 16 MiB 0.47             1 MiB 1.26-1.53, 4 MiB 0.88-1.40, 8 MiB 0.77-0.94
-4   4 MiB 1.19, 16 MiB 0.77                         4 MiB 1.30-1.36, 8 MiB 0.75-1.01, 16 MiB 0.45-0.76
-6   --                                              4 MiB 1.71-1.77, 8 MiB 1.07-1.08, 16 MiB 0.45-0.67
-8   4 MiB 1.85, 16 MiB 0.69                         4 MiB 1.27-1.59, 8 MiB 0.51-1.26, 16 MiB 0.76
-==  =============================================  ==============================================
-
-The crossover is this large because alpha is large: with more ranks than
-cores every message also waits for its receiver to be scheduled (a
-recursive-doubling round of 64 B costs ~20 us at 2 ranks, 100-250 us at 4).
+Every choice is the faster one but one: 3 ranks at 64 KiB, where the model
+picks the ring and recursive doubling is 1.57x faster.  With more ranks than
+cores each of the ring's 4 messages also waits for its receiver to be
+scheduled, an α the 2-rank calibration does not see (on 4 ranks the model's
+crossover, 440 KB, happens to fall where the measured one does).  An earlier
+rule, a fixed 8 MiB for N >= 3 and never the ring on 2 ranks, was measured
+before the traced communicator's per-message cost fell from ~30 us to
+~7 us; it left ``auto`` at half of MPI's bus bandwidth at 1 MiB.
 
 **Where the small-message floor comes from.**  An 8-byte all-reduce is all
-alpha, and alpha here is Python per message plus the polling wait.  On 2
-ranks (a core each, 3 runs): an 8-byte exchange takes 2.6-4.1 us with
-mpi4py's own blocking ``Sendrecv`` and 30-33 us (155 in one busy run)
-through :class:`~minipar.comm.traced.TracedComm` (two request objects, the
-counters, then the *polling wait*: ``Test()`` with ``sched_yield`` for
-500 us, then sleeps from 20 us doubling to 1 ms); a collective adds the tag
-and size checks of :mod:`minipar.collectives._base` and a NumPy ufunc per
-step.  MPI's Allreduce took 9-26 us, recursive doubling 33-70 us.  With 4 ranks on 2 cores a rank that polls politely hands its core
-away and the partner it waits for may not run again for a scheduler time
-slice, while MPI's own Allreduce spins in C: on a quiet machine auto takes
-about 2x MPI's time at 8 B.  On a busy machine the spinning costs MPI more
-than politeness costs us, and the ratio can drop below 1 (``minipar bench
-collectives`` prints it on every run).
+α, and α here is Python per message plus the wait.  On 2 ranks (a core
+each) an 8-byte ``Sendrecv`` through :class:`~minipar.comm.traced.TracedComm`
+costs ~7 us (the calibration's α) against 2.6-4.1 us for mpi4py's own; a
+collective adds its tag and size checks (:mod:`minipar.collectives._base`)
+and a NumPy ufunc per step: recursive doubling takes 14-21 us against MPI's
+10-14 us.  With more ranks than cores a rank that waits hands its core away
+(:mod:`minipar.comm.waiting`) and the partner it waits for may not run again
+for a scheduler time slice, while MPI's own Allreduce spins in C.
 """
 
 from __future__ import annotations
@@ -82,28 +78,56 @@ from typing import Any
 import numpy as np
 
 from minipar import checks
-
-#: the ring from this many bytes up (N >= 3), measured as above
-RING_MIN_BYTES = 8 << 20
+from minipar.collectives.cost_model import LinkCosts, allreduce_time, choose_by_model, load_costs
 
 #: the algorithms ``auto`` chooses between
 AUTO_CHOICES = ("recursive_doubling", "ring")
+_NEVER_BYTES = 1 << 60  # a crossover beyond this many bytes is "never"
 
 
-def ring_threshold(world: int) -> float:
-    """Bytes from which auto runs the ring on ``world`` ranks (``math.inf``: never, N <= 2)."""
+def ring_threshold(world: int, costs: LinkCosts | None = None) -> float:
+    """The fewest bytes from which auto runs the ring on ``world`` ranks, by the model
+    (``costs``, default the committed calibration); ``math.inf``: never (N = 1, or a model
+    in which the ring's time never drops below recursive doubling's)."""
     checks.integer("world size", world, 1)
-    return math.inf if world <= 2 else float(RING_MIN_BYTES)
+    c = load_costs() if costs is None else costs
+    if world == 1:
+        return math.inf
+
+    def gap(s: int) -> float:  # ring time - recursive doubling time: linear in s
+        return allreduce_time("ring", s, world, c) - allreduce_time("recursive_doubling", s, world, c)
+
+    def ring(s: int) -> bool:
+        return choose_by_model(s, world, c) == "ring"
+
+    slope = (gap(1 << 30) - gap(0)) / (1 << 30)
+    if slope >= 0 or -gap(0) / slope > _NEVER_BYTES:
+        return 0.0 if ring(0) else math.inf
+    guess = max(0, math.floor(-gap(0) / slope))  # the edge up to rounding: bisect near it
+    lo, hi = max(0, guess - 2), guess + 2
+    while lo > 0 and ring(lo):
+        lo //= 2
+    while not ring(hi):
+        hi *= 2
+    if ring(lo):
+        return float(lo)
+    while hi - lo > 1:  # ring(hi) and not ring(lo)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ring(mid) else (mid, hi)
+    return float(hi)
 
 
-def choose_allreduce(nbytes: int, world: int) -> str:
-    """``"ring"`` from :func:`ring_threshold` bytes up, else ``"recursive_doubling"``.
+def choose_allreduce(nbytes: int, world: int, costs: LinkCosts | None = None) -> str:
+    """``"ring"`` or ``"recursive_doubling"``: the faster by the α–β–γ model
+    (:func:`~minipar.collectives.cost_model.choose_by_model`, ``costs`` or the committed
+    calibration).
 
-    Depends only on the buffer's bytes and the world size, so every rank
+    Depends only on the buffer's bytes, the world size and the constants, so every rank
     that passes the same array makes the same choice.
     """
     checks.integer("nbytes", nbytes, 0)
-    return "ring" if nbytes >= ring_threshold(world) else "recursive_doubling"
+    checks.integer("world size", world, 1)
+    return choose_by_model(nbytes, world, costs)
 
 
 def auto_allreduce(comm: Any, x: Any, op: str = "sum") -> np.ndarray:

@@ -58,6 +58,7 @@ import threading
 import time
 from pathlib import Path
 
+from minipar.host_memory import keep_freed_memory
 from minipar.launch.failure import (
     HWLOC_PREFIX,
     LAUNCH_DIR_VAR,
@@ -213,6 +214,7 @@ def whole_lines() -> None:
 
 def main(argv: list[str]) -> None:
     whole_lines()
+    keep_freed_memory()  # every step reuses the memory of the last (minipar.host_memory)
     folder = os.environ.get(LAUNCH_DIR_VAR, "")
     noted = note(folder) if folder and os.path.isdir(folder) else None  # the launching machine
     try:

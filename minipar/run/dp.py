@@ -10,8 +10,9 @@ DDP, arXiv 2006.15704: gradient buckets all-reduced as backward fills them)
 and :func:`report`, which gathers, per rank, the bytes sent per step next to
 the exact figure of what each bucket ran and the ring's 2(N-1)/N x S (the
 paper's figure), the model-state bytes held and the timeline.  ``--algorithm auto`` (the default)
-runs each bucket by size: the overlapped ring from 8 MiB up on 3+ ranks,
-blocking recursive doubling below (a note lists which bucket ran which).
+runs each bucket by what the α–β–γ model says is faster for its size on N
+ranks: the overlapped ring (from a few hundred KB up) or blocking recursive
+doubling (a note lists which bucket ran which, and the model's times).
 ``--remat [K]`` and ``--offload host|disk`` wrap each step's DDP hooks
 (:mod:`minipar.run.remat_offload`).
 """
@@ -37,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-bytes", type=integer(1), default=None,
                    help="bucket capacity in bytes (overrides --bucket-mb)")
     g.add_argument("--algorithm", choices=ALGORITHMS, default="auto",
-                   help="auto (per bucket: overlapped ring from 8 MiB on 3+ ranks, else "
-                        "blocking recursive doubling; default), ring (every bucket "
+                   help="auto (per bucket, the alpha-beta-gamma model's pick: overlapped ring "
+                        "or blocking recursive doubling; default), ring (every bucket "
                         "overlapped), mpi (MPI's Iallreduce)")
     g.add_argument("--no-overlap", action="store_true",
                    help="all-reduce every bucket after backward")

@@ -1,7 +1,8 @@
 """allreduce(algorithm="auto") on N ranks: MPI's answer, the chosen algorithm, its exact bytes.
 
 Lengths straddle the size where auto switches from recursive doubling to
-the ring (8 MiB, on 3 ranks or more) and the tiny lengths 0, 1, N-1, N+1.  For each: the result
+the ring (where the α–β–γ model with the committed constants has the ring
+faster: ``ring_threshold(N)``) and the tiny lengths 0, 1, N-1, N+1.  For each: the result
 equals MPI's own Allreduce (int64 data: exact), the bytes are counted under
 the name of the algorithm ``choose_allreduce`` names and equal
 ``cost.allreduce_bytes(..., "auto")``, and ``allreduce`` without an
@@ -56,6 +57,6 @@ for n in lengths:
 if math.isfinite(threshold):
     c.check(seen == {"recursive_doubling", "ring"}, f"both algorithms used: {seen}")
 else:
-    c.check(seen == {"recursive_doubling"}, f"only recursive doubling on {N} ranks: {seen}")
+    c.check(seen == {"recursive_doubling"}, f"only recursive doubling on {N} rank(s): {seen}")
 
 c.summary()

@@ -50,8 +50,8 @@ version here (:mod:`minipar.collectives.nonblocking`), so:
 With PyTorch's default 25 MiB buckets ``auto`` means the overlapped ring on
 any number of ranks.  The model compares *blocking* times, so it is
 conservative for the ring, which also overlaps.  Before the model, auto took
-recursive doubling below 8 MiB (the blocking rule of
-:func:`~minipar.collectives.auto.choose_allreduce`): in ``minipar bench dp``
+recursive doubling below 8 MiB (then the blocking collectives' rule too;
+:func:`~minipar.collectives.auto.choose_allreduce` now asks the same model): in ``minipar bench dp``
 (Ψ = 3.4 M float32, 13 buckets of 1 MiB, 2 ranks on this 2-core machine)
 that cost 1.66-1.85x speed-up against 1.92-1.99x with the ring on every
 bucket, which is what the model now picks there.  ``ring_min_bytes`` moves auto's
@@ -232,12 +232,12 @@ class DataParallel:
 
     ``grid``: a :class:`~minipar.comm.topology.Grid` of dp ranks only (pp = cp = tp =
     ep = 1); the all-reduces run on ``grid.comm("dp")``.  ``bucket_bytes``: bucket
-    capacity in bytes; ``algorithm``: ``"auto"`` (per bucket: the overlapped ring from
-    8 MiB up, else blocking recursive doubling; :func:`bucket_algorithm`), ``"ring"``
+    capacity in bytes; ``algorithm``: ``"auto"`` (per bucket, what the α–β–γ model
+    picks: the overlapped ring or blocking recursive doubling; :func:`bucket_algorithm`), ``"ring"``
     (ours, every bucket overlapped) or ``"mpi"`` (MPI's Iallreduce); ``overlap``: start
     each bucket during backward (True) or all of them after backward (False);
     ``ring_min_bytes``: with ``"auto"`` only, the bucket size in bytes from which the
-    ring runs instead of auto's measured 8 MiB (None); ``wrap_hooks(hooks, units) ->
+    ring runs instead of the model's choice (None); ``wrap_hooks(hooks, units) ->
     hooks``: wraps each step's DDP hooks (remat, activation offload:
     :class:`minipar.parallel.offload.wrap.MemoryWrap`; None).  ``bucket_algorithms[i]``
     is bucket i's algorithm.  Every argument is checked on every rank before any message.

@@ -60,10 +60,10 @@ blocks work unchanged (the executor adds their auxiliary loss).
 ring's reduce-scatter and all-gather.  Stage 0's gradient all-reduce and the
 one-number all-reduces (``found_inf`` under loss scaling, the loss a run
 reports) go through :func:`minipar.collectives.allreduce` with the engine's
-``allreduce``: ``"auto"`` picks recursive doubling below 8 MiB or on N <= 2
-ranks and the ring from 8 MiB up on N >= 3
-(:func:`minipar.collectives.auto.choose_allreduce`), counted under the name
-of the algorithm that ran.  So stage 0 of a small model sends recursive
+``allreduce``: ``"auto"`` picks recursive doubling or the ring, whichever the
+α–β–γ model says is faster for S on N ranks (the ring from a few hundred KB
+up; :func:`minipar.collectives.auto.choose_allreduce`), counted under the
+name of the algorithm that ran.  So stage 0 of a small model sends recursive
 doubling's bytes, log2 N x S when N is a power of two (the ring's
 2(N-1)/N x S on 2 ranks); the paper's 2Ψ(N-1)/N is the ring's figure,
 ``allreduce="ring"``.  :func:`minipar.parallel.zero.measure.exact_bytes_sent`

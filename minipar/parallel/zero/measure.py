@@ -140,9 +140,9 @@ def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,
 def allreduce_note(psi: int, n: int, itemsize: int, allreduce: str = "auto") -> str:
     """One line for stage 0: which all-reduce ran and why, and where the paper's figure is.
 
-    e.g. ``recursive doubling: S = 41,728 B < 8 MiB; the paper's figure is the ring's:
-    --allreduce ring``."""
-    from minipar.collectives.auto import RING_MIN_BYTES
+    e.g. ``recursive doubling: S = 41,728 B < 510,397 B, where the alpha-beta-gamma model
+    has the ring faster on 2 ranks; the paper's figure is the ring's: --allreduce ring``."""
+    from minipar.collectives.auto import ring_threshold
 
     S = psi * itemsize
     names = {"ring": "ring", "recursive_doubling": "recursive doubling", "tree": "binomial tree"}
@@ -150,13 +150,15 @@ def allreduce_note(psi: int, n: int, itemsize: int, allreduce: str = "auto") -> 
         return "stage 0's all-reduce: nothing to send on 1 rank"
     if allreduce != "auto":
         why = f"{names[allreduce]} (--allreduce {allreduce})"
-    elif n <= 2:
-        why = (f"recursive doubling: N = {n} <= 2 (auto never runs the ring on 2 ranks: the "
-               f"same bytes in one message of S instead of two of S/2), S = {S:,} B")
-    elif S < RING_MIN_BYTES:
-        why = f"recursive doubling: S = {S:,} B < {RING_MIN_BYTES >> 20} MiB"
     else:
-        why = f"ring: S = {S:,} B >= {RING_MIN_BYTES >> 20} MiB on N = {n} >= 3 ranks"
+        edge, model = ring_threshold(n), "the alpha-beta-gamma model"
+        if edge == float("inf"):
+            why = f"recursive doubling: {model} never has the ring faster on {n} ranks, S = {S:,} B"
+        elif S >= edge:
+            why = f"ring: S = {S:,} B >= {int(edge):,} B, from where {model} has it faster on {n} ranks"
+        else:
+            why = (f"recursive doubling: S = {S:,} B < {int(edge):,} B, from where {model} has "
+                   f"the ring faster on {n} ranks")
     if why.startswith("ring"):
         return f"stage 0's all-reduce: {why}; the paper's figure is the ring's"
     return f"stage 0's all-reduce: {why}; the paper's figure is the ring's: --allreduce ring"
