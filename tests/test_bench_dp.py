@@ -24,6 +24,12 @@ def test_bench_dp_tiny_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["ranks"] == 2 and row["batch"] == 4 and len(row["round_speedups"]) == 1
     assert row["serial_s"] > 0 and row["dp_s"] > 0
     assert row["speedup"] == pytest.approx(row["serial_s"] / row["dp_s"])
+    # the ceiling: N processes without messages; DP's share of it
+    assert row["independent_s"] > 0
+    assert row["ceiling"] == pytest.approx(row["serial_s"] / row["independent_s"])
+    assert row["of_ceiling"] == pytest.approx(row["independent_s"] / row["dp_s"])
+    assert bench_dp.ceiling_line(row).startswith(
+        f"ceiling {row['ceiling']:.2f}x: 2 independent processes, each the serial step on B/2 rows")
     assert row["dp_samples_per_s"] == pytest.approx(4 / row["dp_s"])
     assert row["buckets"] > 1
     line = bench_dp.speedup_line(row, 1)

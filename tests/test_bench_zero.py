@@ -33,17 +33,20 @@ def test_bench_zero_reports_every_stage_and_the_3_to_2_traffic() -> None:
 
 def test_measure_stages_puts_stage_0_on_the_ring_unless_told() -> None:
     """The notebook's figures: stage 0 on the ring by default (the paper's 2Ψ(N-1)/N, the
-    same bytes as stage 1), auto on request (recursive doubling here: rank 1 of 3 sends 2S)."""
+    same bytes as stage 1), auto on request (on 4 ranks the α–β–γ model picks recursive
+    doubling for these ~100 KB: log2 4 = 2 rounds, 2S per rank against the ring's 1.5S)."""
     from minipar.bench.zero import measure_stages
+    from minipar.collectives import choose_allreduce
     from minipar.collectives.cost import allreduce_bytes_sent
 
-    ring = measure_stages(3, stages=(0, 1))
-    auto = measure_stages(3, stages=(0,), allreduce="auto")
+    ring = measure_stages(4, stages=(0, 1))
+    auto = measure_stages(4, stages=(0,), allreduce="auto")
     psi = ring[0]["psi"]
     assert [r["bytes_sent_per_step"] for r in ring[0]["ranks"]] == [
         r["bytes_sent_per_step"] for r in ring[1]["ranks"]]
+    assert choose_allreduce(psi * 2, 4) == "recursive_doubling"
     assert [r["bytes_sent_per_step"] for r in auto[0]["ranks"]] == [
-        allreduce_bytes_sent(psi, 2, 3, r, "recursive_doubling") for r in range(3)]
+        allreduce_bytes_sent(psi, 2, 4, r, "recursive_doubling") for r in range(4)] == [2 * psi * 2] * 4
 
 
 @pytest.mark.parametrize("args,option", [

@@ -22,8 +22,19 @@ Times are the median wall-clock seconds per step after a warm-up step, the
 slowest rank's (the step is over when the last rank is done); serial and DP
 alternate ``--rounds`` times and the best of each is compared.  Ideal is N;
 what is lost is the replicated optimizer step, the all-reduce not hidden
-behind backward, and the second process's start-up of caches.  A progress
-bar on stderr counts the launches (:mod:`minipar.progress`).
+behind backward, and what N processes cost each other on one machine.
+
+**The ceiling this machine allows.**  Each round also runs N *independent*
+processes, each the serial step on its B/N rows with no message at all (a
+barrier between steps only, to start them together).  ``t_serial /
+t_independent`` is the best speed-up any data-parallel scheme could reach
+here: on one machine N processes share the memory bus and the last-level
+cache, so a step on B/N rows takes longer beside N-1 others than alone.
+DP's own cost is then ``t_independent / t_DP`` (100%: communication and
+bucketing cost nothing).  Measured on this 2-core VM (d_model 256, B 32,
+2026-12-04): two processes on 16 rows each take 294 ms per step against
+266 ms for one alone, a ceiling of about 1.85x, and DP reached 93-97% of it.
+A progress bar on stderr counts the launches (:mod:`minipar.progress`).
 
 :func:`measure_step_time` is the timing loop, reusable for other strategies
 (ZeRO's step time against DP's).
@@ -100,6 +111,21 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
         return {"seconds": measure_step_time(step, o["steps"]), "psi": states.layout.size}
     comm = TracedComm()
+    if o["mode"] == "independent":  # the serial step on this rank's rows; no message in it
+        from minipar.parallel.common import local_rows
+
+        model = spec.model()
+        states = ModelStates(spec.precision, spec.initial_params(), spec.optimizer, **spec.opt_kwargs())
+        lo, hi = local_rows(spec.batch, comm.rank, comm.size)
+
+        def alone(s: int) -> None:
+            x, y = spec.global_batch(s)
+            _, grads = model.loss_and_grads(states.param_views(), x[lo:hi], y[lo:hi])
+            states.set_grads(grads)
+            states.step()
+
+        t = measure_step_time(alone, o["steps"], comm)
+        return {"seconds": t} if comm.rank == 0 else None
     dp = DataParallel(Grid(comm, dp=comm.size), spec, bucket_bytes=int(o["bucket_mb"] * 2**20),
                       algorithm=o.get("algorithm", "auto"))
     t = measure_step_time(lambda s: dp.step(spec.batch_at(s)), o["steps"], comm)
@@ -111,9 +137,10 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def run_bench(o: dict[str, Any], progress: Any = None) -> dict[str, Any]:
-    """Measure serial and DP on ``o["ranks"]`` ranks, alternating, ``o["rounds"]`` times.
+    """Measure serial, N independent processes (the ceiling) and DP on ``o["ranks"]``
+    ranks, alternating, ``o["rounds"]`` times.
 
-    ``progress``: a stream for a bar of the 2 x rounds launches (:func:`minipar.progress.bar`),
+    ``progress``: a stream for a bar of the 3 x rounds launches (:func:`minipar.progress.bar`),
     None for none.
 
     The figure is the best serial time over the best DP time (best-of, as ``timeit``
@@ -125,13 +152,13 @@ def run_bench(o: dict[str, Any], progress: Any = None) -> dict[str, Any]:
     from minipar import launch
     from minipar.progress import LAUNCH_DELAY_S, bar
 
-    res: dict[str, list[dict[str, Any]]] = {"serial": [], "dp": []}
+    res: dict[str, list[dict[str, Any]]] = {"serial": [], "independent": [], "dp": []}
     load0 = os.getloadavg()[0]
-    launches = 2 * o["rounds"]
+    launches = 3 * o["rounds"]
     with (bar(launches, "launch", progress, delay=LAUNCH_DELAY_S) if progress is not None
           else contextlib.nullcontext()) as shown:
         for _ in range(o["rounds"]):
-            for mode, n in (("serial", 1), ("dp", o["ranks"])):
+            for mode, n in (("serial", 1), ("independent", o["ranks"]), ("dp", o["ranks"])):
                 row, _ = launch.run_json(n, "minipar.bench.dp", {**o, "mode": mode},
                                          check=True, timeout=o["timeout"])
                 res[mode].append(row)
@@ -140,8 +167,10 @@ def run_bench(o: dict[str, Any], progress: Any = None) -> dict[str, Any]:
     B = o["batch"]
     ts = min(r["seconds"] for r in res["serial"])
     td = min(r["seconds"] for r in res["dp"])
+    ti = min(r["seconds"] for r in res["independent"])
     return {"ranks": o["ranks"], "batch": B, "psi": res["serial"][0]["psi"],
-            "serial_s": ts, "dp_s": td,
+            "serial_s": ts, "dp_s": td, "independent_s": ti,
+            "ceiling": ts / ti, "of_ceiling": ti / td,
             "serial_samples_per_s": B / ts, "dp_samples_per_s": B / td, "speedup": ts / td,
             "round_speedups": [a["seconds"] / b["seconds"] for a, b in zip(res["serial"], res["dp"])],
             "load_average": [load0, os.getloadavg()[0]],
@@ -202,7 +231,7 @@ def _parser() -> ArgumentParser:
                    help="DDP's all-reduce: auto (per bucket by size and N, default), ring "
                         "(every bucket overlapped with backward), mpi (MPI's Iallreduce)")
     p.add_argument("--rounds", type=integer(1), default=3,
-                   help="alternating serial/DP rounds (default %(default)s)")
+                   help="alternating serial/independent/DP rounds (default %(default)s)")
     return p
 
 
@@ -211,6 +240,14 @@ def speedup_line(row: dict[str, Any], rounds: int) -> str:
     n = row["ranks"]
     return (f"speed-up {row['speedup']:.2f}x (best of {rounds}; ideal {n}x on {n} ranks); per "
             f"round: {', '.join(f'{x:.2f}' for x in row['round_speedups'])}")
+
+
+def ceiling_line(row: dict[str, Any]) -> str:
+    """What this machine allows N processes, and how much of it DP reached."""
+    n = row["ranks"]
+    return (f"ceiling {row['ceiling']:.2f}x: {n} independent processes, each the serial step "
+            f"on B/{n} rows with no message ({row['independent_s']:.3f} s/step; they share this "
+            f"machine's memory bus and caches); DP reached {100 * row['of_ceiling']:.0f}% of it")
 
 
 def main(argv: list[str]) -> int:
@@ -235,6 +272,7 @@ def main(argv: list[str]) -> int:
     print(f"{'serial':>14} {row['serial_s']:>8.3f} {row['serial_samples_per_s']:>10.1f}")
     print(f"{'DP, ' + str(a.ranks) + ' ranks':>14} {row['dp_s']:>8.3f} {row['dp_samples_per_s']:>10.1f}")
     print(speedup_line(row, a.rounds))
+    print(ceiling_line(row))
     kinds = ", ".join(f"{row['bucket_algorithms'].count(k)} {k.replace('_', ' ')}"
                       for k in sorted(set(row["bucket_algorithms"])))
     print(f"{row['buckets']} bucket(s) ({kinds}; --algorithm {row['algorithm']}), "

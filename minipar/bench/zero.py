@@ -89,7 +89,8 @@ def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: floa
     :class:`~minipar.parallel.common.RunSpec` fields (default: the mixed-precision
     GPT of Ψ ≈ 52 thousand the tests use, one step) and stage 0 all-reduces on the
     ring (``allreduce``; ZeRO's own default, ``"auto"``, would take recursive
-    doubling for this small model: log2 N x S instead of 2(N-1)/N x S).  Raises
+    doubling for this small model on 2, 4 or 8 ranks, the α–β–γ model's choice:
+    log2 N x S instead of 2(N-1)/N x S).  Raises
     :class:`minipar.launch.RanksFailed` (one line) if the ranks fail."""
     from minipar import launch
 
