@@ -26,9 +26,13 @@ price: a process's resident memory stays at its peak instead of shrinking
 between steps.  What minipar *measures* as memory (:mod:`minipar.memory`,
 tracemalloc's count of live arrays) does not change.
 
-Only the entry points call it, once per process: the ``minipar`` command
-(:mod:`minipar.cli`) and every rank (:mod:`minipar.launch.rank`), so
-``import minipar`` changes nothing in a notebook or a test.  It does nothing
+Only the entry points call it: the ``minipar`` command (:mod:`minipar.cli`)
+and every rank (:mod:`minipar.launch.rank`), so ``import minipar`` changes
+nothing in a notebook or a test.  It also sets glibc's own environment
+variables for the same settings (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``; unless they are set already), so the processes a
+command starts (a benchmark's measuring subprocess, mpiexec's ranks) keep
+freed memory from their first allocation.  It does nothing
 where ``malloc`` is not glibc's (macOS, musl) and when
 ``MINIPAR_KEEP_FREED_MEMORY=0`` (to measure the difference: run a benchmark
 with and without it).
@@ -69,6 +73,9 @@ def keep_freed_memory() -> str:
             mallopt = None
         ok = (mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_MAX_BYTES) == 1
               and mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES) == 1)
+        if ok:  # the processes this one starts: glibc reads these at their start
+            os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_MAX_BYTES))
+            os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(TRIM_BYTES))
         _state.append("kept for reuse (glibc mallopt)" if ok else "system default (not glibc)")
     return _state[0]
 

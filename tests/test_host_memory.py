@@ -40,8 +40,11 @@ print(json.dumps({"said": said, "faults_per_step":
 
 
 def _faults(mode: str, **env: str) -> dict:
+    """Run STEPS in a fresh interpreter without glibc's MALLOC_ variables (an in-process
+    ``minipar`` command of another test may have set them in this one's environment)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, **env}, check=True)
+                         timeout=120, env={**clean, **env}, check=True)
     return json.loads(out.stdout.splitlines()[-1])
 
 
@@ -76,3 +79,23 @@ def test_the_switch_and_the_entry_points(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     said = sorted(ln for ln in out.stdout.splitlines() if ln.startswith("SAID"))
     assert [ln.split(" ", 2)[2] for ln in said] == [want or said[0].split(" ", 2)[2]] * 2, said
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
+def test_a_commands_children_keep_freed_memory_from_their_start():
+    """A benchmark's measuring subprocess is started by the command, not through it: it
+    inherits glibc's own variables, and its steps fault no pages either."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    child = ("import os, subprocess, sys\n"
+             "from minipar import host_memory\n"
+             "host_memory.keep_freed_memory()\n"
+             "print({k: os.environ[k] for k in ('MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_')})\n"
+             "sys.stdout.flush()\n"
+             "subprocess.run([sys.executable, '-c', sys.argv[1], 'default'], check=True)\n")
+    out = subprocess.run([sys.executable, "-c", child, STEPS], capture_output=True, text=True,
+                         timeout=120, env=env, check=True).stdout.splitlines()
+    assert out[0] == str({"MALLOC_MMAP_THRESHOLD_": "33554432",
+                          "MALLOC_TRIM_THRESHOLD_": "1073741824"})
+    grandchild = json.loads(out[-1])
+    assert grandchild["said"].startswith("not asked")  # it never called keep_freed_memory
+    assert grandchild["faults_per_step"] < 50

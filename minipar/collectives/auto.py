@@ -72,13 +72,17 @@ for a scheduler time slice, while MPI's own Allreduce spins in C.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
 
 from minipar import checks
+from minipar.collectives import _base as B
 from minipar.collectives.cost_model import LinkCosts, allreduce_time, choose_by_model, load_costs
+from minipar.collectives.ring import ring_allreduce
+from minipar.collectives.tree import recursive_doubling_allreduce
 
 #: the algorithms ``auto`` chooses between
 AUTO_CHOICES = ("recursive_doubling", "ring")
@@ -120,14 +124,21 @@ def ring_threshold(world: int, costs: LinkCosts | None = None) -> float:
 def choose_allreduce(nbytes: int, world: int, costs: LinkCosts | None = None) -> str:
     """``"ring"`` or ``"recursive_doubling"``: the faster by the α–β–γ model
     (:func:`~minipar.collectives.cost_model.choose_by_model`, ``costs`` or the committed
-    calibration).
+    calibration), read off the crossover :func:`ring_threshold` (computed once per world
+    size and constants: a blocking all-reduce of 8 bytes must not pay for the model).
 
     Depends only on the buffer's bytes, the world size and the constants, so every rank
     that passes the same array makes the same choice.
     """
     checks.integer("nbytes", nbytes, 0)
     checks.integer("world size", world, 1)
-    return choose_by_model(nbytes, world, costs)
+    return "ring" if nbytes >= _edge(world, load_costs() if costs is None else costs) else (
+        "recursive_doubling")
+
+
+@functools.lru_cache(maxsize=256)
+def _edge(world: int, costs: LinkCosts) -> float:
+    return ring_threshold(world, costs)
 
 
 def auto_allreduce(comm: Any, x: Any, op: str = "sum") -> np.ndarray:
@@ -137,12 +148,8 @@ def auto_allreduce(comm: Any, x: Any, op: str = "sum") -> np.ndarray:
     ``"recursive_doubling_allreduce"``); its bytes:
     :func:`minipar.collectives.cost.allreduce_bytes`.
     """
-    from minipar.collectives import _base as B
-    from minipar.collectives.ring import ring_allreduce
-    from minipar.collectives.tree import recursive_doubling_allreduce
-
     B.check_op(op)
     c, a = B.prepare(comm, x)
-    if choose_allreduce(a.nbytes, c.size) == "ring":
+    if a.nbytes >= _edge(c.size, load_costs()):  # choose_allreduce, its arguments known good
         return ring_allreduce(c, a, op)
     return recursive_doubling_allreduce(c, a, op)

@@ -76,7 +76,10 @@ def _check_costs(d: Any, where: str) -> LinkCosts:
 
 def load_costs(path: str | Path | None = None) -> LinkCosts:
     """The constants of ``path`` (default :data:`CALIBRATION`); ValueError on a bad file."""
-    return _load(str(CALIBRATION if path is None else path))
+    return _load(_COMMITTED if path is None else str(path))
+
+
+_COMMITTED = str(CALIBRATION)
 
 
 @functools.lru_cache(maxsize=8)
