@@ -27,6 +27,8 @@ def test_runs_every_benchmark_and_writes_the_ratios(tmp_path, monkeypatch, capsy
     assert {"dp", "collectives"} <= benches
     assert all(r["ratio"] > 0 for r in data["ratios"])
     assert {r["ideal"] for r in data["ratios"] if r["bench"] == "dp"} == {2.0}
+    dp = [r["name"] for r in data["ratios"] if r["bench"] == "dp"]
+    assert len(dp) == 2 and dp[1].startswith("ceiling on 2 ranks: serial / independent")
     assert "ideal" in text and "target" not in text.lower() and "goal" not in text.lower()
 
 

@@ -12,6 +12,7 @@ benchmark           ratio                                        ideal
 ==================  ===========================================  =====================
 model               NumPy step time / PyTorch eager's (1 thread) 1.0 (as fast)
 dp                  serial step time / data-parallel step time   N (ranks)
+dp (ceiling)        serial / N independent processes on B/N rows N (ranks)
 collectives         busbw / MPI's busbw, same size (ring, auto)  1.0 (as fast as MPI)
 collectives         8-byte all-reduce time / MPI's (auto)        1.0
 ==================  ===========================================  =====================
@@ -82,6 +83,8 @@ def run_all(skip: tuple[str, ...] = ()) -> dict[str, Any]:
         r = _json_of(dp.main, DP_ARGS, "dp")
         rows.append(ratio("dp", f"speed-up on {r['ranks']} ranks (d_model 128)", r["speedup"],
                           r["ranks"], False))
+        rows.append(ratio("dp", f"ceiling on {r['ranks']} ranks: serial / independent "
+                          "(d_model 128)", r["ceiling"], r["ranks"], False))
     if "collectives" not in skip:
         got = _json_of(collectives.main, COLLECTIVES_ARGS, "collectives")
         for r in got:

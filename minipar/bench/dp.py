@@ -31,9 +31,10 @@ t_independent`` is the best speed-up any data-parallel scheme could reach
 here: on one machine N processes share the memory bus and the last-level
 cache, so a step on B/N rows takes longer beside N-1 others than alone.
 DP's own cost is then ``t_independent / t_DP`` (100%: communication and
-bucketing cost nothing).  Measured on this 2-core VM (d_model 256, B 32,
-2026-12-04): two processes on 16 rows each take 294 ms per step against
-266 ms for one alone, a ceiling of about 1.85x, and DP reached 93-97% of it.
+bucketing cost nothing).  Measured on this 2-core VM (the defaults,
+2026-12-04, quiet, four runs): ceilings 1.76x-1.90x, DP 1.80x-1.90x, i.e.
+98-102% of the ceiling of its own run: the all-reduce is hidden behind
+backward, and what keeps DP from 2x here is the machine.
 A progress bar on stderr counts the launches (:mod:`minipar.progress`).
 
 :func:`measure_step_time` is the timing loop, reusable for other strategies
