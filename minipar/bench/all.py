@@ -46,7 +46,7 @@ PROG = "minipar bench all"
 #: what each benchmark is run with (small sizes: about a minute in all)
 MODEL_ARGS = ["--sizes", "small", "medium", "--repeat", "3"]
 DP_ARGS = ["-n", "2", "--d-model", "128", "--layers", "2", "--seq", "64", "--batch", "16",
-           "--steps", "3", "--rounds", "1"]
+           "--steps", "3", "--rounds", "3"]
 COLLECTIVE_SIZES = (8, 64 << 10, 1 << 20)
 COLLECTIVES_ARGS = ["-n", "2", "--collectives", "allreduce", "--algorithms", "ring", "auto",
                     "--iters", "10", "--sizes", *map(str, COLLECTIVE_SIZES)]
