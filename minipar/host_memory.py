@@ -34,8 +34,8 @@ variables for the same settings (``MALLOC_MMAP_THRESHOLD_``,
 command starts (a benchmark's measuring subprocess, mpiexec's ranks) keep
 freed memory from their first allocation.  It does nothing
 where ``malloc`` is not glibc's (macOS, musl) and when
-``MINIPAR_KEEP_FREED_MEMORY=0`` (to measure the difference: run a benchmark
-with and without it).
+``MINIPAR_KEEP_FREED_MEMORY=0`` (or ``false``, ``no``, ``off``; to measure the
+difference: run a benchmark with and without it).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ MMAP_MAX_BYTES = 32 << 20
 #: free memory at the heap's top is given back to the kernel only above this
 TRIM_BYTES = 1 << 30
 ENV = "MINIPAR_KEEP_FREED_MEMORY"
+#: the values of :data:`ENV` that turn it off (anything else, or unset: on)
+OFF = ("0", "false", "no", "off")
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _state: list[str] = []
 
@@ -58,11 +60,13 @@ _state: list[str] = []
 def keep_freed_memory() -> str:
     """Tell glibc's ``malloc`` to keep freed blocks for reuse (module docstring); once per
     process.  Returns what happened, one phrase: ``"kept for reuse (glibc mallopt)"``, ``"off
-    (MINIPAR_KEEP_FREED_MEMORY=0)"`` or ``"system default (not glibc)"``."""
+    (MINIPAR_KEEP_FREED_MEMORY=0)"`` (the value as given) or ``"system default (not
+    glibc)"``."""
     if _state:
         return _state[0]
-    if os.environ.get(ENV, "1").strip() == "0":
-        _state.append(f"off ({ENV}=0)")
+    raw = os.environ.get(ENV, "").strip()
+    if raw.lower() in OFF:
+        _state.append(f"off ({ENV}={raw})")
     elif not sys.platform.startswith("linux"):
         _state.append("system default (not glibc)")
     else:

@@ -63,6 +63,8 @@ def test_kept_memory_leaves_a_step_without_page_faults():
 def test_the_switch_and_the_entry_points(tmp_path):
     off = _faults("keep", MINIPAR_KEEP_FREED_MEMORY="0")
     assert off["said"] == "off (MINIPAR_KEEP_FREED_MEMORY=0)"
+    assert _faults("keep", MINIPAR_KEEP_FREED_MEMORY=" Off ")["said"] == (
+        "off (MINIPAR_KEEP_FREED_MEMORY=Off)")
     assert _faults("default")["said"] == "not asked (the system's default)"  # import: nothing
     # the minipar command asks at its start (doctor reports it), and so does every rank
     doctor = subprocess.run([sys.executable, "-m", "minipar.cli", "doctor", "--json"],
