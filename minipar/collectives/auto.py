@@ -48,13 +48,18 @@ N   measured                                         the model's choice
 2   64 KiB 1.28-1.37, 1 MiB 0.76-0.88                RD, ring
 3   64 KiB 1.57, 256 KiB 0.78, 1 MiB 0.79            ring, ring, ring
 4   64 KiB 2.10, 256 KiB 1.06, 1 MiB 0.86            RD, RD, ring
+8   256 KiB 1.82, 1 MiB 1.84, 4 MiB 0.96             RD, ring, ring
 ==  ===============================================  =================
 
-Every choice is the faster one but one: 3 ranks at 64 KiB, where the model
-picks the ring and recursive doubling is 1.57x faster.  With more ranks than
-cores each of the ring's 4 messages also waits for its receiver to be
-scheduled, an α the 2-rank calibration does not see (on 4 ranks the model's
-crossover, 440 KB, happens to fall where the measured one does).  An earlier
+Every choice is the faster one but two, both with more ranks than cores: 3
+ranks at 64 KiB (recursive doubling 1.57x faster than the ring the model
+picks) and 8 ranks at 1 MiB (1.84x).  There each of the ring's 2(N-1)
+messages also waits for its receiver to be scheduled, an α (and a β) the
+2-rank calibration does not see, so the measured crossover moves up (about
+4 MiB on 8 ranks on 2 cores); on 4 ranks the model's crossover, 440 KB,
+happens to fall where the measured one does.  A calibration per world size
+would follow it; with one rank per core the 2-rank constants are the ones
+that matter.  An earlier
 rule, a fixed 8 MiB for N >= 3 and never the ring on 2 ranks, was measured
 before the traced communicator's per-message cost fell from ~30 us to
 ~7 us; it left ``auto`` at half of MPI's bus bandwidth at 1 MiB.
