@@ -59,16 +59,17 @@ _state: list[str] = []
 
 def keep_freed_memory() -> str:
     """Tell glibc's ``malloc`` to keep freed blocks for reuse (module docstring); once per
-    process.  Returns what happened, one phrase: ``"kept for reuse (glibc mallopt)"``, ``"off
-    (MINIPAR_KEEP_FREED_MEMORY=0)"`` (the value as given) or ``"system default (not
-    glibc)"``."""
+    process.  Returns what happened, one phrase for ``minipar doctor``: ``"kept for reuse
+    (glibc mallopt; MINIPAR_KEEP_FREED_MEMORY=0 turns it off)"``, ``"given back to the
+    kernel, glibc's defaults (MINIPAR_KEEP_FREED_MEMORY=0)"`` (the value as given) or
+    ``"the system's default (not glibc)"``."""
     if _state:
         return _state[0]
     raw = os.environ.get(ENV, "").strip()
     if raw.lower() in OFF:
-        _state.append(f"off ({ENV}={raw})")
+        _state.append(f"given back to the kernel, glibc's defaults ({ENV}={raw})")
     elif not sys.platform.startswith("linux"):
-        _state.append("system default (not glibc)")
+        _state.append("the system's default (not glibc)")
     else:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -80,7 +81,10 @@ def keep_freed_memory() -> str:
         if ok:  # the processes this one starts: glibc reads these at their start
             os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_MAX_BYTES))
             os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(TRIM_BYTES))
-        _state.append("kept for reuse (glibc mallopt)" if ok else "system default (not glibc)")
+        on = "kept for reuse (glibc mallopt; " + (
+            f"{ENV}={raw!r} is not one of {', '.join(OFF)}, so on)" if raw and raw.lower() not in
+            ("1", "true", "yes", "on") else f"{ENV}=0 turns it off)")
+        _state.append(on if ok else "the system's default (not glibc)")
     return _state[0]
 
 

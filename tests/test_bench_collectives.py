@@ -67,6 +67,10 @@ def test_table_reports_chosen_algorithm_and_targets():
     assert "1.00 = as fast as MPI's own collective" in table
     assert "target" not in table and "issue" not in table
     assert "latency at 8 B: auto takes 2.50x MPI's time" in table
+    from minipar.collectives.auto import ring_threshold
+
+    assert (f"auto on 4 ranks: recursive doubling below {int(ring_threshold(4)):,} B, the ring "
+            "from there (the alpha-beta-gamma model") in table
 
 
 def test_nothing_to_compare_is_refused(capsys):

@@ -28,6 +28,7 @@ def test_bench_dp_tiny_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["independent_s"] > 0
     assert row["ceiling"] == pytest.approx(row["serial_s"] / row["independent_s"])
     assert row["of_ceiling"] == pytest.approx(row["independent_s"] / row["dp_s"])
+    assert len(row["round_ceilings"]) == 1 and row["config"]["d_model"] == 16
     assert bench_dp.ceiling_line(row).startswith(
         f"ceiling {row['ceiling']:.2f}x: 2 independent processes, each the serial step on B/2 rows")
     assert row["dp_samples_per_s"] == pytest.approx(4 / row["dp_s"])

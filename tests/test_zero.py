@@ -121,9 +121,9 @@ def test_exact_bytes_and_the_stage_0_note() -> None:
     assert exact_bytes_sent(psi, 1, 0, 0, 8) == exact_bytes_sent(psi, 1, 0, 3, 8) == 0
     edge = int(ring_threshold(2))  # where the committed constants put the ring ahead on 2 ranks
     assert allreduce_note(5000, 2, 8) == (
-        f"stage 0's all-reduce: recursive doubling: S = 40,000 B < {edge:,} B, from where the "
-        "alpha-beta-gamma model has the ring faster on 2 ranks; the paper's figure is the "
-        "ring's: --allreduce ring")
+        f"stage 0's all-reduce: recursive doubling: S = 40,000 B is below {edge:,} B, the size "
+        "from which the alpha-beta-gamma model has the ring faster on 2 ranks; the paper's "
+        "figure is the ring's: --allreduce ring")
     assert allreduce_note(2 << 20, 4, 4).startswith("stage 0's all-reduce: ring: S = 8,388,608 B")
     assert allreduce_note(2 << 20, 2, 4).endswith("faster on 2 ranks; the paper's figure is the ring's")
 
@@ -350,10 +350,10 @@ def test_run_verb_stage_0_reports_what_ran_and_the_paper(allreduce: str) -> None
     assert s["bytes_formula"] == zero_comm_bytes_per_rank(psi, 3, 0, 8)
     note = next(x for x in s["notes"] if x.startswith("stage 0's all-reduce"))
     if allreduce == "auto" and ran == "recursive_doubling":
-        assert f"recursive doubling: S = {psi * 8:,} B < {int(ring_threshold(3)):,} B" in note
+        assert f"recursive doubling: S = {psi * 8:,} B is below {int(ring_threshold(3)):,} B" in note
         assert note.endswith("the paper's figure is the ring's: --allreduce ring")
     elif allreduce == "auto":
-        assert f"ring: S = {psi * 8:,} B >= {int(ring_threshold(3)):,} B" in note
+        assert f"ring: S = {psi * 8:,} B is at or above {int(ring_threshold(3)):,} B" in note
         assert note.endswith("the paper's figure is the ring's")
     else:
         assert f"(--allreduce {allreduce})" in note

@@ -253,7 +253,19 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 f"min {got:.2f} ({'at or above' if got >= 1 else 'below'} MPI's speed)"))
         out.append(f"#   latency at {s['latency_size']} B: auto takes {s['latency_ratio']:.2f}x "
                    "MPI's time (Python per message + the polling wait, see auto.py)")
+        out.append("#   " + auto_rule(rows[0]["ranks"]))
     return "\n".join(out)
+
+
+def auto_rule(n: int) -> str:
+    """One line: where auto switches on ``n`` ranks, and why (the model, the committed file)."""
+    from minipar.collectives.auto import ring_threshold
+
+    edge = ring_threshold(n)
+    where = ("recursive doubling at every size" if edge == float("inf") else
+             f"recursive doubling below {int(edge):,} B, the ring from there")
+    return (f"auto on {n} ranks: {where} (the alpha-beta-gamma model with the constants of "
+            "minipar/collectives/calibration.json; minipar/collectives/auto.py)")
 
 
 def _calibrate(args: Any, payload: dict[str, Any]) -> int:

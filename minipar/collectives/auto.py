@@ -19,8 +19,9 @@ recursive doubling log2 p, + 2 when N is not a power of 2  S per round / S per r
 binomial tree      2 ceil(log2 N)                         as many bytes, more messages
 ================== ====================================== =========================
 
-The tree never beats recursive doubling (as many bytes, more messages), so
-auto chooses between the other two: **the one the model says is faster**
+In the model the tree never beats recursive doubling (as many bytes, more
+messages; measured with more ranks than cores it sometimes does), so auto
+chooses between the other two: **the one the model says is faster**
 (:func:`choose_allreduce`; recursive doubling on a tie).  The difference of
 the two times is linear in S, so there is one crossover size
 (:func:`ring_threshold`): recursive doubling below it (fewer messages, α

@@ -149,6 +149,7 @@ def algorithm_note(algorithm: str, per_bucket: list[str], world: int, overlap: b
         parts.append(f"{ring} bucket(s) on the ring, {when}")
     if rd:
         parts.append(f"{rd} bucket(s) by recursive doubling, blocking "
-                     + ("when ready" if overlap else "after backward"))
+                     + ("when ready (only the ring is overlapped; the model found these too "
+                        "small for it)" if overlap else "after backward"))
     tail = "" if not rd else "; the formula is the ring's: --algorithm ring"
     return "auto: " + "; ".join(parts) + tail + (f"\n{why}" if why else "")

@@ -172,8 +172,8 @@ def choice_note(nbytes: list[int], world: int, costs: LinkCosts) -> str:
     for s in sorted(set(nbytes), reverse=True)[:3]:
         t = {a: allreduce_time(a, s, world, costs) for a in ("ring", "recursive_doubling")}
         pick = choose_by_model(s, world, costs)
-        parts.append(f"{s:,} B: ring {t['ring'] * 1e6:.0f} us, recursive doubling "
-                     f"{t['recursive_doubling'] * 1e6:.0f} us -> {pick.replace('_', ' ')}")
+        parts.append(f"{s:,} B: ring {t['ring'] * 1e6:.1f} us, recursive doubling "
+                     f"{t['recursive_doubling'] * 1e6:.1f} us -> {pick.replace('_', ' ')}")
     return (f"auto by the alpha-beta-gamma model (Thakur et al. 2005; alpha "
             f"{costs.alpha_s * 1e6:.1f} us, 1/beta {1e-9 / costs.beta_s_per_byte:.2f} GB/s, "
             f"1/gamma {1e-9 / costs.gamma_s_per_byte:.2f} GB/s; decided on rank 0): "

@@ -140,8 +140,9 @@ def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,
 def allreduce_note(psi: int, n: int, itemsize: int, allreduce: str = "auto") -> str:
     """One line for stage 0: which all-reduce ran and why, and where the paper's figure is.
 
-    e.g. ``recursive doubling: S = 41,728 B < 510,397 B, where the alpha-beta-gamma model
-    has the ring faster on 2 ranks; the paper's figure is the ring's: --allreduce ring``."""
+    e.g. ``recursive doubling: S = 40,000 B is below 510,397 B, the size from which the
+    alpha-beta-gamma model has the ring faster on 2 ranks; the paper's figure is the
+    ring's: --allreduce ring``."""
     from minipar.collectives.auto import ring_threshold
 
     S = psi * itemsize
@@ -155,10 +156,11 @@ def allreduce_note(psi: int, n: int, itemsize: int, allreduce: str = "auto") -> 
         if edge == float("inf"):
             why = f"recursive doubling: {model} never has the ring faster on {n} ranks, S = {S:,} B"
         elif S >= edge:
-            why = f"ring: S = {S:,} B >= {int(edge):,} B, from where {model} has it faster on {n} ranks"
+            why = (f"ring: S = {S:,} B is at or above {int(edge):,} B, the size from which "
+                   f"{model} has the ring faster on {n} ranks")
         else:
-            why = (f"recursive doubling: S = {S:,} B < {int(edge):,} B, from where {model} has "
-                   f"the ring faster on {n} ranks")
+            why = (f"recursive doubling: S = {S:,} B is below {int(edge):,} B, the size from "
+                   f"which {model} has the ring faster on {n} ranks")
     if why.startswith("ring"):
         return f"stage 0's all-reduce: {why}; the paper's figure is the ring's"
     return f"stage 0's all-reduce: {why}; the paper's figure is the ring's: --allreduce ring"
