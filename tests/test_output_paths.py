@@ -73,3 +73,20 @@ def test_run_json_out_writes_the_summary_it_prints_with_json(
     assert cli.main(["run", "dp", "-n", "2", "--steps", "1", "--json", "--json-out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert json.loads(out.read_text()) == json.loads(printed[printed.index("{"):])
+
+
+def test_a_path_the_permission_bits_allow_but_the_file_system_refuses(
+        tmp_path: Path, no_launch: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """As root, ``os.access`` says yes to ``/proc``; the file is really opened (created and
+    removed at once), so the refusal still comes before the work; a good path is left as
+    it was (a new one not created, an existing one not emptied)."""
+    from minipar.cli.options import check_output_file
+
+    if Path("/proc/self").is_dir():  # Linux: /proc takes no new files, whoever asks
+        assert cli.main(["bench", "model", "--json-out", "/proc/minipar-x.json"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--json-out" in err[0] and "/proc/minipar-x.json" in err[0], err
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    old.write_text("kept")
+    assert check_output_file(str(new)) is None and not new.exists()
+    assert check_output_file(str(old)) is None and old.read_text() == "kept"

@@ -260,9 +260,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def check_output_file(path: str) -> str | None:
-    """Why ``path`` cannot be written as a file (None if it can), without creating anything.
+    """Why ``path`` cannot be written as a file (None if it can), leaving nothing behind.
 
-    Its folder must exist and be writable, and ``path`` must not be a folder.
+    Its folder must exist and be writable, and ``path`` must not be a folder.  Then the
+    file is really opened (an existing one for appending, untouched; a new one created and
+    removed at once): permission bits do not tell root that ``/proc`` or a read-only file
+    system refuses files.
     """
     if not path:
         return "needs a file name, got ''"
@@ -276,6 +279,15 @@ def check_output_file(path: str) -> str | None:
         return f"cannot write {path}: permission denied"
     if not os.path.exists(path) and not os.access(folder, os.W_OK | os.X_OK):
         return f"cannot write {path}: the folder {folder} is not writable"
+    try:
+        if not os.path.exists(path):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            os.remove(path)
+        elif os.path.isfile(path):  # (a pipe or a device is left alone: opening may block)
+            with open(path, "a", encoding="utf-8"):
+                pass
+    except OSError as e:
+        return f"cannot write {path}: {e.strerror or e}"
     return None
 
 
