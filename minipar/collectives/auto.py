@@ -59,8 +59,12 @@ messages also waits for its receiver to be scheduled, an α (and a β) the
 2-rank calibration does not see, so the measured crossover moves up (about
 4 MiB on 8 ranks on 2 cores); on 4 ranks the model's crossover, 440 KB,
 happens to fall where the measured one does.  A calibration per world size
-would follow it; with one rank per core the 2-rank constants are the ones
-that matter.  An earlier
+was tried and not adopted: α and β of an exchange among all N ranks at once
+(25, 65, 185 us and 5.4-6.5, 6.1, 1.4 GB/s on 3, 4, 8 ranks here) move the
+crossovers to 79 KB, 2.3 MB and 2.1 MB: right on 3 and 8 ranks, wrong on 4
+(the ring, measured 0.86-1.0x recursive doubling's time at 1 MiB, would no
+longer run there).  With one rank per core, the 2-rank constants are the
+ones that matter.  An earlier
 rule, a fixed 8 MiB for N >= 3 and never the ring on 2 ranks, was measured
 before the traced communicator's per-message cost fell from ~30 us to
 ~7 us; it left ``auto`` at half of MPI's bus bandwidth at 1 MiB.
