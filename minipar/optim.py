@@ -154,9 +154,9 @@ class AdamW:
         each block is read from memory once and all its operations run while it sits in
         the cache, instead of ten passes over the whole buffers (a *fused* optimizer,
         PyTorch's ``fused=True`` in one kernel).  Same operations in the same order on
-        every element: bit for bit :meth:`step_unfused`; 5.4-5.7 against 8.3-8.9 ms for Ψ = 3.4 M
-        float32 here, and it takes less of the memory bus that data-parallel ranks
-        share.  On a GPU one block is the whole buffer (a kernel per block would cost
+        every element: bit for bit :meth:`step_unfused`; 5.4-5.7 against 8.3-8.9 ms for
+        Ψ = 3.4 M float32 here, and it takes less of the memory bus that data-parallel
+        ranks share.  On a GPU one block is the whole buffer (a kernel per block would cost
         more than it saves)."""
         _check_slice(self, params, grads)
         self.t += 1

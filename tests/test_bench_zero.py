@@ -46,7 +46,8 @@ def test_measure_stages_puts_stage_0_on_the_ring_unless_told() -> None:
         r["bytes_sent_per_step"] for r in ring[1]["ranks"]]
     assert choose_allreduce(psi * 2, 4) == "recursive_doubling"
     assert [r["bytes_sent_per_step"] for r in auto[0]["ranks"]] == [
-        allreduce_bytes_sent(psi, 2, 4, r, "recursive_doubling") for r in range(4)] == [2 * psi * 2] * 4
+        allreduce_bytes_sent(psi, 2, 4, r, "recursive_doubling") for r in range(4)] == [
+        2 * psi * 2] * 4
 
 
 @pytest.mark.parametrize("args,option", [

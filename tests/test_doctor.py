@@ -17,7 +17,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-LABELS = ["Python", "NumPy", "mpi4py", "MPI", "backend", "CuPy", "device", "CUDA-aware MPI", "host memory"]
+LABELS = ["Python", "NumPy", "mpi4py", "MPI", "backend", "CuPy", "device", "CUDA-aware MPI",
+          "host memory"]
 PYPI = ("MPICH Version:      5.0.2\nMPICH Custom Information:\t"
         "https://pypi.org/p/mpich/5.0.2/")
 

@@ -54,7 +54,8 @@ def test_kept_memory_leaves_a_step_without_page_faults():
     default = _faults("default")
     print(f"page faults per step: {kept['faults_per_step']:.1f} kept, "
           f"{default['faults_per_step']:.1f} with the system's default")
-    assert kept["said"] == "kept for reuse (glibc mallopt; MINIPAR_KEEP_FREED_MEMORY=0 turns it off)"
+    assert kept["said"] == ("kept for reuse (glibc mallopt; MINIPAR_KEEP_FREED_MEMORY=0 turns "
+                            "it off)")
     assert default["said"].startswith("not asked")
     # tens at most (Python's own small-object arenas) against thousands
     assert kept["faults_per_step"] < 50 < 10 * 50 < default["faults_per_step"]
@@ -95,7 +96,8 @@ def test_a_commands_children_keep_freed_memory_from_their_start():
     child = ("import os, subprocess, sys\n"
              "from minipar import host_memory\n"
              "host_memory.keep_freed_memory()\n"
-             "print({k: os.environ[k] for k in ('MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_')})\n"
+             "print({k: os.environ[k] for k in\n"
+             "       ('MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_')})\n"
              "sys.stdout.flush()\n"
              "subprocess.run([sys.executable, '-c', sys.argv[1], 'default'], check=True)\n")
     out = subprocess.run([sys.executable, "-c", child, STEPS], capture_output=True, text=True,

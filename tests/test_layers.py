@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent / "minipar"
 #: longest prefix decides.  The same table is docs/ARCHITECTURE.md's "Layers".
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("minipar", "minipar.backend", "minipar.strict_device", "minipar.spans",
-        "minipar.checks", "minipar.host_memory", "minipar.trees", "minipar.progress", "minipar.trace", "minipar.registry", "minipar.glossary",
+        "minipar.checks", "minipar.host_memory", "minipar.trees", "minipar.progress",
+        "minipar.trace", "minipar.registry", "minipar.glossary",
         "minipar.safetensors_io"),
     1: ("minipar.comm",),
     2: ("minipar.collectives",),

@@ -121,7 +121,7 @@ def test_fused_adamw_equals_the_formulas_bitwise(dtype, grad_dtype) -> None:
     block = AdamW.BLOCK
     for n, wd in itertools.product((1, 1000, block, block + 7, 3 * block + 1), (0.0, 0.01)):
         p0 = rng.standard_normal(n).astype(dtype)
-        fused, plain = AdamW(n, weight_decay=wd, dtype=dtype), AdamW(n, weight_decay=wd, dtype=dtype)
+        fused, plain = (AdamW(n, weight_decay=wd, dtype=dtype) for _ in range(2))
         pf, pp = p0.copy(), p0.copy()
         for _ in range(3):
             g = rng.standard_normal(n).astype(grad_dtype)

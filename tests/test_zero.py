@@ -125,7 +125,8 @@ def test_exact_bytes_and_the_stage_0_note() -> None:
         "from which the alpha-beta-gamma model has the ring faster on 2 ranks; the paper's "
         "figure is the ring's: --allreduce ring")
     assert allreduce_note(2 << 20, 4, 4).startswith("stage 0's all-reduce: ring: S = 8,388,608 B")
-    assert allreduce_note(2 << 20, 2, 4).endswith("faster on 2 ranks; the paper's figure is the ring's")
+    assert allreduce_note(2 << 20, 2, 4).endswith(
+        "faster on 2 ranks; the paper's figure is the ring's")
 
     assert "ring (--allreduce ring); the paper's figure is the ring's" in allreduce_note(9, 3, 8,
                                                                                          "ring")
@@ -350,7 +351,8 @@ def test_run_verb_stage_0_reports_what_ran_and_the_paper(allreduce: str) -> None
     assert s["bytes_formula"] == zero_comm_bytes_per_rank(psi, 3, 0, 8)
     note = next(x for x in s["notes"] if x.startswith("stage 0's all-reduce"))
     if allreduce == "auto" and ran == "recursive_doubling":
-        assert f"recursive doubling: S = {psi * 8:,} B is below {int(ring_threshold(3)):,} B" in note
+        edge = int(ring_threshold(3))
+        assert f"recursive doubling: S = {psi * 8:,} B is below {edge:,} B" in note
         assert note.endswith("the paper's figure is the ring's: --allreduce ring")
     elif allreduce == "auto":
         assert f"ring: S = {psi * 8:,} B is at or above {int(ring_threshold(3)):,} B" in note

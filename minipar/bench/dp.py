@@ -32,8 +32,8 @@ here: on one machine N processes share the memory bus and the last-level
 cache, so a step on B/N rows takes longer beside N-1 others than alone.
 DP's own cost is then ``t_independent / t_DP`` (100%: communication and
 bucketing cost nothing).  Measured on this 2-core VM (the defaults,
-2026-12-04, quiet, four runs): ceilings 1.76x-1.90x, DP 1.80x-1.90x, i.e.
-98-102% of the ceiling of its own run: the all-reduce is hidden behind
+2026-12-04, quiet, seven runs): ceilings 1.76x-1.96x, DP 1.80x-1.90x, i.e.
+94-102% of the ceiling of its own run: the all-reduce is hidden behind
 backward, and what keeps DP from 2x here is the machine.
 A progress bar on stderr counts the launches (:mod:`minipar.progress`).
 
@@ -116,7 +116,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
         from minipar.parallel.common import local_rows
 
         model = spec.model()
-        states = ModelStates(spec.precision, spec.initial_params(), spec.optimizer, **spec.opt_kwargs())
+        states = ModelStates(spec.precision, spec.initial_params(), spec.optimizer,
+                             **spec.opt_kwargs())
         lo, hi = local_rows(spec.batch, comm.rank, comm.size)
 
         def alone(s: int) -> None:

@@ -109,7 +109,8 @@ def ring_threshold(world: int, costs: LinkCosts | None = None) -> float:
         return math.inf
 
     def gap(s: int) -> float:  # ring time - recursive doubling time: linear in s
-        return allreduce_time("ring", s, world, c) - allreduce_time("recursive_doubling", s, world, c)
+        ring, rd = (allreduce_time(a, s, world, c) for a in ("ring", "recursive_doubling"))
+        return ring - rd
 
     def ring(s: int) -> bool:
         return choose_by_model(s, world, c) == "ring"
