@@ -12,9 +12,9 @@ the kernel at ``free``, and gives the free top of its heap back too
 the kernel faults in and zeroes each 4 KiB page at its first touch.  The
 same GPT as ``minipar bench dp`` (d_model 256, 4 layers, T 64, float32, one
 thread, 2026-12-04): **20,462 page faults per step at batch 16 and 25,626 at
-batch 32, 45-120 ms of kernel time per step** (12-18 % of the step).  MPI's
+batch 32, 34-121 ms of kernel time per step** (11-17 % of the step).  MPI's
 own 1 MiB all-reduce between 2 ranks, whose output NumPy allocates afresh per
-call, took 1.17 ms that way and 0.35 ms without the faults.
+call, took 833 us that way and 209 us without the faults (the same sitting).
 
 :func:`keep_freed_memory` tells ``malloc`` to keep what is freed: blocks up
 to :data:`MMAP_MAX_BYTES` come from the heap (``M_MMAP_THRESHOLD``), and the
@@ -28,7 +28,8 @@ tracemalloc's count of live arrays) does not change.
 
 Only the entry points call it: the ``minipar`` command (:mod:`minipar.cli`)
 and every rank (:mod:`minipar.launch.rank`), so ``import minipar`` changes
-nothing in a notebook or a test.  It also sets glibc's own environment
+nothing in the process of a notebook or a test (the ranks they launch do keep
+freed memory).  It also sets glibc's own environment
 variables for the same settings (``MALLOC_MMAP_THRESHOLD_``,
 ``MALLOC_TRIM_THRESHOLD_``; unless they are set already), so the processes a
 command starts (a benchmark's measuring subprocess, mpiexec's ranks) keep
