@@ -12,7 +12,7 @@ the kernel at ``free``, and gives the free top of its heap back too
 the kernel faults in and zeroes each 4 KiB page at its first touch.  The
 same GPT as ``minipar bench dp`` (d_model 256, 4 layers, T 64, float32, one
 thread, 2026-12-04): **20,462 page faults per step at batch 16 and 25,626 at
-batch 32, 34-121 ms of kernel time per step** (11-17 % of the step).  MPI's
+batch 32, 34-121 ms of kernel time per step** (11-18 % of the step).  MPI's
 own 1 MiB all-reduce between 2 ranks, whose output NumPy allocates afresh per
 call, took 833 us that way and 209 us without the faults (the same sitting).
 
