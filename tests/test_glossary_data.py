@@ -23,7 +23,7 @@ DATA = ROOT / "glossary"
 FILES = sorted(p for p in DATA.glob("*.toml") if not p.name.startswith("_"))
 TOP_KEYS = {"id", "abbrev", "related", "papers", "en", "ru", "zh", "seeds", "links"}
 LANG_KEYS = {"name", "aliases", "definition"}
-LINK_KEYS = {"modules", "notebooks", "commands", "exercises"}
+LINK_KEYS = {"code", "modules", "notebooks", "commands", "exercises"}
 SCRIPT = {"ru": re.compile(r"[А-Яа-яЁё]"), "zh": re.compile(r"[\u4e00-\u9fff]"), "en": re.compile(r"[A-Za-z]")}
 SHARED_SEEDS = Path("/work/shared/seeds")
 
@@ -135,6 +135,7 @@ def test_references_are_covered() -> None:
 
 
 LINK_FORMS = {
+    "code": re.compile(r"minipar(/[a-z_][a-z0-9_]*)+\.py"),
     "modules": re.compile(r"minipar(\.[a-z_][a-z0-9_]*)+"),
     "notebooks": re.compile(r"\d\d_[a-z0-9_]+\.ipynb"),
     "exercises": re.compile(r"[a-z][a-z0-9_]*"),
@@ -174,6 +175,8 @@ def test_links_are_well_formed_and_present_or_planned() -> None:
     for target, status in seen["exercises"]:
         if status == "present":
             assert (ROOT / "minipar" / "exercises" / target).exists()
+    for target, status in seen["code"]:  # a technique's core: always a file that exists now
+        assert status == "present" and (ROOT / target).is_file(), target
     assert ("minipar.launch", "present") in seen["modules"]  # landed with the skeleton
 
 

@@ -1,9 +1,11 @@
-"""Where a term lives in minipar: links to modules, notebooks, exercises and commands.
+"""Where a term lives in minipar: links to its code, modules, notebooks, exercises and commands.
 
 EN cross-references · RU перекрёстные ссылки · ZH 交叉引用
 
-A term's ``links`` (glossary data) name the modules that implement it, the
-notebooks that show it, the exercises that practise it and the commands that
+A term's ``links`` (glossary data) name the files a learner reads to see the
+technique whole (``code``: its core, in reading order, paths from the repository
+root, counted by :mod:`minipar.glossary.code_lines`), the modules that implement
+it, the notebooks that show it, the exercises that practise it and the commands that
 run it.  Whether a link exists is never stored: :func:`link_status` computes
 it from the files *now*, so no data file goes stale when a module lands.  A
 link must exist now or be in :data:`PLANNED` (``tests/test_glossary_data.py``).
@@ -17,14 +19,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from minipar.glossary.code_lines import code_file
 from minipar.glossary.data import PKG_DIR
 from minipar.registry import BENCHES, STRATEGIES, VERBS
 
-KINDS = ("modules", "notebooks", "exercises", "commands")
+KINDS = ("code", "modules", "notebooks", "exercises", "commands")
 
 #: Link targets the architecture plans but that may not have landed yet.  A link
 #: in the data must either exist now or be named here (tests/test_glossary_data.py).
 PLANNED: dict[str, frozenset[str]] = {
+    # a technique's core files: none planned, every ``code`` link is a file that exists now
+    "code": frozenset(),
     "modules": frozenset(
         ["minipar.collectives", "minipar.comm.traced", "minipar.comm.topology",
          "minipar.launch", "minipar.nn", "minipar.nn.moe", "minipar.optim", "minipar.precision",
@@ -71,6 +76,8 @@ def link_status(kind: str, target: str) -> str | None:
     whose module exists: so ``minipar run tp`` reads "planned" until the
     tensor-parallel strategy lands in the registry, and flips by itself then.
     """
+    if kind == "code":
+        return "present" if code_file(target) else "planned"
     if kind == "modules":
         return "present" if module_file(target) else "planned"
     if kind == "notebooks":

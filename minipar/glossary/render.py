@@ -14,6 +14,7 @@ from __future__ import annotations
 import unicodedata
 
 from minipar import glossary as g
+from minipar.glossary.code_lines import code_file, code_lines
 from minipar.glossary.links import link_status
 
 LABEL = {"en": "EN", "ru": "RU", "zh": "ZH"}
@@ -172,7 +173,8 @@ def card(term: g.Term, lang: str | None = None, width: int | None = None, status
         out.append("")
     if term.related:
         out += wrap("Related: " + ", ".join(term.related), w, "    ")
-    titles = {"modules": "Code", "notebooks": "Notebooks", "commands": "Run", "exercises": "Exercises"}
+    out += read_the_code(term)
+    titles = {"modules": "Modules", "notebooks": "Notebooks", "commands": "Run", "exercises": "Exercises"}
     for kind, title in titles.items():
         targets = term.links.get(kind, [])
         if targets:
@@ -182,6 +184,26 @@ def card(term: g.Term, lang: str | None = None, width: int | None = None, status
                 items.append(f"{t} (planned)" if st == "planned" else t)
             out += wrap(f"{title}: " + "; ".join(items), w, "    ")
     return "\n".join(out)
+
+
+def read_the_code(term: g.Term) -> list[str]:
+    """The card's "Read the code:" lines: each core file of the term and its code lines.
+
+    Counted by :func:`minipar.glossary.code_lines.code_lines`, the counter the
+    budget test uses; a file that is not there reads "(missing)"."""
+    files = term.links.get("code", [])
+    if not files:
+        return []
+    width = max(len(f) for f in files)
+    out, total = ["Read the code: (the technique itself, in reading order)"], 0
+    for f in files:
+        path = code_file(f)
+        n = code_lines(path) if path else None
+        total += n or 0
+        out.append(f"  {f:<{width}}  " + (f"{n:>4} code lines" if path else "(missing)"))
+    if len(files) > 1:
+        out.append(f"  {'in all':<{width}}  {total:>4} code lines")
+    return out
 
 
 def table(lang: str | None = None, width: int | None = None) -> str:
@@ -268,7 +290,9 @@ def markdown() -> str:
             out += ["Papers:", ""] + [f"- {p}" for p in t.papers] + [""]
         if t.related:
             out += ["Related: " + ", ".join(f"[{r}](#{r})" for r in t.related), ""]
-        for kind, title in (("modules", "Code"), ("notebooks", "Notebooks"),
+        if t.links.get("code"):
+            out += ["Read the code: " + ", ".join(f"`{x}`" for x in t.links["code"]), ""]
+        for kind, title in (("modules", "Modules"), ("notebooks", "Notebooks"),
                             ("commands", "Run"), ("exercises", "Exercises")):
             if t.links.get(kind):
                 out += [f"{title}: " + ", ".join(f"`{x}`" for x in t.links[kind]), ""]
