@@ -36,12 +36,8 @@ from minipar.collectives.cost import allreduce_bytes_sent
 from minipar.collectives.cost_model import LinkCosts
 from minipar.optim import FlatParams
 from minipar.parallel import common
-from minipar.parallel.data_parallel.ddp import (
-    DataParallel,
-    bucket_algorithm,
-    choice_note,
-    make_buckets,
-)
+from minipar.parallel.data_parallel.ddp import make_buckets
+from minipar.parallel.data_parallel.engine import DataParallel, bucket_algorithm, choice_note
 from minipar.parallel.data_parallel.measure import bucket_bytes_formula, replica_model_state_bytes
 from minipar.precision import ModelStates
 

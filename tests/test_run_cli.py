@@ -202,13 +202,13 @@ def test_exit_status_follows_the_verdict(monkeypatch: pytest.MonkeyPatch,
 def test_launcher_side_copies_agree_with_the_technique_modules() -> None:
     """`minipar run` cannot import the technique modules (they start MPI): its copies
     of their choices must stay equal to the originals."""
-    from minipar.parallel.data_parallel import ddp
+    from minipar.parallel.data_parallel import engine as dp_engine
     from minipar.parallel.zero import engine as zero
     from minipar.run import dp as run_dp
     from minipar.run import zero as run_zero
 
-    assert run_dp.ALGORITHMS == ddp.ALGORITHMS
-    assert run_dp.DEFAULT_BUCKET_MB == ddp.DEFAULT_BUCKET_MB
+    assert run_dp.ALGORITHMS == dp_engine.ALGORITHMS
+    assert run_dp.DEFAULT_BUCKET_MB == dp_engine.DEFAULT_BUCKET_MB
     assert run_zero.STAGES == zero.STAGES
 
 

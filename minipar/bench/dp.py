@@ -5,7 +5,7 @@ EN data-parallel throughput · RU пропускная способность п
 The same GPT, the same global batch, one BLAS thread per process (the
 launcher sets ``OMP_NUM_THREADS=1`` and friends): once as the serial training
 step (``loss_and_grads`` on the whole batch, then the optimizer), once as
-DDP on N ranks (:class:`minipar.parallel.data_parallel.ddp.DataParallel`: each
+DDP on N ranks (:class:`minipar.parallel.data_parallel.engine.DataParallel`: each
 rank B/N rows, bucketed all-reduce started as backward fills the buckets, the
 same optimizer step on every replica; ``--algorithm auto``, the default, runs
 each bucket by what the alpha-beta-gamma model picks for its size and N, the
@@ -95,7 +95,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     """Rank side: time ``o["mode"]`` ("serial" on one rank, "dp" on N); the figures on rank 0."""
     from minipar.comm import TracedComm
     from minipar.comm.topology import Grid
-    from minipar.parallel.data_parallel.ddp import DataParallel
+    from minipar.parallel.data_parallel.engine import DataParallel
     from minipar.parallel.data_parallel.measure import bytes_formula
     from minipar.precision import ModelStates
 

@@ -3,7 +3,7 @@
 EN ZeRO benchmark · RU замер ZeRO · ZH ZeRO 基准测试
 
 One launch on N ranks (default 2) trains the same GPT with DDP
-(:class:`minipar.parallel.data_parallel.ddp.DataParallel`: bucketed all-reduce
+(:class:`minipar.parallel.data_parallel.engine.DataParallel`: bucketed all-reduce
 started as backward fills the buckets) and with ZeRO stages 0-3
 (:class:`minipar.parallel.zero.engine.ZeRO`), both with their default all-reduce,
 ``auto``, in interleaved rounds (one step of each,
@@ -57,7 +57,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             del m
         return out if comm.rank == 0 else None
     from minipar.bench.dp import measure_step_time
-    from minipar.parallel.data_parallel.ddp import DataParallel
+    from minipar.parallel.data_parallel.engine import DataParallel
 
     dp = DataParallel(grid, spec)
     runners: dict[str, Any] = {"DDP": lambda s: dp.step(spec.batch_at(s))}

@@ -34,7 +34,7 @@ The constants are this machine's, measured by ``minipar bench collectives
 --calibrate`` and committed as ``calibration.json``; the choice depends only
 on that file, the bytes and N, so the ranks of one installation agree
 without a message.  (Data parallelism decides once per run on rank 0 and
-broadcasts its per-bucket choice: :mod:`minipar.parallel.data_parallel.ddp`.)
+broadcasts its per-bucket choice: :mod:`minipar.parallel.data_parallel.engine`.)
 With the committed constants (α 6.5 us, 1/β 18.6 GB/s, 1/γ 39 GB/s, measured
 on 2 ranks, 2026-12-04) the crossovers are about 510 KB on N = 2, 52 KB on
 3, 440 KB on 4 and 590 KB on 8.

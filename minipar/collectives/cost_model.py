@@ -29,7 +29,7 @@ that is what a step of our collectives pays), β from a 4 MiB exchange, γ
 from a float32 ``numpy.add`` of 4 MiB.  A choice made from them depends on
 the file only, so every rank that reads the same file agrees; data
 parallelism still decides on rank 0 and broadcasts the decision
-(:func:`minipar.parallel.data_parallel.ddp.bucket_algorithm`).
+(:func:`minipar.parallel.data_parallel.engine.bucket_algorithm`).
 """
 
 from __future__ import annotations

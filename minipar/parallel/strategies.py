@@ -24,9 +24,9 @@ from minipar.parallel.engine import Engine
 STRATEGIES: dict[str, str] = {
     "serial": "minipar.parallel.engine",
     # data parallelism (DDP: buckets, overlap) and the parameter server
-    "dp": "minipar.parallel.data_parallel.ddp",
+    "dp": "minipar.parallel.data_parallel.engine",
     # --
-    "ps": "minipar.parallel.data_parallel.parameter_server",
+    "ps": "minipar.parallel.data_parallel.ps_engine",
     # ZeRO stages 0-3
     "zero": "minipar.parallel.zero.engine",
     # tensor parallelism (Megatron), and with sequence parallelism

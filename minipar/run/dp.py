@@ -5,7 +5,7 @@ EN data parallelism · RU параллелизм по данным · ZH 数据�
 Launcher side: the bucket and algorithm options and their checks.  Rank
 side (:mod:`minipar.run.worker` trains the engine): :func:`grid_sizes` (every
 rank on the dp axis), :func:`engine_options` (the keywords of
-:class:`minipar.parallel.data_parallel.ddp.DataParallel`, Li et al. 2020, PyTorch
+:class:`minipar.parallel.data_parallel.engine.DataParallel`, Li et al. 2020, PyTorch
 DDP, arXiv 2006.15704: gradient buckets all-reduced as backward fills them)
 and :func:`report`, which gathers, per rank, the bytes sent per step next to
 the exact figure of what each bucket ran and the ring's 2(N-1)/N x S (the
@@ -24,7 +24,7 @@ from typing import Any
 
 from minipar.cli.options import integer, number
 
-#: the all-reduce algorithms of :class:`~minipar.parallel.data_parallel.ddp.DataParallel`
+#: the all-reduce algorithms of :class:`~minipar.parallel.data_parallel.engine.DataParallel`
 #: (its ``ALGORITHMS``; repeated here because importing it would start MPI; a test
 #: checks that the two agree)
 ALGORITHMS = ("auto", "ring", "mpi")
@@ -75,7 +75,7 @@ def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
 
 
 def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """:class:`~minipar.parallel.data_parallel.ddp.DataParallel`'s keywords: buckets,
+    """:class:`~minipar.parallel.data_parallel.engine.DataParallel`'s keywords: buckets,
     algorithm, overlap, and the remat / offload wrapper of its hooks."""
     from minipar.run import remat_offload
 

@@ -7,7 +7,7 @@ and their checks (a worker must remain; ``--staleness`` only means something
 with ``--async``).  Rank side (:mod:`minipar.run.worker` trains the engine):
 :func:`grid_sizes` (servers and workers on the dp axis), :func:`engine_options`
 (the keywords of
-:class:`minipar.parallel.data_parallel.parameter_server.ParameterServer`, Li et
+:class:`minipar.parallel.data_parallel.ps_engine.ParameterServer`, Li et
 al. 2014, OSDI; stale-synchronous parallel: Ho et al. 2013, NeurIPS) and
 :func:`report`, which gathers the bytes each rank sent and received: a
 server's link carries W x S_shard per step, where a ring all-reduce rank would
@@ -76,7 +76,7 @@ def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
 
 
 def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """:class:`~minipar.parallel.data_parallel.parameter_server.ParameterServer`'s keywords."""
+    """:class:`~minipar.parallel.data_parallel.ps_engine.ParameterServer`'s keywords."""
     return {"servers": options.get("servers", 1),
             "mode": "async" if options.get("asynchronous") else "sync",
             "staleness": options.get("staleness") or 0,

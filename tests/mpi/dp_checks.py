@@ -32,7 +32,7 @@ from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
 from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.data_parallel.ddp import DataParallel
+from minipar.parallel.data_parallel.engine import DataParallel
 from minipar.parallel.data_parallel.measure import bytes_formula
 
 grid = Grid(TracedComm(MPI.COMM_WORLD), dp=MPI.COMM_WORLD.Get_size())

@@ -36,8 +36,8 @@ from minipar.comm.topology import Grid
 from minipar.optim import FlatParams
 from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.data_parallel.ddp import DataParallel
-from minipar.parallel.data_parallel.parameter_server import ParameterServer
+from minipar.parallel.data_parallel.engine import DataParallel
+from minipar.parallel.data_parallel.ps_engine import ParameterServer
 from minipar.parallel.engine import Batch, StepResult
 from minipar.parallel.parity import compare
 from minipar.parallel.zero.engine import ZeRO

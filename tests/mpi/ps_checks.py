@@ -22,7 +22,7 @@ from minipar.comm.topology import Grid
 from minipar.optim import FlatParams
 from minipar.parallel import loop, strategies
 from minipar.parallel.common import RunSpec, serial_reference
-from minipar.parallel.data_parallel.parameter_server import ParameterServer
+from minipar.parallel.data_parallel.ps_engine import ParameterServer
 from minipar.parallel.engine import State
 
 grid = Grid(TracedComm(MPI.COMM_WORLD), dp=MPI.COMM_WORLD.Get_size())

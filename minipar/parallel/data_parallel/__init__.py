@@ -2,22 +2,30 @@
 
 EN data parallelism · RU параллелизм по данным · ZH 数据并行
 
-Read in this order:
+The technique: read ``ddp.py`` (77 code lines) — DDP (Li et al. 2020, arXiv
+2006.15704): this rank's rows and their weight b_r / B, gradient ``Bucket``s in
+reverse parameter order, the ``DDPHooks`` that start a full bucket's all-reduce as
+backward fills it (overlapped), and ``ddp_step`` (wait for all, the optimizer);
+then ``parameter_server.py`` (113 code lines) — the parameter server (Li et al.
+2014, OSDI '14): a ``Worker`` computes, pushes its gradient and pulls the
+parameters; a ``Server`` aggregates, updates and answers, synchronously or with
+bounded staleness.
 
-- :mod:`.ddp` — ``DataParallel`` (DDP, Li et al. 2020, arXiv 2006.15704): gradient
-  ``Bucket``s in reverse parameter order, all-reduced by ``DDPHooks`` as backward fills
-  them (overlapped), the per-bucket algorithm, the step's ``Timeline``;
-- :mod:`.parameter_server` — ``ParameterServer`` (Li et al. 2014, OSDI '14): workers
-  push gradients to server ranks and pull parameters, synchronous or with bounded
-  staleness;
+The shell around them:
 
-both are :class:`~minipar.parallel.engine.Engine` s on a grid of dp ranks
-(``strategies.build("dp" | "ps", spec, grid, **options)``): ``step(batch)`` cuts
-a rank's rows of the global batch; ``state_dict()`` holds, in DDP, whole tensors
-with replica = the dp rank, in the parameter server a server's flat range cut
-per tensor (replica 0) and a worker's whole parameters (replica 1 + worker);
+- :mod:`.engine` — ``DataParallel``, DDP's :class:`~minipar.parallel.engine.Engine`:
+  its options and their checks, each bucket's all-reduce (the α–β–γ model, decided on
+  rank 0 and broadcast), the step's ``Timeline`` (the overlap, measured), state;
+- :mod:`.ps_engine` — ``ParameterServer``, the parameter server's Engine: roles,
+  options, the straggler and the workers' measured seconds, state;
 - :mod:`.measure` — the formulas next to the counters (bytes per bucket, a replica's
   model-state bytes) and the overlap measured, then rebuilt on a link of its own.
+
+Both engines run on a grid of dp ranks (``strategies.build("dp" | "ps", spec, grid,
+**options)``): ``step(batch)`` cuts a rank's rows of the global batch;
+``state_dict()`` holds, in DDP, whole tensors with replica = the dp rank, in the
+parameter server a server's flat range cut per tensor (replica 0) and a worker's
+whole parameters (replica 1 + worker).
 
 Who holds what (N = 3 ranks, Ψ parameters, B rows of the batch)::
 

@@ -3,7 +3,8 @@ overlap of the gradient all-reduce with backward, measured and rebuilt with a se
 
 EN computation-communication overlap · RU перекрытие вычислений и обмена · ZH 计算与通信重叠
 
-The formulas of a DDP replica (:mod:`minipar.parallel.data_parallel.ddp`):
+The formulas of a DDP replica (:mod:`minipar.parallel.data_parallel.ddp`,
+:mod:`~minipar.parallel.data_parallel.engine`):
 :func:`bucket_bytes_formula` (bytes a rank sends per step: each bucket's
 all-reduce's exact figure, summed), :func:`bytes_formula` (the same for one
 engine's buckets and algorithms) and :func:`replica_model_state_bytes` (one
@@ -58,9 +59,10 @@ from typing import TYPE_CHECKING, Any
 from minipar import checks
 
 if TYPE_CHECKING:
-    from minipar.parallel.data_parallel.ddp import Bucket, DataParallel
+    from minipar.parallel.data_parallel.ddp import Bucket
+    from minipar.parallel.data_parallel.engine import DataParallel
 
-#: ``ddp.Timeline.as_dict()``: {"rank", "compute": [(piece, t0, t1)], "comm": [(bucket, t0, t1)]}
+#: ``engine.Timeline.as_dict()``: {"rank", "compute": [(piece, t0, t1)], "comm": [(bucket, t0, t1)]}
 TimelineDict = Mapping[str, Any]
 
 
@@ -212,7 +214,7 @@ def measure_overlap(grid: Any, spec: Any, bucket_bytes: int, repeats: int = 5,
     (None when they were fitted)."""
     from mpi4py import MPI
 
-    from minipar.parallel.data_parallel.ddp import DataParallel
+    from minipar.parallel.data_parallel.engine import DataParallel
 
     checks.integer("repeats", repeats, 1)
     engines = {"overlap": DataParallel(grid, spec, bucket_bytes, algorithm, overlap=True),
