@@ -55,7 +55,7 @@ def test_zb_h1_reference_reaches_table_2_and_holds_p_from_f_to_w():
     (p - 1)(T_F + T_B - T_W) for m >= p; each stage lets s W's wait, so every stage holds
     at most p micro-batches from F to W (p - s to B, s more to W), 1F1B's peak."""
     from minipar.parallel.pipeline.measure import bubble_time
-    from minipar.parallel.pipeline.schedule import BackwardWeight, Forward
+    from minipar.parallel.pipeline.stage_loop import BackwardWeight, Forward
     from minipar.parallel.pipeline.simulate import replay, split_cost
     from minipar.plan.pipeline import zero_bubble_formula
 

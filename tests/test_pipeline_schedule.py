@@ -21,7 +21,13 @@ from minipar.parallel.pipeline.check import check_schedules, problems
 from minipar.parallel.pipeline.measure import bubble_fraction, bubble_time_ratio, chart
 from minipar.parallel.pipeline.schedule import (
     KINDS,
-    ZERO_BUBBLE,
+    forward_schedule,
+    in_flight,
+    schedules,
+    stage_schedule,
+)
+from minipar.parallel.pipeline.simulate import Deadlock, replay, uniform_cost
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,
@@ -29,12 +35,8 @@ from minipar.parallel.pipeline.schedule import (
     RecvGrad,
     SendAct,
     SendGrad,
-    forward_schedule,
-    in_flight,
-    schedules,
-    stage_schedule,
 )
-from minipar.parallel.pipeline.simulate import Deadlock, replay, uniform_cost
+from minipar.parallel.pipeline.zero_bubble import ZERO_BUBBLE
 from minipar.plan import pipeline as formulas
 
 #: the schedules with a whole backward (the zero-bubble ones: tests/test_schedule_zero_bubble.py)
@@ -219,7 +221,8 @@ def test_every_module_name_of_the_package_is_the_module() -> None:
 
     import minipar.parallel.pipeline as package
 
-    names = ("schedule", "check", "simulate", "partition", "stage", "p2p", "measure")
+    names = ("stage_loop", "schedule", "zero_bubble", "check", "simulate", "partition", "stage",
+             "p2p", "measure")
     for name in names:
         module = importlib.import_module(f"minipar.parallel.pipeline.{name}")
         assert getattr(package, name) is module, name

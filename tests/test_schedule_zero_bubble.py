@@ -26,7 +26,14 @@ from minipar.parallel.pipeline.measure import (
     synced_bubble_fraction,
 )
 from minipar.parallel.pipeline.schedule import (
-    ZERO_BUBBLE,
+    forward_schedule,
+    in_flight,
+    placement,
+    schedules,
+    stage_schedule,
+)
+from minipar.parallel.pipeline.simulate import Record, replay, split_cost, uniform_cost
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     BackwardInput,
     BackwardWeight,
@@ -34,17 +41,10 @@ from minipar.parallel.pipeline.schedule import (
     OptimizerStep,
     RecvGrad,
     SendGrad,
-    forward_schedule,
-    in_flight,
-    placement,
     rank_of,
-    schedules,
-    stage_schedule,
     virtual_stage,
-    w_pending,
-    zero_bubble_cap,
 )
-from minipar.parallel.pipeline.simulate import Record, replay, split_cost, uniform_cost
+from minipar.parallel.pipeline.zero_bubble import ZERO_BUBBLE, w_pending, zero_bubble_cap
 from minipar.plan.pipeline import bubble_formula, zero_bubble_formula, zero_bubble_holds
 
 P, M = range(1, 9), range(1, 33)
@@ -205,7 +205,7 @@ def test_zb_v_is_a_v() -> None:
 
 
 def test_docstring_drawings_are_the_simulators() -> None:
-    doc = importlib.import_module("minipar.parallel.pipeline.schedule").__doc__
+    doc = importlib.import_module("minipar.parallel.pipeline.zero_bubble").__doc__
     for kind in ("1f1b", *ZERO_BUBBLE):
         cost, _ = _equal(kind)
         drawn = chart(replay(schedules(kind, 3, 6, _v(kind)), cost, placement=placement(kind)))

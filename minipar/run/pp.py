@@ -243,7 +243,7 @@ def _exact_p2p(pp: Any) -> int:
     """Bytes this rank's sends carry per step: its micro-batch's rows x T x d x itemsize
     (a hand-off to itself — ZB-V's turn on the last rank — carries none)."""
     from minipar import spans
-    from minipar.parallel.pipeline.schedule import SendAct, SendGrad, rank_of
+    from minipar.parallel.pipeline.stage_loop import SendAct, SendGrad, rank_of
     from minipar.parallel.pipeline.simulate import message_key
 
     rows = spans.counts(pp.spec.batch, pp.dp)[pp.replica]

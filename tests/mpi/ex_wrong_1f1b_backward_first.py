@@ -1,6 +1,6 @@
 """Wrong 1F1B: in the steady state the backward runs before its gradient is received."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

@@ -1,6 +1,6 @@
 """Wrong 1F1B: p - s warm-up forwards instead of p - s - 1: one micro-batch too many held."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

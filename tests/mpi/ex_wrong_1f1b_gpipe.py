@@ -1,6 +1,6 @@
 """Wrong 1F1B: GPipe's schedule (all forwards, then all backwards): m in flight, not p - s."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

@@ -1,6 +1,6 @@
 """Wrong 1F1B: no warm-up on any stage: a micro-batch's backward right after its forward."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

@@ -1,6 +1,6 @@
 """Wrong GPipe: even stages run the backwards first to last, odd stages last to first."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

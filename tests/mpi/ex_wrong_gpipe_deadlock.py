@@ -1,6 +1,6 @@
 """Wrong GPipe: every stage but the last waits for a gradient before sending any activation."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

@@ -1,6 +1,6 @@
 """Wrong GPipe: the backwards never receive the gradient of their output (no RecvGrad)."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

@@ -1,6 +1,6 @@
 """Wrong GPipe: each micro-batch's backward right after its forward (the naive pipeline)."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

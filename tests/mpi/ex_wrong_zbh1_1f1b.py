@@ -1,7 +1,7 @@
 """Wrong ZB-H1: just 1F1B with each backward split in place, W right after its B (and the
 gradient sent after both): a correct schedule with 1F1B's bubble, (p - 1)(F + B + W)."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,

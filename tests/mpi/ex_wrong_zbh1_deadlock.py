@@ -1,7 +1,7 @@
 """Wrong ZB-H1: the warm-up counted from the wrong end (stage s runs s warm-up forwards, not
 p - s - 1): stage 0 waits for a gradient while stage 1 waits for an activation: a deadlock."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,

@@ -1,7 +1,7 @@
 """Wrong ZB-H1: the later stages idle at the start, so they run W's there, before their B's
 (a W needs what its B kept: the layer's input and the gradient of its output)."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,

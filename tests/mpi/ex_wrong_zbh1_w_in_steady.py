@@ -1,7 +1,7 @@
 """Wrong ZB-H1: B's gradient sent at once, but each W still right after its B, in the steady
 state: better than 1F1B, (p - 1)(F + B), not ZB-H1's (p - 1)(F + B - W)."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,

@@ -4,7 +4,7 @@ minipar's zb-h1 before it took the paper's): Table 2's bubble, but the last stag
 every micro-batch's inputs and output gradients for W, up to m from F to W where ZB-H1
 (and 1F1B) holds p."""
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,

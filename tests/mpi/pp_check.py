@@ -30,8 +30,9 @@ from minipar.parallel import loop, parity
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.pipeline.engine import PipelineParallel
 from minipar.parallel.pipeline.measure import measured_bubble
-from minipar.parallel.pipeline.schedule import SendAct, SendGrad, stage_schedule
+from minipar.parallel.pipeline.schedule import stage_schedule
 from minipar.parallel.pipeline.simulate import WHAT
+from minipar.parallel.pipeline.stage_loop import SendAct, SendGrad
 from minipar.plan.pipeline import gpipe_activation_bytes, pipeline_p2p_bytes_per_rank
 
 world = TracedComm(MPI.COMM_WORLD)

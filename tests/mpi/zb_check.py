@@ -28,8 +28,9 @@ from minipar.parallel import loop, parity
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.pipeline.engine import PipelineParallel
 from minipar.parallel.pipeline.measure import measured_bubble
-from minipar.parallel.pipeline.schedule import in_flight, w_pending
+from minipar.parallel.pipeline.schedule import in_flight
 from minipar.parallel.pipeline.simulate import WHAT
+from minipar.parallel.pipeline.zero_bubble import w_pending
 
 world = TracedComm(MPI.COMM_WORLD)
 N, R = world.size, world.rank
@@ -112,8 +113,8 @@ def b_then_w_is_backward(units, params: dict, x, what: str, top=None) -> None:
 def units_split() -> None:
     from minipar.parallel.context_parallel.engine import ContextParallel
     from minipar.parallel.expert_parallel.engine import ExpertParallel
-    from minipar.parallel.tensor_parallel.layers import shard_params
-    from minipar.parallel.tensor_parallel.model import TensorParallelGPT
+    from minipar.parallel.tensor_parallel.engine import TensorParallelGPT
+    from minipar.parallel.tensor_parallel.shards import shard_params
 
     spec = RunSpec(vocab=12, layers=2, batch=4, d_model=16, heads=4 if N == 4 else 2, seq=8,
                    experts=0)

@@ -3,7 +3,7 @@
 EN pipeline schedule grader · RU проверка расписания конвейера · ZH 流水线调度评分
 
 The learner writes ``schedule(stage, p, m)``: the list of instructions
-(:mod:`minipar.parallel.pipeline.schedule`) one stage runs.  A schedule is
+(:mod:`minipar.parallel.pipeline.stage_loop`) one stage runs.  A schedule is
 plain data, so most of the grading needs no MPI; every rank computes it, rank
 0's findings are reported:
 
@@ -174,7 +174,8 @@ def zb_bubble(lists: list[list], p: int, m: int) -> str | None:
     (p − 1)(T_F + T_B − T_W) for m >= p; below, at most what minipar's own zb-h1 reaches.
     In words, or None; 1F1B's bubble and a backward never split are named."""
     from minipar.parallel.pipeline.measure import bubble_time
-    from minipar.parallel.pipeline.schedule import BackwardInput, schedules
+    from minipar.parallel.pipeline.schedule import schedules
+    from minipar.parallel.pipeline.stage_loop import BackwardInput
     from minipar.parallel.pipeline.simulate import replay, split_cost
     from minipar.plan.pipeline import zero_bubble_formula, zero_bubble_holds
 
@@ -244,15 +245,17 @@ def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[
 
 def copied(fn: Callable) -> bool:
     """Does the learner's function reach for the package's own schedule functions (any
-    function of :mod:`minipar.parallel.pipeline.schedule` but the two helpers a learner may
-    use, ``virtual_stage`` and ``in_flight``)?"""
+    function of :mod:`minipar.parallel.pipeline.schedule` or
+    :mod:`~minipar.parallel.pipeline.zero_bubble` but ``in_flight``, a helper a learner may
+    use; the stage loop's ``virtual_stage`` is one too)?"""
     import inspect
 
     from minipar.parallel.pipeline import schedule as sched
+    from minipar.parallel.pipeline import zero_bubble
 
-    helpers = (sched.virtual_stage, sched.in_flight)
-    theirs = {id(f) for f in vars(sched).values() if inspect.isfunction(f)
-              and f.__module__ == sched.__name__ and f not in helpers}
+    theirs = {id(f) for mod in (sched, zero_bubble) for f in vars(mod).values()
+              if inspect.isfunction(f) and f.__module__ == mod.__name__
+              and f is not sched.in_flight}
     return any(id(v) in theirs for v in getattr(fn, "__globals__", {}).values())
 
 

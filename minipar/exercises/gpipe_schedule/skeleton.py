@@ -18,7 +18,7 @@ THE GOAL
     for GPipe (Huang et al. 2018, arXiv 1811.06965): ALL m forwards, then
     ALL m backwards, then one optimizer step (the "flush").
 
-THE INSTRUCTIONS (from minipar.parallel.pipeline.schedule; i is the micro-batch)
+THE INSTRUCTIONS (from minipar.parallel.pipeline.stage_loop; i is the micro-batch)
     RecvAct(i)     receive micro-batch i's input activation from stage s - 1
     Forward(i)     run this stage's layers forward on it (keep the activations)
     SendAct(i)     send its output activation to stage s + 1
@@ -55,7 +55,7 @@ WHAT THE GRADER MEASURES
 # ruff: noqa: F401, F841  (the names imported below are yours to use)
 from __future__ import annotations
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

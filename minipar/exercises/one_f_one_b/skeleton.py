@@ -24,7 +24,7 @@ THE GOAL
 
         schedule(stage, p, m) -> list of instructions
 
-THE INSTRUCTIONS (from minipar.parallel.pipeline.schedule; i is the micro-batch)
+THE INSTRUCTIONS (from minipar.parallel.pipeline.stage_loop; i is the micro-batch)
     RecvAct(i), Forward(i), SendAct(i)      a forward: receive the input (not on stage
                                             0), compute, send the output (not on the last)
     RecvGrad(i), Backward(i), SendGrad(i)   a backward: receive the output's gradient (not
@@ -55,7 +55,7 @@ WHAT THE GRADER MEASURES
 # ruff: noqa: F401, F841  (the names imported below are yours to use)
 from __future__ import annotations
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     Forward,
     OptimizerStep,

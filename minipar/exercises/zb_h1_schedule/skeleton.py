@@ -24,7 +24,7 @@ THE GOAL
 
         schedule(stage, p, m) -> list of instructions
 
-THE INSTRUCTIONS (from minipar.parallel.pipeline.schedule; i is the micro-batch)
+THE INSTRUCTIONS (from minipar.parallel.pipeline.stage_loop; i is the micro-batch)
     RecvAct(i), Forward(i), SendAct(i)       F: receive the input (not on stage 0),
                                              compute, send the output (not on the last)
     RecvGrad(i), BackwardInput(i), SendGrad(i)
@@ -60,7 +60,7 @@ WHAT THE GRADER MEASURES
 # ruff: noqa: F401, F841  (the names imported below are yours to use)
 from __future__ import annotations
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,

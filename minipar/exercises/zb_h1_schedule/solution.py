@@ -26,7 +26,7 @@ learner writes.
 
 from __future__ import annotations
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,

@@ -9,9 +9,11 @@ Clusters Using Megatron-LM" (PTD-P), arXiv 2104.04473, §3: n = p·t·d ranks.
 The grid (:class:`minipar.comm.topology.Grid`, axes dp × pp × cp × tp, tp
 innermost) gives every rank one tensor-parallel shard of one pipeline stage of
 one context slice of one data-parallel replica.  The engine is the pipeline engine
-(:class:`~minipar.parallel.pipeline.engine.PipelineParallel`, GPipe / 1F1B / interleaved,
-remat and offload) **given** three parts that :func:`build` makes from the grid and the
-options — composition, none of their code repeated here:
+(:class:`~minipar.parallel.pipeline.engine.PipelineParallel`, GPipe / 1F1B / interleaved /
+zero bubble, remat and offload: the same stage loop, :mod:`minipar.parallel.pipeline.stage_loop`)
+**given** three parts that :func:`build` makes from the grid and the options, and three
+values (each micro-batch's loss weight, whether this rank reports the loss, which copy of
+a tensor it holds) — composition, none of their code repeated here:
 
 * its stage model (:class:`~minipar.parallel.hybrid.stages.HybridStage`): the units are
   not the serial ones but
@@ -113,5 +115,10 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
         sync = AllReduceSync(grid.world, expert_reduce(grid))
     else:
         sync = AllReduceSync(grid.world, all_reduce(shard_comm, OP_GRADS, "ring"))
+    def replica_of(kind: str, name: str) -> int:  # ZeRO: each rank of dp·cp its own range
+        return stage.replica(name, isinstance(sync, ZeroSync) and sync.ranged(kind))
+
     return PipelineParallel(grid, spec, schedule, micro_batches, chunks, balance, remat,
-                            offload, offload_dir, stage_model=stage, wire=wire, sync=sync)
+                            offload, offload_dir, stage_model=stage, wire=wire, sync=sync,
+                            loss_weight=stage.loss_weight, reports_loss=stage.reports_loss,
+                            replica_of=replica_of)

@@ -129,7 +129,7 @@ def engine_bytes(engine: Any) -> dict[str, int]:
     from minipar.nn.units import spans as unit_spans
     from minipar.parallel.hybrid.sync import ZeroSync
     from minipar.parallel.hybrid.wire import ScatterGather
-    from minipar.parallel.pipeline.schedule import (
+    from minipar.parallel.pipeline.stage_loop import (
         RecvAct,
         RecvGrad,
         SendAct,

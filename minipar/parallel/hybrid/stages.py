@@ -19,8 +19,10 @@ stage model (:mod:`minipar.parallel.pipeline.parts`):
   dense tensors (so each gradient all-reduce is one span), and where each sits in the
   serial tensor (:func:`tp_placement`: rows, columns, or ``w_qkv``'s three column groups);
 * **the batch**: my replica's rows, at my cp rank's positions; a micro-batch's loss
-  weight w_i·s_c/s (s_c of the s positions); the loss the vocabulary-parallel
-  cross-entropy with tp > 1, reported once per tensor group.
+  weight w_i·s_c/s (s_c of the s positions: ``loss_weight``); the loss the
+  vocabulary-parallel cross-entropy with tp > 1, reported once per tensor group
+  (``reports_loss``); which copy of a tensor I hold (:meth:`HybridStage.replica`) —
+  the values the hybrid hands the pipeline engine beside the stage model.
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ class HybridStage:
             self.cp_layout = sharding(spec.seq, self.cp, cp_kind, cp_kind == "ring")
             self.positions = self.cp_layout.positions(grid.coord("cp"))
             self._columns = to_device(self.positions)  # indexes the batch: moved once
+        #: each micro-batch's loss weight is w_i·s_c/s (the pipeline engine's ``loss_weight``)
+        self.loss_weight = len(self.positions) / spec.seq
+        #: the tp ranks of a group compute the same loss: the first one reports it
+        self.reports_loss = grid.coord("tp") == 0
 
     def units(self) -> Any:
         """The whole model's units (:func:`grid_units`)."""
@@ -119,10 +125,6 @@ class HybridStage:
         x, y = replica_rows(batch, self.grid.coord("dp"), self.grid.size("dp"))
         return (x[:, self._columns], y[:, self._columns]) if self.cp > 1 else (x, y)
 
-    def weight(self, w: float) -> float:
-        """w (the micro-batch's rows over the global batch) times s_c/s."""
-        return w * len(self.positions) / self.spec.seq
-
     def loss_forward(self, logits: Any, targets: Any) -> tuple[float, Any]:
         if self.t == 1:
             return cross_entropy_forward(logits, targets)
@@ -136,10 +138,6 @@ class HybridStage:
         from minipar.parallel.tensor_parallel.layers import vocab_parallel_cross_entropy_backward
 
         return vocab_parallel_cross_entropy_backward(saved, scale)
-
-    def loss_share(self, loss: float) -> float:
-        """The tp ranks of a group computed the same loss: the first one reports it."""
-        return loss if self.grid.coord("tp") == 0 else 0.0
 
     def placements(self, names: Iterable[str]) -> dict[str, Shard]:
         """Where each tensor of my stage sits in the serial one (:func:`tp_placement`)."""

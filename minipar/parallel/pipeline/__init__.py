@@ -2,11 +2,21 @@
 
 EN pipeline parallelism · RU конвейерный параллелизм · ZH 流水线并行
 
-The model is cut into ``p`` stages, one per rank, and the mini-batch into
-``m`` micro-batches that flow through them (GPipe, Huang et al. 2018, arXiv
-1811.06965; 1F1B and interleaved 1F1B, Narayanan et al. 2021, arXiv
-2104.04473).  Who holds what (p = 4, 8 blocks; interleaved: rank s also holds
-virtual stages s + p, s + 2p, ...)::
+The technique: read ``stage_loop.py`` (122 code lines), then ``schedule.py`` (115 code
+lines) — GPipe, 1F1B, interleaved 1F1B — and ``zero_bubble.py`` (122 code lines) — ZB-H1,
+ZB-H2, ZB-V.  ``stage_loop.py`` holds the instructions one stage runs (``Forward``,
+``Backward``, its split ``BackwardInput`` (B) and ``BackwardWeight`` (W), ``SendAct``,
+``RecvAct``, ``SendGrad``, ``RecvGrad``, ``OptimizerStep``), the virtual stages, and
+``StageLoop``: one stage's list run against its neighbours, one dispatch table;
+``schedule.py`` the naive, GPipe, 1F1B and interleaved compute orders and ``with_comm``,
+which puts the messages around any order (``stage_schedule(kind, s, p, m, v)``,
+``schedules(kind, p, m, v)``); ``zero_bubble.py`` the orders whose backward is split
+in B and W (Qi et al. 2023, arXiv 2401.10241; zb-v's chunks in a V).
+
+The model is cut into ``p`` stages, one per rank, and the mini-batch into ``m``
+micro-batches that flow through them (GPipe, Huang et al. 2018, arXiv 1811.06965; 1F1B
+and interleaved 1F1B, Narayanan et al. 2021, arXiv 2104.04473).  Who holds what (p = 4,
+8 blocks; interleaved: rank s also holds virtual stages s + p, s + 2p, ...)::
 
       rank 0          rank 1          rank 2          rank 3
     +----------+    +----------+    +----------+    +----------+
@@ -18,32 +28,26 @@ virtual stages s + p, s + 2p, ...)::
     each rank: its stage's parameters, gradients and AdamW states only;
     the activations of the micro-batches it has forwarded but not yet backwarded
 
-Read in this order (one module each; nothing is imported here):
+The shell around it (one module each; nothing is imported here):
 
-- :mod:`.schedule` — a schedule is data: the instructions (``Forward``, ``Backward``,
-  its split ``BackwardInput`` (B) and ``BackwardWeight`` (W), ``SendAct``, ``RecvAct``,
-  ``SendGrad``, ``RecvGrad``, ``OptimizerStep``) one stage runs,
-  ``stage_schedule(kind, stage, p, m, v)`` and ``schedules(kind, p, m, v)`` for naive,
-  gpipe, 1f1b, interleaved and the zero-bubble zb-h1, zb-h2, zb-v (Qi et al. 2023, arXiv
-  2401.10241; zb-v's chunks in a V: ``placement``); ``forward_schedule`` (validation:
-  forwards only); ``in_flight`` (activations held), ``w_pending`` (kept only for W);
+- :mod:`.engine` — ``PipelineParallel``: the engine interface (``step(batch)``,
+  ``evaluate``, ``state_dict``: each stage's tensors whole under their serial names,
+  replica = the dp coordinate), its options and their checks, the stage loop given its
+  link, hooks and step, every instruction timed and measured from outside the loop
+  (imports mpi4py); ``build`` (strategy "pp"); the hybrid
+  (:mod:`minipar.parallel.hybrid`) gives it its own stage model, wire and sync;
+- :mod:`.parts` — what the engine is given: a stage model (``SerialStage``: the serial
+  GPT's units, whole tensors) and a gradient sync (``AllReduceSync`` over dp);
+- :mod:`.p2p` — ``StageLink``, the messages between stages: non-blocking sends, blocking
+  receives, tags, a rank's hand-off to itself; what travels is its wire (``Whole``);
+- :mod:`.stage` — a stage's hooks (gradient accumulation, remat, offload) and its
+  activation ledger;
+- :mod:`.partition` — which blocks each (virtual) stage holds (even or a ``balance``
+  list), and every check of a pipeline's sizes, without MPI;
 - :mod:`.check` — ``problems(schedules)`` / ``check_schedules(schedules)``: dependencies,
   matching messages, no deadlock, each problem naming the stage and the instruction;
 - :mod:`.simulate` — ``replay(schedules, cost)``: the timeline a dedicated machine would
   have (ASAP, blocking receives, buffered or rendezvous sends), ``Deadlock`` if it sticks;
-- :mod:`.partition` — which blocks each (virtual) stage holds (even or a ``balance``
-  list), and every check of a pipeline's sizes, without MPI;
-- :mod:`.stage` — a stage's hooks (gradient accumulation, remat, offload) and its
-  activation ledger;
-- :mod:`.p2p` — ``StageLink``, the messages between stages: non-blocking sends, blocking
-  receives, tags, a rank's hand-off to itself; what travels is its wire (``Whole``);
-- :mod:`.parts` — what the engine is given: a stage model (``SerialStage``: the serial
-  GPT's units, whole tensors) and a gradient sync (``AllReduceSync`` over dp);
-- :mod:`.engine` — ``PipelineParallel``: the instruction lists run over the grid's
-  pipeline neighbours on real MPI ranks, every instruction timed (imports mpi4py), given a
-  stage model, a wire and a sync (the hybrid's: :mod:`minipar.parallel.hybrid`); the
-  engine interface (``step(batch)``, ``evaluate``, ``state_dict``: each stage's tensors
-  whole under their serial names, replica = the dp coordinate), ``build`` (strategy "pp");
 - :mod:`.measure` — the bubble of a timeline and its text chart; a recorded run's
   timeline rebuilt on a dedicated machine; the timeline file of ``minipar run pp
   --timeline`` read by ``minipar bubble --from-run`` (the papers' formula itself:

@@ -25,7 +25,7 @@ schedule of p stages, m micro-batches and v chunks per stage is correct when
 
 The number of stages is ``len(schedules)``; micro-batches and chunks are read
 from the Forward instructions; ``placement="v"`` checks ZB-V's chunks
-(:func:`~.schedule.virtual_stage`).
+(:func:`~.stage_loop.virtual_stage`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from minipar.parallel.pipeline.schedule import (
+from minipar.parallel.pipeline.simulate import (
     RECVS,
     SENDS,
+    Deadlock,
+    message_key,
+    replay,
+    split_cost,
+)
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     BackwardInput,
     BackwardWeight,
@@ -48,7 +54,6 @@ from minipar.parallel.pipeline.schedule import (
     SendGrad,
     virtual_stage,
 )
-from minipar.parallel.pipeline.simulate import Deadlock, message_key, replay, split_cost
 
 _TYPES = (Forward, Backward, BackwardInput, BackwardWeight, SendAct, RecvAct, SendGrad,
           RecvGrad, OptimizerStep)

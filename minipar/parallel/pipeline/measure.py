@@ -18,7 +18,7 @@ the time of one stage's share of the work with no bubble (the ideal), and
 idle/P the bubble per stage.  The two are the same number seen twice:
 fraction = ratio/(1 + ratio).  With integer or ``Fraction`` costs both are
 exact ``Fraction`` values.  :func:`chart` draws a timeline as text (the
-drawings in :mod:`.schedule`'s docstring are its output).
+drawings in the docstrings of :mod:`.schedule` and :mod:`.zero_bubble` are its output).
 
 **The bubble, measured.**  The MPI executor (:mod:`.engine`) records every
 instruction's start and end on every stage.  Two views of one run:
@@ -62,7 +62,8 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from minipar.parallel.pipeline.schedule import Instruction, placement, schedules
+from minipar.parallel.pipeline.schedule import placement, schedules
+from minipar.parallel.pipeline.stage_loop import Instruction
 from minipar.parallel.pipeline.simulate import COMPUTE_WHAT, WHAT, Record, replay
 from minipar.plan.pipeline import bubble_formula, zero_bubble_formula
 

@@ -6,8 +6,10 @@ ZH 流水线阶段间点对点通信
 GPipe (Huang et al. 2018, arXiv 1811.06965), 1F1B and interleaved 1F1B
 (Narayanan et al. 2021, arXiv 2104.04473).  Virtual stage ``vs`` of a
 pipeline with p ranks and v chunks per rank lives on rank ``vs % p`` as its
-chunk ``vs // p`` (:func:`~.schedule.virtual_stage`), so a stage's
-``SendAct`` goes to virtual stage vs + 1 and its ``SendGrad`` to vs − 1.
+chunk ``vs // p`` (:func:`~.stage_loop.virtual_stage`), so a stage's
+``SendAct`` goes to virtual stage vs + 1 and its ``SendGrad`` to vs − 1.  The stage
+loop (:class:`~.stage_loop.StageLoop`) is given a :class:`StageLink` and calls
+``send(ins, vs, data)`` and ``recv(ins, vs, (rows, seq))`` for those instructions.
 
 - **Send: non-blocking.**  ``Isend`` on the grid's ``pp_p2p`` communicator
   (Megatron's ``batch_isend_irecv``); the buffer is kept until
@@ -42,7 +44,7 @@ from typing import Any
 
 from minipar.backend import xp
 from minipar.comm.tags import pipeline_tag
-from minipar.parallel.pipeline.schedule import rank_of
+from minipar.parallel.pipeline.stage_loop import RecvAct, SendAct, rank_of
 
 __all__ = ["OP_ACT", "OP_GRAD", "StageLink", "Whole"]
 
@@ -78,7 +80,7 @@ class StageLink:
     def __init__(self, comm: Any, stage: int, p: int, v: int, dtype: Any, width: int,
                  wire: Any, placement: str = "loop") -> None:
         self.comm, self.stage, self.p, self.v = comm, stage, p, v
-        self.placement = placement  # "v": ZB-V's chunks (schedule.virtual_stage)
+        self.placement = placement  # "v": ZB-V's chunks (stage_loop.virtual_stage)
         self.dtype, self.width, self.wire = dtype, width, wire
         self.begin()
 
@@ -98,43 +100,42 @@ class StageLink:
             return rank_of(vs, self.p, "v"), int(vs >= self.p)
         return vs % self.p, vs // self.p
 
-    def send(self, mb: int, chunk: int, vs: int, kind: str, step: int, data: Any) -> None:
-        """``SendAct`` (kind "act", step +1) or ``SendGrad`` ("grad", −1) of micro-batch
-        ``mb`` from ``chunk`` (virtual stage ``vs``): non-blocking; ``data`` None: the
-        Forward or Backward that makes it has not run."""
-        to = vs + step
+    def send(self, ins: Any, vs: int, data: Any) -> None:
+        """``SendAct`` (to vs + 1) or ``SendGrad`` (to vs − 1) from my virtual stage ``vs``:
+        non-blocking; ``data`` None: the Forward or Backward that makes it has not run."""
+        act = isinstance(ins, SendAct)
+        kind, to = ("act", vs + 1) if act else ("grad", vs - 1)
         if not 0 <= to < self.p * self.v:
             raise ValueError(f"stage {self.stage}: no virtual stage {to} to send to")
         if data is None:
-            raise ValueError(f"stage {self.stage}: Send{kind.title()}({mb}, {chunk}) before "
-                             f"the {'Forward' if kind == 'act' else 'Backward'} that makes it")
+            raise ValueError(f"stage {self.stage}: {ins} before the "
+                             f"{'Forward' if act else 'Backward'} that makes it")
         rank, their_chunk = self._peer(to)
         buf = xp.ascontiguousarray(data.astype(self.dtype, copy=False))
         if rank == self.stage:  # interleaving on one rank: a local hand-off
-            self._local[(kind, mb, to)] = buf
+            self._local[(kind, ins.mb, to)] = buf
             return
         buf = self.wire.to_wire(buf)
-        with self.comm.operation(OP_ACT if kind == "act" else OP_GRAD):
-            req = self.comm.Isend(buf, rank, pipeline_tag(kind, mb, their_chunk))
+        with self.comm.operation(OP_ACT if act else OP_GRAD):
+            req = self.comm.Isend(buf, rank, pipeline_tag(kind, ins.mb, their_chunk))
         self._sends.append((req, buf))  # the buffer lives until the send completes
 
-    def recv(self, mb: int, chunk: int, vs: int, kind: str, step: int, rows: int,
-             seq: int) -> Any:
-        """``RecvAct`` (kind "act", from vs − 1) or ``RecvGrad`` ("grad", vs + 1) of micro-batch
-        ``mb`` (``rows`` x ``seq`` positions) into ``chunk``: blocking; the tensor."""
-        frm = vs + step
+    def recv(self, ins: Any, vs: int, rows_seq: tuple[int, int]) -> Any:
+        """``RecvAct`` (from vs − 1) or ``RecvGrad`` (from vs + 1) into my virtual stage
+        ``vs``, one micro-batch of (rows, seq) positions: blocking; the tensor."""
+        kind, frm = ("act", vs - 1) if isinstance(ins, RecvAct) else ("grad", vs + 1)
         if not 0 <= frm < self.p * self.v:
             raise ValueError(f"stage {self.stage}: no virtual stage {frm} to receive from")
         rank, _ = self._peer(frm)
         if rank == self.stage:
-            buf = self._local.pop((kind, mb, vs), None)
+            buf = self._local.pop((kind, ins.mb, vs), None)
             if buf is None:
-                raise ValueError(f"stage {self.stage}: Recv{kind.title()}({mb}, {chunk}) "
-                                 f"before this rank sent it to itself")
+                raise ValueError(f"stage {self.stage}: {ins} before this rank sent it to "
+                                 f"itself")
             return buf
-        shape = (rows, seq, self.width)
+        shape = (*rows_seq, self.width)
         buf = xp.empty(self.wire.wire_shape(shape), dtype=self.dtype)
-        self.comm.Recv(buf, rank, pipeline_tag(kind, mb, chunk))
+        self.comm.Recv(buf, rank, pipeline_tag(kind, ins.mb, ins.chunk))
         return self.wire.from_wire(buf, shape)
 
     def wait(self) -> None:

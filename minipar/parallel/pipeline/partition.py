@@ -6,7 +6,7 @@ GPipe (Huang et al. 2018, arXiv 1811.06965) cuts the L transformer blocks
 into K partitions, one per device; interleaved 1F1B (Narayanan et al. 2021,
 arXiv 2104.04473, §2.2.2) cuts them into p·v *virtual stages* and gives rank
 s the v chunks s, s + p, s + 2p, ... (chunk c of rank s = virtual stage
-c·p + s, :func:`~minipar.parallel.pipeline.schedule.virtual_stage`).  Here
+c·p + s, :func:`~minipar.parallel.pipeline.stage_loop.virtual_stage`).  Here
 
     virtual stage j holds blocks  [Σ_{i<j} balance_i,  Σ_{i<=j} balance_i)
 
@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from minipar import checks, spans
-from minipar.parallel.pipeline.schedule import KINDS, virtual_stage
+from minipar.parallel.pipeline.schedule import KINDS
+from minipar.parallel.pipeline.stage_loop import virtual_stage
 
 __all__ = ["check_pipeline", "chunk_blocks", "chunk_units", "parse_balance", "stage_units"]
 

@@ -4,14 +4,14 @@ EN pipeline stage model and gradient synchronisation · RU модель стад
 градиентов конвейера · ZH 流水线阶段模型与梯度同步
 
 :class:`~.engine.PipelineParallel` runs the schedule (GPipe, Huang et al. 2018, arXiv
-1811.06965; 1F1B and interleaved 1F1B, Narayanan et al. 2021, arXiv 2104.04473) and
-keeps the books; three objects it is handed decide what runs inside:
+1811.06965; 1F1B and interleaved 1F1B, Narayanan et al. 2021, arXiv 2104.04473) with
+the stage loop and keeps the books; three objects it is handed decide what runs inside:
 
 * a **stage model** — the model's units (the engine cuts them into its chunks), the
-  stage's initial parameters, this rank's part of the batch, the weight of a
-  micro-batch's loss, the loss itself, and where each local tensor sits in the serial
-  one (its :class:`~minipar.parallel.engine.Shard` and replica).  The pipeline's own is
-  :class:`SerialStage`: the serial GPT's units, whole tensors, the replica's rows;
+  stage's initial parameters, this rank's part of the batch, the loss itself, and where
+  each local tensor sits in the serial one (its :class:`~minipar.parallel.engine.Shard`).
+  The pipeline's own is :class:`SerialStage`: the serial GPT's units, whole tensors, the
+  replica's rows;
 * a **wire** — what travels between stages (:class:`~.p2p.Whole` here);
 * a **gradient sync** — the stage's model states and what happens to the gradients
   after the flush (and, where it needs them, the hooks each step runs the units with).
@@ -19,8 +19,9 @@ keeps the books; three objects it is handed decide what runs inside:
   over the replicas.
 
 The hybrid engine (:mod:`minipar.parallel.hybrid`) hands the same engine tensor-,
-context- or expert-parallel stage models, PTD-P's scatter/gather and ZeRO.  Every weight
-is w_i = b_i/B (micro-batch i's rows over the global batch), so Σ_replicas Σ_i w_i ∇ℓ_i
+context- or expert-parallel stage models, PTD-P's scatter/gather and ZeRO (and, as
+values, what differs in the loss's weight and report and in a tensor's replica: the
+engine's ``loss_weight``, ``reports_loss``, ``replica_of``).  Every weight is w_i = b_i/B (micro-batch i's rows over the global batch), so Σ_replicas Σ_i w_i ∇ℓ_i
 is the serial gradient, and each replica stepping after the all-reduce is the serial step.
 """
 
@@ -76,28 +77,16 @@ class SerialStage:
         """My replica's rows of the global batch (:func:`replica_rows`)."""
         return replica_rows(batch, self.d, self.dp)
 
-    def weight(self, w: float) -> float:
-        """A micro-batch's loss weight, given w = its rows / the global batch: w itself."""
-        return w
-
     def loss_forward(self, logits: Any, targets: Any) -> tuple[float, Any]:
         return cross_entropy_forward(logits, targets)
 
     def loss_backward(self, saved: Any, scale: float) -> Any:
         return cross_entropy_backward(saved, scale)
 
-    def loss_share(self, loss: float) -> float:
-        """My part of the global loss (the engine sums it over every rank): all of mine."""
-        return loss
-
     def placements(self, names: Iterable[str]) -> dict[str, Shard]:
         """Each local tensor is the serial one, whole."""
         shapes = self.model.param_shapes()
         return {n: whole(n, shapes[n]) for n in names}
-
-    def replica(self, name: str, ranged: bool) -> int:
-        """Which copy of ``name`` mine is: my dp coordinate."""
-        return self.d
 
     def gather(self, world: Any, mine: dict[str, Any]) -> dict[str, Any]:
         """The whole model from every stage's ``mine`` (replica 0's), serial order, on every
@@ -153,10 +142,6 @@ class AllReduceSync:
         st = self.states
         self.reduce(st.grads, self.layout)
         return st.step(found_inf=found_inf(self.world, st))  # every stage skips alike
-
-    def ranged(self, kind: str) -> bool:
-        """Whether I hold only a range of ``kind`` (no: every tensor whole)."""
-        return False
 
     def state(self, placements: dict[str, Shard]) -> State:
         """The states, tensor by tensor (replicas: the engine's to fill in)."""

@@ -37,10 +37,7 @@ from numbers import Real
 from typing import NamedTuple
 
 from minipar import checks
-from minipar.parallel.pipeline.schedule import (
-    PLACEMENTS,
-    RECVS,
-    SENDS,
+from minipar.parallel.pipeline.stage_loop import (
     Backward,
     BackwardInput,
     BackwardWeight,
@@ -56,6 +53,10 @@ from minipar.parallel.pipeline.schedule import (
 )
 
 Cost = Callable[[Instruction, int], Real]
+SENDS = (SendAct, SendGrad)
+RECVS = (RecvAct, RecvGrad)
+#: where a schedule puts its chunks (:func:`~.stage_loop.virtual_stage`)
+PLACEMENTS = ("loop", "v")
 WHAT = {Forward: "forward", Backward: "backward", BackwardInput: "backward_input",
         BackwardWeight: "backward_weight", SendAct: "send_act", RecvAct: "recv_act",
         SendGrad: "send_grad", RecvGrad: "recv_grad", OptimizerStep: "optimizer"}
@@ -143,7 +144,7 @@ def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
     when no stage can move and some have instructions left.  The lists are replayed as
     given: :func:`~.check.check_schedules` first tells whether they are a correct
     schedule at all (each forward and backward once, every message matched).
-    ``placement``: ``"v"`` for ZB-V's chunks (:func:`~.schedule.virtual_stage`).
+    ``placement``: ``"v"`` for ZB-V's chunks (:func:`~.stage_loop.virtual_stage`).
     """
     checks.one_of("sends", sends, ("buffered", "rendezvous"))
     checks.one_of("placement", placement, PLACEMENTS)
