@@ -6,7 +6,7 @@ The study's drop rates are checked against what capacity means: a higher capacit
 factor never drops more, C = ceil(N/E x cf), and at cf 0.5 (E x C = N/2 slots) at
 least half of the assignments are dropped.  The drop rates themselves (Switch's
 "typically < 1%" at cf 1.25 once balanced) are measured, not asserted: they are in
-minipar/parallel/expert_parallel/measure.py's docstring and notebook 08.
+docs/PERFORMANCE.md ("Expert parallelism") and notebook 08.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from minipar.nn.blockwise_attention import (
     merge_attention,
 )
 from minipar.parallel.common import RunSpec
-from minipar.parallel.context_parallel import layout as cp_layout
+from minipar.parallel.context_parallel import options as cp_options
 from minipar.parallel.context_parallel.layout import Sharding
 from minipar.parallel.context_parallel.measure import (
     attention_activation_formula,
@@ -223,7 +223,7 @@ def test_a_bad_cp_option_is_one_line_and_exit_2_before_mpi(args: list[str], word
 def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None:
     from minipar.run import cp as run_cp
 
-    assert run_cp.KINDS == cp_layout.KINDS
+    assert run_cp.KINDS == cp_options.KINDS
     for args in (["--kind", "ulysses", "--heads", "2"], ["--kind", "ring"]):
         rc = run.main(["cp", "-n", "2", "--steps", "2", "--seq", "8", "--json", *args])
         s = json.loads(capsys.readouterr().out)

@@ -28,8 +28,9 @@ from minipar import launch
 from minipar.comm.topology import Grid
 from minipar.nn import GPT
 from minipar.parallel.common import RunSpec
-from minipar.parallel.expert_parallel.layout import OPS, capacities, check_ep, expert_ids
+from minipar.parallel.expert_parallel.layout import OPS, capacities, expert_ids
 from minipar.parallel.expert_parallel.measure import alltoall_bytes
+from minipar.parallel.expert_parallel.options import check_ep
 
 SCRIPT = str(Path(__file__).parent / "mpi" / "ep_check.py")
 

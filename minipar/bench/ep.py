@@ -22,21 +22,14 @@ The speed-up EP(N) / MoE(1) is the figure the issue targets (>= 1.5x on 2
 ranks where the experts dominate).  Most of it is the batch split over N
 ranks, which pure data parallelism gets too: the row "DP on N ranks" says
 what expert parallelism adds to it (EP sends tokens instead of all-reducing
-the experts' gradients, and each rank updates E/N experts, not E).  Each step is timed in wall-clock and in
-CPU seconds of the slowest rank (waits poll with sleeps, so CPU time counts a
-rank's own work even when other jobs share the cores).  Measured with the
-defaults (d 256, 4 layers, T 64, batch 32, float32, E = 4 top-1: Ψ 9.7 M, of
-which 3.4 M active per token; two runs on this 2-core machine, shared with
-other jobs): MoE 1 rank 2.55-2.95 s wall, 0.94-1.03 s CPU; dense 1 rank
-about the same (0.93-1.08x: equal active parameters, equal compute per
-token; the MoE adds the router, the dispatch and 2.8x the optimizer's
-elements); EP on 2 ranks 1.16-1.51 s wall, 0.45-0.52 s CPU: **1.96-2.20x
-wall, 1.99-2.10x CPU**.  A third run (19:15 UTC, --steps 3, with the DP row): MoE 1 rank
-1.72 s wall / 1.07 s CPU, EP 2 ranks 1.29 / 0.55 (1.33x wall, 1.93x CPU), DP 2
-ranks 1.93 / 0.67: EP 1.49x wall, 1.20x CPU faster than DP.  Then, in this process, the capacity
-table of :func:`minipar.parallel.expert_parallel.measure.load_study`: dropped tokens per
-capacity factor 0.5 … 2.0 at initialisation and after training with each
-auxiliary-loss coefficient (``--capacity-steps 0`` skips it).
+the experts' gradients, and each rank updates E/N experts, not E).  Each
+step is timed in wall-clock and in CPU seconds of the slowest rank (waits poll
+with sleeps, so CPU time counts a rank's own work even when other jobs share
+the cores); the runs measured so far are in docs/PERFORMANCE.md ("Expert
+parallelism").  Then, in this process, the capacity table of
+:func:`load_study`: dropped tokens per capacity factor 0.5 … 2.0 at
+initialisation and after training with each auxiliary-loss coefficient
+(``--capacity-steps 0`` skips it; :func:`format_study` prints it).
 
 :func:`measure_traffic` runs a few EP steps in one launch and returns every
 rank's counted bytes per grid axis next to the formulas (notebook 08).
@@ -168,7 +161,7 @@ def measure_traffic(n: int, ep: int | None = None, experts: int = 4, top_k: int 
     step.  ``spec``: other :class:`~minipar.parallel.common.RunSpec` fields."""
     from minipar import launch
     from minipar.parallel.common import RunSpec
-    from minipar.parallel.expert_parallel.layout import check_ep
+    from minipar.parallel.expert_parallel.options import check_ep
 
     s = RunSpec(**{"batch": max(8, n), **spec, "experts": experts, "top_k": top_k,
                    "capacity_factor": capacity_factor, "steps": steps})
@@ -176,6 +169,64 @@ def measure_traffic(n: int, ep: int | None = None, experts: int = 4, top_k: int 
     out, _ = launch.run_json(n, "minipar.bench.ep", {"mode": "traffic", "spec": s.as_dict(),
                                                      "ep": ep}, timeout=timeout, check=True)
     return out
+
+
+def load_study(experts: int = 4, top_k: int = 1, steps: int = 150,
+               aux_loss_coefs: tuple[float, ...] = (0.0, 0.01),
+               factors: tuple[float, ...] | None = None,
+               train_capacity_factor: float = 1.25, d_model: int = 32, layers: int = 2,
+               heads: int = 2, vocab: int = 10, seq: int = 16, batch: int = 32,
+               lr: float = 3e-3, seed: int = 0, eval_step: int = 10_000) -> dict[str, Any]:
+    """Routing tables before and after training the serial MoE GPT (float64, AdamW) with
+    each auxiliary-loss coefficient α in ``aux_loss_coefs``, on the held-out batch of
+    step ``eval_step`` of the modular-sum data; ``factors``: the capacity factors of the
+    tables (default :data:`~minipar.parallel.expert_parallel.measure.CAPACITY_FACTORS`).
+
+    The tables are :func:`minipar.parallel.expert_parallel.measure.routing_table`'s, the
+    training the serial loop's (:func:`minipar.train.train`).  Returns ``{"config",
+    "before", "after": {α: table}, "losses": {α: [float]}, "drop_rate_at_1.25":
+    {"before": x, α: x}}`` (the last only if 1.25 is a factor)."""
+    from dataclasses import asdict, replace
+
+    from minipar.data import synthetic
+    from minipar.nn import GPT, GPTConfig
+    from minipar.parallel.expert_parallel.measure import CAPACITY_FACTORS, routing_table
+    from minipar.train import gpt_task, train
+
+    factors = CAPACITY_FACTORS if factors is None else factors
+    base = GPTConfig(vocab_size=vocab, block_size=seq, n_layer=layers, n_head=heads,
+                     d_model=d_model, n_experts=experts, top_k=top_k,
+                     capacity_factor=train_capacity_factor)
+    tokens, _ = synthetic.modular_sum(0, eval_step, batch, seq, vocab)
+    out: dict[str, Any] = {"config": {**asdict(base), "steps": steps, "lr": lr, "batch": batch,
+                                      "seed": seed, "eval_step": eval_step},
+                           "before": routing_table(base, GPT(base).init(seed), tokens, factors),
+                           "after": {}, "losses": {}}
+    for alpha in aux_loss_coefs:
+        cfg = replace(base, aux_loss_coef=float(alpha))
+        run = train(GPT(cfg), gpt_task(vocab, seq, batch), steps, "float64", "adamw", seed,
+                    lr=lr)
+        out["after"][float(alpha)] = routing_table(cfg, run["states"].param_views(), tokens,
+                                                   factors)
+        out["losses"][float(alpha)] = [float(v) for v in run["losses"]]
+    if 1.25 in factors:
+        i = list(factors).index(1.25)
+        out["drop_rate_at_1.25"] = {"before": out["before"][i]["drop_rate"],
+                                    **{a: t[i]["drop_rate"] for a, t in out["after"].items()}}
+    return out
+
+
+def format_study(study: dict[str, Any]) -> str:
+    """The study as a table: drop rate and imbalance per capacity factor, per state."""
+    states = [("init", study["before"])] + [(f"a={a:g}", t) for a, t in study["after"].items()]
+    factors = [r["capacity_factor"] for r in study["before"]]
+    lines = [("dropped tokens (% of assignments) by capacity factor; imbalance = max/mean "
+             "first choices per expert (1 = balanced), worst MoE block"),
+             f"{'router':>8} {'imbalance':>9} " + " ".join(f"{f'cf {f:g}':>8}" for f in factors)]
+    for name, table in states:
+        lines.append(f"{name:>8} {table[0]['imbalance']:>9.2f} "
+                     + " ".join(f"{100 * r['drop_rate']:>7.2f}%" for r in table))
+    return "\n".join(lines)
 
 
 def _parser() -> ArgumentParser:
@@ -201,7 +252,7 @@ def main(argv: list[str]) -> int:
     try:
         spec = check_bench_options(vars(a)).with_(
             experts=a.experts, top_k=a.top_k, capacity_factor=a.capacity_factor)
-        from minipar.parallel.expert_parallel.layout import check_ep
+        from minipar.parallel.expert_parallel.options import check_ep
 
         check_ep(a.experts, a.top_k, a.capacity_factor, a.ranks, a.ranks)
     except ValueError as e:
@@ -217,8 +268,6 @@ def main(argv: list[str]) -> int:
         return launch.report(PROG, e, a.debug)
     study = None
     if a.capacity_steps:
-        from minipar.parallel.expert_parallel.measure import load_study
-
         study = load_study(a.experts, a.top_k, a.capacity_steps,
                            aux_loss_coefs=(0.0, 0.01, 0.1))
         out["capacity"] = {k: study[k] for k in ("config", "before", "drop_rate_at_1.25")}
@@ -253,8 +302,6 @@ def main(argv: list[str]) -> int:
           f"tokens instead of all-reducing the experts' gradients, and each rank holds and "
           f"updates 1/{a.ranks} of the experts")
     if study is not None:
-        from minipar.parallel.expert_parallel.measure import format_study
-
         print(f"\nserial MoE GPT (d 32, {a.capacity_steps} steps per router, E = {a.experts}, "
               f"top-{a.top_k}), a held-out batch of 512 tokens as one group:")
         print(format_study(study))

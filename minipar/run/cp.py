@@ -6,7 +6,7 @@ Launcher side: ``--kind`` (``ulysses``: DeepSpeed-Ulysses, Jacobs et al.
 2023, arXiv 2309.14509; ``ring``: ring attention, Liu et al. 2023, arXiv
 2310.01889) and ``--zigzag/--no-zigzag`` (the ring's causal load balance, on
 by default), checked before MPI starts by
-:func:`minipar.parallel.context_parallel.layout.check`: the sequence must divide by cp
+:func:`minipar.parallel.context_parallel.options.check`: the sequence must divide by cp
 (2·cp with zigzag), the heads by cp for Ulysses.  Every rank is one rank of
 the grid's ``cp`` axis and holds the whole batch's rows, its part of the
 sequence.  Rank side (:mod:`minipar.run.worker`): the engine
@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-#: minipar.parallel.context_parallel.layout.KINDS (a test checks they agree)
+#: minipar.parallel.context_parallel.options.KINDS (a test checks they agree)
 KINDS = ("ulysses", "ring")
 
 
@@ -50,7 +50,7 @@ def zigzag(options: dict[str, Any]) -> bool:
 
 def check(options: dict[str, Any], spec: Any) -> None:
     """Launcher side: sequence (and heads, for Ulysses) divisible by the cp ranks."""
-    from minipar.parallel.context_parallel.layout import check as cp_check
+    from minipar.parallel.context_parallel.options import check as cp_check
 
     cp_check(spec.seq, spec.heads, options["ranks"], options.get("kind", "ring"),
              zigzag(options), spec.experts)

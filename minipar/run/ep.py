@@ -6,7 +6,7 @@ EN expert parallelism · RU параллелизм экспертов · ZH 专�
     minipar run ep          # the defaults: 4 ranks, E = 4 experts per block, top-1
 
 Launcher side: ``--ep`` (ranks per expert-parallel group, default ``-n``)
-and :func:`minipar.parallel.expert_parallel.layout.check_ep` (a mixture of experts,
+and :func:`minipar.parallel.expert_parallel.options.check_ep` (a mixture of experts,
 E divisible by ep, top-k 1 or 2 and at most E, capacity factor > 0, ep
 dividing the ranks), before MPI starts.  Rank side (:mod:`minipar.run.worker`):
 the grid dp = -n x ep (:func:`grid_sizes`), the engine
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(options: dict[str, Any], spec: Any) -> None:
     """Launcher side: a row of the batch per rank, and :func:`check_ep`."""
     from minipar.parallel.common import check_world
-    from minipar.parallel.expert_parallel.layout import check_ep
+    from minipar.parallel.expert_parallel.options import check_ep
 
     n = options["ranks"]
     check_world(spec.batch, n)

@@ -26,7 +26,7 @@ from minipar.optim import FlatParams
 from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, local_rows, serial_reference
 from minipar.parallel.expert_parallel.engine import ExpertParallel
-from minipar.parallel.expert_parallel.layout import check_ep
+from minipar.parallel.expert_parallel.options import check_ep
 from minipar.parallel.parity import compare
 from minipar.plan.moe import moe_alltoall_bytes_per_rank
 

@@ -16,8 +16,12 @@ into fixed-capacity buffers x (E, C, d).  Then
 
 Pairwise exchange (step t = 1 … N−1: send to (r+t) % N, receive from
 (r−t) % N): each rank sends (N−1)/N of its buffer per direction and its own
-block never leaves it.  Self-contained on purpose (no :mod:`minipar.collectives`):
-this is what the learner writes.
+block never leaves it.  Which experts a rank holds is the package's own rule
+(:func:`minipar.parallel.expert_parallel.layout.expert_ids`, the placement minipar's
+expert parallelism uses); the exchange is written out here with Sendrecv, as the
+learner writes it (the grader refuses :mod:`minipar.collectives`, which
+minipar's own all-to-all, :func:`~minipar.parallel.expert_parallel.layer.to_experts`,
+runs on).
 """
 
 from __future__ import annotations
@@ -26,29 +30,34 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minipar.parallel.expert_parallel.layout import expert_ids
+
 
 def moe_dispatch_combine(comm, x: np.ndarray,
                          expert: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
     """out (E, C, d) with out[e] = Expert_e(x[e]), each expert run on the rank that holds it."""
     n, r = comm.Get_size(), comm.Get_rank()
     E, C, d = x.shape
-    k = E // n  # experts per rank
+    mine = expert_ids(E, n, r)  # rank s holds experts s*E/N .. (s+1)*E/N - 1
+    k = len(mine)  # experts per rank
     # 1. dispatch: got[s] = rank s's rows for my experts, (k, C, d)
     got = [np.empty((k, C, d)) for _ in range(n)]
-    got[r][:] = x[r * k:(r + 1) * k]  # my own block stays here
+    got[r][:] = x[mine]  # my own block stays here
     for t in range(1, n):
         dest, src = (r + t) % n, (r - t) % n
-        comm.Sendrecv(x[dest * k:(dest + 1) * k], dest=dest, recvbuf=got[src], source=src)
-    # 2. experts: my expert r*k + i on the rows every rank sent it, in one call
+        comm.Sendrecv(x[expert_ids(E, n, dest)], dest=dest, recvbuf=got[src], source=src)
+    # 2. experts: my expert mine[i] on the rows every rank sent it, in one call
     done = [np.empty_like(g) for g in got]
-    for i in range(k):
-        y = expert(r * k + i, np.concatenate([g[i] for g in got]))  # (n*C, d)
+    for i, e in enumerate(mine):
+        y = expert(e, np.concatenate([g[i] for g in got]))  # (n*C, d)
         for s in range(n):
             done[s][i] = y[s * C:(s + 1) * C]
     # 3. combine: the reverse all-to-all, rank s's outputs back to rank s
     out = np.empty_like(x)
-    out[r * k:(r + 1) * k] = done[r]
+    out[mine] = done[r]
     for t in range(1, n):
         dest, src = (r + t) % n, (r - t) % n
-        comm.Sendrecv(done[dest], dest=dest, recvbuf=out[src * k:(src + 1) * k], source=src)
+        back = np.empty_like(done[dest])  # rank src's experts' outputs for my tokens
+        comm.Sendrecv(done[dest], dest=dest, recvbuf=back, source=src)
+        out[expert_ids(E, n, src)] = back
     return out

@@ -1,17 +1,24 @@
 """Context parallelism — контекстный параллелизм — 上下文并行.
 
+The technique: read ``layout.py`` (28 code lines),
+``minipar/nn/blockwise_attention.py`` (61 code lines) and
+``ring_attention.py`` (81 code lines) for ring attention: which positions a rank
+holds (zigzag included), the online-softmax merge of two partial results, the K/V
+blocks around the ring, forward and backward.  ``ulysses.py`` (25 code lines) with
+``minipar/nn/attention.py`` (68 code lines) for DeepSpeed-Ulysses: one all-to-all
+from sequence to heads, the serial attention core, one all-to-all back.
+
+Then the shell: ``model.py`` (the CP GPT: the serial units with the attention core
+swapped), ``engine.py`` (``ContextParallel``, the Engine interface: the loss over
+shards, one gradient all-reduce, state_dict), ``options.py`` (``--kind``, ``--zigzag``
+and their checks, no MPI: the launcher calls them) and ``measure.py`` (bytes and
+activation memory, counted next to the formulas).
+
 EN context parallelism (CP) · RU контекстный параллелизм · ZH 上下文并行
 
 Every layer's activations are cut along the sequence over the P ranks of the
 grid's ``cp`` axis; every rank holds the whole model and every row of the
-batch, only its positions of each row.  Read in this order:
-
-* ``layout.py``          which positions each rank holds (contiguous or zigzag), the checks
-* ``ulysses.py``         DeepSpeed-Ulysses: all-to-all sequence → heads, attention, and back
-* ``ring_attention.py``  ring attention: K/V blocks around the ring, online-softmax merge
-* ``model.py``           the CP GPT: the serial units with the attention core swapped
-* ``engine.py``          ``ContextParallel`` (the Engine interface): the loss over shards, one gradient all-reduce
-* ``measure.py``         bytes and activation memory, counted next to the formulas
+batch, only its positions of each row.
 
 Who holds what (s = 16, P = 2; zigzag: chunks r and 2P−1−r of c = s/(2P))::
 
@@ -19,4 +26,6 @@ Who holds what (s = 16, P = 2; zigzag: chunks r and 2P−1−r of c = s/(2P))::
     contiguous  rank 0 rank 0 rank 1 rank 1
     zigzag      rank 0 rank 1 rank 1 rank 0     (equal causal work on every rank)
     parameters, optimizer states, batch rows: all of them on every rank
+    ring attention: my queries stay; the K/V blocks of every rank pass by, one per step
+    Ulysses: between its two all-to-alls, every position of H/P heads
 """

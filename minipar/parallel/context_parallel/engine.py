@@ -58,8 +58,8 @@ from minipar.collectives import allreduce
 from minipar.comm.topology import Grid, require_grid
 from minipar.nn import cross_entropy_forward, executor
 from minipar.parallel.common import RunSpec
-from minipar.parallel.context_parallel.layout import check, sharding
 from minipar.parallel.context_parallel.model import cp_units
+from minipar.parallel.context_parallel.options import check, sharding
 from minipar.parallel.engine import (
     AxisTraffic,
     Batch,

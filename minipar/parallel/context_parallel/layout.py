@@ -8,13 +8,17 @@ positions of every row over P ranks.  *Contiguous*: rank r holds chunk r of
 s/P positions.  *Zigzag* (ring attention's load balance; Brandon et al. 2023,
 "Striped Attention", arXiv 2311.09431; Megatron-LM's context parallelism):
 the sequence is cut into 2P chunks of c = s/(2P) and rank r holds chunks r
-and 2P−1−r, so under the causal mask every rank has the same work::
+and 2P−1−r, so under the causal mask every rank has the same work.  Who holds
+what, s = 16, P = 2 (c = 4)::
 
-    s = 16, P = 2, c = 4:   rank 0: positions 0-3 and 12-15,  rank 1: 4-7 and 8-11
+    positions    0-3    4-7    8-11   12-15
+    contiguous   rank 0 rank 0 rank 1 rank 1
+    zigzag       rank 0 rank 1 rank 1 rank 0
 
-Also the checks, here because they need no MPI: ``minipar run cp`` calls
-:func:`check` in the launching process, the ranks call it again before any
-message.  Each names the numbers that do not divide.
+Under the causal mask query i sees keys 0 … i, so with contiguous chunks rank r
+computes (r+1)·(s/P)² scores per head and rank P−1 does P times rank 0's work;
+with zigzag chunks every rank computes (2P+1)·c².  A rank stores its chunks one
+after the other (:meth:`Sharding.positions`: index the tokens with it).
 """
 
 from __future__ import annotations
@@ -25,10 +29,7 @@ import numpy as np
 
 from minipar import checks
 
-__all__ = ["KINDS", "Sharding", "check", "sharding"]
-
-#: the two routes for attention's keys and values
-KINDS = ("ulysses", "ring")
+__all__ = ["Sharding"]
 
 
 @dataclass(frozen=True)
@@ -61,29 +62,3 @@ class Sharding:
     def positions(self, rank: int) -> np.ndarray:
         """The positions ``rank`` holds, as one integer array (index the tokens with it)."""
         return np.concatenate([np.arange(a, a + n) for a, n in self.chunks(rank)])
-
-
-def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int = 0) -> None:
-    """ValueError naming the numbers unless a CP run of this kind can be cut as asked."""
-    checks.one_of("--kind", kind, KINDS)
-    if experts:
-        raise ValueError(f"context parallelism runs a dense GPT here; got --experts {experts} "
-                         "(an MoE would route each rank's tokens as a group of its own)")
-    if kind == "ulysses":
-        if zigzag:
-            raise ValueError("--zigzag balances ring attention's causal work; Ulysses "
-                             "attends over the whole sequence on every rank: use --no-zigzag")
-        if heads % cp:
-            raise ValueError(f"DeepSpeed-Ulysses: --heads {heads} is not divisible by "
-                             f"cp = {cp}: each rank takes a whole number of heads")
-    if cp >= 1 and seq % (2 * cp if zigzag else cp):  # Sharding's check, naming the options
-        how = (f"2·cp = {2 * cp} (zigzag: rank r holds chunks r and 2·cp−1−r; --no-zigzag "
-               f"needs only cp = {cp})" if zigzag else f"cp = {cp}")
-        raise ValueError(f"--seq {seq} is not divisible by {how}: every context-parallel rank "
-                         "needs equal chunks")
-    Sharding(seq, cp, zigzag)
-
-
-def sharding(seq: int, cp: int, kind: str, zigzag: bool) -> Sharding:
-    """Which positions each rank holds (Ulysses: contiguous chunks)."""
-    return Sharding(seq, cp, zigzag and kind == "ring")

@@ -65,8 +65,9 @@ from minipar.nn import GPT, executor
 from minipar.nn.dtypes import compute_dtype
 from minipar.parallel.context_parallel import ulysses
 from minipar.parallel.context_parallel.engine import OP_GRADS, OP_LOSS, ContextParallel
-from minipar.parallel.context_parallel.layout import Sharding, sharding
+from minipar.parallel.context_parallel.layout import Sharding
 from minipar.parallel.context_parallel.model import CPAttention
+from minipar.parallel.context_parallel.options import sharding
 from minipar.parallel.context_parallel.ring_attention import OP as RING_OP
 from minipar.parallel.context_parallel.ring_attention import block_pairs
 from minipar.parallel.mappings import all_to_all

@@ -58,6 +58,9 @@ class CPAttention:
     """The attention core over a sequence shard: fused ``qkv`` (b, t, 3d) in, o (b, t, d) out."""
 
     def __init__(self, comm: Any, kind: str, layout: Sharding, n_head: int) -> None:
+        if layout.P != traced(comm).size:
+            raise ValueError(f"context parallelism: the sharding is for {layout.P} ranks, the "
+                             f"communicator has {traced(comm).size}")
         self.comm, self.kind, self.layout, self.n_head = comm, kind, layout, n_head
 
     def forward(self, qkv: Any) -> tuple[Any, Any]:

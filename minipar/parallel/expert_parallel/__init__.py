@@ -1,17 +1,24 @@
 """Expert parallelism — параллелизм экспертов — 专家并行.
 
+The technique: read ``minipar/nn/moe_steps.py`` (120 code lines) for the MoE layer in
+three steps (the router, top-k and capacity C, dispatch into (E, C, d) buffers, the
+experts, combine), ``layout.py`` (10 code lines) for which experts each rank holds and
+the capacity C_j of each source, and ``layer.py`` (62 code lines) for the layer across
+ranks: dispatch → all-to-all to the experts' ranks → experts → the reverse all-to-all →
+combine, and the backward in the mirror order.
+
+Then the shell: ``model.py`` (the EP GPT: the serial units with the MoE step swapped),
+``engine.py`` (``ExpertParallel``, the Engine of EP x data parallelism: dense and expert
+gradients apart; each tensor saved once, experts by their edp replica 0),
+``options.py`` (``check_ep``, no MPI: the launcher calls it) and ``measure.py`` (the
+exact all-to-all bytes; expert load and dropped tokens against the capacity factor).
+
 EN expert parallelism (EP) · RU параллелизм экспертов · ZH 专家并行
 
 Each MoE layer's E experts are spread over the ``ep`` ranks of a group; the
 tokens travel to their experts' ranks by all-to-all and back.  Everything
 else (embedding, attention, routers, head) is replicated and trained data
-parallel.  Read in this order:
-
-* ``layout.py``   which experts each rank holds, the capacity C_j of each source, the checks
-* ``layer.py``    the MoE layer across ranks: dispatch → all-to-all → experts → all-to-all → combine
-* ``engine.py``   ``ExpertParallel``, the Engine of EP x data parallelism: dense and expert
-                  gradients apart; each tensor saved once (experts by their edp replica 0)
-* ``measure.py``  the exact all-to-all bytes; expert load and dropped tokens vs capacity factor
+parallel.
 
 Who holds what (4 ranks, ep = 2, E = 4)::
 

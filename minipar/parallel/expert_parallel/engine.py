@@ -59,7 +59,7 @@ counts); on ``dp`` one all-reduce of the dense gradients, on ``edp`` one of
 this rank's experts' gradients, each the exact figure of the algorithm auto
 picks (:func:`minipar.collectives.cost.allreduce_bytes_sent`).
 
-Bad input (:func:`~minipar.parallel.expert_parallel.layout.check_ep`): no
+Bad input (:func:`~minipar.parallel.expert_parallel.options.check_ep`): no
 experts, E not divisible by ep, top-k outside 1..min(2, E), capacity factor
 <= 0, ep not dividing the N data-parallel ranks, a grid with a pp, cp or tp axis,
 routing groups that are not ``(N,)``, any option: one ``ValueError`` on every rank
@@ -94,9 +94,10 @@ from minipar.parallel.engine import (
     routing_spans,
     sources_of,
 )
-from minipar.parallel.expert_parallel.layer import EPBlockUnit, ep_units
-from minipar.parallel.expert_parallel.layout import OPS, capacities, check_ep, expert_ids
+from minipar.parallel.expert_parallel.layout import OPS, capacities, expert_ids
 from minipar.parallel.expert_parallel.measure import alltoall_bytes
+from minipar.parallel.expert_parallel.model import EPBlockUnit, ep_units
+from minipar.parallel.expert_parallel.options import check_ep
 from minipar.precision import ModelStates
 
 __all__ = ["OP_DENSE", "OP_EXPERT", "OP_FULL", "OP_LOSS", "EPHooks", "ExpertParallel", "build",

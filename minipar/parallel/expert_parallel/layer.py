@@ -18,7 +18,8 @@ of the group: experts c·E/ep … (c+1)·E/ep − 1,
 
 The all-to-all is :data:`minipar.parallel.mappings.all_to_all` with the expert axis
 split and the capacity axis concatenated (the (E_local, G·C, d) layout of
-GShard's einsums); combine is that pair's backward, the reverse permutation.
+GShard's einsums): :func:`to_experts`; its way back is that pair's backward, the
+reverse permutation: :func:`from_experts`.
 Backward mirrors it: d(out) (E, C_r, d) goes to the experts' ranks by the
 pair's forward (a2a #3), d(buffers) comes back by its backward (a2a #4).
 
@@ -44,8 +45,10 @@ over tokens), the very product the serial block computes for that
 micro-batch, so the forward is bit-identical; its weight gradient sums the
 sources in rank order, as gradient accumulation sums the micro-batches.
 
-:func:`ep_units` builds one rank's GPT from these blocks (the EP engine and
-the hybrid engine's EP stages can share it).
+The two all-to-alls are :func:`to_experts` and :func:`from_experts`; the backward
+runs them again in the mirror order (d(out) to the experts, d(buffers) back).
+:func:`~minipar.parallel.expert_parallel.model.ep_units` builds one rank's GPT from
+these layers (the EP engine and the hybrid's EP stages share it).
 """
 
 from __future__ import annotations
@@ -56,14 +59,6 @@ import numpy as np
 
 from minipar import spans
 from minipar.backend import to_host, xp
-from minipar.nn.gpt import (
-    BlockUnit,
-    EmbedUnit,
-    HeadUnit,
-    block_backward,
-    block_forward,
-    param_shapes,
-)
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_steps import (
     combine_backward,
@@ -73,58 +68,61 @@ from minipar.nn.moe_steps import (
     experts_backward,
     experts_forward,
 )
-from minipar.nn.units import Unit
 from minipar.parallel.expert_parallel.layout import OPS, expert_ids
 from minipar.parallel.mappings import all_to_all
 
-__all__ = ["EPBlockUnit", "EPMoE", "ep_units"]
+__all__ = ["EPMoE", "from_experts", "to_experts"]
+
+
+def to_experts(comm: Any, x: Any, caps: list[int], op: str) -> Any:
+    """All-to-all to the experts' ranks: my (E, C_r, ...) -> (E/ep, Σ_j C_j, ...).
+
+    Block c of the expert axis (experts c·E/ep … (c+1)·E/ep − 1) goes to rank c;
+    what arrives is joined along the capacity axis, source j's C_j rows at offset
+    Σ_{i<j} C_i (``caps`` = [C_j for every rank j of ``comm``, the ep group])."""
+    ep = comm.size
+    return all_to_all.forward(comm, x, split_axis=0, concat_axis=1,
+                              split_sizes=[x.shape[0] // ep] * ep, output_sizes=caps, op=op)
+
+
+def from_experts(comm: Any, y: Any, caps: list[int], op: str) -> Any:
+    """The reverse all-to-all, back to the tokens' ranks: (E/ep, Σ_j C_j, ...) -> (E, C_r, ...)
+    (:func:`to_experts`' adjoint: source j's rows return to rank j)."""
+    ep = comm.size
+    return all_to_all.backward(comm, y, split_axis=0, concat_axis=1,
+                               split_sizes=[y.shape[0]] * ep, output_sizes=caps, op=op)
 
 
 class EPMoE:
     """One MoE layer whose experts are spread over ``comm`` (the ``ep`` group).
 
     ``caps`` = [C_j for each rank j of the group] (every rank knows every C_j:
-    they follow from the row counts); ``tokens`` = this rank's n_r, the tokens
-    of one forward call; ``ids`` the experts this rank holds.
+    they follow from the row counts); ``ids`` the experts this rank holds.
     ``forward(p, x) -> (y, saved)``, ``backward(p, saved, dy, daux) -> (dx, grads)``
     like :func:`minipar.nn.moe.moe_forward` / ``moe_backward``; ``p`` holds the
     router and this rank's experts only, and so do the grads.
     """
 
-    def __init__(self, comm: Any, cfg: GPTConfig, caps: list[int], tokens: int) -> None:
-        self.comm, self.cfg, self.caps, self.tokens = comm, cfg, [int(c) for c in caps], tokens
-        self.ep, self.coord = comm.size, comm.rank
-        self.ids = expert_ids(cfg.n_experts, self.ep, self.coord)
-        self.per = len(self.ids)
-        self.offsets = spans.offsets(self.caps)
-
-    def _a2a(self, x: Any, reverse: bool, op: str) -> Any:
-        kw = {"split_axis": 0, "concat_axis": 1, "split_sizes": [self.per] * self.ep,
-              "output_sizes": self.caps, "op": op}
-        return (all_to_all.backward if reverse else all_to_all.forward)(self.comm, x, **kw)
+    def __init__(self, comm: Any, cfg: GPTConfig, caps: list[int]) -> None:
+        self.comm, self.cfg, self.caps = comm, cfg, [int(c) for c in caps]
+        self.ids = expert_ids(cfg.n_experts, comm.size, comm.rank)
+        self.offsets = spans.offsets(self.caps)  # where source j's rows start
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, dict[str, Any]]:
-        cfg = self.cfg
+        cfg, comm = self.cfg, self.comm
         h = x.reshape(-1, x.shape[-1])
-        if h.shape[0] != self.tokens:  # the others' C_j would not match what arrives
-            raise ValueError(f"expert parallelism: this rank routes {h.shape[0]} tokens, but its "
-                             f"capacity C = {self.caps[self.coord]} was set for {self.tokens}")
         buffers, sd = dispatch_forward(p["router"], h, cfg.n_experts, cfg.top_k,
-                                       cfg.capacity_factor, cfg.aux_loss_coef)
-        # the host needs the counts (which rows to compute): one small device->host copy
-        counts = to_host(sd["tokens_per_expert"])
-        got = all_to_all.forward(self.comm, np.asarray(counts, dtype=np.int64).reshape(-1, 1),
-                                 split_axis=0, concat_axis=1,
-                                 split_sizes=[self.per] * self.ep, output_sizes=[1] * self.ep,
-                                 op=OPS[0])  # (E/ep, ep): rows source j filled for expert i
-        rows = self._a2a(buffers, False, OPS[1])  # (E/ep, Σ C_j, d)
+                                       cfg.capacity_factor, cfg.aux_loss_coef)  # (E, C_r, d)
+        counts = to_host(sd["tokens_per_expert"])  # the host decides which rows to compute
+        got = to_experts(comm, np.asarray(counts, dtype=np.int64).reshape(-1, 1),
+                         [1] * comm.size, OPS[0])  # (E/ep, ep): rows source j filled
+        rows = to_experts(comm, buffers, self.caps, OPS[1])  # (E/ep, Σ C_j, d)
         out = xp.zeros_like(rows)
         s_experts = []
         for j, (o, c) in enumerate(zip(self.offsets, self.caps)):  # one source at a time
-            oj, sj = experts_forward(p, rows[:, o:o + c], got[:, j], self.ids)
-            out[:, o:o + c] = oj
+            out[:, o:o + c], sj = experts_forward(p, rows[:, o:o + c], got[:, j], self.ids)
             s_experts.append(sj)
-        back = self._a2a(out, True, OPS[2])  # (E, C_r, d)
+        back = from_experts(comm, out, self.caps, OPS[2])  # (E, C_r, d)
         y, s_combine = combine_forward(back, sd)
         saved = {**sd, "tokens_per_expert": counts, "x_shape": x.shape, "experts": s_experts,
                  "combine": s_combine}
@@ -133,50 +131,13 @@ class EPMoE:
     def backward(self, p: dict[str, Any], saved: dict[str, Any], dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
         d_back, d_gates = combine_backward(saved["combine"], dy.reshape(-1, dy.shape[-1]))
-        d_out = self._a2a(d_back, False, OPS[3])  # (E/ep, Σ C_j, d) to the experts' ranks
+        d_out = to_experts(self.comm, d_back, self.caps, OPS[3])  # (E/ep, Σ C_j, d)
         d_rows = xp.zeros_like(d_out)
         grads: dict[str, Any] = {}
-        for (o, c), se in zip(zip(self.offsets, self.caps), saved["experts"]):
-            db, g = experts_backward(p, se, d_out[:, o:o + c])
-            d_rows[:, o:o + c] = db
+        for o, c, se in zip(self.offsets, self.caps, saved["experts"]):
+            d_rows[:, o:o + c], g = experts_backward(p, se, d_out[:, o:o + c])
             for k, v in g.items():  # sources in rank order, as micro-batches accumulate
                 grads[k] = v if k not in grads else grads[k] + v
-        d_buffers = self._a2a(d_rows, True, OPS[4])  # (E, C_r, d) back to the tokens' rank
+        d_buffers = from_experts(self.comm, d_rows, self.caps, OPS[4])  # (E, C_r, d)
         dh, d_router = dispatch_backward(p["router"], saved, d_buffers, d_gates, daux)
         return dh.reshape(saved["x_shape"]), {"router": d_router, **grads}
-
-
-class EPBlockUnit(Unit):
-    """Transformer block ``i`` whose MoE runs across ranks: x + attn(ln1(x)), then
-    + EPMoE(ln2(·)).  It is :func:`minipar.nn.gpt.block_forward` / ``block_backward``
-    with :class:`EPMoE` as the feed-forward step (``ffn=``), so the dense part is the
-    serial code, bit-identical.  ``names``: the block's dense parameters, the router,
-    and this rank's experts only."""
-
-    def __init__(self, cfg: GPTConfig, i: int, moe: EPMoE) -> None:
-        self.cfg, self.moe, self.name, self.prefix = cfg, moe, f"block {i}", f"blocks.{i}."
-        mine = tuple(f"moe.experts.{e}." for e in moe.ids)
-        local = [n[len(self.prefix):] for n in param_shapes(cfg) if n.startswith(self.prefix)]
-        self.names = tuple(n for n in local
-                           if not n.startswith("moe.experts.") or n.startswith(mine))
-
-    def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
-        return block_forward(p, x, self.cfg, ffn=(self.moe.forward, self.moe.backward))
-
-    def backward(self, p: dict[str, Any], saved: Any, dy: Any,
-                 daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        return block_backward(p, saved, dy, daux, ffn=(self.moe.forward, self.moe.backward))
-
-    def aux_loss(self, saved: Any) -> float:
-        return float(saved["ffn"]["aux_loss"])
-
-
-def ep_units(cfg: GPTConfig, comm: Any, caps: list[int], tokens: int) -> tuple[Unit, ...]:
-    """embed, block 0 … L-1, head of the GPT whose MoE blocks run across ``comm`` (the ep
-    group; this rank is ``comm.rank`` of it): an :class:`EPBlockUnit` where
-    ``cfg.is_moe_block(i)``, the serial block elsewhere.  ``caps``: C_j of every rank of the
-    group (:func:`~minipar.parallel.expert_parallel.layout.capacities`); ``tokens``: the
-    n_r tokens this rank routes per forward call (its rows × the sequence)."""
-    blocks = [EPBlockUnit(cfg, i, EPMoE(comm, cfg, caps, tokens)) if cfg.is_moe_block(i)
-              else BlockUnit(cfg, i) for i in range(cfg.n_layer)]
-    return (EmbedUnit(cfg), *blocks, HeadUnit(cfg))

@@ -53,7 +53,7 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
     check_pipeline(spec.layers, pp, micro_batches, schedule, chunks, balance,
                    spans.counts(spec.batch, dp)[-1], remat)
     if cp > 1:
-        from minipar.parallel.context_parallel.layout import check
+        from minipar.parallel.context_parallel.options import check
 
         if sequence_parallel and tp > 1:
             raise ValueError(f"cp = {cp} with sequence parallelism (tp = {tp}): both cut the "
@@ -64,7 +64,7 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
                              "takes a whole number of its tensor slice's heads")
         check(spec.seq, spec.heads // tp, cp, cp_kind, cp_kind == "ring", spec.experts)
     if ep > 1:
-        from minipar.parallel.expert_parallel.layout import check_ep
+        from minipar.parallel.expert_parallel.options import check_ep
 
         check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, dp * cp)
         if tp > 1:

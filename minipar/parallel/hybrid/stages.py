@@ -14,7 +14,7 @@ stage model (:mod:`minipar.parallel.pipeline.parts`):
   ``cp`` (ring attention or Ulysses, :func:`~minipar.parallel.context_parallel.model.cp_units`);
   both (Megatron's CP × TP: the TP block whose attention core over the local n_head/t
   heads is the CP core); expert-parallel MoE blocks over ``ep``
-  (:func:`~minipar.parallel.expert_parallel.layer.ep_units`); else the serial GPT's;
+  (:func:`~minipar.parallel.expert_parallel.model.ep_units`); else the serial GPT's;
 * **parameters**: my tp rank's shard of each tensor of my stage, the experts after the
   dense tensors (so each gradient all-reduce is one span), and where each sits in the
   serial tensor (:func:`tp_placement`: rows, columns, or ``w_qkv``'s three column groups);
@@ -64,8 +64,8 @@ def grid_units(cfg: Any, grid: Any, model: Any, sequence_parallel: bool, cp_kind
 
         return cp_units(cfg, grid.comm("cp"), cp_kind, cp_layout)
     if ep > 1:
-        from minipar.parallel.expert_parallel.layer import ep_units
         from minipar.parallel.expert_parallel.layout import capacities
+        from minipar.parallel.expert_parallel.model import ep_units
 
         caps = capacities(cfg.n_experts, cfg.capacity_factor, [tokens] * ep, cfg.top_k)
         return ep_units(cfg, grid.comm("ep"), caps, tokens)
@@ -89,7 +89,7 @@ class HybridStage:
         self.positions = np.arange(spec.seq)  # my positions of each sequence
         self.cp_layout = None
         if self.cp > 1:
-            from minipar.parallel.context_parallel.layout import sharding
+            from minipar.parallel.context_parallel.options import sharding
 
             self.cp_layout = sharding(spec.seq, self.cp, cp_kind, cp_kind == "ring")
             self.positions = self.cp_layout.positions(grid.coord("cp"))
