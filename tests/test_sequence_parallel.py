@@ -20,12 +20,12 @@ from mpi4py import MPI
 from minipar import launch
 from minipar.comm import TracedComm
 from minipar.nn import GPTConfig
-from minipar.parallel.tensor_parallel.layers import split_sequence
 from minipar.parallel.tensor_parallel.measure import (
     activation_bytes_per_block,
     ledger,
     saved_arrays,
 )
+from minipar.parallel.tensor_parallel.shards import split_sequence
 from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
 
 MPI_DIR = Path(__file__).parent / "mpi"

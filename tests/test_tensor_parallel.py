@@ -24,7 +24,7 @@ from conftest import launch_checks, refused_before_mpi, run_minipar
 
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.common import RunSpec
-from minipar.parallel.tensor_parallel.layers import (
+from minipar.parallel.tensor_parallel.shards import (
     check_tp,
     kind_of,
     shard_params,
@@ -155,7 +155,7 @@ def test_placements_say_where_every_slice_of_shard_params_sits(t: int) -> None:
     w_qkv three column groups, rows and columns one piece, replicated tensors whole; the
     pieces of the t ranks (replicated tensors: rank 0's) cover every element once."""
     from minipar.parallel.engine import Piece
-    from minipar.parallel.tensor_parallel.layers import placements
+    from minipar.parallel.tensor_parallel.shards import placements
 
     cfg = GPTConfig(vocab_size=4 * t, block_size=8, n_layer=2, n_head=t, d_model=4 * t,
                     n_experts=2, moe_every=2)

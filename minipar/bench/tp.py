@@ -41,8 +41,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.comm import TracedComm
     from minipar.nn import GPT, GPTConfig
     from minipar.nn.gpt import BlockUnit
-    from minipar.parallel.tensor_parallel.layers import shard_params
     from minipar.parallel.tensor_parallel.model import TPBlockUnit
+    from minipar.parallel.tensor_parallel.shards import shard_params
 
     comm = TracedComm()
     t, r = comm.size, comm.rank

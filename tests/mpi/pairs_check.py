@@ -10,7 +10,7 @@ CollectiveMismatchError).
    float64, every pair, lengths divisible by N and not, several axes;
 2. exact results: integer-valued arrays against NumPy on the full arrays
    (every rank builds every rank's data locally);
-3. bytes each rank sent = Pair.bytes_sent (ring figures), and the totals balance;
+3. bytes each rank sent = pair_bytes_sent (ring figures), and the totals balance;
 4. bad input: a ValueError on every rank and not one byte sent.
 """
 
@@ -28,13 +28,17 @@ from mpi_checks import Checks
 from minipar import spans
 from minipar.comm import TracedComm
 from minipar.parallel import mappings as P
+from minipar.parallel.mappings_measure import adjoint_sides, pair_bytes_sent
+
+F, G = P.copy_to_tensor_model_parallel_region, P.reduce_from_tensor_model_parallel_region
+SP_F, SP_G = P.gather_from_sequence_parallel_region, P.reduce_scatter_to_sequence_parallel_region
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank
 c = Checks("PAIRS")
 
 if sys.argv[1:] == ["mismatch"]:  # rank 0 holds 4 positions, the others 5: not detectable locally
-    P.scatter_to_sequence.forward(comm, np.ones((2, 4 + (R > 0), 3)))
+    SP_G.forward(comm, np.ones((2, 4 + (R > 0), 3)))
     comm.Barrier()  # a rank whose chunks happened to fit waits here for the one that noticed
     raise SystemExit("the mismatch went unnoticed")
 
@@ -61,9 +65,9 @@ def shard_shape(full: tuple[int, ...], axis: int, rank: int) -> tuple[int, ...]:
 
 
 def adjoint(pair: P.Pair, x: np.ndarray, dy: np.ndarray, what: str, **kw: object) -> None:
-    lhs, rhs = P.adjoint_sides(comm, pair, x, dy, **kw)
+    lhs, rhs = adjoint_sides(comm, pair, x, dy, **kw)
     c.check(abs(lhs - rhs) <= 1e-12 * max(abs(lhs), abs(rhs), 1.0),
-          f"adjoint {pair.letter} {what}: <Ax,dy>={lhs!r} <x,A^T dy>={rhs!r}")
+          f"adjoint {pair.name} {what}: <Ax,dy>={lhs!r} <x,A^T dy>={rhs!r}")
 
 
 # -- 1. the adjoint test ------------------------------------------------------------
@@ -72,12 +76,12 @@ for S in SEQS:
     for seed, (full, axis) in enumerate([((2, S, 3), 1), ((S, 2, 3), 0), ((2, 3, S), -1)]):
         ax = axis % 3
         same, mine = 100 * S + seed, 1000 + 100 * S + 10 * seed + R  # replicated / per-rank seeds
-        adjoint(P.copy_to_parallel, rand(full, same), rand(full, mine), f"{full}")
-        adjoint(P.reduce_from_parallel, rand(full, mine), rand(full, same), f"{full}")
+        adjoint(F, rand(full, same), rand(full, mine), f"{full}")
+        adjoint(G, rand(full, mine), rand(full, same), f"{full}")
         local = shard_shape(full, ax, R)
-        adjoint(P.gather_from_sequence, rand(local, mine), rand(full, mine + 7),
+        adjoint(SP_F, rand(local, mine), rand(full, mine + 7),
                 f"{full} axis {axis}", axis=axis)
-        adjoint(P.scatter_to_sequence, rand(full, mine), rand(local, mine + 7),
+        adjoint(SP_G, rand(full, mine), rand(local, mine + 7),
                 f"{full} axis {axis}", axis=axis)
     for H in sorted({N, N + 1, 5}):  # Ulysses: (b, s, heads, d); the sequence may be short
         if S < N:
@@ -85,7 +89,7 @@ for S in SEQS:
         full = (2, S, H, 3)
         x, dy = rand(shard_shape(full, 1, R), 7 + R), rand(shard_shape(full, 2, R), 70 + R)
         adjoint(P.all_to_all, x, dy, f"{full}")
-adjoint(P.copy_to_parallel, rand((5,), 1), rand((5,), 2 + R), "auto", algorithm="auto")
+adjoint(F, rand((5,), 1), rand((5,), 2 + R), "auto", algorithm="auto")
 # expert dispatch: tokens to ranks by a routing table every rank knows
 table = np.random.default_rng(5).integers(0, 4, size=(N, N))  # table[j][i]: tokens j -> i
 kw = {"split_axis": 0, "concat_axis": 0, "split_sizes": list(table[R]),
@@ -98,18 +102,18 @@ for S in SEQS:
     full = (2, S, 4)
     xs = [ints(full, j) for j in range(N)]
     total = np.sum(xs, axis=0)
-    c.check(np.array_equal(P.copy_to_parallel.forward(comm, xs[0]), xs[0]), f"f fwd S={S}")
-    c.check(np.array_equal(P.copy_to_parallel.backward(comm, xs[R]), total), f"f bwd S={S}")
-    c.check(np.array_equal(P.reduce_from_parallel.forward(comm, xs[R]), total), f"g fwd S={S}")
-    c.check(np.array_equal(P.reduce_from_parallel.backward(comm, xs[0]), xs[0]), f"g bwd S={S}")
+    c.check(np.array_equal(F.forward(comm, xs[0]), xs[0]), f"f fwd S={S}")
+    c.check(np.array_equal(F.backward(comm, xs[R]), total), f"f bwd S={S}")
+    c.check(np.array_equal(G.forward(comm, xs[R]), total), f"g fwd S={S}")
+    c.check(np.array_equal(G.backward(comm, xs[0]), xs[0]), f"g bwd S={S}")
     g = ints(full, 99, np.int64)  # one global activation, sharded along the sequence
-    c.check(np.array_equal(P.gather_from_sequence.forward(comm, part(g, 1, R)), g),
+    c.check(np.array_equal(SP_F.forward(comm, part(g, 1, R)), g),
           f"SP f fwd S={S}")
-    got = P.gather_from_sequence.backward(comm, xs[R].astype(np.int64))
+    got = SP_F.backward(comm, xs[R].astype(np.int64))
     c.check(got.dtype == np.int64 and np.array_equal(got, part(total, 1, R)), f"SP f bwd S={S}")
-    c.check(np.array_equal(P.scatter_to_sequence.forward(comm, xs[R]), part(total, 1, R)),
+    c.check(np.array_equal(SP_G.forward(comm, xs[R]), part(total, 1, R)),
           f"SP g fwd S={S}")
-    c.check(np.array_equal(P.scatter_to_sequence.backward(comm, part(g, 1, R)), g),
+    c.check(np.array_equal(SP_G.backward(comm, part(g, 1, R)), g),
           f"SP g bwd S={S}")
     if S >= N:
         u = ints((2, S, N + 1, 3), 42, np.int64)
@@ -128,46 +132,46 @@ def counted(pair: P.Pair, direction: str, arg: np.ndarray, op: str | None = None
     getattr(pair, direction)(comm, arg, **({**kw, "op": op} if op else kw))
     name = op or pair.name
     sent, recv = comm.stats.bytes_sent(name), comm.stats.bytes_recv(name)
-    c.check(comm.stats.bytes_sent() == sent, f"{pair.letter} {direction}: bytes outside {name}")
+    c.check(comm.stats.bytes_sent() == sent, f"{pair.name} {direction}: bytes outside {name}")
     tot = comm.comm.allreduce(np.array([sent, recv]))  # MPI's own: uncounted, read after
-    c.check(tot[0] == tot[1], f"{pair.letter} {direction}: sent {tot[0]} != received {tot[1]}")
+    c.check(tot[0] == tot[1], f"{pair.name} {direction}: sent {tot[0]} != received {tot[1]}")
     return sent, recv
 
 
 for S in sorted({N, N + 1, 2 * N - 1, 13}):
     full, isz = (3, S, 5), 8
-    for pair in (P.copy_to_parallel, P.reduce_from_parallel):
+    for pair in (F, G):
         for algo in ("ring", "auto", "recursive_doubling"):
-            want_f, want_b = pair.bytes_sent(full, isz, N, R, algorithm=algo)
+            want_f, want_b = pair_bytes_sent(pair, full, isz, N, R, algorithm=algo)
             got_f = counted(pair, "forward", rand(full, 1), algorithm=algo)[0]
             got_b = counted(pair, "backward", rand(full, 1), algorithm=algo)[0]
             c.check((got_f, got_b) == (want_f, want_b),
-                  f"{pair.letter} {algo} bytes S={S}: counted {(got_f, got_b)}, "
+                  f"{pair.name} {algo} bytes S={S}: counted {(got_f, got_b)}, "
                   f"formula {(want_f, want_b)}")
-    for pair, fwd_in, bwd_in in ((P.gather_from_sequence, "shard", "full"),
-                                 (P.scatter_to_sequence, "full", "shard")):
+    for pair, fwd_in, bwd_in in ((SP_F, "shard", "full"),
+                                 (SP_G, "full", "shard")):
         arr = {"shard": rand(shard_shape(full, 1, R), 2), "full": rand(full, 3)}
         got = (counted(pair, "forward", arr[fwd_in])[0], counted(pair, "backward", arr[bwd_in])[0])
-        want2 = pair.bytes_sent(full, isz, N, R)
-        c.check(got == want2, f"{pair.letter} bytes S={S}: counted {got}, formula {want2}")
+        want2 = pair_bytes_sent(pair, full, isz, N, R)
+        c.check(got == want2, f"{pair.name} bytes S={S}: counted {got}, formula {want2}")
         if S % N == 0:  # the ring's (N-1)/N x S, each way
             c.check(got[0] * N == got[1] * N == (N - 1) * int(np.prod(full)) * isz,
-                  f"{pair.letter} (N-1)/N x S, S={S}")
+                  f"{pair.name} (N-1)/N x S, S={S}")
     u = (2, S, 2 * N + 1, 3)
     got = (counted(P.all_to_all, "forward", rand(shard_shape(u, 1, R), 4), op="cp_a2a")[0],
            counted(P.all_to_all, "backward", rand(shard_shape(u, 2, R), 5), op="cp_a2a")[0])
-    c.check(got == P.all_to_all.bytes_sent(u, 8, N, R),
-          f"a2a bytes S={S}: counted {got}, formula {P.all_to_all.bytes_sent(u, 8, N, R)}")
+    want3 = pair_bytes_sent(P.all_to_all, u, 8, N, R)
+    c.check(got == want3, f"a2a bytes S={S}: counted {got}, formula {want3}")
 c.check(comm.stats.ops["cp_a2a"].calls == 1, "one call counted per backward")
 
 # -- 4. bad input: ValueError on every rank, before any message ---------------------
 x3 = np.ones((2, 2 * N, 3))
 BAD = [
-    ("axis 3 of a 3-D array", P.gather_from_sequence.forward, x3, {"axis": 3}),
-    ("axis -4", P.scatter_to_sequence.backward, x3, {"axis": -4}),
-    ("axis 1.0", P.scatter_to_sequence.forward, x3, {"axis": 1.0}),
+    ("axis 3 of a 3-D array", SP_F.forward, x3, {"axis": 3}),
+    ("axis -4", SP_G.backward, x3, {"axis": -4}),
+    ("axis 1.0", SP_G.forward, x3, {"axis": 1.0}),
     ("a2a split axis out of range", P.all_to_all.forward, x3, {"split_axis": 5}),
-    ("unsupported dtype", P.copy_to_parallel.backward, np.array(["a", "b"]), {}),
+    ("unsupported dtype", F.backward, np.array(["a", "b"]), {}),
     ("split sizes not one per rank", P.all_to_all.forward, x3,
      {"split_axis": 1, "concat_axis": 1, "split_sizes": [2 * N] + [0] * N}),
     ("split sizes wrong sum", P.all_to_all.forward, x3,
@@ -190,7 +194,7 @@ for what, fn, arg, kw2 in BAD:
 if N > 1:  # shards out of array_split order: every rank that holds a wrong share says so
     sizes = spans.counts(2 * N + 1, N)[::-1]
     try:
-        P.gather_from_sequence.forward(comm, np.ones((2, sizes[R], 3)))
+        SP_F.forward(comm, np.ones((2, sizes[R], 3)))
         c.check(sizes[R] == spans.counts(2 * N + 1, N)[R], "wrong shard accepted")
     except ValueError as e:
         c.check("array_split" in str(e) and sizes[R] != spans.counts(2 * N + 1, N)[R], str(e))

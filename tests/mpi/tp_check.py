@@ -38,15 +38,11 @@ from minipar.optim import FlatParams
 from minipar.parallel import loop
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.parity import compare
-from minipar.parallel.tensor_parallel.engine import TensorParallel
+from minipar.parallel.tensor_parallel.engine import TensorParallel, TensorParallelGPT
 from minipar.parallel.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
-    gather_params,
-    split_columns,
-    split_rows,
-    split_sequence,
     vocab_parallel_cross_entropy_backward,
     vocab_parallel_cross_entropy_forward,
 )
@@ -56,7 +52,12 @@ from minipar.parallel.tensor_parallel.measure import (
     bytes_by_op,
     tp_axis_bytes_formula,
 )
-from minipar.parallel.tensor_parallel.model import TensorParallelGPT
+from minipar.parallel.tensor_parallel.shards import (
+    gather_params,
+    split_columns,
+    split_rows,
+    split_sequence,
+)
 
 comm = TracedComm(MPI.COMM_WORLD)
 N, R = comm.size, comm.rank

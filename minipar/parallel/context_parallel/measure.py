@@ -71,6 +71,7 @@ from minipar.parallel.context_parallel.options import sharding
 from minipar.parallel.context_parallel.ring_attention import OP as RING_OP
 from minipar.parallel.context_parallel.ring_attention import block_pairs
 from minipar.parallel.mappings import all_to_all
+from minipar.parallel.mappings_measure import pair_bytes_sent
 from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
@@ -102,12 +103,12 @@ def ring_backward_bytes(b: int, s: int, d: int, P: int, itemsize: int,
 def ulysses_bytes_per_rank(b: int, s: int, d: int, n_head: int, P: int, rank: int,
                            itemsize: int) -> int:
     """Bytes ``rank`` sends in one layer's Ulysses forward (the backward sends the same),
-    exactly: the QKV all-to-all plus the output's reverse one (``AllToAll.bytes_sent``)."""
+    exactly: the QKV all-to-all plus the output's reverse one (``pair_bytes_sent``)."""
     dh = d // n_head
-    qkv = all_to_all.bytes_sent((b, s, 3, n_head, dh), itemsize, P, rank,
-                                split_axis=3, concat_axis=1)[0]
-    out = all_to_all.bytes_sent((b, s, n_head, dh), itemsize, P, rank,
-                                split_axis=2, concat_axis=1)[1]
+    qkv = pair_bytes_sent(all_to_all, (b, s, 3, n_head, dh), itemsize, P, rank,
+                          split_axis=3, concat_axis=1)[0]
+    out = pair_bytes_sent(all_to_all, (b, s, n_head, dh), itemsize, P, rank,
+                          split_axis=2, concat_axis=1)[1]
     return qkv + out
 
 

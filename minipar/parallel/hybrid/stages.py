@@ -48,13 +48,11 @@ def grid_units(cfg: Any, grid: Any, model: Any, sequence_parallel: bool, cp_kind
     t, cp, ep = grid.size("tp"), grid.size("cp"), grid.size("ep")
     if t > 1 and cp > 1:  # the TP block's attention core: the CP core
         from minipar.parallel.context_parallel.model import CPAttention
-        from minipar.parallel.tensor_parallel.model import TPBlockUnit, TPEmbedUnit, TPHeadUnit
+        from minipar.parallel.tensor_parallel.model import tp_gpt_units
 
-        tp = grid.comm("tp")
         core = CPAttention(grid.comm("cp"), cp_kind, cp_layout, cfg.n_head // t)
-        return (TPEmbedUnit(cfg, tp, positions=cp_layout.positions(grid.coord("cp"))),
-                *(TPBlockUnit(cfg, tp, i, core=core) for i in range(cfg.n_layer)),
-                TPHeadUnit(cfg, tp))
+        return tp_gpt_units(cfg, grid.comm("tp"), core=core,
+                            positions=cp_layout.positions(grid.coord("cp")))
     if t > 1:
         from minipar.parallel.tensor_parallel.model import tp_gpt_units
 
@@ -110,7 +108,7 @@ class HybridStage:
         the dense ones (their gradients then one span each)."""
         full = self.spec.initial_params()
         if self.t > 1:
-            from minipar.parallel.tensor_parallel.layers import shard_params
+            from minipar.parallel.tensor_parallel.shards import shard_params
 
             full = shard_params(full, self.cfg, self.t, self.grid.coord("tp"))
         if self.ep > 1:
@@ -150,7 +148,7 @@ class HybridStage:
         none), times the tp ranks for a tensor every tp rank holds whole; an expert under
         ep: its edp coordinate (the ranks holding the same experts)."""
         from minipar.parallel.expert_parallel.engine import is_expert
-        from minipar.parallel.tensor_parallel.layers import kind_of
+        from minipar.parallel.tensor_parallel.shards import kind_of
 
         g = self.grid
         tp = g.coord("tp") if self.t == 1 or kind_of(name) == "replicated" else 0
@@ -163,7 +161,7 @@ class HybridStage:
         """The whole model from every rank's ``mine`` (its tensor shard of its stage, whole
         tensors), serial names and order, on every rank (a report: the pickled all-gather
         on the world's own communicator is not counted); the dtype of ``mine``'s."""
-        from minipar.parallel.tensor_parallel.layers import unshard_params
+        from minipar.parallel.tensor_parallel.shards import unshard_params
 
         mine = {k: to_host(v) for k, v in mine.items()}
         dtype = next(iter(mine.values())).dtype
@@ -180,11 +178,11 @@ class HybridStage:
 
 def tp_placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
     """Where tp rank ``r`` of ``t``'s shard of the serial tensor ``name`` (global ``shape``)
-    sits in it (:func:`minipar.parallel.tensor_parallel.layers.kind_of`): rows (the
+    sits in it (:func:`minipar.parallel.tensor_parallel.shards.kind_of`): rows (the
     embedding's vocabulary rows, ``w_out``) one block of axis 0; columns one block of the
     last axis; ``w_qkv``/``b_qkv`` three pieces, the rank's columns of q, of k and of v;
     a replicated tensor (t = 1: every tensor) whole."""
-    from minipar.parallel.tensor_parallel.layers import kind_of
+    from minipar.parallel.tensor_parallel.shards import kind_of
 
     kind = "replicated" if t == 1 else kind_of(name)
     if kind == "replicated":

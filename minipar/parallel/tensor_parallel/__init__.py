@@ -1,24 +1,39 @@
 """Tensor parallelism (Megatron), with sequence parallelism as its option — тензорный
 параллелизм (и параллелизм по последовательности) — 张量并行（含序列并行）.
 
+The technique: read ``layers.py`` (123 code lines), then ``transformer.py`` (60 code
+lines), with the conjugate pairs they call by name, ``minipar/parallel/mappings.py``
+(115 code lines).  Then the shell: ``engine.py`` (``TensorParallel``: TP, TP+SP and
+TP x DP training on a dp x tp grid, its options and checks, ``state_dict``, traffic) and
+``measure.py`` (the exact byte formulas, the activation ledger).
+
 EN tensor parallelism, sequence parallelism · RU тензорный параллелизм, параллелизм по
 последовательности · ZH 张量并行，序列并行
 
 Shoeybi et al. 2019, arXiv 1909.08053 (the layers, f and g); Korthikanti et al. 2022,
-arXiv 2205.05198 (sequence parallelism: g split in two).  Read in this order, with the
-conjugate pairs of :mod:`minipar.parallel.mappings` beside you:
+arXiv 2205.05198 (sequence parallelism: g split in two).  In reading order:
 
-- :mod:`.layers` — the slicing (``shard_params``: columns, rows, q/k/v per head, the
-  sequence), ``ColumnParallelLinear``, ``RowParallelLinear``, ``VocabParallelEmbedding``
-  and the vocab-parallel cross-entropy;
-- :mod:`.model` — Megatron's MLP, attention and MoE on this rank's slices, the block's
-  steps and the GPT's units (``TPEmbedUnit``, ``TPBlockUnit``, ``TPHeadUnit``),
-  ``sequence_parallel=True`` for SP;
-- :mod:`.engine` — ``TensorParallel``: TP, TP+SP and TP x DP training on a dp x tp grid,
-  an :class:`~minipar.parallel.engine.Engine` (``placements`` of :mod:`.layers` say where
-  each slice sits in the global tensor: its ``state_dict``);
-- :mod:`.measure` — the exact byte formulas and the activation ledger (not on the
-  reading path).
+- :mod:`.layers` — ``ColumnParallelLinear`` (f inside), ``RowParallelLinear`` (g inside),
+  ``VocabParallelEmbedding`` and the vocab-parallel cross-entropy;
+  ``sequence_parallel=True`` swaps f and g for the all-gather and reduce-scatter along
+  the sequence;
+- :mod:`.transformer` — Megatron's ``ParallelMLP`` and ``ParallelAttention``: a
+  column-parallel layer, local work, a row-parallel layer; one f and one g each;
+- :mod:`minipar.parallel.mappings` — the pairs: f =
+  ``copy_to_tensor_model_parallel_region``, g = ``reduce_from_tensor_model_parallel_region``,
+  SP's ``gather_from_sequence_parallel_region`` and
+  ``reduce_scatter_to_sequence_parallel_region``;
+
+and around them (not the technique):
+
+- :mod:`.model` — the GPT's units for the executor (``TPEmbedUnit``, ``TPBlockUnit``,
+  ``TPHeadUnit``), SP's gradient sums of the sequence-split parameters, and what other
+  techniques hand in as arguments (``ParallelMoE``; a CP attention core and positions);
+- :mod:`.shards` — who holds which slice (``shard_params``), where it sits in the global
+  tensor (``placements``, for checkpoints), putting slices back together;
+- :mod:`.engine` — ``TensorParallel``, an :class:`~minipar.parallel.engine.Engine`, and
+  ``TensorParallelGPT`` (the sliced GPT without an optimizer, for tests and tools);
+- :mod:`.measure` — the exact byte formulas and the activation ledger.
 
 Who holds what, t = 2 (one block; x is (b, s, h)):
 

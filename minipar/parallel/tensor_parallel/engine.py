@@ -41,6 +41,8 @@ import numpy as np
 from minipar import checks
 from minipar.collectives import allreduce
 from minipar.nn import executor
+from minipar.nn.gpt_config import GPTConfig
+from minipar.nn.units import Unit
 from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows
 from minipar.parallel.engine import (
     AxisTraffic,
@@ -52,19 +54,62 @@ from minipar.parallel.engine import (
     model_states,
     sources_of,
 )
-from minipar.parallel.tensor_parallel.layers import (
+from minipar.parallel.tensor_parallel.layers import vocab_parallel_cross_entropy_forward
+from minipar.parallel.tensor_parallel.model import tp_gpt_units, tp_loss_and_grads
+from minipar.parallel.tensor_parallel.shards import (
     check_tp,
     gather_params,
     kind_of,
     placements,
     shard_params,
 )
-from minipar.parallel.tensor_parallel.model import TensorParallelGPT, tp_loss_and_grads
 from minipar.precision import ModelStates
 
-__all__ = ["OP_DP_GRADS", "TensorParallel", "build"]
+__all__ = ["OP_DP_GRADS", "TensorParallel", "TensorParallelGPT", "build"]
 
 OP_DP_GRADS = "dp_grad_allreduce"
+
+
+class TensorParallelGPT:
+    """The GPT sliced over the tensor-parallel communicator ``comm``, without an optimizer
+    (every rank of it calls every method alike): the units of
+    :mod:`~minipar.parallel.tensor_parallel.model` for tests and tools.  Shards keep the
+    serial parameter names (:func:`~.shards.shard_params`)."""
+
+    def __init__(self, cfg: GPTConfig, comm: Any, sequence_parallel: bool = False) -> None:
+        self.cfg, self.comm, self.sp = cfg, comm, sequence_parallel
+        self.rank, self.t = comm.Get_rank(), comm.Get_size()
+        check_tp(cfg, self.t, sequence_parallel)
+        self._units = tp_gpt_units(cfg, comm, sequence_parallel)
+
+    def units(self) -> tuple[Unit, ...]:
+        return self._units
+
+    def shard(self, full: dict[str, Any]) -> dict[str, Any]:
+        """This rank's shard of the full parameters (cut, not re-drawn)."""
+        return shard_params(full, self.cfg, self.t, self.rank)
+
+    def _check(self, tokens: Any) -> None:
+        check_tp(self.cfg, self.t, self.sp, getattr(tokens, "shape", (0, 0))[1])
+
+    def forward(self, shard: dict[str, Any], tokens: Any) -> Any:
+        """This rank's vocabulary columns of the logits, (B, T, V/t)."""
+        self._check(tokens)
+        return executor.forward(self._units, executor.Hooks(shard), tokens)[0]
+
+    def loss(self, shard: dict[str, Any], tokens: Any, targets: Any) -> float:
+        self._check(tokens)
+        aux: list[float] = []
+        logits, _ = executor.forward(self._units, executor.Hooks(shard), tokens, aux=aux)
+        return vocab_parallel_cross_entropy_forward(self.comm, logits, targets)[0] + sum(aux)
+
+    def loss_and_grads(self, shard: dict[str, Any], tokens: Any, targets: Any,
+                       loss_scale: float = 1.0) -> tuple[float, dict[str, Any]]:
+        """(loss, grads of this rank's shard, keyed and ordered like ``shard``)."""
+        self._check(tokens)
+        hooks = executor.Hooks(shard)
+        loss = tp_loss_and_grads(self._units, hooks, self.comm, tokens, targets, loss_scale)
+        return loss, {k: hooks.grads[k] for k in shard}
 
 
 class TensorParallel:

@@ -55,8 +55,8 @@ from minipar.nn.dtypes import compute_dtype
 from minipar.nn.gpt import BlockUnit
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_steps import expert_capacity
-from minipar.parallel.tensor_parallel.layers import shard_params, split_sequence
 from minipar.parallel.tensor_parallel.model import TPBlockUnit
+from minipar.parallel.tensor_parallel.shards import shard_params, split_sequence
 from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
 from minipar.trees import arrays, owner
 
