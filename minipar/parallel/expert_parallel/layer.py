@@ -18,10 +18,10 @@ of the group: experts c·E/ep … (c+1)·E/ep − 1,
 
 The all-to-all is :data:`minipar.parallel.mappings.all_to_all` with the expert axis
 split and the capacity axis concatenated (the (E_local, G·C, d) layout of
-GShard's einsums): :func:`to_experts`; its way back is that pair's backward, the
-reverse permutation: :func:`from_experts`.
-Backward mirrors it: d(out) (E, C_r, d) goes to the experts' ranks by the
-pair's forward (a2a #3), d(buffers) comes back by its backward (a2a #4).
+GShard's einsums): :func:`to_experts` (a2a #0 and #1); the way back is that
+pair's backward, the reverse permutation: :func:`from_experts` (a2a #2).
+Backward mirrors it: d(out) (E, C_r, d) goes to the experts' ranks by
+:func:`to_experts` (a2a #3), d(buffers) comes back by :func:`from_experts` (a2a #4).
 
 **Why fixed-capacity buffers, not "counts first, then the tokens".**  The
 serial block already gives each expert a buffer of exactly C rows (zero rows
@@ -45,8 +45,6 @@ over tokens), the very product the serial block computes for that
 micro-batch, so the forward is bit-identical; its weight gradient sums the
 sources in rank order, as gradient accumulation sums the micro-batches.
 
-The two all-to-alls are :func:`to_experts` and :func:`from_experts`; the backward
-runs them again in the mirror order (d(out) to the experts, d(buffers) back).
 :func:`~minipar.parallel.expert_parallel.model.ep_units` builds one rank's GPT from
 these layers (the EP engine and the hybrid's EP stages share it).
 """
