@@ -55,45 +55,45 @@ from minipar.nn import executor
 
 
 @dataclass(frozen=True)
-class Step:
+class MicroBatchInstruction:
     """An instruction about one micro-batch ``mb`` on my model chunk ``chunk`` (each kind
     below is this frozen dataclass under its own name: ``Forward(3) != Backward(3)``)."""
     mb: int
     chunk: int = 0
 
 
-class Forward(Step):
+class Forward(MicroBatchInstruction):
     """Run my chunk forward on micro-batch ``mb`` (keep its activations)."""
 
 
-class Backward(Step):
+class Backward(MicroBatchInstruction):
     """Run my chunk backward on micro-batch ``mb`` (free its activations)."""
 
 
-class BackwardInput(Step):
+class BackwardInput(MicroBatchInstruction):
     """**B** (Qi et al. 2023): my chunk's gradient with respect to its *input* for ``mb`` —
     what the previous stage waits for.  Frees the activations W does not need; keeps the
     linears' inputs and output gradients until :class:`BackwardWeight`."""
 
 
-class BackwardWeight(Step):
+class BackwardWeight(MicroBatchInstruction):
     """**W** (Qi et al. 2023): my chunk's parameter gradients for ``mb``, from what B kept.
     No other stage waits for it; only the optimizer step does."""
 
 
-class SendAct(Step):
+class SendAct(MicroBatchInstruction):
     """Send the output activation of my chunk for ``mb`` to the next virtual stage."""
 
 
-class RecvAct(Step):
+class RecvAct(MicroBatchInstruction):
     """Receive the input activation of my chunk for ``mb`` (previous virtual stage)."""
 
 
-class SendGrad(Step):
+class SendGrad(MicroBatchInstruction):
     """Send the gradient of my chunk's input for ``mb`` to the previous virtual stage."""
 
 
-class RecvGrad(Step):
+class RecvGrad(MicroBatchInstruction):
     """Receive the gradient of my chunk's output for ``mb`` (next virtual stage)."""
 
 
