@@ -174,7 +174,7 @@ _LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 def stage_param_count(model: ModelSpec, p: int, t: int, stage: int) -> float:
     """Parameters one tensor rank of pipeline stage ``stage`` holds (elements).
 
-    Per block, as Megatron (and :mod:`minipar.parallel.tensor_parallel.model`) split it:
+    Per block, as Megatron (and :mod:`minipar.parallel.tensor_parallel.shards`) split it:
     QKV, W_in (with their biases), W_out of attention and MLP divided by t; the
     LayerNorms (4d) and the two row-parallel biases (2d) replicated.  Stage 0
     adds the vocabulary-parallel embedding V·d/t and the positions T·d; the last

@@ -3,7 +3,7 @@
 EN sequence parallelism · RU параллелизм по последовательности · ZH 序列并行
 
 The run of :mod:`minipar.run.tp` with ``sequence_parallel=True``
-(:mod:`minipar.parallel.tensor_parallel.model`, arXiv 2205.05198): the LayerNorm regions keep
+(:mod:`minipar.parallel.tensor_parallel.layers`, arXiv 2205.05198): the LayerNorm regions keep
 a 1/t shard of the sequence, f and g become all-gather and reduce-scatter along it (the
 same bytes as TP's all-reduces), and each block's saved activations shrink to
 sbh(40/t + 2as/(ht)) + 8sb/t bytes in minipar's block (the paper's sbh(34/t + 5as/(ht))

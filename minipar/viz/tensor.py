@@ -7,7 +7,7 @@ weight W1 (h x d_ff) is cut by **columns**, the second W2 (d_ff x h) by
 **rows**, so GELU stays local and one all-reduce (g) sums the row-parallel
 outputs; f (identity forward, all-reduce backward) sits before the block.
 :func:`ownership` is who holds which entry (rank r: columns / rows
-r·d_ff/t … (r+1)·d_ff/t, the slices :mod:`minipar.parallel.tensor_parallel.layers`
+r·d_ff/t … (r+1)·d_ff/t, the slices :mod:`minipar.parallel.tensor_parallel.shards`
 cuts); :func:`slicing` draws it, :func:`fg_diagram` places f and g.
 
 :func:`traffic_bars` sets counted bytes next to a formula (input: rows of

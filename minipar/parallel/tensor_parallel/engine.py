@@ -7,7 +7,7 @@ EN tensor parallelism combined with data parallelism (2-D parallelism) · RU т�
 Megatron-LM (Shoeybi et al. 2019, arXiv 1909.08053, §3.1; Narayanan et al. 2021,
 arXiv 2104.04473, §3): the world is a dp x tp grid (:class:`minipar.comm.topology.Grid`,
 tp innermost).  The tp ranks of a row hold the slices of one model replica
-(:class:`~minipar.parallel.tensor_parallel.model.TensorParallelGPT`) and see the same rows of
+(:class:`TensorParallelGPT`, the units of :mod:`.model`) and see the same rows of
 the batch; the dp ranks of a column hold the same slice of different replicas, each
 takes its rows of the global batch (:func:`minipar.parallel.common.local_rows`) weighted
 by b_r/B, and sums its gradient slice over the dp column (ring all-reduce, op
@@ -16,7 +16,7 @@ whole model: the run equals the serial one (:func:`minipar.parallel.parity.compa
 
 :class:`TensorParallel` is an :class:`~minipar.parallel.engine.Engine`: ``step`` takes
 the GLOBAL batch and cuts this replica's rows; ``state_dict`` gives every slice with
-its :class:`~minipar.parallel.engine.Shard` (:func:`~.layers.placements`: rows and
+its :class:`~minipar.parallel.engine.Shard` (:func:`~.shards.placements`: rows and
 columns one piece, ``w_qkv`` three).  Who holds which copy, dp 2 x tp 2::
 
                 tp 0                     tp 1

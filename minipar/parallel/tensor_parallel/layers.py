@@ -92,7 +92,8 @@ class ColumnParallelLinear:
 
     def __init__(self, comm: Any, gather_output: bool = False,
                  sequence_parallel: bool = False, op: str | None = None) -> None:
-        self.comm, self.gather_output, self.sp, self.op = comm, gather_output, sequence_parallel, op
+        self.comm, self.gather_output, self.op = comm, gather_output, op
+        self.sp = sequence_parallel
         self.f = (gather_from_sequence_parallel_region if sequence_parallel  # SP's f
                   else copy_to_tensor_model_parallel_region)  # f
 
