@@ -21,9 +21,9 @@ from conftest import refused_before_mpi, run_minipar
 from minipar.memory import PLACES, Ledger, buffers, bytes_by_place, measure, nbytes
 from minipar.nn import GPT, GPTConfig, Hooks, executor
 from minipar.parallel.offload.activations import Offload
-from minipar.parallel.offload.measure import kept_by_place
-from minipar.parallel.offload.store import TARGETS, View, check_target
-from minipar.parallel.offload.wrap import MemoryWrap, remat_offload_wrapper
+from minipar.parallel.offload.measure import ActivationLedger, MeteredStore, kept_by_place
+from minipar.parallel.offload.store import TARGETS, Store, View
+from minipar.parallel.offload.wrap import MemoryWrap, check_target, remat_offload_wrapper
 from minipar.parallel.remat import Checkpointing
 
 TINY = {"vocab_size": 11, "block_size": 8, "n_layer": 4, "n_head": 2, "d_model": 8}
@@ -44,11 +44,13 @@ def same(a: dict, b: dict) -> bool:
 
 
 ARRANGEMENTS = {
-    "offload": lambda h, units, t, d: Offload(h, t, d),
-    "offload(remat)": lambda h, units, t, d: Offload(Checkpointing(h, units, every=2), t, d),
-    "remat(offload)": lambda h, units, t, d: Checkpointing(Offload(h, t, d), units, every=2),
+    "offload": lambda h, units, t, d: Offload(h, MeteredStore(t, d)),
+    "offload(remat)": lambda h, units, t, d: Offload(Checkpointing(h, units, every=2),
+                                                     MeteredStore(t, d)),
+    "remat(offload)": lambda h, units, t, d: Checkpointing(Offload(h, MeteredStore(t, d)), units,
+                                                           every=2),
     "offload(selective)": lambda h, units, t, d: Offload(Checkpointing(h, units, selective=True),
-                                                         t, d),
+                                                         MeteredStore(t, d)),
 }
 
 
@@ -68,7 +70,7 @@ def test_activation_offload_is_bit_identical(target: str, dtype: str, moe: bool,
         base.grads = {}
         assert executor.loss_and_grads(units, h, x, y, scale=2.0) == loss
         assert same({k: h.grads[k] for k in p}, {k: plain.grads[k] for k in p})
-    off = h if isinstance(h, Offload) else h.inner
+    off = (h if isinstance(h, Offload) else h.inner).store  # the counting store passed in
     out = off.moved["to_host"] + off.moved["to_disk"]
     assert out > 0 and off.moved["to_device"] == out and off.held == {"host": 0, "disk": 0}
     assert off.moved["to_disk" if target == "disk" else "to_host"] == out
@@ -82,16 +84,17 @@ def test_the_device_column_drops_by_exactly_the_bytes_moved_out(target: str) -> 
     _, kept = executor.forward(units, Hooks(p), x)
     before = bytes_by_place(kept)
     assert before == {"device": nbytes(kept), "host": 0, "disk": 0}
-    off = Offload(Hooks(p), target)
+    off = Offload(Hooks(p), MeteredStore(target))
     _, kept = executor.forward(units, off, x)
     after = bytes_by_place(kept)
-    moved = off.moved["to_host"] + off.moved["to_disk"]
+    st = off.store
+    moved = st.moved["to_host"] + st.moved["to_disk"]
     assert moved == before["device"] and after["device"] == before["device"] - moved
-    assert after[target] == moved and off.held[target] == moved == off.peak[target]
-    assert off.ledger().bytes_by_place() == {"device": 0, **off.held}
+    assert after[target] == moved and st.held[target] == moved == st.peak[target]
+    assert st.ledger().bytes_by_place() == {"device": 0, **st.held}
     assert kept_by_place(kept) == after
     # small buffers may stay: min_bytes keeps every buffer under it on the device
-    big = Offload(Hooks(p), target, min_bytes=1000)
+    big = Offload(Hooks(p), Store(target), min_bytes=1000)
     _, kept = executor.forward(units, big, x)
     where = bytes_by_place(kept)
     small = sum(b for b in _buffer_sizes(kept) if b < 1000)
@@ -121,9 +124,9 @@ def test_views_of_one_buffer_go_out_once_and_come_back_as_views() -> None:
     _, saved = block.forward(block.params(p), executor.forward(units[:1], Hooks(p), x)[0])
     q, k, v, a = saved["attn"][1]
     assert len(buffers((q, k, v))) == 1  # one buffer (q, k, v do not overlap in it)
-    off = Offload(Hooks(p), "disk")
+    off = Offload(Hooks(p), MeteredStore("disk"))
     kept = off.on_saved(block, saved, None)
-    assert off.moved["to_disk"] == nbytes(saved)  # each buffer once
+    assert off.store.moved["to_disk"] == nbytes(saved)  # each buffer once
     back = off.restore(block, kept)
     q2, k2, v2, a2 = back["attn"][1]
     assert len(buffers((q2, k2, v2))) == 1
@@ -139,10 +142,10 @@ def test_disk_offload_drops_what_tracemalloc_sees() -> None:
     with measure() as plain:
         _, kept = executor.forward(units, Hooks(p), x)
     del kept
-    off = Offload(Hooks(p), "disk")
+    off = Offload(Hooks(p), MeteredStore("disk"))
     with measure() as disk:
         _, kept = executor.forward(units, off, x)
-    moved = off.moved["to_disk"]
+    moved = off.store.moved["to_disk"]
     handles = len(_buffer_sizes(kept))
     drop = plain.current_bytes - disk.current_bytes
     # the bytes moved left memory, less the handles that say where they went (< 1 KB each)
@@ -161,9 +164,9 @@ def test_micro_batches_in_flight_each_keep_their_own() -> None:
     for xb, yb in zip(xs, ys):
         h = Hooks(p)
         want.append((executor.loss_and_grads(units, h, xb, yb), h.grads))
-    off = Offload(Checkpointing(Hooks(p), units, every=2), "disk")
+    off = Offload(Checkpointing(Hooks(p), units, every=2), MeteredStore("disk"))
     walks = [executor.forward(units, off, xb, aux=(aux := [])) + (aux,) for xb in xs]
-    assert off.held["disk"] == off.peak["disk"] > 0
+    assert off.store.held["disk"] == off.store.peak["disk"] > 0
     for m in reversed(range(3)):
         logits, kept, aux = walks[m]
         ce, s = cross_entropy_forward(logits, ys[m])
@@ -171,7 +174,7 @@ def test_micro_batches_in_flight_each_keep_their_own() -> None:
         off.inner.inner.grads = {}
         executor.backward(units, off, kept, cross_entropy_backward(s, 1.0))
         assert same({k: off.grads[k] for k in p}, {k: want[m][1][k] for k in p})
-    assert off.held["disk"] == 0
+    assert off.store.held["disk"] == 0
     off.close()
 
 
@@ -223,18 +226,18 @@ def test_zero_offload_is_bit_identical_and_the_ledger_moves(stage: int, precisio
 
 
 def test_optimizer_offload_files_and_states() -> None:
-    from minipar.parallel.offload.optimizer import OptimizerOffload
+    from minipar.parallel.offload.measure import MeteredOptimizerOffload
     from minipar.precision import ModelStates
 
     init = {"w": np.linspace(-1, 1, 12).reshape(3, 4)}
     st = ModelStates("mixed", init, "adamw")
-    off = OptimizerOffload(st, "disk")
-    files = sorted(os.listdir(off._dir))
+    off = MeteredOptimizerOffload(st, "disk")
+    files = sorted(os.listdir(off.folder.path))
     assert files == ["m.bin", "master.bin", "v.bin"] and off.offloaded_bytes == 3 * 12 * 4
     assert [type(a) for a in off.state_arrays()] == [np.memmap] * 3
-    sgd = OptimizerOffload(ModelStates("float64", init, "sgd"), "host")
+    sgd = MeteredOptimizerOffload(ModelStates("float64", init, "sgd"), "host")
     assert sgd.offloaded_bytes == 12 * 8  # the momentum buffer; no master in float64
-    folder = off._dir
+    folder = off.folder.path
     off.close()
     assert not os.path.exists(folder)
 
@@ -248,7 +251,8 @@ def test_optimizer_offload_files_and_states() -> None:
 ])
 def test_an_offload_target_that_does_not_exist_is_one_line(target: str, folder: Any,
                                                             match: str) -> None:
-    for make in (lambda: check_target(target, folder), lambda: Offload(Hooks({}), target, folder),
+    for make in (lambda: check_target(target, folder),
+                 lambda: remat_offload_wrapper(None, target, folder),
                  lambda: MemoryWrap(None, target, folder)):
         with pytest.raises(ValueError, match=match) as e:
             make()
@@ -261,7 +265,7 @@ def test_a_file_is_not_a_folder(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist or is not a directory"):
         check_target("disk", str(f))
     with pytest.raises(ValueError, match="min_bytes must be an integer >= 0"):
-        Offload(Hooks({}), "host", min_bytes=-1)
+        Offload(Hooks({}), Store("host"), min_bytes=-1)
     with pytest.raises(ValueError,
                        match=r"remat interval must be an integer >= 0 \(0: ceil\(sqrt n\)\), got -1"):
         MemoryWrap(-1)
@@ -272,8 +276,9 @@ def test_the_wrapper_builds_what_it_is_asked_for() -> None:
     assert remat_offload_wrapper() is None
     w = remat_offload_wrapper(0, "host")
     h = w(Hooks(p), units)
-    assert isinstance(h, Offload) and isinstance(h.inner, Checkpointing)
-    assert h.inner.every == 3  # ceil(sqrt(6 units))
+    assert isinstance(h, Offload) and isinstance(h.inner, ActivationLedger)
+    assert isinstance(h.inner.inner, Checkpointing)  # the ledger right around remat's hooks
+    assert h.inner.inner.every == 3  # ceil(sqrt(6 units))
     executor.loss_and_grads(units, h, x, y)
     s = w.summary()
     assert s["offload_bytes_out"] == s["offload_bytes_back"] > 0

@@ -17,6 +17,7 @@ import pytest
 from minipar.memory import measure
 from minipar.nn import GPT, GPTConfig, Hooks, executor
 from minipar.nn.units import Unit
+from minipar.parallel.offload.measure import ActivationLedger
 from minipar.parallel.remat import Checkpointing, default_every
 from minipar.plan.checkpointing import recompute_forward_layers
 
@@ -87,14 +88,15 @@ def test_gradients_and_loss_are_bit_identical_to_no_remat(moe: bool, dtype: str,
     counted = [Counted(u, counter) for u in units]
     inner = Fetches(p)
     ck = Checkpointing(inner, counted, **mode)
+    led = ActivationLedger(ck)  # what it holds, counted around it
     # the MoE aux loss is read once per unit, from the first forward: recomputing a block
     # would double it if it were read there, and the loss would differ
-    assert executor.loss_and_grads(counted, ck, x, y, scale=4.0) == loss
+    assert executor.loss_and_grads(counted, led, x, y, scale=4.0) == loss
     assert same({k: ck.grads[k] for k in p}, {k: plain.grads[k] for k in p})
     n, k = len(units), ck.every
     extra = 0 if mode.get("selective") else recompute_forward_layers(n, k)
     assert counter[0] == n + extra and inner.fetched == 2 * n + extra  # fetched for recompute too
-    assert ck.bytes_now == 0 and not ck._held  # everything handed back and dropped
+    assert led.bytes_now == 0 and not led.held  # everything handed back and dropped
 
 
 def test_micro_batches_in_flight_each_keep_their_own_segments() -> None:
@@ -164,9 +166,10 @@ def measured(n_layer: int) -> dict[str, int]:
         counter = [0]
         units = [Counted(u, counter) for u in model.units()]
         ck = Checkpointing(Hooks(p), units, every=every)
+        led = ActivationLedger(ck)
         with measure() as region:
-            executor.loss_and_grads(units, ck, x, y)
-        out[f"bytes {name}"], out[f"peak {name}"] = ck.bytes_peak, region.peak_bytes
+            executor.loss_and_grads(units, led, x, y)
+        out[f"bytes {name}"], out[f"peak {name}"] = led.bytes_peak, region.peak_bytes
         out[f"forwards {name}"], out["k"] = counter[0], ck.every
     return out
 
@@ -193,8 +196,8 @@ def test_selective_recomputation_drops_exactly_the_attention_probabilities() -> 
     """Kept bytes = all of saved minus one B·H·T·T array of A per block, to the byte."""
     model, p, x, _y = setup(False, "float64", 4, batch=4, block_size=32, d_model=16)
     cfg = model.cfg
-    full = Checkpointing(Hooks(p), model.units(), every=len(model.units()))
-    sel = Checkpointing(Hooks(p), model.units(), selective=True)
+    full = ActivationLedger(Checkpointing(Hooks(p), model.units(), every=len(model.units())))
+    sel = ActivationLedger(Checkpointing(Hooks(p), model.units(), selective=True))
     executor.forward(model.units(), full, x)
     executor.forward(model.units(), sel, x)
     a_bytes = x.shape[0] * cfg.n_head * cfg.block_size ** 2 * 8

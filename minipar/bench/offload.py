@@ -57,14 +57,15 @@ def activations(layers: int = 8, repeat: int = 5, folder: str | None = None,
     from minipar.memory import measure
     from minipar.nn import executor
     from minipar.parallel.offload.activations import Offload
-    from minipar.parallel.offload.measure import kept_by_place
+    from minipar.parallel.offload.measure import MeteredStore, kept_by_place
     from minipar.parallel.remat import Checkpointing
 
     units, p, x, y = setup(layers, **size)
     kinds = {"plain": lambda: Sink(p),
-             "offload host": lambda: Offload(Sink(p), "host"),
-             "offload disk": lambda: Offload(Sink(p), "disk", folder),
-             "remat + disk": lambda: Offload(Checkpointing(Sink(p), units), "disk", folder)}
+             "offload host": lambda: Offload(Sink(p), MeteredStore("host")),
+             "offload disk": lambda: Offload(Sink(p), MeteredStore("disk", folder)),
+             "remat + disk": lambda: Offload(Checkpointing(Sink(p), units),
+                                             MeteredStore("disk", folder))}
     executor.loss_and_grads(units, Sink(p), x, y)  # first-use caches
     rows = []
     for name, make in kinds.items():
@@ -75,11 +76,12 @@ def activations(layers: int = 8, repeat: int = 5, folder: str | None = None,
         del logits, kept
         h = make()
         executor.loss_and_grads(units, h, x, y)
-        moved = getattr(h, "moved", {"to_host": 0, "to_disk": 0})
+        store = h.store if isinstance(h, Offload) else None
+        moved = store.moved if store else {"to_host": 0, "to_disk": 0}
         wall = _median_wall(lambda m=make: executor.loss_and_grads(units, m(), x, y), repeat)
         rows.append({"what": name, **where, "traced_after_forward": fwd.current_bytes,
                      "bytes_out": moved["to_host"] + moved["to_disk"],
-                     "move_s": sum(getattr(h, "seconds", {"": 0.0}).values()), "step_s": wall})
+                     "move_s": sum(store.seconds.values()) if store else 0.0, "step_s": wall})
     for r in rows:
         r["time_ratio"] = r["step_s"] / rows[0]["step_s"]
     return rows
@@ -91,7 +93,7 @@ def optimizer_states(layers: int = 8, repeat: int = 5, folder: str | None = None
     import numpy as np
 
     from minipar.memory import measure
-    from minipar.parallel.offload.optimizer import OptimizerOffload
+    from minipar.parallel.offload.measure import MeteredOptimizerOffload
     from minipar.precision import ModelStates
 
     _, p, _, _ = setup(layers, **size)
@@ -101,7 +103,7 @@ def optimizer_states(layers: int = 8, repeat: int = 5, folder: str | None = None
     for where in ("device", "host", "disk"):
         with measure() as built:
             st = ModelStates("mixed", init, "adamw")
-            off = None if where == "device" else OptimizerOffload(
+            off = None if where == "device" else MeteredOptimizerOffload(
                 st, where, folder if where == "disk" else None)
         st.grads[...] = g
         stepper = st if off is None else off
@@ -152,7 +154,7 @@ def main(argv: list[str]) -> int:
     p = _parser()
     a = p.parse_args(argv)
     if a.offload_dir is not None:
-        from minipar.parallel.offload.store import check_target
+        from minipar.parallel.offload.wrap import check_target
 
         try:
             check_target("disk", a.offload_dir)

@@ -13,8 +13,9 @@ for one forward + backward of a GPT, side by side:
   DDP bucket would take them), so the peak is the activations' — O(n)
   against O(√n);
 * ``held_plain`` / ``held_remat`` — the activation bytes the hooks hold at
-  most, by the ledger (:class:`~minipar.parallel.remat.Checkpointing`'s
-  ``bytes_peak``; plainly, every unit's ``saved``);
+  most, by the ledger (:class:`~minipar.parallel.offload.measure.ActivationLedger`'s
+  ``bytes_peak`` around the :class:`~minipar.parallel.remat.Checkpointing`; plainly,
+  every unit's ``saved``);
 * ``time_ratio`` — median CPU time of a remat step over a plain one (target:
   one extra forward, ≤ 1.45×; forward ≈ ⅓ of a step, so ≈ 1.33×), and
   ``forwards`` — unit forwards run, n + recomputed
@@ -92,6 +93,7 @@ def measure(layers: list[int], repeat: int = 5, every: int | None = None,
     from minipar.memory import measure as traced
     from minipar.memory import nbytes
     from minipar.nn import executor
+    from minipar.parallel.offload.measure import ActivationLedger
     from minipar.parallel.remat import Checkpointing, default_every
     from minipar.plan.checkpointing import recompute_forward_layers
 
@@ -104,7 +106,7 @@ def measure(layers: list[int], repeat: int = 5, every: int | None = None,
         step(units, Sink(p), x, y)  # first-use caches (causal mask) outside the regions
         with traced() as plain:
             step(units, Sink(p), x, y)
-        ck = Checkpointing(Sink(p), units, every=k)
+        ck = ActivationLedger(Checkpointing(Sink(p), units, every=k))
         with traced() as remat:
             step(units, ck, x, y)
         held_plain = nbytes(executor.forward(units, Hooks(p), x)[1])

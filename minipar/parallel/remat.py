@@ -30,34 +30,30 @@ unit's ``saved`` but drop the attention probabilities A = softmax(q kᵀ/√d_h
 ``attention_core_forward``, cheap next to the matrix products of a block).
 
 :class:`Checkpointing` does both through the units executor's hooks
-(:mod:`minipar.nn.executor`: ``on_saved`` keeps less, ``restore`` recomputes).
-It wraps any other hooks — serial, DDP's, ZeRO's: parameters for the
-recompute come through the wrapped ``fetch``/``release`` (ZeRO-3 gathers the
-unit again), gradients go to the wrapped ``on_grads`` — and the recomputation
-is the very same ``unit.forward``, so gradients and loss are bit-identical to
-no remat (tests/test_remat.py; the MoE aux loss is read once, in the
-first forward, never from a recompute).  Its ledger counts the bytes of the
-activations it holds (each buffer once), from ``on_saved`` until the unit's
-``on_grads``: ``bytes_now``, ``bytes_peak``.  It knows a buffer by its ``id``
-*and* a weak reference to it: offloading (:mod:`minipar.parallel.offload.activations`,
-wrapped inside or outside) frees the buffers it moves out, and a new buffer may get a
-dead one's id, which an id alone would take for the old one.  A held buffer
-that died was moved out (host or disk), one still alive is on the device:
-``device_now`` / ``device_peak`` count those (= ``bytes_now`` without offload).
+(:mod:`minipar.nn.executor`): ``on_saved`` keeps less (a :class:`Segment`'s
+checkpoint, or the unit :class:`Whole`), ``restore`` recomputes.  It wraps
+any other hooks — serial, DDP's, ZeRO's: parameters for the recompute come
+through the wrapped ``fetch``/``release`` (ZeRO-3 gathers the unit again),
+gradients go to the wrapped ``on_grads`` — and the recomputation is the very
+same ``unit.forward``, so gradients and loss are bit-identical to no remat
+(tests/test_remat.py; the MoE aux loss is read once, in the first forward,
+never from a recompute).
+
+What the hooks hold is measured outside, from what they return:
+:class:`minipar.parallel.offload.measure.ActivationLedger` wraps a
+``Checkpointing`` and counts the bytes of its segments, kept units and the
+``saved`` handed to backward (each buffer once; on the device or moved out).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from minipar import checks
 from minipar.nn.attention import attention_core_forward
 from minipar.nn.executor import Hooks
-from minipar.trees import arrays, owner
 
 __all__ = ["Checkpointing", "Segment", "Whole", "default_every"]
 
@@ -70,24 +66,23 @@ def default_every(n: int) -> int:
 
 class Segment:
     """What :meth:`Checkpointing.on_saved` keeps for a checkpointed unit: its segment's
-    input ``x`` (the checkpoint), its units as forward met them, and (while backward walks
-    it) the recomputed ``saved`` of each, last unit's on top.  Every unit of a segment
-    keeps the same object (an offload moves ``x`` out once)."""
+    input ``x`` (the checkpoint), its ``units`` as forward met them, and (while backward
+    walks it) the recomputed ``saved`` of each, the last unit's on top.  Every unit of a
+    segment keeps the same object (an offload moves ``x`` out once)."""
 
     def __init__(self, x: Any) -> None:
         self.x: Any = x
-        self.held: dict[int, int] = {}  # the checkpoint's buffers on the ledger
         self.units: list[Any] = []
-        self.saved: list[tuple[Any, dict[int, int]]] = []
+        self.saved: list[Any] = []
 
 
 class Whole:
-    """What :meth:`Checkpointing.on_saved` keeps for a unit kept whole (the last segment, or
-    every unit under selective recomputation): what the wrapped hooks' ``on_saved``
-    returned (``kept``), and its buffers on the ledger (``held``)."""
+    """What :meth:`Checkpointing.on_saved` keeps for a unit kept whole (the last segment,
+    or every unit under selective recomputation): what the wrapped hooks' ``on_saved``
+    returned."""
 
-    def __init__(self, kept: Any, held: dict[int, int]) -> None:
-        self.kept, self.held = kept, held
+    def __init__(self, kept: Any) -> None:
+        self.kept = kept
 
 
 class Checkpointing(Hooks):
@@ -100,8 +95,7 @@ class Checkpointing(Hooks):
     except each block's attention probabilities A (Korthikanti et al.).  Several
     forwards may be in flight before their backwards (GPipe's micro-batches): each
     segment lives in the walk's own ``kept`` list, not in the hooks.  ``grads`` is the
-    wrapped hooks'; anything else of theirs (DDP's ``finish``, ZeRO's
-    ``peak_gathered_bytes``) is read on them, ``inner``."""
+    wrapped hooks'; anything else of theirs is read on them, ``inner``."""
 
     def __init__(self, hooks: Hooks, units: Sequence[Any], every: int | None = None,
                  selective: bool = False) -> None:
@@ -121,67 +115,11 @@ class Checkpointing(Hooks):
         self._last_segment = (n - 1) // k
         self._open: Segment | None = None
         self._expect = 0  # position of the unit the forward walk must reach next
-        self._held: dict[Any, list[int]] = {}  # buffer key -> [bytes, references]
-        self._lent: dict[int, dict[Any, int]] = {}  # id(unit) -> buffers restore handed out
-        self._alive: dict[int, tuple[Any, Any]] = {}  # id -> (weak reference, key)
-        self._refs: dict[Any, Any] = {}  # key -> weak reference (absent: no weakref)
-        self._serial = itertools.count()
-        self.bytes_now = 0
-        self.bytes_peak = 0
-        self.device_peak = 0
 
     @property
     def grads(self) -> dict[str, Any]:  # type: ignore[override]
         return self.inner.grads
 
-    # -- the ledger -----------------------------------------------------------------
-    @property
-    def device_now(self) -> int:
-        """Bytes of the held buffers still alive (not moved out by an offload)."""
-        return sum(size for key, (size, _) in self._held.items()
-                   if key not in self._refs or self._refs[key]() is not None)
-
-    def _key(self, r: Any) -> Any:
-        """The ledger's name for buffer ``r``: its id and a serial number (a new buffer at a
-        dead one's address is a new entry); its id alone if it takes no weak reference."""
-        known = self._alive.get(id(r))
-        if known is not None and known[0]() is r:
-            return known[1]
-        try:
-            ref = weakref.ref(r)
-        except TypeError:
-            return id(r)
-        key = (id(r), next(self._serial))
-        self._alive[id(r)], self._refs[key] = (ref, key), ref
-        return key
-
-    def _hold(self, tree: Any) -> dict[Any, int]:
-        """Count the buffers of ``tree`` as held; returns them ({key: bytes}) for :meth:`_drop`."""
-        bufs = {self._key(r): int(r.nbytes) for r in map(owner, arrays(tree))}
-        for b, size in bufs.items():
-            entry = self._held.setdefault(b, [size, 0])
-            entry[1] += 1
-            if entry[1] == 1:
-                self.bytes_now += size
-        self.bytes_peak = max(self.bytes_peak, self.bytes_now)
-        self.device_peak = max(self.device_peak, self.device_now)
-        return bufs
-
-    def _drop(self, bufs: dict[Any, int]) -> None:
-        for b in bufs:
-            entry = self._held[b]
-            entry[1] -= 1
-            if entry[1] == 0:
-                self.bytes_now -= entry[0]
-                del self._held[b]
-                self._refs.pop(b, None)
-
-    def reset_peak(self) -> None:
-        """Start a new peak from what is held now (between measured steps)."""
-        self.bytes_peak = self.bytes_now
-        self.device_peak = self.device_now
-
-    # -- the hooks ------------------------------------------------------------------
     def fetch(self, unit: Any) -> dict[str, Any]:
         return self.inner.fetch(unit)
 
@@ -207,10 +145,9 @@ class Checkpointing(Hooks):
             saved = _without_probabilities(saved)
         if self.selective or i // self.every == self._last_segment:
             self._open = None
-            return Whole(self.inner.on_saved(unit, saved, x), self._hold(saved))
+            return Whole(self.inner.on_saved(unit, saved, x))
         if i % self.every == 0:
             self._open = Segment(x)
-            self._open.held = self._hold(x)
         seg = self._open
         assert seg is not None  # a walk starts at position 0, a segment's first unit
         seg.units.append(unit)
@@ -223,11 +160,7 @@ class Checkpointing(Hooks):
         popped from the segment, which is recomputed from its checkpoint first."""
         if isinstance(kept, Whole):
             out = self.inner.restore(unit, kept.kept)
-            if self.selective:
-                out = _with_probabilities(out)
-            self._lent[id(unit)] = self._hold(out)  # A included: the executor holds it now
-            self._drop(kept.held)
-            return out
+            return _with_probabilities(out) if self.selective else out
         seg = kept
         if not seg.saved:  # backward has reached the segment's last unit: recompute it
             x = seg.x
@@ -236,27 +169,16 @@ class Checkpointing(Hooks):
                 x, s = v.forward(p, x)
                 self.inner.release(v, p)
                 del p
-                seg.saved.append((s, self._hold(s)))
-            self._drop(seg.held)
-            seg.x = None
+                seg.saved.append(s)
+            seg.x = None  # the checkpoint is done with
         if seg.units.pop() is not unit:
             raise ValueError(f"backward reached unit {unit.name!r} out of its segment's order")
-        out, self._lent[id(unit)] = seg.saved.pop()
-        return out
+        return seg.saved.pop()
 
     def on_backward_input(self, unit: Any) -> None:
-        """A zero-bubble B is done: the unit's ``saved`` is dropped (what W keeps is counted
-        apart, by the pipeline engine), so it leaves the ledger now."""
-        lent = self._lent.pop(id(unit), None)
-        if lent is not None:
-            self._drop(lent)
         self.inner.on_backward_input(unit)
 
     def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
-        """The executor has dropped the unit's ``saved``: off the ledger; grads passed on."""
-        lent = self._lent.pop(id(unit), None)
-        if lent is not None:
-            self._drop(lent)
         self.inner.on_grads(unit, grads)
 
 

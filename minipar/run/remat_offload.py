@@ -64,7 +64,7 @@ def check(options: dict[str, Any], spec: Any) -> None:
             raise ValueError(f"--offload-dir {folder} needs --offload disk"
                              + (" or --offload-optimizer disk" if "offload_optimizer" in options
                                 else ""))
-        from minipar.parallel.offload.store import check_target
+        from minipar.parallel.offload.wrap import check_target
 
         try:
             check_target("disk", folder)

@@ -7,8 +7,8 @@ The budgets lie between the measured peaks of the plans (every = 1 .. n, selecti
 so each case has one best plan.  On every rank the learner's ``plan`` is run with
 :class:`minipar.parallel.remat.Checkpointing` on forward and backward; the result is
 the flat gradient followed by two measured figures: the ledger's peak
-(``bytes_peak``; written as the budget itself when it fits, so every fitting plan
-reads the same) and the recomputation (unit forwards counted by wrapping each
+(:class:`~minipar.parallel.offload.measure.ActivationLedger`'s ``bytes_peak`` around
+it; written as the budget itself when it fits, so every fitting plan reads the same) and the recomputation (unit forwards counted by wrapping each
 unit, minus n; plus 0.5 for selective's attention cores).  The oracle is the
 serial model's gradient (``GPT.loss_and_grads``, no remat) followed by the budget
 and the least recomputation of any fitting plan (measured): compared exactly, so
@@ -30,6 +30,7 @@ from minipar.exercises.grading import Check
 from minipar.exercises.judging import Records, contract_checks
 from minipar.nn import GPT, GPTConfig, Hooks, executor
 from minipar.nn.units import Unit
+from minipar.parallel.offload.measure import ActivationLedger
 from minipar.parallel.remat import Checkpointing
 
 CONFIG = {"vocab_size": 16, "block_size": 16, "n_layer": 6, "n_head": 2, "d_model": 16,
@@ -78,9 +79,9 @@ def run_plan(plan: dict) -> tuple[np.ndarray, int, int]:
     model, p, x, y = _setup()
     counter = [0]
     walk = [_Counted(u, counter) for u in model.units()]
-    ck = Checkpointing(Hooks(p), walk, **plan)
-    executor.loss_and_grads(walk, ck, x, y)
-    return np.concatenate([np.ravel(ck.grads[k]) for k in sorted(p)]), ck.bytes_peak, counter[0]
+    led = ActivationLedger(Checkpointing(Hooks(p), walk, **plan))
+    executor.loss_and_grads(walk, led, x, y)
+    return np.concatenate([np.ravel(led.grads[k]) for k in sorted(p)]), led.bytes_peak, counter[0]
 
 
 @cache

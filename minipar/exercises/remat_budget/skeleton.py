@@ -29,7 +29,7 @@ THE GOAL
     unit), then segments, ranked by how many unit forwards run twice (fewer is
     better; on a tie, the smaller peak).  peak_bytes(plan) is GIVEN: it walks
     forward and backward once with that plan and returns the ledger's peak
-    (Checkpointing.bytes_peak: the activations held, each buffer once).  Note
+    (ActivationLedger.bytes_peak: the activations held, each buffer once).  Note
     that a larger k is NOT always fewer recomputed forwards.  Return None only
     if no plan fits.
 

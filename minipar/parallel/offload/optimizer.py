@@ -34,18 +34,13 @@ Under CuPy the step's arithmetic runs on the host with NumPy (the optimizer's
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import tempfile
-import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from minipar import backend, optim
-from minipar.parallel.offload.store import check_target
+from minipar.parallel.offload.store import Folder, to_file
 
 __all__ = ["OptimizerOffload", "host_math"]
 
@@ -63,53 +58,27 @@ def host_math() -> Iterator[None]:
 
 class OptimizerOffload:
     """The fp32 master weights and optimizer moments of ``states`` moved to ``target``
-    ("host" or "disk", files inside ``folder``); :meth:`step` updates there.
-
-    ``offloaded_bytes``: bytes of states moved off the device (master + moments);
-    ``moved``: bytes over the link, cumulative (``to_host``: gradients, ``to_device``:
-    parameters); ``seconds``: time in :meth:`step` (copies and the host update)."""
+    ("host", or "disk": files in a private folder inside ``folder``); :meth:`step`
+    updates there."""
 
     def __init__(self, states: Any, target: str = "host", folder: str | None = None) -> None:
-        self.target = check_target(target, folder)
-        self.place = self.target
-        self.states = states
-        self._dir: str | None = None
-        self._cleanup: Any = None
-        if target == "disk":
-            self._dir = tempfile.mkdtemp(prefix="minipar-offload-opt-", dir=folder)
-            self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
-        self.offloaded_bytes = 0
+        self.states, self.place = states, target
+        self.folder = Folder(folder)
         if states.master is not None:
             states.master = self._away("master", states.master)
         opt = states.optimizer
         for arr in opt.state_arrays():  # m and v (AdamW), buf (SGD), found by identity
             name = next(k for k, v in vars(opt).items() if v is arr)
             setattr(opt, name, self._away(name, arr))
-        self.moved = {"to_host": 0, "to_device": 0}
-        self.seconds = 0.0
-        self.steps = 0
 
     def _away(self, name: str, a: Any) -> Any:
         """``a`` as a host array (a copy) or a memmap file holding its values."""
         host = backend.host_copy(a)
-        self.offloaded_bytes += int(host.nbytes)
-        if self.target == "host":
-            return host
-        assert self._dir is not None
-        mm = np.memmap(os.path.join(self._dir, f"{name}.bin"), dtype=host.dtype, mode="w+",
-                       shape=host.shape)
-        mm[...] = host
-        return mm
+        return host if self.place == "host" else to_file(self.folder.file(f"{name}.bin"), host)
 
     def close(self) -> None:
         """Remove the files (disk); the states are gone with them."""
-        if self._cleanup is not None:
-            self._cleanup()
-
-    def state_arrays(self) -> list[Any]:
-        """The offloaded arrays (master first when there is one), for a ledger."""
-        st = self.states
-        return ([] if st.master is None else [st.master]) + list(st.optimizer.state_arrays())
+        self.folder.close()
 
     def step(self, found_inf: bool | None = None) -> bool:
         """``ModelStates.step`` on the host: gradients down, update, parameters up.
@@ -118,30 +87,23 @@ class OptimizerOffload:
         all ranks, or None for this rank's own slice, as ``ModelStates.step``)."""
         st = self.states
         lo, hi = st.lo, st.hi
-        t0 = time.perf_counter()
         inf = None
         if st.scaler is not None:
             inf = st.local_found_inf() if found_inf is None else bool(found_inf)
         g = backend.host_copy(st.grads[lo:hi])  # device -> host: the gradient slice
-        self.moved["to_host"] += int(g.nbytes)
         with host_math():
             if st.master is None:  # the optimizer updates the parameters themselves
-                p = backend.host_copy(st.params[lo:hi])
-                st.optimizer.step(p, g)
-                up = p
+                up = backend.host_copy(st.params[lo:hi])
+                st.optimizer.step(up, g)
             else:
                 g = g.astype(st.policy.master_dtype)
                 if st.scaler is not None:
                     used = st.scaler.scale
                     st.scaler.update(bool(inf))
                     if inf:
-                        self.seconds += time.perf_counter() - t0
                         return False
                     g *= 1.0 / used
                 st.optimizer.step(st.master, g)
                 up = st.master.astype(st.policy.param_dtype)
         st.params[lo:hi] = backend.to_device(up)  # host -> device: the updated parameters
-        self.moved["to_device"] += int(up.nbytes)
-        self.steps += 1
-        self.seconds += time.perf_counter() - t0
         return True

@@ -17,7 +17,9 @@ The executor's hooks (:mod:`minipar.nn.executor`) of one chunk are, inside out:
   the chunk is recomputed in its backward, peak O(m·input + one micro-batch's
   chunk activations); ``remat=k``: Chen et al.'s segments of k units inside the
   chunk (its last segment kept whole); no remat: k = n, one segment kept whole,
-  nothing recomputed.  Either way its ledger counts the activation bytes held;
+  nothing recomputed.  Either way an
+  :class:`~minipar.parallel.offload.measure.ActivationLedger` around it counts the
+  activation bytes held;
 * :class:`~minipar.parallel.offload.activations.Offload` (``offload="host"|"disk"``): what
   is kept moves out after forward and back before backward.
 
@@ -34,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from minipar.nn import executor
+from minipar.parallel.offload.measure import ActivationLedger
 from minipar.parallel.remat import Checkpointing
 
 __all__ = ["StageHooks", "StageMemory"]
@@ -70,13 +73,13 @@ class StageMemory:
     def __init__(self, chunk_units: Sequence[Sequence[Any]], remat: Any = None,
                  offload: str | None = None, offload_dir: str | None = None) -> None:
         if offload is not None:
-            from minipar.parallel.offload.store import check_target
+            from minipar.parallel.offload.wrap import check_target
 
             check_target(offload, offload_dir)
         self.chunk_units, self.remat = chunk_units, remat
         self.offload, self.offload_dir = offload, offload_dir
         self.hooks: list[Any] = []
-        self.remat_hooks: list[Checkpointing] = []  # each chunk's, inside its hooks: the ledger
+        self.remat_hooks: list[ActivationLedger] = []  # each chunk's ledger, inside its hooks
         self.activation_peak_bytes = 0
         self.offload_stats = {"bytes_out": 0, "bytes_back": 0, "peak_bytes": 0, "seconds": 0.0}
 
@@ -102,20 +105,23 @@ class StageMemory:
         for units in self.chunk_units:
             n = len(units)
             if self.remat is True:  # GPipe: the chunk is one checkpointed segment
-                h: Any = Checkpointing(base, (*units, _End()), every=n)
+                h: Any = ActivationLedger(Checkpointing(base, (*units, _End()), every=n))
             else:  # Chen et al.'s segments of k units (k = n: everything kept whole)
-                h = Checkpointing(base, units, every=min(self.remat or n, n))
+                h = ActivationLedger(Checkpointing(base, units, every=min(self.remat or n, n)))
             self.remat_hooks.append(h)
             if self.offload is not None:
                 from minipar.parallel.offload.activations import Offload
+                from minipar.parallel.offload.measure import MeteredStore
 
-                h = Offload(h, self.offload, self.offload_dir)
+                h = Offload(h, MeteredStore(self.offload, self.offload_dir))
             self.hooks.append(h)
 
     def measured(self, chunk: int, fn: Callable[[], Any]) -> Any:
         """``fn()`` (a forward or backward of chunk ``chunk``), its peaks recorded."""
         hooks, ledgers = self.hooks, self.remat_hooks
-        hooks[chunk].reset_peak()
+        ledgers[chunk].reset_peak()
+        if self.offload is not None:
+            hooks[chunk].store.reset_peak()
         out = fn()
         others = [h for i, h in enumerate(hooks) if i != chunk]
         self.activation_peak_bytes = max(self.activation_peak_bytes, ledgers[chunk].device_peak
@@ -123,8 +129,8 @@ class StageMemory:
                                                if i != chunk))
         if self.offload is not None:  # the same for the bytes offloaded (Offload's store)
             o = self.offload_stats
-            o["peak_bytes"] = max(o["peak_bytes"], max(hooks[chunk].peak.values())
-                                  + sum(max(h.held.values()) for h in others))
+            o["peak_bytes"] = max(o["peak_bytes"], max(hooks[chunk].store.peak.values())
+                                  + sum(max(h.store.held.values()) for h in others))
         return out
 
     def end_step(self) -> None:
@@ -132,8 +138,8 @@ class StageMemory:
         for h in self.hooks:
             if self.offload is not None:
                 o = self.offload_stats
-                o["bytes_out"] += h.moved["to_host"] + h.moved["to_disk"]
-                o["bytes_back"] += h.moved["to_device"]
-                o["seconds"] += h.seconds["out"] + h.seconds["back"]
+                o["bytes_out"] += h.store.moved["to_host"] + h.store.moved["to_disk"]
+                o["bytes_back"] += h.store.moved["to_device"]
+                o["seconds"] += h.store.seconds["out"] + h.store.seconds["back"]
                 h.close()
         self.hooks, self.remat_hooks = [], []

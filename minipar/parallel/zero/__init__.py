@@ -2,17 +2,26 @@
 
 EN Zero Redundancy Optimizer (ZeRO) · RU оптимизатор с нулевой избыточностью · ZH 零冗余优化器
 
-Read in this order:
+The technique: read ``shard.py`` (41 code lines), ``hooks.py`` (42 code lines),
+``step.py`` (19 code lines), in this order:
 
 - :mod:`.shard` — the rule: rank r owns the slice ``[lo_r, hi_r)`` of the flat
   buffer (``shard_range``), a unit is a span of it, and its part on a rank is the
-  ``overlap`` of the two;
+  ``overlap`` of the two; ``shard_states``: what a rank holds at each stage, the
+  optimizer's slice a view of the full buffers where those exist;
 - :mod:`.hooks` — ``ZeroHooks`` on the units executor: stage 3 all-gathers a unit
   before it runs and drops it after, stages 2-3 reduce-scatter its gradients;
+- :mod:`.step` — ``zero_step``: the walk, then all-reduce (0) or reduce-scatter (1)
+  the gradients, step the own shard, all-gather the parameters (1-2).
+
+Then the shell:
+
 - :mod:`.engine` — ``ZeRO`` (Rajbhandari et al. 2019, arXiv 1910.02054), an
-  :class:`~minipar.parallel.engine.Engine`: the step of each stage on this rank's rows
-  of the global batch, its all-reduce choice, what a rank holds (``ledger``) and its
-  ``state_dict`` (the flat ranges cut per tensor, so any layout resumes any other);
+  :class:`~minipar.parallel.engine.Engine`: its options and their checks, the
+  all-reduce choice, the offloads wired in, what a rank holds (``ledger``,
+  ``memory``), its ``traffic`` and its ``state_dict`` (the flat ranges cut per
+  tensor, so any layout resumes any other); ``MeteredZeroHooks``, the hooks that
+  also measure what stage 3 held gathered at most;
 - :mod:`.measure` — a run's bytes sent and held, next to their exact figure and the
   paper's.
 

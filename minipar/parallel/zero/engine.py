@@ -69,9 +69,12 @@ doubling's bytes, log2 N x S when N is a power of two (the ring's
 ``allreduce="ring"``.  :func:`minipar.parallel.zero.measure.exact_bytes_sent`
 gives the exact figure of whichever ran.
 
-The code: the shards in :mod:`minipar.parallel.zero.shard`, the hooks in
-:mod:`minipar.parallel.zero.hooks`, the engine here, the measurements of a
-run and the paper's figures for it in :mod:`minipar.parallel.zero.measure`.
+The code: the technique in :mod:`minipar.parallel.zero.shard` (who owns what,
+and the aliasing of the optimizer's slice), :mod:`minipar.parallel.zero.hooks`
+(gather, release, reduce-scatter) and :mod:`minipar.parallel.zero.step` (the step
+of each stage); this shell checks the options, wires the offloads, and holds the
+state_dict, ledger, memory and traffic; the measurements of a run and the paper's
+figures for it are in :mod:`minipar.parallel.zero.measure`.
 """
 
 from __future__ import annotations
@@ -81,13 +84,12 @@ from typing import Any
 import numpy as np
 
 from minipar import checks
-from minipar.backend import xp
-from minipar.collectives import all_gather, allreduce, choose_allreduce, reduce_scatter
+from minipar.collectives import all_gather, allreduce, choose_allreduce
 from minipar.comm.traced import TracedComm
 from minipar.memory import Ledger
 from minipar.nn import executor
 from minipar.nn.loss import cross_entropy_forward
-from minipar.parallel.common import found_inf, local_rows, loss_weight
+from minipar.parallel.common import local_rows, loss_weight
 from minipar.parallel.engine import (
     AxisTraffic,
     Batch,
@@ -101,12 +103,13 @@ from minipar.parallel.engine import (
     sources_of,
     whole,
 )
-from minipar.parallel.offload.activations import Offload
+from minipar.parallel.offload.measure import MeteredOptimizerOffload
 from minipar.parallel.offload.store import TARGETS
-from minipar.parallel.offload.wrap import remat_offload_wrapper
+from minipar.parallel.offload.wrap import check_target, remat_offload_wrapper
 from minipar.parallel.zero.hooks import ZeroHooks
-from minipar.parallel.zero.shard import layout_of, shard_range, unit_table
-from minipar.precision import ModelStates, get
+from minipar.parallel.zero.shard import layout_of, shard_range, shard_states, unit_table
+from minipar.parallel.zero.step import zero_step
+from minipar.precision import get
 
 STAGES = (0, 1, 2, 3)
 #: the all-reduces ZeRO can run for stage 0's gradients and the one-number reductions
@@ -118,6 +121,22 @@ ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
 OP_LOSS, OP_EVAL, OP_GATHER = "zero_loss_allreduce", "zero_eval_allreduce", "gather_for_check"
 #: the options :func:`build` takes (``ZeRO``'s keywords)
 OPTIONS = ("stage", "allreduce", "remat", "offload", "offload_optimizer", "offload_dir")
+
+
+class MeteredZeroHooks(ZeroHooks):
+    """:class:`~minipar.parallel.zero.hooks.ZeroHooks` that also measure
+    ``peak_gathered_bytes``, the most stage 3 held all-gathered at once (``gathered``
+    after each fetch): the measured answer to "does stage 3 free what it gathers?"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.peak_gathered_bytes = 0
+
+    def fetch(self, unit: Any) -> dict[str, Any]:
+        params = super().fetch(unit)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes,
+                                       sum(v.nbytes for v in self.gathered.values()))
+        return params
 
 
 def check_stage(stage: Any) -> int:
@@ -142,8 +161,10 @@ class ZeRO:
     None), ``grads`` the full flat gradient buffer (stages 0-1, else None), ``states`` the
     :class:`~minipar.precision.ModelStates` of this rank's slice ``opt_range`` (master
     weights, moments; its params/grads are views into the full buffers where those
-    exist), ``zero_hooks`` its executor hooks (:class:`~minipar.parallel.zero.hooks.ZeroHooks`),
-    ``hooks`` those the executor walks (``zero_hooks``, or wrapped by remat/offload).
+    exist: :func:`~minipar.parallel.zero.shard.shard_states`), ``zero_hooks`` its executor
+    hooks (:class:`~minipar.parallel.zero.hooks.ZeroHooks`, measured:
+    :class:`MeteredZeroHooks`), ``hooks`` those the
+    executor walks (``zero_hooks``, or wrapped by remat/offload).
 
     Options (keyword only, each checked on every rank before any message):
     ``stage`` 0-3 (default 1); ``allreduce`` the all-reduce of stage 0's gradients and
@@ -153,7 +174,8 @@ class ZeRO:
     ``"disk"`` (saved activations: :mod:`minipar.parallel.offload.activations`), made into
     ``memory_wrap`` (:class:`~minipar.parallel.offload.wrap.MemoryWrap`);
     ``offload_optimizer`` ``"host"``/``"disk"`` keeps the master weights and moments there
-    and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload.optimizer`);
+    and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload.optimizer`; ``offload``
+    its :class:`~minipar.parallel.offload.measure.MeteredOptimizerOffload`);
     ``offload_dir`` the folder of whichever offload goes to disk.
     """
 
@@ -173,6 +195,10 @@ class ZeRO:
         if offload_dir is not None and "disk" not in (offload, offload_optimizer):
             raise ValueError(f"offload_dir {offload_dir} needs offload or offload_optimizer "
                              "'disk'")
+        act_dir = offload_dir if offload == "disk" else None
+        opt_dir = offload_dir if offload_optimizer == "disk" else None
+        if offload_optimizer is not None:
+            check_target(offload_optimizer, opt_dir)
         self.grid, self.spec = grid, spec
         self.comm: TracedComm = grid.comm("dp")
         n, r = self.comm.size, self.comm.rank
@@ -185,33 +211,21 @@ class ZeRO:
         self.weight = loss_weight(spec.batch, r, n)  # w_r = b_r / B
         if remat is not None:
             checks.integer("remat", remat, 0, len(self.units))  # 0: ceil(sqrt n)
-        act_dir = offload_dir if offload == "disk" else None
-        opt_dir = offload_dir if offload_optimizer == "disk" else None
         self.memory_wrap = remat_offload_wrapper(remat, offload, act_dir)
         self.opt_range = (0, psi) if self.stage == 0 else self.shard
         self.param_range = self.shard if self.stage == 3 else (0, psi)
         self.optimizer_name, self.opt_kwargs = spec.optimizer, spec.opt_kwargs()
         self.steps_done = 0
         flat = self.layout.flatten(spec.initial_params(), np.float64)
-        lo, hi = self.opt_range
-        self.states = ModelStates(self.policy, {"shard": flat[lo:hi]}, spec.optimizer,
-                                  **self.opt_kwargs)
-        pd = self.policy.param_dtype
-        self.params = None if self.stage == 3 else flat.astype(pd)
-        self.grads = xp.zeros(psi, pd) if self.stage <= 1 else None
+        self.params, self.grads, self.states = shard_states(
+            self.stage, flat, self.shard, self.policy, spec.optimizer, **self.opt_kwargs)
         del flat
-        if self.params is not None:
-            self.states.params = self.params[lo:hi]  # the slice the optimizer writes
-        if self.grads is not None:
-            self.states.grads = self.grads[lo:hi]
-        self.zero_hooks = self.hooks = ZeroHooks(
+        self.zero_hooks = self.hooks = MeteredZeroHooks(
             self.stage, self.comm, psi, self.shard, self.states, unit_table(self.model.cfg),
             params=self.params, grads=self.grads, dtype=self.policy.param_dtype)
         self.offload = None
         if offload_optimizer is not None:
-            from minipar.parallel.offload.optimizer import OptimizerOffload
-
-            self.offload = OptimizerOffload(self.states, offload_optimizer, opt_dir)
+            self.offload = MeteredOptimizerOffload(self.states, offload_optimizer, opt_dir)
         if self.memory_wrap is not None:
             self.hooks = self.memory_wrap(self.hooks, self.units)
         self._traffic = AxisTraffic(grid)
@@ -235,16 +249,9 @@ class ZeRO:
         The gradients are those of w_r x the local mean loss, so the sum over ranks is
         the serial mean's.  The loss is summed over the ranks (operation :data:`OP_LOSS`)."""
         x, y = self._local(batch)
-        loss = executor.loss_and_grads(self.units, self.hooks, x, y,
-                                       self.weight * self.states.loss_scale)
-        if self.stage == 0:
-            self.grads[...] = allreduce(self.comm, self.grads, algorithm=self.allreduce)
-        elif self.stage == 1:
-            self.states.grads[...] = reduce_scatter(self.comm, self.grads)
-        # every rank must agree to skip a step (one flag, counted as "found_inf")
-        done = (self.offload or self.states).step(found_inf(self.comm, self.states, self.allreduce))
-        if self.stage in (1, 2):
-            self.params[...] = all_gather(self.comm, self.states.params)
+        loss, done = zero_step(self.stage, self.comm, self.units, self.hooks, x, y,
+                               self.weight * self.states.loss_scale, self.states, self.params,
+                               self.grads, self.offload, self.allreduce)
         self.steps_done += 1
         return StepResult(self._global_loss(loss, OP_LOSS), skipped=not done)
 
@@ -348,9 +355,7 @@ class ZeRO:
         if self.offload is not None:
             self.offload.close()
         if self.memory_wrap is not None:
-            for h in self.memory_wrap.made:
-                if isinstance(h, Offload):
-                    h.close()
+            self.memory_wrap.close()
 
 
 def build(spec: Any, grid: Any, **options: Any) -> ZeRO:

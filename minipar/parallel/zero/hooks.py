@@ -44,9 +44,8 @@ class ZeroHooks(executor.Hooks):
     gradient to the shard (a pipeline's micro-batches; the caller zeroes it each step).
 
     ``gathered`` holds the all-gathered parameters of the units between their
-    ``fetch`` and ``release`` (stage 3; at most one unit at a time), and
-    ``peak_gathered_bytes`` the most it ever held at once: the measured answer
-    to "does stage 3 free what it gathers?"."""
+    ``fetch`` and ``release`` (stage 3; at most one unit at a time: the shell measures
+    the most it ever held, :class:`~minipar.parallel.zero.engine.MeteredZeroHooks`)."""
 
     def __init__(self, stage: int, comm: Any, size: int, shard: tuple[int, int], states: Any,
                  table: Any, *, params: Any = None, grads: Any = None, dtype: Any = None,
@@ -57,7 +56,6 @@ class ZeroHooks(executor.Hooks):
         self.accumulate = accumulate
         self.table = {u.name: (lo, hi, lay) for u, lo, hi, lay in table}
         self.gathered: dict[str, Any] = {}
-        self.peak_gathered_bytes = 0
         n = comm.size
         self.shards = [shard_range(size, n, q) for q in range(n)]
 
@@ -69,8 +67,6 @@ class ZeroHooks(executor.Hooks):
         i, j = overlap(a, b, *self.shard)
         flat = all_gather(self.comm, self.states.params[i:j])
         self.gathered[unit.name] = flat
-        self.peak_gathered_bytes = max(self.peak_gathered_bytes,
-                                       sum(v.nbytes for v in self.gathered.values()))
         return lay.unflatten(flat)
 
     def release(self, unit: Unit, params: dict[str, Any]) -> None:

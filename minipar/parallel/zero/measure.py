@@ -6,7 +6,8 @@ EN ZeRO measurements · RU измерения ZeRO · ZH ZeRO 测量
 grid and returns this rank's measurements: bytes sent per step (the
 traced communicator's counters) next to :func:`exact_bytes_sent` (the exact
 figure of the algorithms that ran), model-state bytes by category (the ledger
-of the arrays) and by tracemalloc, the step's peak, and what stage 3 gathered.
+of the arrays) and by tracemalloc, the step's peak, and what stage 3 gathered
+(:class:`~minipar.parallel.zero.engine.MeteredZeroHooks`, the engine's hooks).
 :func:`formulas` gives the paper's figures for the same run (Rajbhandari et
 al. 2019, arXiv 1910.02054; :mod:`minipar.plan.zero`) and, for stage 0, a note
 saying which all-reduce ran and why.  ``minipar run zero``, ``minipar bench
