@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from minipar import spans
 from minipar.exercises.grading import Check
 from minipar.exercises.judging import Records, contract_checks
 from minipar.optim import AdamW
@@ -65,9 +66,9 @@ def serial(length: int, world: int, steps: int) -> tuple[np.ndarray, AdamW]:
 
 
 def shard(length: int, world: int, rank: int) -> slice:
-    q, extra = divmod(length, world)
-    lo = rank * q + min(rank, extra)
-    return slice(lo, lo + q + (rank < extra))
+    """Rank ``rank``'s slice: ZeRO's rule (:func:`minipar.parallel.zero.shard.shard_range`,
+    :func:`minipar.spans.span`), here with lengths shorter than the ranks too."""
+    return slice(*spans.span(length, world, rank))
 
 
 def make_input(case: dict, rank: int, size: int) -> tuple[np.ndarray, dict]:
