@@ -13,7 +13,11 @@ so each rank scales its gradient by rows_r / batch and the ranks sum with a
 ring all-reduce: 2(N-1)/N x S bytes per rank, only to the right neighbour.
 
 Self-contained on purpose: this is what the learner writes, so it does not
-use :mod:`minipar.collectives`.
+use :mod:`minipar.collectives`.  DDP itself does the same in
+``minipar/parallel/data_parallel/ddp.py``: the weight b_r / B of
+:func:`~minipar.parallel.data_parallel.ddp.local_batch` scales the loss (so the
+gradients come out weighted), and :class:`~minipar.parallel.data_parallel.ddp.DDPHooks`
+sums them bucket by bucket with the ring, overlapped with backward.
 """
 
 from __future__ import annotations

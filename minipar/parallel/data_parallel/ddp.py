@@ -164,8 +164,8 @@ def ddp_step(units: Sequence[Any], hooks: DDPHooks, states: ModelStates, x: Any,
     mean: no division after it.  ``walk``: the hooks the executor runs (``hooks``, or
     ``hooks`` wrapped by remat / offload, which pass the gradients on); ``records``: the
     executor's ``(what, unit, t0, t1)`` of each unit."""
-    loss = executor.loss_and_grads(units, walk or hooks, x, y, weight * states.loss_scale,
-                                   records)
+    loss = executor.loss_and_grads(units, hooks if walk is None else walk, x, y,
+                                   weight * states.loss_scale, records)
     hooks.finish_grad_sync()
     done = states.step(found_inf=states.local_found_inf() if states.scaler else None)
     return loss, done
