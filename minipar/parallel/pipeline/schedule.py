@@ -124,10 +124,12 @@ def interleaved(stage: int, p: int, m: int, v: int) -> list[Any]:
 
 def with_comm(order: Sequence[Any], stage: int, p: int, v: int = 1,
               place: str = "loop") -> list[Instruction]:
-    """A compute order -> rank ``stage``'s instructions: each receive right before its
-    compute, each send right after (``W`` talks to no one); a pair ``(Forward(k),
-    Backward(i))`` (1F1B's steady state) receives gradient i before it sends activation
-    k; one :class:`OptimizerStep` at the end."""
+    """A compute order -> rank ``stage``'s instructions, the same for every schedule: each
+    receive right before its compute, each send right after (``W`` talks to no one), one
+    :class:`OptimizerStep` at the end.  A pair ``(Forward(k), Backward(i))``, 1F1B's steady
+    state, is Megatron's ``send_forward_recv_backward``: gradient i is received before
+    activation k is sent — the order in which the next stage sends and receives them, so
+    even rendezvous sends cannot deadlock."""
     last = p * v - 1
 
     def messages(c: Any) -> tuple[list[Instruction], list[Instruction]]:
