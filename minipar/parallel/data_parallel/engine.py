@@ -1,4 +1,4 @@
-"""DDP's engine: the shell around :mod:`~minipar.parallel.data_parallel.ddp` — оболочка DDP — DDP 的外壳.
+"""DDP's engine, the shell around :mod:`~minipar.parallel.data_parallel.ddp` — оболочка — 外壳.
 
 :class:`DataParallel` is the :class:`~minipar.parallel.engine.Engine` of data
 parallelism: it checks its options, builds the replica's model states and

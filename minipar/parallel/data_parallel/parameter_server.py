@@ -113,7 +113,8 @@ class Worker:
             with c.operation(OP_HEADER):
                 reqs.append(c.Irecv(total, 0, TAG_HEADER))
         with c.operation(OP_PULL):
-            reqs += [c.Irecv(self.params[lo:hi], k, TAG_PARAM) for k, (lo, hi) in enumerate(self.spans)]
+            reqs += [c.Irecv(self.params[lo:hi], k, TAG_PARAM)
+                     for k, (lo, hi) in enumerate(self.spans)]
             c.waitall(reqs)
         return float(total[0])
 
