@@ -96,11 +96,15 @@ class ActivationLedger(Hooks):
     def grads(self) -> dict[str, Any]:  # type: ignore[override]
         return self.inner.grads
 
+    def _on_device(self, key: Any) -> bool:
+        """A held buffer still alive on the device (not moved out, not an offload handle)."""
+        ref = self.held[key][2]
+        return ref is None or (ref() is not None and place_of(ref()) == "device")
+
     @property
     def device_now(self) -> int:
         """Bytes of the held buffers still alive on the device (not moved out)."""
-        return sum(size for size, _, ref in self.held.values()
-                   if ref is None or (ref() is not None and place_of(ref()) == "device"))
+        return sum(entry[0] for key, entry in self.held.items() if self._on_device(key))
 
     def reset_peak(self) -> None:
         """Start a new peak from what is held now (between measured steps)."""
@@ -159,12 +163,16 @@ class ActivationLedger(Hooks):
 
     def restore(self, unit: Any, kept: Any) -> Any:
         """What the kept object held before (a segment's checkpoint) and after (its
-        recomputed ``saved``) are both counted at the peak, then the old is dropped."""
+        recomputed ``saved``) are both counted at the peak, then the old is dropped.  A
+        checkpoint the recompute freed as it went was on the device all through it."""
         old = self._kept.pop(id(kept))
+        before = [key for key in old if self._on_device(key)]
         out = self.inner.restore(unit, kept)
         if isinstance(kept, Segment) and kept.units:  # the segment lives on
             self._kept[id(kept)] = self._hold(_holds(kept))
         self._lent[id(unit)] = self._hold([out])
+        freed = sum(self.held[key][0] for key in before if not self._on_device(key))
+        self.device_peak = max(self.device_peak, self.device_now + freed)
         self._drop(old)
         return out
 
