@@ -12,7 +12,7 @@ Two instruments, so that a claim about memory is a measurement:
   ``activations`` (what forward saved for backward).  Each buffer counts
   once, however many views of it appear (q, k, v are views of one qkv
   array; every parameter is a view of the flat buffer).
-* Places — ``device``, ``host``, ``disk`` (``../shared/ARCHITECTURE.md`` §5):
+* Places — ``device``, ``host``, ``disk`` (``docs/ARCHITECTURE.md``, "The device boundary"):
   where a held buffer lives.  An array is on the device; an offloaded one
   (:mod:`minipar.parallel.offload.store`) is a handle whose ``place`` says where
   it went and whose ``nbytes`` are its size there, so :func:`bytes_by_place`

@@ -30,6 +30,8 @@ def test_notebook_is_stored_without_outputs(path: Path) -> None:
     nb = json.loads(path.read_text(encoding="utf-8"))
     dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("outputs")]
     assert not dirty, f"{path.name}: code cells {dirty} have stored outputs; clear them"
+    ids = [c.get("id") for c in nb["cells"]]  # nbformat 4.5: every cell has its own id
+    assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: cells without an id"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

@@ -16,7 +16,8 @@ Backward runs the other way: combine gives d(out) and d(gates); experts
 give d(buffers) and the experts' gradients; dispatch gives dh (gathered
 back from d(buffers), plus the router's term) and the router's gradient,
 through the gates and through the aux loss's P_i (f_i is constant).
-``moe_forward`` / ``moe_backward`` are these three in order and equal the
+``minipar.nn.moe.moe_forward`` / ``moe_backward`` (the router, gates and priorities defined
+there) are these three in order and equal the
 one-piece block bit for bit (tests/test_moe_split.py).
 
 Rows of a buffer beyond the expert's tokens are zero; the expert computes

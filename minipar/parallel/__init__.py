@@ -14,7 +14,8 @@ shared parts (layer 4) ``engine`` (the one interface: Batch, StepResult, Shard, 
 families (layer 5)     ``data_parallel/`` (DDP, the parameter server), ``zero/`` (ZeRO 0-3),
                        ``tensor_parallel/`` (Megatron, + sequence parallelism),
                        ``context_parallel/`` (ring attention, Ulysses), ``expert_parallel/``,
-                       ``pipeline/`` (GPipe, 1F1B, interleaved) — they never import each other
+                       ``pipeline/`` (GPipe, 1F1B, interleaved, zero bubble) — they never
+                       import each other
 composition (layer 6)  ``hybrid`` (dp x pp x cp x tp on one grid, ZeRO in a pipeline)
 on any engine (7)      ``strategies`` (one table builds every engine), ``loop`` (one
                        training loop), ``checkpoint`` (save and resume any layout)
@@ -28,8 +29,14 @@ Who holds what, 8 ranks as dp 2 x pp 2 x tp 2 (rank = (d·pp + p)·tp + t)::
                  └── f/g all-reduces inside a box ──┘   activations → between stages,
                  gradients all-reduced down each column (the dp axis)
 
-A technique plugs into the one walk over the model (:mod:`minipar.nn.executor`)
-through hooks, never by copying it.  What ``minipar run`` needs to start a
-technique (its options, checks and reports) lives beside the command, in
+Inside each family the technique itself is a short *core* — its ``__init__`` says
+which files, "The technique: read ..." — and the engine around it a *shell*
+(``engine.py``: the Engine interface, options and their checks, state_dict, memory,
+traffic, timelines; ``measure.py``: formulas and ledgers).  The shell calls the core;
+the core holds no clock and no counter (``tests/test_core_budget.py``).  A technique
+plugs into the one walk over the model (:mod:`minipar.nn.executor`) through hooks,
+never by copying it.  Checks that must run before MPI starts live beside the family's
+shell (``options.py`` where the shell imports MPI); what ``minipar run`` needs to
+start a technique (its options and reports) lives beside the command, in
 :mod:`minipar.run`.
 """

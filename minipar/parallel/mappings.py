@@ -3,11 +3,14 @@
 EN conjugate communication pairs (f and g operators) · RU сопряжённые пары обменов
 (операторы f и g) · ZH 共轭通信对（f 与 g 算子）
 
-Tensor, sequence, context and expert parallelism are built from these pairs and
-nothing else (Megatron-LM ``mappings.py``: Shoeybi et al. 2019, arXiv 1909.08053;
-the sequence pairs: Korthikanti et al. 2022, arXiv 2205.05198; all-to-all:
-Jacobs et al. 2023, DeepSpeed-Ulysses, arXiv 2309.14509; expert dispatch:
-Lepikhin et al. 2020, GShard, arXiv 2006.16668).
+Tensor, sequence, context and expert parallelism move their activations and
+their gradients through these pairs (Megatron-LM ``mappings.py``: Shoeybi et
+al. 2019, arXiv 1909.08053; the sequence pairs: Korthikanti et al. 2022, arXiv
+2205.05198; all-to-all: Jacobs et al. 2023, DeepSpeed-Ulysses, arXiv 2309.14509;
+expert dispatch: Lepikhin et al. 2020, GShard, arXiv 2006.16668).  What else
+moves is said where it happens: the vocab-parallel cross-entropy's two small
+all-reduces, ``gather_output``'s all-gather of columns, sequence parallelism's
+sums of the replicated parameters' gradients, ring attention's point-to-point.
 
 **The conjugate idea.**  A collective is a linear map A of the ranks' arrays.
 Backpropagation multiplies the gradient by the transpose: if y = A x then

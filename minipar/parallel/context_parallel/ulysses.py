@@ -33,7 +33,9 @@ Counted exactly, a rank holds Nh/P of each and keeps 1/P of that, so it sends
 = the paper's 4Nh/P × (P−1)/P
 (:func:`~minipar.parallel.context_parallel.measure.ulysses_bytes_per_rank`, exact also
 when P does not divide).  Requires H divisible by P (each rank a whole number of
-heads) and s by P (:func:`minipar.parallel.context_parallel.options.check`).
+heads) and s by P, and contiguous positions (no zigzag): the all-to-all joins the
+ranks' chunks in rank order, which is the sequence's order only when rank r holds the
+r-th s/P positions (:func:`minipar.parallel.context_parallel.options.check`).
 Activation memory of attention per rank: q, k, v of all positions for H/P
 heads and the H/P·s² softmax, 1/P of the serial layer's (the s² term stays:
 Ulysses divides it by P, ring attention removes it).

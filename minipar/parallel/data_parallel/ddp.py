@@ -68,7 +68,7 @@ def local_batch(batch: Batch, rank: int, world: int) -> tuple[Any, Any, float]:
     and their weight b_r / B: each rank's mean loss times b_r / B, summed over the ranks, is
     the mean over all B rows, even when the rows do not split evenly."""
     lo, hi = local_rows(batch.size, rank, world)
-    # copies: a view would hold the whole batch (and remat's ledger counts what is held)
+    # copies: a view of the rows would keep the whole global batch alive
     return batch.tokens[lo:hi].copy(), batch.targets[lo:hi].copy(), (hi - lo) / batch.size
 
 

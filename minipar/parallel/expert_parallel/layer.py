@@ -26,7 +26,7 @@ Backward mirrors it: d(out) (E, C_r, d) goes to the experts' ranks by
 **Why fixed-capacity buffers, not "counts first, then the tokens".**  The
 serial block already gives each expert a buffer of exactly C rows (zero rows
 past its count), so the buffer is the message: its shape is known to every
-rank before any message (C_j = ⌈n_j/E × capacity_factor⌉ from rank j's row
+rank before any message (C_j = ⌈k·n_j/E × capacity_factor⌉ from rank j's row
 count, which all ranks know), the bytes are fixed by the configuration
 (GShard's and Switch's padded all-to-all, what ``minipar.plan.moe`` counts),
 and the backward sends the same shapes back.  The cost is the padding: with
@@ -66,7 +66,7 @@ from minipar.nn.moe_steps import (
     experts_backward,
     experts_forward,
 )
-from minipar.parallel.expert_parallel.layout import OPS, expert_ids
+from minipar.parallel.expert_parallel.layout import expert_ids
 from minipar.parallel.mappings import all_to_all
 
 __all__ = ["EPMoE", "from_experts", "to_experts"]
@@ -113,14 +113,14 @@ class EPMoE:
                                        cfg.capacity_factor, cfg.aux_loss_coef)  # (E, C_r, d)
         counts = to_host(sd["tokens_per_expert"])  # the host decides which rows to compute
         got = to_experts(comm, np.asarray(counts, dtype=np.int64).reshape(-1, 1),
-                         [1] * comm.size, OPS[0])  # (E/ep, ep): rows source j filled
-        rows = to_experts(comm, buffers, self.caps, OPS[1])  # (E/ep, Σ C_j, d)
+                         [1] * comm.size, "ep_counts")  # (E/ep, ep): rows source j filled
+        rows = to_experts(comm, buffers, self.caps, "ep_dispatch")  # (E/ep, Σ C_j, d)
         out = xp.zeros_like(rows)
         s_experts = []
         for j, (o, c) in enumerate(zip(self.offsets, self.caps)):  # one source at a time
             out[:, o:o + c], sj = experts_forward(p, rows[:, o:o + c], got[:, j], self.ids)
             s_experts.append(sj)
-        back = from_experts(comm, out, self.caps, OPS[2])  # (E, C_r, d)
+        back = from_experts(comm, out, self.caps, "ep_combine")  # (E, C_r, d)
         y, s_combine = combine_forward(back, sd)
         saved = {**sd, "tokens_per_expert": counts, "x_shape": x.shape, "experts": s_experts,
                  "combine": s_combine}
@@ -129,13 +129,13 @@ class EPMoE:
     def backward(self, p: dict[str, Any], saved: dict[str, Any], dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
         d_back, d_gates = combine_backward(saved["combine"], dy.reshape(-1, dy.shape[-1]))
-        d_out = to_experts(self.comm, d_back, self.caps, OPS[3])  # (E/ep, Σ C_j, d)
+        d_out = to_experts(self.comm, d_back, self.caps, "ep_combine_grad")  # (E/ep, Σ C_j, d)
         d_rows = xp.zeros_like(d_out)
         grads: dict[str, Any] = {}
         for o, c, se in zip(self.offsets, self.caps, saved["experts"]):
             d_rows[:, o:o + c], g = experts_backward(p, se, d_out[:, o:o + c])
             for k, v in g.items():  # sources in rank order, as micro-batches accumulate
                 grads[k] = v if k not in grads else grads[k] + v
-        d_buffers = from_experts(self.comm, d_rows, self.caps, OPS[4])  # (E, C_r, d)
+        d_buffers = from_experts(self.comm, d_rows, self.caps, "ep_dispatch_grad")  # (E, C_r, d)
         dh, d_router = dispatch_backward(p["router"], saved, d_buffers, d_gates, daux)
         return dh.reshape(saved["x_shape"]), {"router": d_router, **grads}

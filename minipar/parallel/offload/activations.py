@@ -14,7 +14,7 @@ activation checkpoints).  Two tiers, through :mod:`minipar.backend`:
 * ``"host"`` — CuPy: a real device→host copy into pinned memory, queued on a
   side stream (asynchronous: the next unit's forward runs while it copies);
   NumPy: host and device are the same RAM, so the copy frees nothing, but the
-  bytes are accounted in their own ledger column (``../shared/ARCHITECTURE.md`` §5);
+  bytes are accounted in their own ledger column (``docs/ARCHITECTURE.md``, "The device boundary");
 * ``"disk"`` — each buffer written to a ``numpy.memmap`` file in a private
   temporary folder and dropped from memory: a real drop in resident memory on
   any machine (tracemalloc shows it); read back and deleted in backward.  No

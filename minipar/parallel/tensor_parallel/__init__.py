@@ -3,9 +3,11 @@
 
 The technique: read ``layers.py`` (121 code lines), then ``transformer.py`` (60 code
 lines), with the conjugate pairs they call by name, ``minipar/parallel/mappings.py``
-(115 code lines).  Then the shell: ``engine.py`` (``TensorParallel``: TP, TP+SP and
-TP x DP training on a dp x tp grid, its options and checks, ``state_dict``, traffic) and
-``measure.py`` (the exact byte formulas, the activation ledger).
+(115 code lines).  Then the shell: ``model.py`` (the units for the executor, SP's
+gradient sums), ``shards.py`` (who holds which slice, placements for checkpoints),
+``engine.py`` (``TensorParallel``: TP, TP+SP and TP x DP training on a dp x tp grid, its
+options and checks, ``state_dict``, traffic) and ``measure.py`` (the exact byte formulas,
+the activation ledger).
 
 EN tensor parallelism, sequence parallelism · RU тензорный параллелизм, параллелизм по
 последовательности · ZH 张量并行，序列并行

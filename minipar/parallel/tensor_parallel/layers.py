@@ -31,7 +31,10 @@ s/t positions of the sum) and f its adjoint, the all-gather
 (``gather_from_sequence_parallel_region``: the input arrives as a sequence shard).  The
 column-parallel layer then keeps only its sequence shard of X for backward and
 all-gathers it again there (op ``"sp_regather"``), as Megatron does, so the saved
-activations are 1/t of TP's.
+activations are 1/t of TP's.  One more sum belongs to SP (§4.2.2): the parameters every
+rank holds whole but applies to its own positions only — the layer norms' γ and β, the
+row-parallel bias, the position table — get gradients from s/t positions, summed over
+the t ranks after backward (``sum_sequence_grads`` in :mod:`.model`).
 
 Each layer is ``forward(p, x) -> (y, saved)`` and ``backward(p, saved, dy) -> (dx,
 grads)``, ``p = {"w": …, "b": …}`` this rank's slices, ``saved = (x,)`` its input; ``op``

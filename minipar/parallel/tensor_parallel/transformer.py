@@ -62,6 +62,8 @@ class ParallelMLP:
 
     def backward(self, p: dict[str, Any], saved: tuple, dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
+        # daux: the gradient of a MoE's auxiliary loss, which a block's feed-forward step
+        # takes whatever it is; a dense MLP has no such loss
         s_in, s_gelu, s_out = saved
         dh, g_out = self.dense_4h_to_h.backward({"w": p["w_out"], "b": p["b_out"]}, s_out, dy)
         dx, g_in = self.dense_h_to_4h.backward({"w": p["w_in"], "b": p["b_in"]}, s_in,

@@ -41,7 +41,9 @@ def zero_step(stage: int, comm: Any, units: Sequence[Any], hooks: Any, x: Any, y
     ``states``, ``params``, ``grads``: :func:`~minipar.parallel.zero.shard.shard_states`;
     ``optimizer``: what steps the shard (``states``, or its
     :class:`~minipar.parallel.offload.optimizer.OptimizerOffload`); ``algorithm``: the
-    all-reduce of stage 0's gradients and of the found_inf flag."""
+    all-reduce of stage 0's gradients and of the found_inf flag (``found_inf``: did any
+    rank's shard of the gradients overflow in 16 bits? one all-reduce, so that every
+    rank skips the step alike)."""
     loss = executor.loss_and_grads(units, hooks, x, y, scale)
     if stage == 0:
         grads[...] = allreduce(comm, grads, algorithm=algorithm)
