@@ -34,7 +34,7 @@ import numpy as np
 
 from minipar.backend import to_device, to_host, xp
 from minipar.nn.loss import cross_entropy_backward, cross_entropy_forward
-from minipar.parallel.engine import Piece, Shard, whole
+from minipar.parallel.engine import Shard, whole
 from minipar.parallel.pipeline.parts import replica_rows
 
 __all__ = ["HybridStage", "grid_units", "tp_placement"]
@@ -178,26 +178,9 @@ class HybridStage:
 
 def tp_placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
     """Where tp rank ``r`` of ``t``'s shard of the serial tensor ``name`` (global ``shape``)
-    sits in it (:func:`minipar.parallel.tensor_parallel.shards.kind_of`): rows (the
-    embedding's vocabulary rows, ``w_out``) one block of axis 0; columns one block of the
-    last axis; ``w_qkv``/``b_qkv`` three pieces, the rank's columns of q, of k and of v;
-    a replicated tensor (t = 1: every tensor) whole."""
-    from minipar.parallel.tensor_parallel.shards import kind_of
+    sits in it: tensor parallelism's own rule
+    (:func:`minipar.parallel.tensor_parallel.shards.placement`), or the whole tensor when
+    t = 1 (one piece, even for ``w_qkv``)."""
+    from minipar.parallel.tensor_parallel.shards import placement
 
-    kind = "replicated" if t == 1 else kind_of(name)
-    if kind == "replicated":
-        return whole(name, shape)
-    full = tuple(slice(0, n) for n in shape)
-    if kind == "rows":
-        k = shape[0] // t
-        pieces = (Piece((slice(0, k), *full[1:]), (slice(r * k, (r + 1) * k), *full[1:])),)
-    elif kind == "columns":
-        k = shape[-1] // t
-        pieces = (Piece((*full[:-1], slice(0, k)), (*full[:-1], slice(r * k, (r + 1) * k))),)
-    else:  # qkv: the last axis is [q | k | v], each cut in t column blocks
-        d = shape[-1] // 3
-        k = d // t
-        pieces = tuple(Piece((*full[:-1], slice(j * k, (j + 1) * k)),
-                             (*full[:-1], slice(j * d + r * k, j * d + (r + 1) * k)))
-                       for j in range(3))
-    return Shard(name, tuple(shape), pieces)
+    return whole(name, shape) if t == 1 else placement(name, tuple(shape), t, r)

@@ -32,7 +32,7 @@ from minipar.nn.gpt_config import GPTConfig
 from minipar.parallel.engine import Piece, Shard
 from minipar.plan.tensor import check_tp_sizes
 
-__all__ = ["check_tp", "gather_params", "kind_of", "placements", "shard_params",
+__all__ = ["check_tp", "gather_params", "kind_of", "placement", "placements", "shard_params",
            "split_columns", "split_rows", "split_sequence", "unshard_params"]
 
 
@@ -96,8 +96,10 @@ def shard_params(full: dict[str, Any], cfg: GPTConfig, t: int, r: int) -> dict[s
     return {n: _slice(n, full[n], t, r) for n in param_shapes(cfg)}
 
 
-def _placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
-    """Where rank r's slice of ``name`` (global ``shape``) sits: the pieces of :func:`_slice`."""
+def placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
+    """Where rank r's slice of ``name`` (global ``shape``) sits: the pieces of :func:`_slice`
+    (rows one block of axis 0; columns one block of the last axis; ``w_qkv``/``b_qkv``
+    three pieces, the rank's columns of q, of k and of v; a replicated tensor whole)."""
     full = tuple(slice(0, n) for n in shape)
     k = kind_of(name)
     if k == "replicated":
@@ -120,7 +122,7 @@ def placements(cfg: GPTConfig, t: int, r: int) -> dict[str, Shard]:
     replicated tensors whole.  E.g. t = 2, d = 4, rank 1's ``w_qkv`` (4, 6) holds global
     columns 2:4, 6:8 and 10:12 (the ``Shard`` example of :mod:`minipar.parallel.engine`)."""
     check_tp(cfg, t)
-    return {n: _placement(n, tuple(s), t, r) for n, s in param_shapes(cfg).items()}
+    return {n: placement(n, tuple(s), t, r) for n, s in param_shapes(cfg).items()}
 
 
 def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, Any]:
