@@ -214,3 +214,21 @@ def test_each_techniques_notebook_shows_its_core() -> None:
             shown = {part for dotted in re.findall(r"show_source\(\s*([\w.]+)", code)
                      for part in dotted.split(".")}  # StageLoop.run shows StageLoop
             assert shown & defined, f"{term.id}: {nb} shows none of {sorted(defined)}"
+
+
+def test_the_architecture_table_counts_are_true() -> None:
+    """docs/ARCHITECTURE.md's "Core and shell" table: every ``file.py`` N it gives (a bare
+    name lives in the folder of the path before it) is that file's count now."""
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = doc.split("## Core and shell", 1)[1].split("\n## ", 1)[0]
+    folder, seen = "", 0
+    for rel, n in re.findall(r"`([\w/]+\.py)` (\d+)", section):
+        if "/" in rel:
+            folder = rel.rsplit("/", 1)[0]
+        else:
+            rel = f"{folder}/{rel}"
+        path = next(p for p in (ROOT / "minipar" / "parallel" / rel, ROOT / "minipar" / rel,
+                                ROOT / rel) if p.is_file())
+        assert code_lines(path) == int(n), f"ARCHITECTURE: {rel} has {code_lines(path)} lines, says {n}"
+        seen += 1
+    assert seen >= 20

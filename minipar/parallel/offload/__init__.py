@@ -2,7 +2,7 @@
 
 EN offloading (ZeRO-Offload, ZeRO-Infinity) · RU выгрузка (оффлоадинг) · ZH 卸载
 
-The technique: read ``store.py`` (102 code lines), ``activations.py`` (43 code lines),
+The technique: read ``store.py`` (103 code lines), ``activations.py`` (43 code lines),
 ``optimizer.py`` (54 code lines), in this order (Ren et al. 2021, "ZeRO-Offload", arXiv
 2101.06840; Rajbhandari et al. 2021, "ZeRO-Infinity", arXiv 2104.07857: NVMe as a tier,
 activation checkpoints offloaded; two halves over one pair of tiers):

@@ -20,6 +20,7 @@ bytes out = bytes back = the distinct buffers' bytes (tests/test_offload.py).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -43,11 +44,11 @@ class Folder:
     def __init__(self, parent: str | None = None) -> None:
         self.parent, self.path, self._cleanup = parent, None, None
 
-    def file(self, name: str) -> Path:
+    def file(self, name: str) -> str:
         if self.path is None:
             self.path = tempfile.mkdtemp(prefix="minipar-offload-", dir=self.parent)
             self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
-        return Path(self.path, name)
+        return os.path.join(self.path, name)  # a str: NumPy's memmap opens it faster
 
     def close(self) -> None:
         if self._cleanup is not None:
@@ -55,7 +56,7 @@ class Folder:
         self.path = self._cleanup = None
 
 
-def to_file(path: Path, host: Any) -> Any:
+def to_file(path: str, host: Any) -> Any:
     """A ``numpy.memmap`` file at ``path`` holding the host array ``host``'s values."""
     mm = np.memmap(path, dtype=host.dtype, mode="w+", shape=host.shape)
     mm[...] = host
@@ -72,7 +73,7 @@ class Offloaded:
     def __init__(self, place: str, flat: Any) -> None:
         self.place, self.dtype, self.nbytes = place, flat.dtype, int(flat.nbytes)
         self.data: Any = None  # host: the host copy
-        self.path: Path | None = None  # disk: the file
+        self.path: str | None = None  # disk: the file
         self.source: Any = None  # CuPy: the device buffer, kept until its copy is done
 
 
@@ -122,7 +123,7 @@ class Store:
             self._files, self._out = self._files + 1, self._out + 1
             h.path = self.folder.file(f"{self._files}.bin")
             to_file(h.path, host)  # unmapped at once: the kernel writes the pages back
-            weakref.finalize(h, h.path.unlink, True)  # never brought back: file removed
+            weakref.finalize(h, Path(h.path).unlink, True)  # never brought back: removed
         return h
 
     def get(self, h: Offloaded) -> Any:
@@ -132,7 +133,7 @@ class Store:
             flat, h.data = backend.to_device(h.data), None
             return flat
         flat = backend.to_device(np.array(np.memmap(h.path, dtype=h.dtype, mode="r")))
-        h.path.unlink()
+        os.remove(h.path)
         self._out -= 1
         if self._out == 0:  # all back: the folder goes too
             self.folder.close()
