@@ -2,18 +2,19 @@
 
 EN offloading (ZeRO-Offload, ZeRO-Infinity) · RU выгрузка (оффлоадинг) · ZH 卸载
 
-The technique: read ``store.py`` (103 code lines), ``activations.py`` (43 code lines),
-``optimizer.py`` (54 code lines), in this order (Ren et al. 2021, "ZeRO-Offload", arXiv
-2101.06840; Rajbhandari et al. 2021, "ZeRO-Infinity", arXiv 2104.07857: NVMe as a tier,
-activation checkpoints offloaded; two halves over one pair of tiers):
+The technique: read ``activations.py`` (43 code lines), ``optimizer.py`` (54 code
+lines), then ``store.py`` (103 code lines), in this order (Ren et al. 2021,
+"ZeRO-Offload", arXiv 2101.06840; Rajbhandari et al. 2021, "ZeRO-Infinity", arXiv
+2104.07857: NVMe as a tier, activation checkpoints offloaded; two halves over one pair
+of tiers):
 
-- :mod:`.store` — the tiers: a ``Store`` moves a buffer to host memory or to a
-  ``numpy.memmap`` file and back (each buffer once, views rebuilt);
 - :mod:`.activations` — ``Offload``: executor hooks that move a unit's
   ``saved`` out after forward and back before backward (around any hooks,
   :class:`minipar.parallel.remat.Checkpointing` included);
 - :mod:`.optimizer` — ``OptimizerOffload``: fp32 master weights and moments on
-  host or disk, the optimizer step there.
+  host or disk, the optimizer step there;
+- :mod:`.store` — the tiers both use: a ``Store`` moves a buffer to host memory or
+  to a ``numpy.memmap`` file and back (each buffer once, views rebuilt).
 
 Then the shell:
 
