@@ -232,3 +232,17 @@ def test_the_architecture_table_counts_are_true() -> None:
         assert code_lines(path) == int(n), f"ARCHITECTURE: {rel} has {code_lines(path)} lines, says {n}"
         seen += 1
     assert seen >= 20
+
+
+def test_a_code_link_resolves_next_to_the_running_package(tmp_path: Path, monkeypatch) -> None:
+    """In a wheel the files sit in site-packages/minipar/...: the link's repo-root path is
+    found next to whichever ``minipar`` runs, not next to a checkout."""
+    import minipar.glossary.code_lines as cl
+
+    pkg = tmp_path / "site-packages" / "minipar"
+    (pkg / "parallel" / "zero").mkdir(parents=True)
+    (pkg / "parallel" / "zero" / "step.py").write_text("x = 1\n")
+    monkeypatch.setattr(cl, "PKG_DIR", pkg)
+    assert cl.code_file("minipar/parallel/zero/step.py") == pkg / "parallel" / "zero" / "step.py"
+    assert cl.code_file("minipar/parallel/zero/hooks.py") is None
+    assert cl.code_file("docs/ARCHITECTURE.md") is None
