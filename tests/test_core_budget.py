@@ -111,8 +111,10 @@ def instrumentation(path: str) -> list[str]:
                 or last == "measure" or is_shell(name, family) and module != name):
             problems.append(f"{path}: imports {name}")
     for node in ast.walk(tree):
-        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
-                else node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+        defs = (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)
+        name = (node.id if isinstance(node, ast.Name)
+                else node.attr if isinstance(node, ast.Attribute)
+                else node.name if isinstance(node, defs)
                 else node.arg if isinstance(node, ast.arg) else None)
         if name in FORBIDDEN_NAMES:
             problems.append(f"{path}:{node.lineno}: {name}")
@@ -194,7 +196,8 @@ def test_each_family_says_where_to_start(family: str) -> None:
     for rel, n in named:
         path = (init.parent / rel) if (init.parent / rel).is_file() else ROOT / rel
         assert path.is_file(), f"{family}: {rel} named but not found"
-        assert code_lines(path) == int(n), f"{family}: {rel} has {code_lines(path)} code lines, says {n}"
+        assert code_lines(path) == int(n), (
+            f"{family}: {rel} has {code_lines(path)} code lines, says {n}")
 
 
 def test_each_techniques_notebook_shows_its_core() -> None:
@@ -229,7 +232,8 @@ def test_the_architecture_table_counts_are_true() -> None:
             rel = f"{folder}/{rel}"
         path = next(p for p in (ROOT / "minipar" / "parallel" / rel, ROOT / "minipar" / rel,
                                 ROOT / rel) if p.is_file())
-        assert code_lines(path) == int(n), f"ARCHITECTURE: {rel} has {code_lines(path)} lines, says {n}"
+        assert code_lines(path) == int(n), (
+            f"ARCHITECTURE: {rel} has {code_lines(path)} lines, says {n}")
         seen += 1
     assert seen >= 20
 

@@ -174,7 +174,8 @@ def card(term: g.Term, lang: str | None = None, width: int | None = None, status
     if term.related:
         out += wrap("Related: " + ", ".join(term.related), w, "    ")
     out += read_the_code(term)
-    titles = {"modules": "Modules", "notebooks": "Notebooks", "commands": "Run", "exercises": "Exercises"}
+    titles = {"modules": "Modules", "notebooks": "Notebooks", "commands": "Run",
+              "exercises": "Exercises"}
     for kind, title in titles.items():
         targets = term.links.get(kind, [])
         if targets:

@@ -8,8 +8,8 @@ so each case has one best plan.  On every rank the learner's ``plan`` is run wit
 :class:`minipar.parallel.remat.Checkpointing` on forward and backward; the result is
 the flat gradient followed by two measured figures: the ledger's peak
 (:class:`~minipar.parallel.offload.measure.ActivationLedger`'s ``bytes_peak`` around
-it; written as the budget itself when it fits, so every fitting plan reads the same) and the recomputation (unit forwards counted by wrapping each
-unit, minus n; plus 0.5 for selective's attention cores).  The oracle is the
+it; written as the budget itself when it fits, so every fitting plan reads the same)
+and the recomputation (unit forwards counted by wrapping each unit, minus n; plus 0.5 for selective's attention cores).  The oracle is the
 serial model's gradient (``GPT.loss_and_grads``, no remat) followed by the budget
 and the least recomputation of any fitting plan (measured): compared exactly, so
 the gradient must be bit-identical, the peak within the budget and the plan one of

@@ -1,4 +1,5 @@
-"""What a context-parallel run can be told, checked — параметры контекстного параллелизма — 上下文并行的选项.
+"""What a context-parallel run can be told, checked — параметры контекстного
+параллелизма — 上下文并行的选项.
 
 EN context-parallel options and their checks · RU параметры контекстного параллелизма
 и их проверки · ZH 上下文并行的选项及其检查

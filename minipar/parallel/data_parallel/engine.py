@@ -148,17 +148,19 @@ class DataParallel:
     group: the serial oracle's routing is ``(dp,)`` (``spec.routing`` () or that).
     """
 
-    def __init__(self, grid: Grid, spec: RunSpec, bucket_bytes: int = int(DEFAULT_BUCKET_MB * 2**20),
-                 algorithm: str = "auto", overlap: bool = True,
+    def __init__(self, grid: Grid, spec: RunSpec,
+                 bucket_bytes: int = int(DEFAULT_BUCKET_MB * 2**20), algorithm: str = "auto", overlap: bool = True,
                  ring_min_bytes: int | None = None, wrap_hooks: Any = None) -> None:
         require_grid(grid, "data parallelism", ("dp",))
         checks.one_of("the data-parallel algorithm", algorithm, ALGORITHMS)
-        if ring_min_bytes is not None and (algorithm != "auto" or not checks.is_integer(ring_min_bytes)
+        if ring_min_bytes is not None and (algorithm != "auto"
+                                           or not checks.is_integer(ring_min_bytes)
                                            or ring_min_bytes <= 0):
             raise ValueError(f"ring_min_bytes must be a positive number of bytes, and only with "
                              f"algorithm 'auto'; got {ring_min_bytes!r} with {algorithm!r}")
         if wrap_hooks is not None and not callable(wrap_hooks):
-            raise ValueError(f"wrap_hooks must be a function (hooks, units) -> hooks, got {wrap_hooks!r}")
+            raise ValueError(f"wrap_hooks must be a function (hooks, units) -> hooks, "
+                             f"got {wrap_hooks!r}")
         self.grid = grid
         self.comm: TracedComm = grid.comm("dp")
         self.rank, self.world = self.comm.rank, self.comm.size

@@ -68,7 +68,8 @@ from minipar.parallel.engine import (
 from minipar.precision import ModelStates
 
 MODES = ("sync", "async")
-#: the keyword options of :class:`ParameterServer` (``strategies.build("ps", spec, grid, **options)``)
+#: the keyword options of :class:`ParameterServer`
+#: (``strategies.build("ps", spec, grid, **options)``)
 OPTIONS = ("servers", "mode", "staleness", "straggler_s")
 OP_EVAL = "ps_eval_allreduce"  # evaluate: the workers' weighted losses summed
 
@@ -108,7 +109,8 @@ class ParameterServer:
             raise ValueError(f"the parameter server routes each of its {self.workers} workers' "
                              f"rows as one MoE group: routing must be () or ({self.workers},), "
                              f"got {spec.routing}")
-        self.spec, self.servers, self.mode, self.staleness = spec, int(servers), mode, int(staleness)
+        self.spec, self.servers = spec, int(servers)
+        self.mode, self.staleness = mode, int(staleness)
         self.straggler_s = float(straggler_s)
         self.rank = self.comm.rank
         self.is_server = self.rank < servers

@@ -21,7 +21,8 @@ the stage loop and keeps the books; three objects it is handed decide what runs 
 The hybrid engine (:mod:`minipar.parallel.hybrid`) hands the same engine tensor-,
 context- or expert-parallel stage models, PTD-P's scatter/gather and ZeRO (and, as
 values, what differs in the loss's weight and report and in a tensor's replica: the
-engine's ``loss_weight``, ``reports_loss``, ``replica_of``).  Every weight is w_i = b_i/B (micro-batch i's rows over the global batch), so Σ_replicas Σ_i w_i ∇ℓ_i
+engine's ``loss_weight``, ``reports_loss``, ``replica_of``).  Every weight is
+w_i = b_i/B (micro-batch i's rows over the global batch), so Σ_replicas Σ_i w_i ∇ℓ_i
 is the serial gradient, and each replica stepping after the all-reduce is the serial step.
 """
 
