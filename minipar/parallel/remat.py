@@ -91,8 +91,10 @@ class Checkpointing(Hooks):
 
     ``units``: the units one ``executor.forward`` walks, in order (a pipeline stage
     passes its slice); ``every``: k, units per segment (default ⌈√n⌉, n = len(units);
-    k = n keeps everything); ``selective``: instead of segments, keep every ``saved``
-    except each block's attention probabilities A (Korthikanti et al.).  Several
+    k = n keeps everything; Megatron-LM's ``recompute_granularity="full"`` with
+    ``recompute_num_layers``); ``selective``: instead of segments, keep every ``saved``
+    except each block's attention probabilities A (Korthikanti et al.; Megatron-LM's
+    ``recompute_granularity="selective"``).  Several
     forwards may be in flight before their backwards (GPipe's micro-batches): each
     segment lives in the walk's own ``kept`` list, not in the hooks.  ``grads`` is the
     wrapped hooks'; anything else of theirs is read on them, ``inner``."""

@@ -43,7 +43,8 @@ The shell around it (one module each; nothing is imported here):
 - :mod:`.stage` — a stage's hooks (gradient accumulation, remat, offload) and its
   activation ledger;
 - :mod:`.partition` — which blocks each (virtual) stage holds (even or a ``balance``
-  list), and every check of a pipeline's sizes, without MPI;
+  list), and the checks of a run's pipeline options, without MPI (the schedules' own
+  arithmetic rules are :func:`.schedule.check_arguments`);
 - :mod:`.check` — ``problems(schedules)`` / ``check_schedules(schedules)``: dependencies,
   matching messages, no deadlock, each problem naming the stage and the instruction;
 - :mod:`.simulate` — ``replay(schedules, cost)``: the timeline a dedicated machine would

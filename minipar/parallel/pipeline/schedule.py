@@ -90,7 +90,8 @@ def gpipe(m: int) -> list[Any]:
 
 
 def one_f_one_b(stage: int, p: int, m: int) -> list[Any]:
-    """1F1B on stage s: warm-up, steady state, cool-down.  A steady pair ``(Forward(k),
+    """1F1B on stage s: warm-up, steady state, cool-down (Megatron-LM's
+    ``forward_backward_pipelining_without_interleaving``).  A steady pair ``(Forward(k),
     Backward(i))`` exchanges its messages together (:func:`with_comm`)."""
     warmup = min(p - stage - 1, m)
     order: list[Any] = [Forward(i) for i in range(warmup)]    # 1. warm-up: p - s - 1 forwards
