@@ -6,7 +6,7 @@ The technique: read ``ddp.py`` (77 code lines) — DDP (Li et al. 2020, arXiv
 2006.15704): this rank's rows and their weight b_r / B, gradient ``Bucket``s in
 reverse parameter order, the ``DDPHooks`` that start a full bucket's all-reduce as
 backward fills it (overlapped), and ``ddp_step`` (wait for all, the optimizer);
-then ``parameter_server.py`` (114 code lines) — the parameter server (Li et al.
+then ``parameter_server.py`` (113 code lines) — the parameter server (Li et al.
 2014, OSDI '14): a ``Worker`` computes, pushes its gradient and pulls the
 parameters; a ``Server`` aggregates, updates and answers, synchronously or with
 bounded staleness.

@@ -71,7 +71,6 @@ from minipar.optim import FlatParams
 from minipar.precision import ModelStates
 
 OP_PUSH, OP_PULL, OP_HEADER = "ps_push", "ps_pull", "ps_header"
-TAG_HEADER, TAG_GRAD, TAG_PARAM = PS_HEADER, PS_GRAD, PS_PARAM  # minipar.comm.tags
 
 
 def shard_span(size: int, servers: int, k: int) -> tuple[int, int]:
@@ -105,15 +104,15 @@ class Worker:
         reqs = []
         for k, (lo, hi) in enumerate(self.spans):
             with c.operation(OP_HEADER):
-                reqs.append(c.Isend(header, k, TAG_HEADER))
+                reqs.append(c.Isend(header, k, PS_HEADER))
             with c.operation(OP_PUSH):
-                reqs.append(c.Isend(self.grads[lo:hi], k, TAG_GRAD))
+                reqs.append(c.Isend(self.grads[lo:hi], k, PS_GRAD))
         total = np.array([np.nan])
         if self.sync:  # the pull's header: the step's global loss, from server 0
             with c.operation(OP_HEADER):
-                reqs.append(c.Irecv(total, 0, TAG_HEADER))
+                reqs.append(c.Irecv(total, 0, PS_HEADER))
         with c.operation(OP_PULL):
-            reqs += [c.Irecv(self.params[lo:hi], k, TAG_PARAM)
+            reqs += [c.Irecv(self.params[lo:hi], k, PS_PARAM)
                      for k, (lo, hi) in enumerate(self.spans)]
             c.waitall(reqs)
         return float(total[0])
@@ -148,9 +147,9 @@ class Server:
         """2. Worker ``w``'s header and shard of its gradient, into ``into``; its loss."""
         header = np.empty(2)
         with self.comm.operation(OP_HEADER):
-            self.comm.Recv(header, self.servers + w, TAG_HEADER)
+            self.comm.Recv(header, self.servers + w, PS_HEADER)
         with self.comm.operation(OP_PUSH):
-            self.comm.Recv(into, self.servers + w, TAG_GRAD)
+            self.comm.Recv(into, self.servers + w, PS_GRAD)
         self.loss_at[int(header[1])] += float(header[0])
         return float(header[0])
 
@@ -166,9 +165,9 @@ class Server:
         if loss is not None:
             total = np.array([loss])
             with c.operation(OP_HEADER):
-                reqs += [c.Isend(total, self.servers + w, TAG_HEADER) for w in workers]
+                reqs += [c.Isend(total, self.servers + w, PS_HEADER) for w in workers]
         with c.operation(OP_PULL):
-            reqs += [c.Isend(shard, self.servers + w, TAG_PARAM) for w in workers]
+            reqs += [c.Isend(shard, self.servers + w, PS_PARAM) for w in workers]
             c.waitall(reqs)
 
     def sync_step(self) -> float:
@@ -191,7 +190,7 @@ class Server:
         workers still waiting get the final parameters."""
         W, s, buf = self.workers, self.staleness, self.bufs[0]
         for _ in range(W):
-            status = self.comm.Probe(ANY_SOURCE, TAG_HEADER)  # whoever pushes first
+            status = self.comm.Probe(ANY_SOURCE, PS_HEADER)  # whoever pushes first
             w = status.Get_source() - self.servers
             self.receive_push(w, buf)
             self.max_delay = max(self.max_delay, self.updates - self.version_sent[w])
