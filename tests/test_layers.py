@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent / "minipar"
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("minipar", "minipar.backend", "minipar.strict_device", "minipar.spans",
         "minipar.checks", "minipar.host_memory", "minipar.trees", "minipar.progress",
+        "minipar.overlap",
         "minipar.trace", "minipar.registry", "minipar.glossary",
         "minipar.safetensors_io"),
     1: ("minipar.comm",),
