@@ -63,10 +63,10 @@ def test_bad_arguments_are_refused(tmp_path):
 # -- reference solutions ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name, n",
-    [("ring_allreduce", n) for n in (1, 2, 3, 4, 8)]
-    + [("tree_broadcast", n) for n in (1, 2, 3, 4, 5)]
+    [("ring_allreduce", n) for n in (2, 3, 4, 8)]
+    + [("tree_broadcast", n) for n in (2, 3, 4, 5)]
     + [("ps_sync", n) for n in (2, 3, 5)]
-    + [("layernorm_backward", n) for n in (1, 3)]
+    + [("layernorm_backward", n) for n in (2, 3)]
     + [("remat_budget", n) for n in (1, 2)],
 )
 def test_reference_solution_passes(name, n):
@@ -74,8 +74,7 @@ def test_reference_solution_passes(name, n):
     assert report.passed, report.text()
     assert not failed(report)
     ungraded = [c for c in report.checks if c.ok is None]
-    if (name == "tree_broadcast" and n < 4) or (name == "layernorm_backward" and n == 1):
-        # a linear broadcast and a tree look the same; one rank sends nothing
+    if name == "tree_broadcast" and n < 4:  # a linear broadcast and a tree look the same
         assert [c.name for c in ungraded] == [report.checks[-1].name]
         assert "not graded on" in ungraded[0].detail
     else:
@@ -151,7 +150,11 @@ WRONG = [
     ("ex_wrong_partial.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
      ["A partial sum", "chunk 0 lacks ranks"]),
     ("ex_wrong_allgather_index.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
-     ["Each chunk c holds only rank c's own values", "the all-gather passed around",
+     ["Each chunk c holds only rank c's own values", "The all-gather passed around",
+      "send chunks[(r + 1 - s) % N]"]),
+    # the same symptom from the reduce-scatter: `=` where `+=` belongs (both causes named)
+    ("ex_wrong_assign.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
+     ["Each chunk c holds only rank c's own values", "Two mistakes", "`recv += buf`",
       "send chunks[(r + 1 - s) % N]"]),
     ("ex_wrong_rotated.py", "ring_allreduce", 4, "result equals MPI's Allreduce",
      ["rotated chunk order", "chunk c holds what belongs in chunk (c + "]),
@@ -387,6 +390,23 @@ def test_ps_sync_needs_two_ranks(capsys):
     assert ex_cli.main(["check", "ps_sync", "--solution", "-n", "1"]) == 2
     assert capsys.readouterr().err == ("minipar exercise check: -n 1: ps_sync needs at least 2 "
                                        "ranks (a server and at least one worker)\n")
+
+
+@pytest.mark.parametrize("name", [e.name for e in EXERCISES.values() if e.min_ranks > 1
+                                  and e.name != "ps_sync"])
+def test_one_rank_is_refused_where_it_proves_nothing(name, capsys):
+    # on one rank no message is sent: a reduce-scatter that assigns instead of adding passed
+    assert ex_cli.main(["check", name, "--solution", "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"minipar exercise check: -n 1: {name} needs "
+                                                   "at least 2 ranks (on one rank nothing is sent")
+    assert "try -n 4" in err
+    with pytest.raises(ValueError, match=f"{name} needs at least 2 ranks"):
+        check(name, get(name).solution_path, 1)
+
+
+def test_remat_budget_is_graded_on_one_rank():
+    assert get("remat_budget").min_ranks == 1  # each rank's own step: no message to get wrong
 
 
 def test_every_option_has_help_showing_its_default(capsys):

@@ -19,7 +19,7 @@ from minipar.exercises.moe_dispatch import grader
 NAME = "moe_dispatch"
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_reference_solution_passes(n):
     report = check(NAME, get(NAME).solution_path, n, timeout=90)
     assert report.passed, report.text()

@@ -41,8 +41,11 @@ class Exercise:
     function: str
     description: str
     difficulty: str
-    min_ranks: int = 1
-    why_min_ranks: str = ""
+    #: one rank sends nothing, so a check on it proves nothing about the communication
+    #: (a wrong solution passes): every exercise that grades messages needs two
+    min_ranks: int = 2
+    why_min_ranks: str = ("on one rank nothing is sent, so a wrong solution would pass; "
+                          "try -n 4")
     #: the learner writes the communication (so using minipar.collectives is copying the
     #: answer); False where the learner writes data the grader's own code runs (a schedule)
     writes_communication: bool = True
@@ -165,6 +168,7 @@ EXERCISES: dict[str, Exercise] = {
             "remat_step",
             "activation checkpointing: which activations to keep for a memory budget (notebook 09)",
             "★★☆",
+            min_ranks=1,  # graded on each rank's own step: no message to get wrong
             writes_communication=False,
             writes="plan",
         ),

@@ -97,12 +97,17 @@ def sum_mistake(out: np.ndarray, expected: np.ndarray, parts: list[np.ndarray],
     complete = [c for c, s in enumerate(spans) if c not in wrong and o[s].size]
     if partial:
         if all(m == [r for r in range(n) if r != c] for c, m in partial):
-            return (f"Each chunk c holds only rank c's own values (N = {n}): the "
-                    "all-gather passed around the chunks the reduce-scatter never added into "
-                    "(rank r's chunk r, which it only sends at its first step), overwriting the "
-                    "finished sums. The reduce-scatter leaves rank r with the complete sum of chunk "
-                    "(r + 1) % N: in the all-gather send chunks[(r + 1 - s) % N] and receive into "
-                    "chunks[(r - s) % N] -- its indices are one ahead of the reduce-scatter's.")
+            return (f"Each chunk c holds only rank c's own values (N = {n}). Two mistakes "
+                    "give exactly this; check both. (1) The reduce-scatter ASSIGNS what it "
+                    "receives instead of adding it: each step must do `recv += buf` (receive "
+                    "into a scratch buffer, then +=), not `recv[:] = buf` or a Recv straight "
+                    "into the chunk, which overwrites the partial sum so that one rank's values "
+                    "go around. (2) The all-gather passed around the chunks the reduce-scatter "
+                    "never added into (rank r's chunk r, which it only sends at its first "
+                    "step), overwriting the finished sums. The reduce-scatter leaves rank r "
+                    "with the complete sum of chunk (r + 1) % N: in the all-gather send "
+                    "chunks[(r + 1 - s) % N] and receive into chunks[(r - s) % N] -- its "
+                    "indices are one ahead of the reduce-scatter's.")
         if complete:
             said = ", ".join(map(str, complete[:4]))
             return (f"An all-gather problem: chunk{'s' if len(complete) > 1 else ''} {said} "
