@@ -72,6 +72,7 @@ probability exceeds u, so a seed gives the same ids on every backend.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,6 +258,15 @@ def generate(model: GPT, params: dict[str, Any], prompt_ids: Any, n_tokens: int,
     ``kv_cache=False`` recomputes the window at every step (nanoGPT's loop, the
     oracle and the baseline of the speed measurement); both give the logits of a
     full forward of the window.  Bad arguments: a one-line ValueError before any work."""
+    new = stream(model, params, prompt_ids, n_tokens, temperature, top_k, seed, kv_cache)
+    return [int(t) for t in _as_ids("prompt_ids", prompt_ids, 1).tolist()] + list(new)
+
+
+def stream(model: GPT, params: dict[str, Any], prompt_ids: Any, n_tokens: int,
+           temperature: float = 1.0, top_k: int | None = None, seed: int = 0,
+           kv_cache: bool = True) -> Iterator[int]:
+    """:func:`generate`'s new ids one at a time, as each is sampled (a caller can show
+    them, count them, or stop early); the arguments are checked now, before any work."""
     cfg = model.cfg
     n_tokens = checks.integer("n_tokens", n_tokens, least=0)
     temperature = checks.real("temperature", temperature, at_least=0.0)
@@ -266,10 +276,15 @@ def generate(model: GPT, params: dict[str, Any], prompt_ids: Any, n_tokens: int,
     checks.one_of("kv_cache", kv_cache, (True, False))
     prompt = _as_ids("prompt_ids", prompt_ids, 1)
     cfg.check_tokens(prompt.reshape(-1, 1), what="prompt_ids")  # integer ids in range
-    ids = [int(t) for t in prompt.tolist()]
-    rng = np.random.default_rng(seed)
+    return _sampled(model, params, [int(t) for t in prompt.tolist()], n_tokens, temperature,
+                    top_k, np.random.default_rng(seed), kv_cache)
+
+
+def _sampled(model: GPT, params: dict[str, Any], ids: list[int], n_tokens: int,
+             temperature: float, top_k: int | None, rng: Any, kv_cache: bool) -> Iterator[int]:
+    cfg = model.cfg
     cache = None
-    for n in range(n_tokens):
+    for _ in range(n_tokens):
         window = xp.asarray([ids[-cfg.block_size:]], dtype=xp.int64)
         if not kv_cache:  # nanoGPT: a forward over the whole window at every step
             last = _window_logits(cfg, params, window)
@@ -279,7 +294,7 @@ def generate(model: GPT, params: dict[str, Any], prompt_ids: Any, n_tokens: int,
         else:
             last = decode_step(model, params, cache, window[0, -1:])[0]
         ids.append(sample_token(last, temperature, top_k, rng))
-    return ids
+        yield ids[-1]
 
 
 def _window_logits(cfg: GPTConfig, params: dict[str, Any], window: Any) -> Any:
