@@ -14,7 +14,8 @@ from one parent (``Split``, ``Dup``) writes into the same object, so
   "tp sent X bytes, dp sent Y" (``bytes_sent_by_comm()``,
   ``bytes_sent(comm="tp")``);
 * by **peer**, as a rank of COMM_WORLD, so sub-communicators add up
-  (``peers_sent("ring_allreduce")`` -> ``{world rank: bytes}``).
+  (``peers_sent("ring_allreduce")`` -> ``{world rank: bytes}``), and by peer on each
+  communicator (``peers_sent_on("dp")``: with the ranks' hosts, what crossed hosts).
 
 Bytes are payload bytes (``buffer.nbytes`` sent, ``Get_count(MPI.BYTE)``
 received); a received message is counted once, when its request first
@@ -63,6 +64,8 @@ class Stats:
     #: (operation, world rank of peer) -> bytes
     sent_to: dict[tuple[str, int], int] = field(default_factory=_table)
     recv_from: dict[tuple[str, int], int] = field(default_factory=_table)
+    #: (communicator name, world rank of peer) -> bytes sent (what crossed hosts)
+    sent_on: dict[tuple[str, int], int] = field(default_factory=_table)
     #: communicator name -> operation -> counters
     comms: dict[str, dict[str, OpStats]] = field(default_factory=lambda: defaultdict(_ops))
     #: while set (:meth:`set_aside`), every record goes there instead
@@ -91,6 +94,7 @@ class Stats:
         a.msgs_sent += 1
         b.msgs_sent += 1
         self.sent_to[(op, peer)] += nbytes
+        self.sent_on[(comm, peer)] += nbytes
 
     def record_recv(self, op: str, comm: str, peer: int | None, nbytes: int) -> None:
         """One message of ``nbytes`` received (from world rank ``peer``, when known)."""
@@ -124,6 +128,7 @@ class Stats:
     def reset(self) -> None:
         self.ops.clear()
         self.sent_to.clear()
+        self.sent_on.clear()
         self.recv_from.clear()
         self.comms.clear()
 
@@ -173,6 +178,10 @@ class Stats:
     def peers_sent(self, op: str | None = None) -> dict[int, int]:
         """{world rank: bytes sent to it}, in operation ``op`` or in all."""
         return _by_peer(self.sent_to, op)
+
+    def peers_sent_on(self, comm: str) -> dict[int, int]:
+        """{world rank: bytes sent to it} on communicator ``comm`` (a grid's axis)."""
+        return {p: b for (c, p), b in self.sent_on.items() if c == comm}
 
     def peers_recv(self, op: str | None = None) -> dict[int, int]:
         """{world rank: bytes received from it}, in operation ``op`` or in all."""

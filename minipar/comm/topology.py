@@ -43,6 +43,15 @@ it, tokens travel by all-to-all); ``edp`` group (expert data parallel): the
 ranks holding the same experts in the other blocks (expert gradients are
 averaged there).  ``ep`` must divide dp·cp.
 
+**Hosts.**  Which ranks share a machine (a *node*) is MPI's own knowledge:
+``Split_type(COMM_TYPE_SHARED)`` splits the ranks into those that can share
+memory (MPI 4.1 §7.4.2), one group per node (:func:`hosts_of`).  ``node=K``
+overrides it, to simulate nodes of K consecutive ranks on one machine.  The
+grid then says where each rank runs (``grid.hosts``, ``grid.host_names``), whether
+a group of an axis stays inside a host (:meth:`Grid.inside_host`: tp does when
+its t adjacent ranks fit in a node, Megatron's placement), and the bytes each
+axis sent inside a host and across hosts (:meth:`Grid.bytes_by_axis_hosts`).
+
 Errors: sizes that are not positive integers, a product that is not the
 world size, ``ep`` not dividing dp·cp raise ``ValueError`` naming the
 numbers, on every rank (every rank checks the same sizes against the same
@@ -53,6 +62,7 @@ world size), before any message.
     ring_allreduce(grid.comm("tp"), x)                       # sums over my tp pair only
     grid.next_stage                                          # rank in grid.comm("pp"), or None
     grid.bytes_by_axis()                                     # {"dp": 0, "tp": 96, ...}
+    grid.hosts, grid.inside_host("tp")                       # [0, 0, 1, 1, ...], True
 """
 
 from __future__ import annotations
@@ -155,6 +165,33 @@ class Layout:
         return "\n".join(lines)
 
 
+def hosts_of(comm: Any, node: int | None = None) -> tuple[list[int], list[str]]:
+    """The host of every rank of ``comm`` (0, 1, ... in the order of each host's first rank)
+    and each host's name (collective; nothing counted).
+
+    The ranks of a host are those MPI's ``Split_type(COMM_TYPE_SHARED)`` puts together
+    (they can share memory: one node), the name that of its first rank's processor.
+    ``node=K`` simulates nodes of K consecutive ranks instead, named ``node 0``, ...
+    (``ValueError`` unless K divides the number of ranks, on every rank alike)."""
+    from mpi4py import MPI
+
+    comm = getattr(comm, "comm", comm)  # a TracedComm's own: these messages are not counted
+    n = comm.Get_size()
+    if node is not None:
+        k = checks.integer("node (ranks per node)", node, 1)
+        if n % k:
+            raise ValueError(f"node = {k} ranks per node must divide the {n} ranks")
+        return [r // k for r in range(n)], [f"node {i}" for i in range(n // k)]
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        first = shared.allreduce(comm.Get_rank(), op=MPI.MIN)  # the host's first rank
+    finally:
+        shared.Free()
+    every = comm.allgather((first, MPI.Get_processor_name()))
+    order = sorted({f for f, _ in every})
+    return [order.index(f) for f, _ in every], [every[f][1] for f in order]
+
+
 class Grid:
     """``comm``'s ranks as a dp x pp x cp x tp grid, with one communicator per axis.
 
@@ -164,7 +201,7 @@ class Grid:
     """
 
     def __init__(self, comm: Any = None, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1,
-                 ep: int = 1) -> None:
+                 ep: int = 1, node: int | None = None) -> None:
         if comm is None:
             from mpi4py import MPI
 
@@ -174,6 +211,10 @@ class Grid:
         self.world: TracedComm = (comm if isinstance(comm, TracedComm)
                                   else TracedComm(comm, name="world"))
         self.rank: int = self.world.rank
+        #: the host of each rank, and each host's name (:func:`hosts_of`)
+        self.hosts, self.host_names = hosts_of(self.world, node)
+        #: ranks on this rank's host
+        self.ranks_per_node: int = self.hosts.count(self.hosts[self.rank])
         self._coords = self.layout.coords(self.rank)
         self._groups = {a: self.layout.ranks(self.rank, a) for a in AXES + EXPERT_AXES}
         self._comms: dict[str, TracedComm] = {}
@@ -227,6 +268,36 @@ class Grid:
         """Bytes this rank sent on each of the grid's communicators (shared Stats)."""
         stats = self.world.stats
         return {name: stats.bytes_sent(comm=name) for name in COMM_NAMES}
+
+    def inside_host(self, axis: str, rank: int | None = None) -> bool:
+        """Whether every group of ``axis`` (or only ``rank``'s) lies inside one host."""
+        ranks = range(self.layout.world) if rank is None else [rank]
+        return all(len({self.hosts[r] for r in self.layout.ranks(q, axis)}) == 1 for q in ranks)
+
+    def bytes_by_axis_hosts(self) -> dict[str, dict[str, int]]:
+        """Bytes this rank sent on each communicator to ranks of its own host (``intra``)
+        and of other hosts (``inter``): what crossed the network between machines."""
+        host = {w: self.hosts[r] for r, w in enumerate(self.world.world_ranks)}
+        mine = self.hosts[self.rank]
+        out = {}
+        for name in COMM_NAMES:
+            sent = self.world.stats.peers_sent_on(name)
+            inter = sum(b for p, b in sent.items() if host.get(p, -1) != mine)
+            out[name] = {"intra": sum(sent.values()) - inter, "inter": inter}
+        return out
+
+    def placement(self) -> str:
+        """Where the ranks run, one host a line, and which axes stay inside a host."""
+        lines = []
+        for h, name in enumerate(self.host_names):
+            ranks = [r for r, x in enumerate(self.hosts) if x == h]
+            lines.append(f"{name}: ranks {', '.join(map(str, ranks))}")
+        axes = [a for a in AXES if self.size(a) > 1]
+        inside = [a for a in axes if self.inside_host(a)]
+        lines.append(("inside a host: " + ", ".join(inside) if inside else "no axis inside a host")
+                     + ("; across hosts: " + ", ".join(a for a in axes if a not in inside)
+                        if len(inside) < len(axes) else ""))
+        return "\n".join(lines)
 
     def describe(self) -> str:
         """A table of every rank's coordinates, then my groups, for a learner to read."""

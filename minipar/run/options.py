@@ -74,6 +74,9 @@ def parser(strategy: str | None = None) -> ArgumentParser:
                    help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")
     g.add_argument("--hostfile", type=existing_file, default=None,
                    help="hosts to run the ranks on, passed to mpiexec (see MINIPAR_MPIEXEC)")
+    g.add_argument("--node", type=integer(1), default=None, metavar="K",
+                   help="ranks per node (default: MPI's own, the ranks that share memory); K "
+                        "simulates nodes of K consecutive ranks on one machine")
     g.add_argument("--debug", action="store_true",
                    help="on failure, show every rank's output and traceback")
     defaults = {}
@@ -116,7 +119,12 @@ def check(options: dict[str, Any]) -> Any:
     naming the option."""
     from minipar.parallel.common import RunSpec
 
+    from minipar import checks
+
     resolve_data_options(options)
+    if options.get("node") is not None:
+        checks.divides("--node", options["node"], "-n", options["ranks"],
+                       "K consecutive ranks share a simulated node")
     spec = RunSpec.from_options(options)
     strategy_module(options["strategy"]).check(options, spec)
     check_checkpoint_options(options, spec)

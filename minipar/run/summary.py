@@ -163,7 +163,25 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"{s['model_state_formula']:,.0f}")
     if "backend" in s:
         lines.append(_device_boundary(s))
+    if s.get("hosts") and len(s["hosts"]["names"]) > 1:
+        lines.append(_hosts(s["hosts"]))
     lines += list(s.get("notes", []))
+    return "\n".join(lines)
+
+
+def _hosts(h: dict[str, Any]) -> str:
+    """Where the ranks ran (one host a line), then the bytes per step each axis sent inside a
+    host and across hosts, summed over the ranks."""
+    lines = ["placement: " + "; ".join(h["placement"])]
+    axes: dict[str, list[float]] = {}
+    for r in h["bytes_by_axis_per_rank"]:
+        for a, b in r.items():
+            t = axes.setdefault(a, [0.0, 0.0])
+            t[0] += b["intra"]
+            t[1] += b["inter"]
+    if axes:
+        lines.append("bytes per step, all ranks, inside a host / across hosts: " + ", ".join(
+            f"{a} {i:,.0f} / {x:,.0f}" for a, (i, x) in axes.items()))
     return "\n".join(lines)
 
 

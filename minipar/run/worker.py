@@ -38,7 +38,7 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
     from minipar.optim import FlatParams
     from minipar.parallel import loop, strategies
 
-    grid = Grid(TracedComm(), **module.grid_sizes(options, spec))
+    grid = Grid(TracedComm(), **module.grid_sizes(options, spec), node=options.get("node"))
     engine = strategies.build(options["strategy"], spec, grid,
                               **module.engine_options(options, spec))
     history = loop.fit(engine, spec, grid.world, save_dir=options.get("save"),
@@ -46,6 +46,7 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
                        eval_every=options.get("eval_every") or 0,
                        eval_batches=options.get("eval_batches") or 1,
                        aside=grid.world.stats.set_aside)  # the steps' bytes, not validation's
+    hosts = _hosts(grid, max(len(history.losses), 1))
     with grid.world.stats.set_aside():  # gathering the result is not a step's traffic
         params = engine.full_params()
     staged = _staged(grid.world, max(len(history.losses), 1))
@@ -56,7 +57,20 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
         return None
     return {"losses": history.losses, "start": history.start,
             "validation": {str(k): v for k, v in history.validation.items()},
-            "params": FlatParams.like(params).flatten(params), **staged, **m}
+            "params": FlatParams.like(params).flatten(params), **staged, "hosts": hosts, **m}
+
+
+def _hosts(grid: Any, steps: int) -> dict[str, Any] | None:
+    """Where the ranks ran and what crossed hosts, for the summary (rank 0): each host's
+    name, the host of every rank, the placement's lines, and per rank the bytes per step each
+    axis sent inside its host and across hosts (:meth:`Grid.bytes_by_axis_hosts`)."""
+    mine = {a: {k: v / steps for k, v in b.items()}
+            for a, b in grid.bytes_by_axis_hosts().items() if b["intra"] or b["inter"]}
+    every = grid.world.comm.gather(mine, root=0)  # pickled, uncounted: a report
+    if every is None:
+        return None
+    return {"names": grid.host_names, "host_of_rank": grid.hosts,
+            "placement": grid.placement().splitlines(), "bytes_by_axis_per_rank": every}
 
 
 def _staged(world: Any, steps: int) -> dict[str, Any]:

@@ -137,4 +137,32 @@ if R == 0:
     print("TOPO-BAD " + json.dumps({"kwargs": [{k: str(v) for k, v in kw.items()} for kw in BAD],
                                     "messages": messages}), flush=True)
 
+# hosts: this machine is one host (MPI's shared-memory split); node=K simulates hosts of K
+# consecutive ranks, and an all-reduce's bytes split into inside a host and across hosts
+g = Grid(world, dp=N)
+c.check(g.hosts == [0] * N and len(g.host_names) == 1 and g.ranks_per_node == N,
+        f"one machine: {g.hosts} {g.host_names}")
+g.free()
+for k in divisors(N):
+    g = Grid(world, dp=N, node=k)
+    c.check(g.hosts == [r // k for r in range(N)] and g.ranks_per_node == k
+            and g.host_names == [f"node {i}" for i in range(N // k)], f"node={k}: {g.hosts}")
+    c.check(g.inside_host("dp") == (k == N), f"node={k}: dp inside a host")
+    world.stats.reset()
+    C.allreduce(g.comm("dp"), np.ones(5))
+    split = g.bytes_by_axis_hosts()["dp"]
+    mine = set(range(R // k * k, R // k * k + k))
+    inter = sum(b for p, b in world.stats.peers_sent().items() if p not in mine)
+    c.check(split == {"intra": g.bytes_by_axis()["dp"] - inter, "inter": inter},
+            f"node={k}: {split}, across hosts {inter}")
+    c.check(g.placement().splitlines()[0] == "node 0: ranks " + ", ".join(map(str, range(k))),
+            f"node={k}: {g.placement()}")
+    g.free()
+if N > 1:
+    try:
+        Grid(world, dp=N, node=N + 1)
+        c.check(False, "node not dividing the ranks was accepted")
+    except ValueError as exc:
+        c.check(str(exc) == f"node = {N + 1} ranks per node must divide the {N} ranks", str(exc))
+
 c.summary(grids=grids)
