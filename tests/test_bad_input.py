@@ -53,6 +53,7 @@ TRAIN = [
     (["--lr", "nan"], ["--lr", "finite"]),
     (["--heads", "3"], ["--heads 3", "--d-model 64", "1, 2, 4, 8, 16, 32, 64"]),
     (["--d-model", "30", "--heads", "4"], ["--heads 4", "--d-model 30", "1, 2, 3, 5"]),
+    (["--kv-heads", "3"], ["--kv-heads 3", "--heads 4", "one of 1, 2, 4"]),
     (["--layers", "0"], ["--layers", "a positive integer"]),
     (["--d-model", "0"], ["--d-model", "a positive integer"]),
     (["--d-model", "-8"], ["--d-model", "a positive integer"]),

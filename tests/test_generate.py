@@ -23,6 +23,7 @@ CONFIGS = {
     "dense": GPTConfig(**SMALL),
     "moe-top1": GPTConfig(**SMALL, n_experts=3, top_k=1, moe_every=2, capacity_factor=1.0),
     "moe-top2": GPTConfig(**SMALL, n_experts=3, top_k=2, capacity_factor=1.0),
+    "multi-query": GPTConfig(**SMALL, n_kv_head=1),  # GQA, K = 1: a cache of one head
 }
 
 

@@ -57,6 +57,33 @@ def test_gpt_gradients_match_finite_differences() -> None:
     gradcheck_model(model, perturbed(model), x, y)
 
 
+@pytest.mark.parametrize("kv", [1, 2])
+def test_grouped_query_attention_gradients_match_finite_differences(kv: int) -> None:
+    """GQA (K = 2 of H = 4) and multi-query (K = 1): w_qkv (d, (H + 2K)·d/H)."""
+    model = GPT(GPTConfig(**{**TINY, "n_head": 4}, n_kv_head=kv))
+    assert model.init(0)["blocks.0.attn.w_qkv"].shape == (8, (4 + 2 * kv) * 2)
+    x, y = tokens(model.cfg)
+    gradcheck_model(model, perturbed(model), x, y)
+
+
+def test_grouped_query_attention_is_multi_head_with_shared_key_value_heads() -> None:
+    """Query head h reads key/value head h // (H/K): copying each shared head's columns
+    into a multi-head model (K = H) gives the same loss; K = H is today's model."""
+    h, kv, dh = 4, 2, 2
+    gqa = GPT(GPTConfig(**{**TINY, "n_head": h}, n_kv_head=kv))
+    mha = GPT(GPTConfig(**{**TINY, "n_head": h}))
+    assert GPTConfig(**TINY) == GPTConfig(**TINY, n_kv_head=TINY["n_head"])
+    p = perturbed(gqa)
+    q = dict(p)
+    for n in p:
+        if n.endswith("qkv"):
+            cols = p[n][..., h * dh:].reshape(*p[n].shape[:-1], 2, kv, dh)
+            wide = np.repeat(cols, h // kv, axis=-2).reshape(*p[n].shape[:-1], 2 * h * dh)
+            q[n] = np.concatenate([p[n][..., :h * dh], wide], axis=-1)
+    x, y = tokens(gqa.cfg)
+    assert abs(gqa.loss(p, x, y) - mha.loss(q, x, y)) < 1e-12
+
+
 def routing_margin(model: GPT, params, x) -> float:
     """Smallest gap between the k-th and (k+1)-th router logit (log-probability) over all tokens.
 
@@ -185,6 +212,7 @@ def test_lower_precision_keeps_its_dtype(dtype: str) -> None:
     ({"n_experts": -1}, "n_experts"),
     ({"dtype": "int32"}, "dtype"),
     ({"dtype": "nonsense"}, "dtype"),
+    ({"n_head": 2, "n_kv_head": 3}, "n_kv_head 3 does not divide n_head 2"),
 ])
 def test_bad_config_raises(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):

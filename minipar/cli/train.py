@@ -52,8 +52,8 @@ DIVERGENCE_FACTOR = 10.0
 
 #: GPT-only and MLP-only options -> their defaults (None in the parser, so that an
 #: option given to the other model is refused instead of silently ignored)
-GPT_OPTIONS = {"vocab": 10, "seq": 16, "d_model": 64, "layers": 2, "heads": 4, "experts": 0,
-               "top_k": 1, "text": None, "data_seed": 0, "aux_loss_coef": None, "save": None,
+GPT_OPTIONS = {"vocab": 10, "seq": 16, "d_model": 64, "layers": 2, "heads": 4, "kv_heads": 0,
+               "experts": 0, "top_k": 1, "text": None, "data_seed": 0, "aux_loss_coef": None, "save": None,
                "save_every": None, "resume": None}
 #: with --text: a context of 64 bytes (nanoGPT's CPU setting) unless --seq says otherwise
 TEXT_SEQ = 64
@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=integer(1), help=f"GPT: blocks (default {g['layers']})")
     p.add_argument("--heads", type=integer(1),
                    help=f"GPT: attention heads, must divide --d-model (default {g['heads']})")
+    p.add_argument("--kv-heads", type=integer(0),
+                   help="GPT: key/value heads (grouped-query attention), must divide --heads "
+                   "(default: as many as --heads; 1: multi-query)")
     p.add_argument("--experts", type=integer(0),
                    help="GPT: experts per MoE block (default 0: dense)")
     p.add_argument("--top-k", type=int, choices=(1, 2),
@@ -151,7 +154,7 @@ def _spec(a: argparse.Namespace) -> RunSpec:
     extra = {k: getattr(a, k) for k in ("aux_loss_coef", "betas", "eps")
              if getattr(a, k) is not None}
     return RunSpec(vocab=a.vocab, seq=a.seq, d_model=a.d_model, layers=a.layers, heads=a.heads,
-                   batch=a.batch, steps=a.steps, seed=a.seed, data_seed=a.data_seed, lr=a.lr,
+                   kv_heads=a.kv_heads, batch=a.batch, steps=a.steps, seed=a.seed, data_seed=a.data_seed, lr=a.lr,
                    weight_decay=a.weight_decay, optimizer=a.optimizer, precision=a.precision,
                    experts=a.experts, top_k=a.top_k, text=a.text, **extra)
 

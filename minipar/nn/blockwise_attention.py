@@ -50,6 +50,7 @@ from typing import Any
 
 from minipar import checks
 from minipar.backend import errstate, xp
+from minipar.nn.attention import group_heads
 from minipar.nn.dtypes import down, up
 
 __all__ = ["attention_block_backward", "attention_block_forward", "block_visible",
@@ -62,8 +63,10 @@ def block_visible(tq: int, tk: int, q_offset: int, k_offset: int) -> bool:
 
 
 def _scores(q: Any, k: Any, q_offset: int, k_offset: int) -> Any:
-    """s = q kᵀ / sqrt(d_h) in the compute dtype, −inf where key position > query position."""
-    s = up(q) @ up(k).transpose(0, 1, 3, 2)
+    """s = q kᵀ / sqrt(d_h) in the compute dtype, −inf where key position > query position;
+    grouped (B, K, H/K, tq, tk) as :func:`~minipar.nn.attention.group_heads` puts them."""
+    qg, kg = group_heads(up(q), up(k))
+    s = qg @ kg.swapaxes(-1, -2)
     s *= 1.0 / math.sqrt(q.shape[-1])
     tq, tk = q.shape[2], k.shape[2]
     if k_offset + tk - 1 > q_offset:  # some key lies after some query: mask those pairs
@@ -75,7 +78,8 @@ def _scores(q: Any, k: Any, q_offset: int, k_offset: int) -> Any:
 
 def attention_block_forward(q: Any, k: Any, v: Any, q_offset: int = 0,
                             k_offset: int = 0) -> tuple[Any, Any]:
-    """``(o, lse)`` of queries q (B, H, tq, d_h) over one block of keys/values (B, H, tk, d_h).
+    """``(o, lse)`` of queries q (B, H, tq, d_h) over one block of keys/values (B, K, tk, d_h)
+    (K divides H: grouped-query attention, query head h reads key/value head h // (H/K)).
 
     o is normalised over this block's visible keys (storage dtype of q), lse
     (B, H, tq) in the compute dtype; −inf and o = 0 for a query with no visible key."""
@@ -85,11 +89,11 @@ def attention_block_forward(q: Any, k: Any, v: Any, q_offset: int = 0,
     s -= m
     xp.exp(s, out=s)
     denom = s.sum(axis=-1, keepdims=True)
-    o = s @ up(v)
+    o = s @ up(v)[:, :, None]
     with errstate(divide="ignore"):  # log 0 = −inf for a query that sees no key
         lse = (m + xp.log(denom))[..., 0]
     o /= xp.where(denom > 0, denom, 1.0)
-    return down(o, q.dtype), lse
+    return down(o.reshape(q.shape), q.dtype), lse.reshape(q.shape[:3])
 
 
 def merge_attention(o_a: Any, lse_a: Any, o_b: Any, lse_b: Any) -> tuple[Any, Any]:
@@ -112,16 +116,18 @@ def attention_block_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any,
     ``o`` and ``lse`` are those of the *whole* attention of these queries (all
     blocks merged); dq over all blocks is the sum of the blocks' dq."""
     s = _scores(q, k, q_offset, k_offset)
-    s -= xp.where(xp.isfinite(lse), lse, 0.0)[..., None]
+    qg, kg = group_heads(up(q), up(k))
+    g = qg.shape[:3]  # (B, K, H/K): a key/value head's gradient sums over its group
+    s -= xp.where(xp.isfinite(lse), lse, 0.0).reshape(*g, -1)[..., None]
     xp.exp(s, out=s)  # P_ij = exp(s_ij − lse_i): the final softmax, this block's columns
-    doc = up(do)
-    delta = (doc * up(o)).sum(axis=-1, keepdims=True)  # D_i = Σ_c do_ic o_ic
-    dv = s.transpose(0, 1, 3, 2) @ doc
-    ds = doc @ up(v).transpose(0, 1, 3, 2)
+    doc = up(do).reshape(qg.shape)
+    delta = (doc * up(o).reshape(qg.shape)).sum(axis=-1, keepdims=True)  # D_i = Σ_c do_ic o_ic
+    dv = (s.swapaxes(-1, -2) @ doc).sum(axis=2)
+    ds = doc @ up(v)[:, :, None].swapaxes(-1, -2)
     ds -= delta
     ds *= s
     ds *= 1.0 / math.sqrt(q.shape[-1])
-    return ds @ up(k), ds.transpose(0, 1, 3, 2) @ up(q), dv
+    return (ds @ kg).reshape(q.shape), (ds.swapaxes(-1, -2) @ qg).sum(axis=2), dv
 
 
 def blockwise_attention(q: Any, k: Any, v: Any, block: int) -> tuple[Any, Any]:

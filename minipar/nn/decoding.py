@@ -14,7 +14,7 @@ cache*) and run each step on the one new token (Shazeer 2019, "Fast Transformer
 Decoding", arXiv 1911.02150; the *prefill* and *decode* phases of Pope et al. 2022,
 "Efficiently Scaling Transformer Inference", arXiv 2211.05102):
 
-    prefill(tokens[:T])   one forward over the prompt; block i keeps K_i, V_i (B, H, T, d_h)
+    prefill(tokens[:T])   one forward over the prompt; block i keeps K_i, V_i (B, K, T, d_h)
     decode_step(x_t)      x = tok_emb[x_t] + pos_emb[t]        (the position is the cache's length)
                           per block: [q | k | v] = ln1(x) W_qkv + b_qkv;  K_i ← [K_i; k], V_i ← [V_i; v]
                                      o = softmax(q K_iᵀ / sqrt(d_h)) V_i   (every cached key is visible)
@@ -80,7 +80,7 @@ import numpy as np  # host-side RNG only: the same draws under any backend
 
 from minipar import checks
 from minipar.backend import xp
-from minipar.nn.attention import attention_core_forward, merge_heads, split_heads
+from minipar.nn.attention import attention_core_forward, merge_heads, split_qkv
 from minipar.nn.blockwise_attention import attention_block_forward
 from minipar.nn.gpt import GPT, block_forward, embed_forward, head_forward, sub
 from minipar.nn.gpt_config import GPTConfig
@@ -119,7 +119,7 @@ class KVCache:
     @classmethod
     def empty(cls, cfg: GPTConfig, batch: int, dtype: Any) -> KVCache:
         """Room for ``block_size`` positions of ``batch`` sequences, nothing filled."""
-        shape = (batch, cfg.n_head, cfg.block_size, cfg.d_model // cfg.n_head)
+        shape = (batch, cfg.n_kv_head, cfg.block_size, cfg.d_model // cfg.n_head)
         return cls(cfg, [xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)],
                    [xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)],
                    xp.zeros((batch, cfg.block_size), dtype=xp.int64))
@@ -129,7 +129,8 @@ class KVCache:
         return int(self.tokens.shape[0])
 
     def nbytes(self) -> int:
-        """Bytes held by the keys and values: 2 · L · B · block_size · d · itemsize."""
+        """Bytes held by the keys and values: 2 · L · B · block_size · K·d_h · itemsize
+        (K·d_h = d without grouped-query attention; d·K/H with it)."""
         return sum(int(a.nbytes) for a in (*self.keys, *self.values))
 
 
@@ -137,7 +138,7 @@ def _no_backward(*_: Any) -> Any:
     raise RuntimeError("decoding is forward only: there is no backward through a KV cache")
 
 
-def _cached_attention(cache: KVCache, i: int, n_head: int) -> Any:
+def _cached_attention(cache: KVCache, i: int, n_head: int, n_kv_head: int) -> Any:
     """Block i's attention step over the cache: the new rows' k, v are written at
     positions [length, length + T) and their queries attend to every position up to
     their own (a prefill from position 0 is the serial causal core)."""
@@ -146,7 +147,7 @@ def _cached_attention(cache: KVCache, i: int, n_head: int) -> Any:
     def forward(q: dict[str, Any], a: Any) -> tuple[Any, None]:
         qkv, _ = linear_forward(a, q["w_qkv"])  # as attention_forward: one fused projection
         qkv = bias_forward(qkv, q["b_qkv"])
-        qh, kh, vh = (split_heads(z, n_head) for z in xp.split(qkv, 3, axis=-1))
+        qh, kh, vh = split_qkv(qkv, n_head, n_kv_head)
         t1 = t0 + a.shape[1]
         cache.keys[i][:, :, t0:t1] = kh
         cache.values[i][:, :, t0:t1] = vh
@@ -170,7 +171,7 @@ def _extend(cfg: GPTConfig, params: dict[str, Any], cache: KVCache, tokens: Any,
     run = dropless(cfg)
     for i in range(cfg.n_layer):
         x, _ = block_forward(sub(params, f"blocks.{i}."), x, run,
-                             attn=_cached_attention(cache, i, cfg.n_head))
+                             attn=_cached_attention(cache, i, cfg.n_head, cfg.n_kv_head))
     cache.tokens[:, t0:t1] = tokens
     cache.length = t1
     logits, _ = head_forward(params, x[:, -1:] if last_only else x)

@@ -9,7 +9,8 @@ pre-LayerNorm, untied output head, no dropout, so runs are deterministic.
 
 Parameter names (dotted, in this order — ``GPT.init`` returns them so):
 ``tok_emb`` (V, d), ``pos_emb`` (block_size, d), per block i
-``blocks.{i}.ln1.{gamma,beta}``, ``blocks.{i}.attn.{w_qkv,b_qkv,w_out,b_out}``,
+``blocks.{i}.ln1.{gamma,beta}``, ``blocks.{i}.attn.{w_qkv,b_qkv,w_out,b_out}`` (w_qkv
+(d, (H + 2K)·d/H): H query heads, then K key heads, then K value heads, K = n_kv_head),
 ``blocks.{i}.ln2.{gamma,beta}``, then ``blocks.{i}.mlp.{w_in,b_in,w_out,b_out}``
 or, in an MoE block, ``blocks.{i}.moe.router`` (d, E) and
 ``blocks.{i}.moe.experts.{e}.{w_in,b_in,w_out,b_out}``; ``ln_f.{gamma,beta}``,
@@ -76,11 +77,12 @@ __all__ = [
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in the model's order."""
     d, f, e = cfg.d_model, cfg.d_ff, cfg.n_experts
+    qkv = (cfg.n_head + 2 * cfg.n_kv_head) * (d // cfg.n_head)  # 3d unless grouped (GQA)
     s: dict[str, tuple[int, ...]] = {"tok_emb": (cfg.vocab_size, d), "pos_emb": (cfg.block_size, d)}
     for i in range(cfg.n_layer):
         b = f"blocks.{i}."
         s.update({b + "ln1.gamma": (d,), b + "ln1.beta": (d,),
-                  b + "attn.w_qkv": (d, 3 * d), b + "attn.b_qkv": (3 * d,),
+                  b + "attn.w_qkv": (d, qkv), b + "attn.b_qkv": (qkv,),
                   b + "attn.w_out": (d, d), b + "attn.b_out": (d,),
                   b + "ln2.gamma": (d,), b + "ln2.beta": (d,)})
         experts = [f"moe.experts.{j}." for j in range(e)] if cfg.is_moe_block(i) else ["mlp."]
@@ -139,7 +141,7 @@ def serial_steps(cfg: GPTConfig) -> tuple[Step, Step]:
     """The serial block's ``(attn, ffn)`` steps: causal self-attention, and the MLP or, in an
     MoE block (its parameters hold a ``router``), the mixture of experts."""
     def attn_forward(q: dict[str, Any], a: Any) -> tuple[Any, Any]:
-        return attention_forward(q, a, cfg.n_head)
+        return attention_forward(q, a, cfg.n_head, cfg.n_kv_head)
 
     def ffn_forward(q: dict[str, Any], h: Any) -> tuple[Any, Any]:
         if "router" in q:

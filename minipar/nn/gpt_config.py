@@ -24,7 +24,9 @@ class GPTConfig:
     blocks 1, 3, … as in Switch / GShard) by a router and ``n_experts``
     expert MLPs, top-``top_k`` routing (1 or 2), expert capacity factor
     ``capacity_factor`` and auxiliary loss weight ``aux_loss_coef`` (α).
-    ``dtype``: storage dtype of parameters and activations.
+    ``dtype``: storage dtype of parameters and activations.  ``n_kv_head``: key/value
+    heads of grouped-query attention, dividing ``n_head`` (0 means ``n_head``: multi-head
+    attention; 1: multi-query).
     """
 
     vocab_size: int = 16
@@ -40,12 +42,18 @@ class GPTConfig:
     aux_loss_coef: float = 0.01
     init_std: float = 0.02
     dtype: str = "float64"
+    n_kv_head: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
             checks.integer(f"GPTConfig.{name}", getattr(self, name), 1)
         checks.divides("n_head", self.n_head, "d_model", self.d_model,
                        "each head needs d_model / n_head columns")
+        checks.integer("n_kv_head", self.n_kv_head, 0, why="0 means n_head")
+        if self.n_kv_head == 0:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        checks.divides("n_kv_head", self.n_kv_head, "n_head", self.n_head,
+                       "each key/value head serves n_head / n_kv_head query heads")
         checks.integer("d_ff", self.d_ff, 0, why="0 means 4*d_model")
         if self.d_ff == 0:
             object.__setattr__(self, "d_ff", 4 * self.d_model)

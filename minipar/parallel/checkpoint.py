@@ -187,7 +187,8 @@ DATA_KEYS = ("task", "batch", "seq", "data_seed", "sha256")
 #: the model's fields as the command line spells them (``minipar train``, ``minipar run``),
 #: so that a refused resume names the option to change; the others keep their field names
 MODEL_OPTIONS = {"vocab_size": "--vocab", "block_size": "--seq", "n_layer": "--layers",
-                 "n_head": "--heads", "d_model": "--d-model", "n_experts": "--experts",
+                 "n_head": "--heads", "n_kv_head": "--kv-heads", "d_model": "--d-model",
+                 "n_experts": "--experts",
                  "top_k": "--top-k", "capacity_factor": "--capacity-factor",
                  "aux_loss_coef": "--aux-loss-coef"}
 
@@ -421,7 +422,7 @@ def _spec_diffs(d: Path, m: dict[str, Any], spec: Any) -> list[str]:
     saved, now = m.get("data"), want.get("data")
     if saved is not None and now is not None and saved.get("task") != now.get("task"):
         _refuse_data(d, [_data_diff("task", saved, now)])
-    model = m["model"]
+    model = {"n_kv_head": m["model"].get("n_head"), **m["model"]}  # older: no GQA, K = H
     diffs = [f"{MODEL_OPTIONS.get(k, k)}: checkpoint {model.get(k)!r}, this run {v!r}"
              for k, v in want["model"].items() if model.get(k) != v
              and not (k == "d_ff" and model.get("d_model") != want["model"]["d_model"])]

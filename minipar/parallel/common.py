@@ -95,6 +95,8 @@ class RunSpec:
     d_model: int = 16
     layers: int = 2
     heads: int = 2
+    #: key/value heads of grouped-query attention (0: as many as ``heads``; 1: multi-query)
+    kv_heads: int = 0
     batch: int = 10
     steps: int = 3
     seed: int = 0
@@ -120,10 +122,15 @@ class RunSpec:
             checks.integer(_option(name), getattr(self, name), 2)
         for name in ("d_model", "layers", "heads", "batch", "steps", "top_k"):
             checks.integer(_option(name), getattr(self, name), 1)
-        for name in ("seed", "data_seed", "experts"):
+        for name in ("seed", "data_seed", "experts", "kv_heads"):
             checks.integer(_option(name), getattr(self, name), 0)
         checks.divides("--heads", self.heads, "--d-model", self.d_model,
                        "each head takes d_model / heads columns")
+        if self.kv_heads and self.heads % self.kv_heads:
+            ok = ", ".join(str(k) for k in range(1, self.heads + 1) if self.heads % k == 0)
+            raise ValueError(f"--kv-heads {self.kv_heads} does not divide --heads {self.heads}: "
+                             f"each key/value head serves heads / kv-heads query heads; use one "
+                             f"of {ok}")
         checks.one_of("--precision", self.precision, POLICIES)
         checks.one_of("--optimizer", self.optimizer, ("adamw", "sgd"))
         checks.real("--lr", self.lr, greater_than=0)
@@ -164,7 +171,8 @@ class RunSpec:
 
     def config(self, dtype: str | None = None) -> GPTConfig:
         return GPTConfig(vocab_size=self.vocab, block_size=self.seq, n_layer=self.layers,
-                         n_head=self.heads, d_model=self.d_model, n_experts=self.experts,
+                         n_head=self.heads, n_kv_head=self.kv_heads, d_model=self.d_model,
+                         n_experts=self.experts,
                          top_k=self.top_k, capacity_factor=self.capacity_factor,
                          aux_loss_coef=self.aux_loss_coef,
                          dtype=dtype or get_policy(self.precision).model_dtype)
