@@ -54,6 +54,22 @@ def test_shards_are_cut_from_the_full_init_and_glue_back() -> None:
     assert np.array_equal(split_columns(np.arange(12), 2, 1, parts=3), [2, 3, 6, 7, 10, 11])
 
 
+def test_grouped_query_attention_slices_split_or_replicate_key_value_heads() -> None:
+    """H = 4, K = 2: t = 2 gives each rank one key/value head; t = 4 replicates each on two
+    ranks (rank r reads head r // 2); unshard glues them back; t = 3 is refused."""
+    cfg = GPTConfig(vocab_size=12, n_layer=1, n_head=4, n_kv_head=2, d_model=16)
+    full = GPT(cfg).init(3)
+    w = full["blocks.0.attn.w_qkv"]  # (16, 32): q 0:16, k 16:24, v 24:32
+    for t in (1, 2, 4):
+        shards = [shard_params(full, cfg, t, r) for r in range(t)]
+        back = unshard_params(shards, cfg)
+        assert all(np.array_equal(back[k], full[k]) for k in full)
+    s = shard_params(full, cfg, 4, 3)["blocks.0.attn.w_qkv"]
+    assert np.array_equal(s, np.concatenate([w[:, 12:16], w[:, 20:24], w[:, 28:32]], axis=1))
+    with pytest.raises(ValueError, match="kv_heads = 2"):
+        check_tp(GPTConfig(vocab_size=12, n_head=6, n_kv_head=2, d_model=24), 3)
+
+
 def test_the_slicing_table() -> None:
     assert [kind_of(n) for n in ("tok_emb", "pos_emb", "blocks.0.attn.w_qkv",
                                  "blocks.0.attn.w_out", "blocks.0.attn.b_out",

@@ -310,8 +310,9 @@ def check_layout(model: ModelSpec, lay: Layout, n: int | None = None,
     if lay.v > 1 and lay.m % lay.p:
         raise ValueError(f"interleaving (v = {lay.v}) needs the {lay.m} micro-batches to be a "
                          f"multiple of p = {lay.p} (Megatron-LM's rule)")
-    if model.groups % lay.t and model.family == "llama":
-        raise ValueError(f"t = {lay.t} must divide the {model.groups} key/value heads")
+    if model.groups % lay.t and lay.t % model.groups:  # K < t: each replicated on t/K ranks
+        raise ValueError(f"t = {lay.t} must divide the {model.groups} key/value heads or be "
+                         "a multiple of them")
     if lay.cp_kind not in ("ring", "allgather"):
         raise ValueError(f"cp kind must be ring or allgather, got {lay.cp_kind!r}")
     if model.seq % lay.c:

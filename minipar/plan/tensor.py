@@ -73,9 +73,16 @@ def tp_indivisible(t: int, heads: int, d_ff: int, vocab: int | None = None,
 
 
 def check_tp_sizes(t: int, heads: int, d_ff: int, vocab: int, seq: int | None = None, *,
-                   sequence_parallel: bool = False, experts: int = 0) -> None:
+                   sequence_parallel: bool = False, experts: int = 0,
+                   kv_heads: int | None = None) -> None:
     """ValueError naming the first size ``t`` does not divide (``seq``: checked when given);
-    sequence parallelism also refuses a mixture of experts.  Every rank raises alike."""
+    sequence parallelism also refuses a mixture of experts; ``kv_heads`` K (grouped-query
+    attention) must be a multiple of t (K/t per rank) or divide it (each key/value head
+    replicated on t/K ranks).  Every rank raises alike."""
+    if kv_heads and kv_heads % t and t % kv_heads:
+        raise ValueError(f"kv_heads = {kv_heads} and the tensor-parallel size t = {t}: one "
+                         f"must divide the other (K/t key/value heads per rank, or each "
+                         f"replicated on t/K ranks)")
     for what, n, why in tp_indivisible(t, heads, d_ff, vocab, seq):
         if what == "seq":
             raise ValueError(f"sequence length {n} is not divisible by the sequence-parallel "

@@ -184,6 +184,11 @@ if N in (2, 4):
 moe = GPTConfig(vocab_size=4 * N, block_size=SEQ, n_layer=L, n_head=H, d_model=2 * H * N,
                 n_experts=4, top_k=2, moe_every=2)
 gpt_parity(moe, False, f"MoE under TP t={N}")
+# grouped-query attention: K/t key/value heads per rank (t | K), or each replicated (K < t)
+for kv in sorted({1, N} - {H}):
+    if H % kv == 0 and (kv % N == 0 or N % kv == 0):
+        gpt_parity(GPTConfig(**{**dense.__dict__, "n_kv_head": kv}), False,
+                   f"GQA K={kv} under TP t={N}")
 
 # -- 4. training: the shared verdict ----------------------------------------------------------
 SPEC = RunSpec(vocab=4 * N, seq=2 * N, d_model=2 * H * N, layers=2, heads=H, batch=4, steps=4)
@@ -221,6 +226,7 @@ if N in (2, 4):
 if N == 4:
     train(SPEC, 2, False, "train TP 2 x DP 2")
 train(SPEC.with_(experts=4, top_k=2), 1, False, f"train MoE under TP t={N}")
+train(SPEC.with_(kv_heads=1), 1, False, f"train multi-query (K=1) under TP t={N}")
 
 # -- 5. bad input ----------------------------------------------------------------------------
 if N > 1:

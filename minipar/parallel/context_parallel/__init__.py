@@ -1,11 +1,11 @@
 """Context parallelism — контекстный параллелизм — 上下文并行.
 
 The technique: read ``layout.py`` (28 code lines),
-``minipar/nn/blockwise_attention.py`` (61 code lines) and
+``minipar/nn/blockwise_attention.py`` (65 code lines) and
 ``ring_attention.py`` (81 code lines) for ring attention: which positions a rank
 holds (zigzag included), the online-softmax merge of two partial results, the K/V
 blocks around the ring, forward and backward.  ``ulysses.py`` (25 code lines) with
-``minipar/nn/attention.py`` (68 code lines) for DeepSpeed-Ulysses: one all-to-all
+``minipar/nn/attention.py`` (77 code lines) for DeepSpeed-Ulysses: one all-to-all
 from sequence to heads, the serial attention core, one all-to-all back.
 
 Then the shell: ``model.py`` (the CP GPT: the serial units with the attention core

@@ -140,7 +140,8 @@ class HybridStage:
     def placements(self, names: Iterable[str]) -> dict[str, Shard]:
         """Where each tensor of my stage sits in the serial one (:func:`tp_placement`)."""
         shapes, r = self.model.param_shapes(), self.grid.coord("tp")
-        return {n: tp_placement(n, shapes[n], self.t, r) for n in names}
+        heads = (self.cfg.n_head, self.cfg.n_kv_head)
+        return {n: tp_placement(n, shapes[n], self.t, r, heads) for n in names}
 
     def replica(self, name: str, ranged: bool) -> int:
         """My copy's index among the ranks holding the same piece of ``name``: the
@@ -176,11 +177,12 @@ class HybridStage:
         return {n: xp.asarray(full[n], dtype=dtype) for n in self.model.param_shapes()}
 
 
-def tp_placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
+def tp_placement(name: str, shape: tuple[int, ...], t: int, r: int,
+                 heads: tuple[int, int] | None = None) -> Shard:
     """Where tp rank ``r`` of ``t``'s shard of the serial tensor ``name`` (global ``shape``)
     sits in it: tensor parallelism's own rule
     (:func:`minipar.parallel.tensor_parallel.shards.placement`), or the whole tensor when
-    t = 1 (one piece, even for ``w_qkv``)."""
+    t = 1 (one piece, even for ``w_qkv``); ``heads`` = (H, K) for ``w_qkv``'s columns."""
     from minipar.parallel.tensor_parallel.shards import placement
 
-    return whole(name, shape) if t == 1 else placement(name, tuple(shape), t, r)
+    return whole(name, shape) if t == 1 else placement(name, tuple(shape), t, r, heads)

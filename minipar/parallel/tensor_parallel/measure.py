@@ -101,12 +101,17 @@ def tp_axis_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int,
     """Exact bytes rank ``rank`` of ``t`` sends per step over ``tp`` under TP (not SP):
     the blocks' f and g, the embedding's g and the head's f (one ring all-reduce of
     b·s·h each), and the vocab-parallel loss's all-reduces of b·s and 2·b·s numbers in
-    the compute dtype."""
+    the compute dtype; with fewer key/value heads K than t (GQA, each replicated on
+    g = t/K ranks) per block the all-reduces over g ranks of their W_qkv (h, 2·d_h) and
+    b_qkv (2·d_h) gradient columns (op ``tp_kv_grads``)."""
     h, ic = cfg.d_model, compute_dtype(cfg.dtype).itemsize
     ring = allreduce_bytes_sent
+    g, dh = max(t // cfg.n_kv_head, 1), h // cfg.n_head
+    kv = 0 if g == 1 else cfg.n_layer * sum(
+        ring(n * 2 * dh, itemsize, g, rank % g, "ring") for n in (h, 1))
     return (block_bytes_formula(cfg, b, s, t, rank, itemsize)
             + 2 * ring(b * s * h, itemsize, t, rank, "ring")
-            + ring(b * s, ic, t, rank, "ring") + ring(2 * b * s, ic, t, rank, "ring"))
+            + ring(b * s, ic, t, rank, "ring") + ring(2 * b * s, ic, t, rank, "ring") + kv)
 
 
 def bytes_by_op(stats: Any, steps: int) -> dict[str, float]:

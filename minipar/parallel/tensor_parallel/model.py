@@ -28,7 +28,9 @@ the sequence, the embedding adds the positions of this rank's shard, and the par
 that see one shard of the sequence (LayerNorm γ, β, the row-parallel b_out, pos_emb) get
 their gradients summed over the tp ranks (:func:`sum_sequence_grads`, op
 ``sp_param_grads``, one fused all-reduce per unit; Megatron sums them after the backward,
-in ``finalize_model_grads``).
+in ``finalize_model_grads``).  **Grouped-query attention** with fewer key/value heads K
+than t replicates each on t/K ranks: their gradient columns are summed over those ranks
+(:func:`sum_kv_grads`, op ``tp_kv_grads``).
 
 **Arguments, not overrides**, for what other techniques bring: a mixture-of-experts block's
 feed-forward (``ffn``: :class:`ParallelMoE`, each expert's MLP sliced like the dense one:
@@ -72,10 +74,11 @@ from minipar.parallel.tensor_parallel.layers import (
 )
 from minipar.parallel.tensor_parallel.transformer import ParallelAttention, ParallelMLP
 
-__all__ = ["OP_PARAM_GRADS", "ParallelMoE", "TPBlockUnit", "TPEmbedUnit", "TPHeadUnit",
-           "sum_sequence_grads", "tp_gpt_units", "tp_loss_and_grads"]
+__all__ = ["OP_KV_GRADS", "OP_PARAM_GRADS", "ParallelMoE", "TPBlockUnit", "TPEmbedUnit",
+           "TPHeadUnit", "sum_kv_grads", "sum_sequence_grads", "tp_gpt_units",
+           "tp_loss_and_grads"]
 
-OP_PARAM_GRADS = "sp_param_grads"
+OP_PARAM_GRADS, OP_KV_GRADS = "sp_param_grads", "tp_kv_grads"
 
 
 def sum_sequence_grads(comm: Any, grads: dict[str, Any], names: list[str]) -> None:
@@ -90,6 +93,17 @@ def sum_sequence_grads(comm: Any, grads: dict[str, Any], names: list[str]) -> No
     for n in names:
         grads[n] = total[at:at + grads[n].size].reshape(grads[n].shape)
         at += grads[n].size
+
+
+def sum_kv_grads(group: Any, grads: dict[str, Any], q_columns: int) -> None:
+    """GQA with fewer key/value heads K than t: the ``group`` of t/K ranks holding the same
+    key/value head each computed its gradient from their own query heads only; sum the
+    k and v columns of ``attn.w_qkv`` / ``attn.b_qkv`` (after my ``q_columns`` query
+    columns) over them (op ``tp_kv_grads``; the group's bytes count on the tp axis)."""
+    with group.operation(OP_KV_GRADS):
+        for n in ("attn.w_qkv", "attn.b_qkv"):
+            g = grads[n]
+            g[..., q_columns:] = allreduce(group, g[..., q_columns:].copy(), "sum", "ring")
 
 
 # ------------------------------------------------------------------------ the units
@@ -133,7 +147,11 @@ class TPBlockUnit(BlockUnit):
                  core: Any = None, ffn: Any = None) -> None:
         super().__init__(cfg, i)
         self.comm, self.sp = comm, sequence_parallel
-        self.attention = ParallelAttention(comm, cfg.n_head, sequence_parallel, core)
+        self.attention = ParallelAttention(comm, cfg.n_head, sequence_parallel, core,
+                                           cfg.n_kv_head)
+        c, kv = traced(comm), cfg.n_kv_head
+        self.kv_group = (c.Split(c.rank // (c.size // kv), c.rank, name=c.name)
+                         if kv < c.size else None)  # the sharers of my key/value head
         self.mlp = ffn or ParallelMLP(comm, sequence_parallel)
         self.steps = {"attn": (self.attention.forward, self.attention.backward),
                       "ffn": (self.mlp.forward, self.mlp.backward)}
@@ -144,6 +162,8 @@ class TPBlockUnit(BlockUnit):
     def backward(self, p: dict[str, Any], saved: Any, dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
         dx, grads = block_backward(p, saved, dy, daux, **self.steps)
+        if self.kv_group is not None:
+            sum_kv_grads(self.kv_group, grads, self.cfg.d_model // traced(self.comm).size)
         if self.sp:
             sum_sequence_grads(self.comm, grads, ["ln1.gamma", "ln1.beta", "attn.b_out",
                                                   "ln2.gamma", "ln2.beta", "mlp.b_out"])

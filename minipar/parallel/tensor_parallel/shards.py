@@ -9,7 +9,10 @@ t, starts from the serial model (Shoeybi et al. 2019, arXiv 1909.08053, §3).
 :func:`kind_of` says how a tensor is cut:
 
     columns   W_in, b_in (the MLP's first linear), lm_head (vocabulary columns)
-    qkv       W_qkv, b_qkv: the q, k and v columns of this rank's heads (three groups)
+    qkv       W_qkv, b_qkv: the q, k and v columns of this rank's heads (three groups):
+              H/t query heads, and K/t key/value heads when t divides K; when K < t
+              (grouped-query attention, K dividing t) the one key/value head its query
+              heads read, replicated on t/K ranks (:func:`kv_heads_of`)
     rows      W_out (of the MLP and of attention), tok_emb (vocabulary rows)
     replicated  LayerNorms, b_out, pos_emb, the router: whole on every rank
 
@@ -42,7 +45,27 @@ def check_tp(cfg: GPTConfig, t: int, sequence_parallel: bool = False,
     every rank raises alike, before any message).  SP also needs ``seq`` % t == 0."""
     checks.integer("the tensor-parallel size", t, 1)
     check_tp_sizes(t, cfg.n_head, cfg.d_ff, cfg.vocab_size, seq if sequence_parallel else None,
-                   sequence_parallel=sequence_parallel, experts=cfg.n_experts)
+                   sequence_parallel=sequence_parallel, experts=cfg.n_experts,
+                   kv_heads=cfg.n_kv_head)
+
+
+def kv_heads_of(n_head: int, n_kv_head: int, t: int, r: int) -> tuple[int, int]:
+    """``(first, count)`` of the key/value heads rank r of t holds: K/t of them when t
+    divides K; else (K divides t) the one its H/t query heads read, head r // (t/K),
+    held also by the other t/K − 1 ranks of its group (vLLM's replication)."""
+    if n_kv_head % t == 0:
+        return r * (n_kv_head // t), n_kv_head // t
+    return r // (t // n_kv_head), 1
+
+
+def _qkv_columns(heads: tuple[int, int], width: int, t: int, r: int) -> list[tuple[int, int]]:
+    """[(start, length)] of rank r's columns of a fused qkv of ``width`` columns: its query
+    heads, then its key heads, then its value heads (``heads`` = (H, K))."""
+    h, kv = heads
+    dh = width // (h + 2 * kv)
+    first, n = kv_heads_of(h, kv, t, r)
+    return [(r * (h // t) * dh, h // t * dh), ((h + first) * dh, n * dh),
+            ((h + kv + first) * dh, n * dh)]
 
 
 def split_columns(a: Any, t: int, r: int, parts: int = 1) -> Any:
@@ -81,38 +104,44 @@ def kind_of(name: str) -> str:
     return "replicated"  # embeddings of positions, LayerNorms, router, b_out
 
 
-def _slice(name: str, a: Any, t: int, r: int) -> Any:
+def _slice(name: str, a: Any, t: int, r: int, heads: tuple[int, int]) -> Any:
     k = kind_of(name)
     if k == "rows":
         return split_rows(a, t, r)
-    if k in ("columns", "qkv"):
-        return split_columns(a, t, r, 3 if k == "qkv" else 1)
+    if k == "qkv":
+        return xp.ascontiguousarray(xp.concatenate(
+            [a[..., lo:lo + n] for lo, n in _qkv_columns(heads, a.shape[-1], t, r)], axis=-1))
+    if k == "columns":
+        return split_columns(a, t, r)
     return xp.array(a, copy=True)
 
 
 def shard_params(full: dict[str, Any], cfg: GPTConfig, t: int, r: int) -> dict[str, Any]:
     """Rank r's shard of the full parameters, same names and order (:func:`kind_of`)."""
     check_tp(cfg, t)
-    return {n: _slice(n, full[n], t, r) for n in param_shapes(cfg)}
+    heads = (cfg.n_head, cfg.n_kv_head)
+    return {n: _slice(n, full[n], t, r, heads) for n in param_shapes(cfg)}
 
 
-def placement(name: str, shape: tuple[int, ...], t: int, r: int) -> Shard:
+def placement(name: str, shape: tuple[int, ...], t: int, r: int,
+              heads: tuple[int, int] | None = None) -> Shard:
     """Where rank r's slice of ``name`` (global ``shape``) sits: the pieces of :func:`_slice`
     (rows one block of axis 0; columns one block of the last axis; ``w_qkv``/``b_qkv``
-    three pieces, the rank's columns of q, of k and of v; a replicated tensor whole)."""
+    three pieces, the rank's columns of q, of k and of v, ``heads`` = (H, K), default
+    t heads of each; a replicated tensor whole)."""
     full = tuple(slice(0, n) for n in shape)
     k = kind_of(name)
     if k == "replicated":
         return Shard(name, shape, (Piece(full, full),))
     axis = 0 if k == "rows" else len(shape) - 1
-    parts = 3 if k == "qkv" else 1  # q, k, v: three column groups, each cut t ways
-    group = shape[axis] // parts
-    n = group // t
-    pieces = []
-    for j in range(parts):
-        local = full[:axis] + (slice(j * n, (j + 1) * n),) + full[axis + 1:]
-        lo = j * group + r * n
+    n = shape[axis] // t
+    cols = (_qkv_columns(heads or (t, t), shape[axis], t, r) if k == "qkv"
+            else [(r * n, n)])
+    pieces, at = [], 0
+    for lo, n in cols:
+        local = full[:axis] + (slice(at, at + n),) + full[axis + 1:]
         pieces.append(Piece(local, full[:axis] + (slice(lo, lo + n),) + full[axis + 1:]))
+        at += n
     return Shard(name, shape, tuple(pieces))
 
 
@@ -122,7 +151,8 @@ def placements(cfg: GPTConfig, t: int, r: int) -> dict[str, Shard]:
     replicated tensors whole.  E.g. t = 2, d = 4, rank 1's ``w_qkv`` (4, 6) holds global
     columns 2:4, 6:8 and 10:12 (the ``Shard`` example of :mod:`minipar.parallel.engine`)."""
     check_tp(cfg, t)
-    return {n: placement(n, tuple(s), t, r) for n, s in param_shapes(cfg).items()}
+    heads = (cfg.n_head, cfg.n_kv_head)
+    return {n: placement(n, tuple(s), t, r, heads) for n, s in param_shapes(cfg).items()}
 
 
 def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, Any]:
@@ -134,10 +164,11 @@ def unshard_params(shards: list[dict[str, Any]], cfg: GPTConfig) -> dict[str, An
             out[n] = xp.concatenate(ps, axis=0)
         elif k == "columns":
             out[n] = xp.concatenate(ps, axis=-1)
-        elif k == "qkv":
-            thirds = [xp.split(p, 3, axis=-1) for p in ps]
-            out[n] = xp.concatenate([xp.concatenate([th[j] for th in thirds], axis=-1)
-                                     for j in range(3)], axis=-1)
+        elif k == "qkv":  # each rank's q, k, v columns put back (a replicated head: alike)
+            out[n] = xp.empty(param_shapes(cfg)[n], dtype=ps[0].dtype)
+            for r, p in enumerate(ps):
+                for piece in placement(n, out[n].shape, t, r, (cfg.n_head, cfg.n_kv_head)).pieces:
+                    out[n][piece.global_] = p[piece.local]
         else:
             out[n] = ps[0]
     assert t >= 1

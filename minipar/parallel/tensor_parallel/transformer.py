@@ -32,13 +32,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from minipar.backend import xp
 from minipar.comm.traced import traced
 from minipar.nn.attention import (
     attention_core_backward,
     attention_core_forward,
     merge_heads,
+    merge_qkv,
     split_heads,
+    split_qkv,
 )
 from minipar.nn.layers import gelu_backward, gelu_forward
 from minipar.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -75,21 +76,24 @@ class ParallelMLP:
 class ParallelAttention:
     """Self-attention on this rank's n_head/t heads: QKV column-parallel (f), the output
     projection row-parallel (g).  ``core``: another attention core on the local fused qkv
-    (b, s, 3h/t) -> o (b, s, h/t), e.g. context parallelism's ``CPAttention``."""
+    (b, s, (H + 2K)/t·d_h) -> o (b, s, h/t), e.g. context parallelism's ``CPAttention``.
+    Grouped-query attention (``n_kv_head`` K): K/t key/value heads per rank when t divides
+    K; when K < t each is held by the t/K ranks whose query heads read it, and its
+    gradient is summed over them (op ``tp_kv_grads``, one all-reduce of that group)."""
 
     def __init__(self, comm: Any, n_head: int, sequence_parallel: bool = False,
-                 core: Any = None) -> None:
+                 core: Any = None, n_kv_head: int | None = None) -> None:
         self.query_key_value = ColumnParallelLinear(comm, sequence_parallel=sequence_parallel)
         self.dense = RowParallelLinear(comm, sequence_parallel=sequence_parallel)
         self.heads, self.core = n_head // traced(comm).size, core
+        self.kv_heads = max((n_kv_head or n_head) // traced(comm).size, 1)
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
         qkv, s_qkv = self.query_key_value.forward({"w": p["w_qkv"], "b": p["b_qkv"]}, x)
         if self.core is not None:
             o, s_core = self.core.forward(qkv)
         else:
-            q, k, v = (split_heads(a, self.heads) for a in xp.split(qkv, 3, axis=-1))
-            o, s_core = attention_core_forward(q, k, v)
+            o, s_core = attention_core_forward(*split_qkv(qkv, self.heads, self.kv_heads))
             o = merge_heads(o)
         del qkv
         y, s_out = self.dense.forward({"w": p["w_out"], "b": p["b_out"]}, o)
@@ -101,8 +105,7 @@ class ParallelAttention:
         if self.core is not None:
             dqkv = self.core.backward(s_core, do)
         else:
-            dq, dk, dv = attention_core_backward(s_core, split_heads(do, self.heads))
-            dqkv = xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+            dqkv = merge_qkv(*attention_core_backward(s_core, split_heads(do, self.heads)))
         dx, g_qkv = self.query_key_value.backward({"w": p["w_qkv"], "b": p["b_qkv"]}, s_qkv,
                                                   dqkv)
         return dx, {"w_qkv": g_qkv["w"], "b_qkv": g_qkv["b"], "w_out": g_out["w"],
