@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"GPT: attention heads, must divide --d-model (default {g['heads']})")
     p.add_argument("--kv-heads", type=integer(0),
                    help="GPT: key/value heads (grouped-query attention), must divide --heads "
-                   "(default: as many as --heads; 1: multi-query)")
+                   "(default 0: as many as --heads; 1: multi-query)")
     p.add_argument("--experts", type=integer(0),
                    help="GPT: experts per MoE block (default 0: dense)")
     p.add_argument("--top-k", type=int, choices=(1, 2),

@@ -242,7 +242,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> Non
                    help=f"attention heads, must divide --d-model (default {d.heads})")
     g.add_argument("--kv-heads", type=int, default=d.kv_heads,
                    help="key/value heads of grouped-query attention, must divide --heads "
-                   "(default: as many as --heads; 1: multi-query)")
+                   "(default 0: as many as --heads; 1: multi-query)")
     g.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr:g})")
     g.add_argument("--weight-decay", type=float, default=d.weight_decay,
                    help=f"AdamW's decoupled weight decay (default {d.weight_decay:g})")
