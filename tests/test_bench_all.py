@@ -42,3 +42,20 @@ def test_check_result_refuses_a_wrong_format() -> None:
         bench_all.check_result({**good, "ratios": [{"bench": "model"}]})
     with pytest.raises(ValueError):
         bench_all.check_result({**good, "ratios": [{**good["ratios"][0], "ratio": "1"}]})
+
+
+def test_says_when_pytorch_is_missing_and_what_brings_it(tmp_path, monkeypatch, capsys) -> None:
+    import os
+
+    # the model's measuring subprocess finds a `torch` that cannot be imported, as on a
+    # machine without it (CI has none; this machine may)
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path)] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    monkeypatch.setattr(bench_all, "MODEL_ARGS", ["--sizes", "tiny", "--repeat", "1"])
+    assert bench_all.main(["--skip", "dp", "collectives", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["ratios"] == []  # stdout: the JSON only
+    assert err.strip().splitlines()[-1] == f"minipar bench all: {bench_all.NO_TORCH}"
+    assert "pip install torch" in err

@@ -62,6 +62,12 @@ def _json_of(main: Any, argv: list[str], what: str) -> Any:
     return json.loads(out.getvalue())
 
 
+#: what is said when the model's ratio cannot be measured
+NO_TORCH = ("PyTorch is not installed, so the model's ratio (NumPy / PyTorch eager) is left "
+            "out; `pip install torch` brings it (the CPU wheel is enough: pip install torch "
+            "--index-url https://download.pytorch.org/whl/cpu)")
+
+
 def ratio(bench: str, name: str, value: float, ideal: float, lower_is_better: bool) -> dict:
     """One row of the result."""
     return {"bench": bench, "name": name, "ratio": float(value), "ideal": float(ideal),
@@ -147,6 +153,8 @@ def main(argv: list[str]) -> int:
     except RuntimeError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
+    if "model" not in a.skip and not any(r["bench"] == "model" for r in data["ratios"]):
+        print(f"{PROG}: {NO_TORCH}", file=sys.stderr)  # stderr: --json's stdout stays JSON
     return emit(PROG, a, data, table(data))
 
 
