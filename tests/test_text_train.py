@@ -312,6 +312,8 @@ def test_save_and_resume_options_refused_before_any_work(saved: dict[str, Any], 
     refused([*run, "--save", str(ck), "--resume", str(ck / "step_00000010")], capsys,
             "already holds a checkpoint")  # step 20 would be saved over
     refused([*run, "--save-every", "5"], capsys, "--save-every needs --save DIR")
+    refused([*run, "--keep-last", "2"], capsys, "--keep-last needs --save DIR")
+    refused([*run, "--keep-last", "0", "--save", str(tmp_path / "k")], capsys, "--keep-last")
     refused([*run, "--save", text], capsys, "a file, not a folder")
     refused([*run, "--save", str(tmp_path / "no" / "such")], capsys,
             "its parent folder does not exist")
@@ -498,3 +500,18 @@ def test_sample_says_a_young_checkpoint_is_young_and_stops_cleanly_on_ctrl_c(
     out, err = capsys.readouterr()
     assert out == "Abxyz\n"  # what was generated before Ctrl-C, then the usual line
     assert err.endswith("minipar: interrupted\n") and "holds step" not in err
+
+
+def test_keep_last_keeps_the_newest_checkpoints_and_the_one_resumed_from(
+        saved: dict[str, Any], tmp_path: Path) -> None:
+    from minipar.parallel import checkpoint
+
+    d = tmp_path / "ck"
+    train(tmp_path, "--text", saved["text"], *TINY, "--steps", "12", "--save", d,
+          "--save-every", "3", "--keep-last", "2")
+    assert [p.name for p in checkpoint.scan(d)[0]] == ["step_00000009", "step_00000012"]
+    assert checkpoint.scan(d)[1] == []  # nothing half removed
+    # resumed from step 12 with --keep-last 1: step 12 stays (the serial check reads it)
+    train(tmp_path, "--text", saved["text"], *TINY, "--steps", "18", "--resume", d, "--save", d,
+          "--save-every", "3", "--keep-last", "1", tag="resumed")
+    assert [p.name for p in checkpoint.scan(d)[0]] == ["step_00000012", "step_00000018"]

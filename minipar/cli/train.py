@@ -53,8 +53,8 @@ DIVERGENCE_FACTOR = 10.0
 #: GPT-only and MLP-only options -> their defaults (None in the parser, so that an
 #: option given to the other model is refused instead of silently ignored)
 GPT_OPTIONS = {"vocab": 10, "seq": 16, "d_model": 64, "layers": 2, "heads": 4, "kv_heads": 0,
-               "experts": 0, "top_k": 1, "text": None, "data_seed": 0, "aux_loss_coef": None, "save": None,
-               "save_every": None, "resume": None}
+               "experts": 0, "top_k": 1, "text": None, "data_seed": 0, "aux_loss_coef": None,
+               "save": None, "save_every": None, "keep_last": None, "resume": None}
 #: with --text: a context of 64 bytes (nanoGPT's CPU setting) unless --seq says otherwise
 TEXT_SEQ = 64
 MLP_OPTIONS = {"hidden": 64}
@@ -195,6 +195,7 @@ def main(argv: list[str]) -> int:
             engine = SerialEngine(model, spec.precision, spec.optimizer, spec.seed,
                                   **spec.opt_kwargs())
             out = loop.fit(engine, spec, save_dir=a.save, save_every=a.save_every or 0,
+                           keep_last=a.keep_last or 0,
                            resume=a.resume, eval_every=a.eval_every or 0,
                            eval_batches=a.eval_batches,
                            progress=progress, diverge_factor=a.diverge)

@@ -295,6 +295,25 @@ def scan(root: str | os.PathLike[str]) -> tuple[list[Path], list[Path]]:
     return complete, [p for _, p in found if not (p / MANIFEST).exists()]
 
 
+def prune(root: str | os.PathLike[str], keep_last: int,
+          spare: tuple[str | os.PathLike[str], ...] = ()) -> list[Path]:
+    """Remove all but the newest ``keep_last`` complete checkpoints under ``root`` (one
+    process: rank 0, after its manifest is written), except those in ``spare`` (the one
+    this run resumed from: the serial check loads it after the run); returns the removed
+    folders, oldest first.  Partial folders (a save that did not finish) are left for a
+    person to look at."""
+    import shutil
+
+    complete, _ = scan(root)
+    kept = {Path(p).resolve() for p in spare}
+    old = [p for p in (complete[:-keep_last] if keep_last > 0 else [])
+           if p.resolve() not in kept]
+    for p in old:
+        (p / MANIFEST).unlink()  # first: a folder half removed is partial, never "complete"
+        shutil.rmtree(p)
+    return old
+
+
 def latest(root: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint (one with a manifest) under ``root``, or None."""
     complete, _ = scan(root)

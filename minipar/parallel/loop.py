@@ -106,8 +106,8 @@ def train(engine: Engine, source: Callable[[int], Batch], steps: int, *, start: 
 
 
 def fit(engine: Engine, spec: Any, comm: Any = None, *, save_dir: str | None = None,
-        save_every: int = 0, resume: str | None = None, eval_every: int = 0,
-        eval_batches: int = 4, progress: TextIO | bool | None = None,
+        save_every: int = 0, keep_last: int = 0, resume: str | None = None,
+        eval_every: int = 0, eval_batches: int = 4, progress: TextIO | bool | None = None,
         diverge_factor: float | None = None,
         aside: Callable[[], AbstractContextManager[Any]] | None = None) -> History:
     """:func:`train` on a :class:`~minipar.parallel.common.RunSpec`'s data, with its
@@ -117,7 +117,9 @@ def fit(engine: Engine, spec: Any, comm: Any = None, *, save_dir: str | None = N
     ``engine`` is loaded from (any layout saved it); the run goes on from its step to
     ``spec.steps`` (the total).  ``save_dir``: every ``save_every`` steps and after the
     last, every rank of ``comm`` (the engine's ranks; None: one process) writes its part
-    (:func:`minipar.parallel.checkpoint.save`, atomic, the manifest last).  Validation:
+    (:func:`minipar.parallel.checkpoint.save`, atomic, the manifest last); ``keep_last`` K
+    > 0: after each save rank 0 removes all but the newest K complete checkpoints under
+    ``save_dir``, never the one ``resume`` names (0: keep every one).  Validation:
     the mean loss of ``eval_batches`` held-out batches (:meth:`RunSpec.eval_batch_at`)
     every ``eval_every`` steps."""
     from minipar.parallel import checkpoint
@@ -130,6 +132,8 @@ def fit(engine: Engine, spec: Any, comm: Any = None, *, save_dir: str | None = N
     if save_dir is not None:
         def save(eng: Engine, step: int) -> None:
             checkpoint.save(eng, save_dir, comm, spec=spec)
+            if keep_last and comm.rank == 0:  # the manifest is written: the save is complete
+                checkpoint.prune(save_dir, keep_last, spare=(resume,) if resume else ())
     return train(engine, spec.batch_at, spec.steps, start=start,
                  eval_source=spec.eval_batch_at, eval_every=eval_every, eval_batches=eval_batches,
                  save=save, save_every=save_every or spec.steps, progress=progress,

@@ -164,6 +164,9 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
                    help="write a checkpoint into DIR every --save-every steps and at the end")
     g.add_argument("--save-every", type=integer(1), default=None, metavar="K",
                    help="with --save: every K steps (default: at the end only)")
+    g.add_argument("--keep-last", type=integer(1), default=None, metavar="K",
+                   help="with --save: keep only the newest K checkpoints in DIR, removing "
+                   "older ones after each save (default: keep every one)")
     g.add_argument("--resume", metavar="DIR", default=None,
                    help="continue from a checkpoint (a step folder, or a root: its latest "
                    "complete one), saved on any layout; --steps is the total")
@@ -199,8 +202,9 @@ def check_checkpoint_options(options: dict[str, Any], spec: Any) -> None:
     ``--resume ROOT`` becomes, in ``options``, the step folder it means now (ROOT's latest
     complete checkpoint), so that every rank and the serial oracle load that one, even
     after this run has saved newer ones into ROOT (``--resume D --save D``)."""
-    if options.get("save_every") is not None and options.get("save") is None:
-        raise ValueError("--save-every needs --save DIR")
+    for key in ("save_every", "keep_last"):
+        if options.get(key) is not None and options.get("save") is None:
+            raise ValueError(f"--{key.replace('_', '-')} needs --save DIR")
     if options.get("resume") is None and options.get("save") is None:
         return
     from minipar.parallel import checkpoint

@@ -42,7 +42,8 @@ def run_engine(options: dict[str, Any], spec: Any, module: Any) -> dict[str, Any
     engine = strategies.build(options["strategy"], spec, grid,
                               **module.engine_options(options, spec))
     history = loop.fit(engine, spec, grid.world, save_dir=options.get("save"),
-                       save_every=options.get("save_every") or 0, resume=options.get("resume"),
+                       save_every=options.get("save_every") or 0,
+                       keep_last=options.get("keep_last") or 0, resume=options.get("resume"),
                        eval_every=options.get("eval_every") or 0,
                        eval_batches=options.get("eval_batches") or 1,
                        aside=grid.world.stats.set_aside)  # the steps' bytes, not validation's
