@@ -258,6 +258,12 @@ RESUME_REFUSED = [
     (["--heads", "4"], ["--heads: checkpoint 2, this run 4"]),
     (["--precision", "float64"], ["--precision: checkpoint 'float32', this run 'float64'"]),
     (["--optimizer", "sgd"], ["--optimizer: checkpoint 'adamw', this run 'sgd'"]),
+    # the optimizer's settings (train's weight decay is 0, run's 0.01): a new --lr is allowed
+    (["--weight-decay", "0.01"], ["--weight-decay: checkpoint 0, this run 0.01",
+                                  "give --weight-decay 0 to continue it"]),
+    (["--betas", "0.9", "0.95"], ["--betas: checkpoint 0.9, 0.999, this run 0.9, 0.95",
+                                  "give --betas 0.9 0.999"]),
+    (["--eps", "1e-6"], ["--eps: checkpoint 1e-08, this run 1e-06"]),
 ]
 
 
@@ -511,7 +517,8 @@ def test_keep_last_keeps_the_newest_checkpoints_and_the_one_resumed_from(
           "--save-every", "3", "--keep-last", "2")
     assert [p.name for p in checkpoint.scan(d)[0]] == ["step_00000009", "step_00000012"]
     assert checkpoint.scan(d)[1] == []  # nothing half removed
-    # resumed from step 12 with --keep-last 1: step 12 stays (the serial check reads it)
+    # resumed from step 12 with --keep-last 1: step 12 stays (the serial check reads it);
+    # a new learning rate is allowed on a resume (notebook 11 lowers it), unlike --eps & co
     train(tmp_path, "--text", saved["text"], *TINY, "--steps", "18", "--resume", d, "--save", d,
-          "--save-every", "3", "--keep-last", "1", tag="resumed")
+          "--save-every", "3", "--keep-last", "1", "--lr", "1e-3", tag="resumed")
     assert [p.name for p in checkpoint.scan(d)[0]] == ["step_00000012", "step_00000018"]

@@ -176,6 +176,10 @@ def describe(spec: Any) -> dict[str, Any]:
     :class:`~minipar.parallel.common.RunSpec`."""
     model = {k: v for k, v in asdict(spec.config()).items() if k != "dtype"}
     out = {"model": model, "precision": spec.precision, "optimizer": spec.optimizer}
+    if hasattr(spec, "weight_decay"):  # what a resume must not change (a new --lr may)
+        out["optimizer_settings"] = {"weight_decay": spec.weight_decay}
+        if spec.optimizer == "adamw":
+            out["optimizer_settings"].update(betas=list(spec.betas), eps=spec.eps)
     if hasattr(spec, "describe_data"):  # the data a resume must see again (RunSpec)
         out["data"] = spec.describe_data()
     return out
@@ -448,10 +452,21 @@ def _spec_diffs(d: Path, m: dict[str, Any], spec: Any) -> list[str]:
     for key in ("precision", "optimizer"):
         if m[key] != want[key]:
             diffs.append(f"--{key}: checkpoint {m[key]!r}, this run {want[key]!r}")
+    was, now_opt = m.get("optimizer_settings"), want.get("optimizer_settings")
+    if not diffs and was is not None and now_opt is not None:  # older manifests: not recorded
+        diffs += [f"--{k.replace('_', '-')}: checkpoint {_plain(was.get(k))}, this run "
+                  f"{_plain(v)} (give --{k.replace('_', '-')} {_plain(was.get(k), ' ')} to "
+                  "continue it; a new --lr is allowed)"
+                  for k, v in now_opt.items() if was.get(k) != v]
     if not diffs and saved is not None and now is not None:
         _refuse_data(d, [_data_diff(k, saved, now) for k in DATA_KEYS
                          if saved.get(k) != now.get(k)])
     return diffs
+
+
+def _plain(v: Any, sep: str = ", ") -> str:
+    """An option's value as the command line writes it: 0.01, or 0.9 0.999 (betas)."""
+    return sep.join(f"{x:g}" for x in v) if isinstance(v, list) else f"{v:g}"
 
 
 def _refuse_data(d: Path, data: list[str]) -> None:
