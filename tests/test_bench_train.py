@@ -70,8 +70,51 @@ def test_pytorch_gives_the_same_losses_from_the_same_weights_and_batches() -> No
     ours = bench.measure(spec, "minipar", eval_every=1, eval_batches=1)
     theirs = bench.measure(spec, "pytorch", eval_every=1, eval_batches=1)
     assert ours["losses"][0] == pytest.approx(theirs["losses"][0], rel=1e-6)  # same weights
-    assert bench.max_relative_difference(ours, theirs) <= bench.AGREEMENT_RTOL
+    assert bench.max_relative_difference(ours, theirs) <= bench.AGREEMENT_RTOL["float32"]
     assert len(theirs["validation"]) == 5
+
+
+def test_in_float64_pytorch_agrees_to_rounding_at_every_step() -> None:
+    pytest.importorskip("torch")  # optional: not a dependency of minipar
+    spec = bench.spec_of(**TINY, steps=5, precision="float64")
+    rows = [bench.measure(spec, side, eval_every=5, eval_batches=1) for side in bench.SIDES]
+    a = bench.agreement(rows, "float64")
+    assert a["verdict"] == "agree" and a["parts_at"] is None and a["agree_through"] == 5
+    assert a["max_relative_difference"] <= 1e-12  # a 5-step run: rounding barely grown
+
+
+def test_the_rounding_band_is_the_run_one_ulp_away() -> None:
+    for precision, eps in (("float32", 1e-7), ("float64", 1e-16)):
+        spec = bench.spec_of(**TINY, steps=3, precision=precision)
+        row = bench.measure(spec, "minipar", eval_every=3, eval_batches=1, band=True)
+        moved = bench.relative_differences(row["band"], row["losses"])
+        assert len(moved) == 3 and max(moved) < 1e3 * eps, (precision, moved)  # may be 0
+    assert "band" not in bench.measure(spec, "minipar", eval_every=3, eval_batches=1)
+
+
+def _rows(ours: list[float], ref: list[float], band: list[float] | None = None) -> list[dict]:
+    a = {"losses": ours, "validation": [], **({"band": band} if band else {})}
+    return [a, {"losses": ref, "validation": []}]
+
+
+def test_agreement_says_where_float32_parts_and_whether_rounding_explains_it() -> None:
+    ref = [4.0, 3.0, 2.0, 1.0]
+    a = bench.agreement(_rows([4.0, 3.0 * (1 + 1e-6), 2.0, 1.0], ref), "float32")
+    assert (a["verdict"], a["agree_through"], a["parts_at"]) == ("agree", 4, None)
+    assert "losses agree" in bench.agreement_line(a, "float32", 4)
+    parted = [4.0, 3.0, 2.0 * (1 + 1e-3), 1.0 * (1 + 2e-3)]  # parts at step 3
+    band = [x * (1 + e) for x, e in zip(parted, [0, 1e-7, 5e-4, 1e-3])]  # minipar, moved
+    a = bench.agreement(_rows(parted, ref, band), "float32")
+    assert (a["verdict"], a["agree_through"], a["parts_at"]) == ("rounding", 2, 3)
+    assert a["band"] == pytest.approx(1e-3, rel=1e-2)
+    line = bench.agreement_line(a, "float32", 4)
+    assert "through step 2, part from step 3" in line and "rounding grown by training" in line
+    small = [x * (1 + e) for x, e in zip(parted, [0, 0, 0, 1e-5])]  # a band 100x smaller
+    a = bench.agreement(_rows(parted, ref, small), "float32")
+    assert a["verdict"] == "DIFFER" and "DIFFER" in bench.agreement_line(a, "float32", 4)
+    # float64 has no band to hide behind: 1e-7 at a step is a difference
+    a = bench.agreement(_rows([4.0, 3.0 * (1 + 1e-7), 2.0, 1.0], ref, band), "float64")
+    assert (a["verdict"], a["parts_at"]) == ("DIFFER", 2)
 
 
 @pytest.mark.parametrize(("argv", "names"), [
@@ -82,6 +125,7 @@ def test_pytorch_gives_the_same_losses_from_the_same_weights_and_batches() -> No
     (["--weight-decay", "-1"], ["--weight-decay", ">= 0"]),
     (["--seq", "1000000"], ["too short"]),
     (["--batch", "x"], ["--batch"]),
+    (["--precision", "float16"], ["--precision", "float32", "float64"]),
 ])
 def test_bad_options_are_refused_before_any_training(argv: list[str], names: list[str],
                                                      monkeypatch: pytest.MonkeyPatch,
