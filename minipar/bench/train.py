@@ -52,10 +52,12 @@ commit (:mod:`minipar.data.corpus`: the package's own docstrings).  So:
 over 50 steps, where an earlier commit measured 7.4e-7; neither minipar's AdamW,
 its fused form being bit for bit :meth:`minipar.optim.AdamW.step_unfused`, nor any
 other arithmetic had changed: the corpus had, and minipar against itself one
-rounding apart parted by 1.1e-3 on the same batches; float64 agreed to 3.6e-13.)  Speed is tokens per CPU second of the measuring
-process (``time.process_time``, as ``minipar bench model``: on a shared machine
-wall time also counts the time other processes hold the core), wall-clock
-tokens/s beside it, both over the steps after the first (the warm-up).  Each side runs in its own subprocess with one
+rounding apart parted by 1.1e-3 on the same batches; float64 agreed to 3.6e-13.)
+
+Speed is tokens per CPU second of the measuring process (``time.process_time``,
+as ``minipar bench model``: on a shared machine wall time also counts the time
+other processes hold the core), wall-clock tokens/s beside it, both over the
+steps after the first (the warm-up).  Each side runs in its own subprocess with one
 BLAS thread (``OMP_NUM_THREADS=1`` and friends; PyTorch also gets
 ``torch.set_num_threads(1)``), one after the other.  PyTorch is optional:
 without it minipar trains alone and a line says PyTorch was skipped.  A progress
