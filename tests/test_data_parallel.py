@@ -402,7 +402,7 @@ def _failed(report) -> list:
     return [c for c in report.checks if c.ok is False]
 
 
-@pytest.mark.parametrize("n", [1, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, 4])  # one rank is refused: nothing is sent on it
 def test_exercise_reference_solution_passes(n: int) -> None:
     from minipar.exercises import get
     from minipar.exercises.grading import check

@@ -95,6 +95,8 @@ def test_each_strategy_prints_its_verdict(args: list[str], verdict: str) -> None
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"minipar run {args[0]}: ") and "2 steps" in lines[0]
     assert sum(ln.startswith(verdict) for ln in lines) == 1, proc.stdout
+    word = "not compared with" if "not comparable" in verdict else "equal to"
+    assert lines[1].startswith(f"look first: {word} the serial run"), lines[1]
 
 
 def test_the_issue_command_is_equal_to_the_serial_run() -> None:
@@ -275,3 +277,31 @@ def test_a_checkpoint_saved_on_the_stand_in_resumes_and_samples_as_on_numpy(tmp_
         assert sample.returncode == 0, sample.stderr[-2000:]
         got[backend] = (json.loads(second.stdout)["losses"], sample.stdout)
     assert got["strict"] == got["numpy"]
+
+
+def test_a_summary_opens_with_the_line_to_look_at_first() -> None:
+    """The verdict and the one number that teaches come first, the details below: the
+    DP run's bytes above the paper's figure are explained on that same line."""
+    from minipar.run.dp import headline
+    from minipar.run.summary import format_summary, look_first
+
+    base = {"strategy": "dp", "ranks": 4, "steps": 1, "losses": [1.0], "serial_losses": [1.0],
+            "verdict": {"status": "equal", "line": "final parameters: equal"}}
+    auto = headline(112640, 84480, "auto", ["recursive_doubling"])
+    assert auto.startswith("112,640 B sent per rank per step, not the paper's 2(N-1)/N x S = "
+                           "84,480: the buckets ran recursive doubling (auto chose it")
+    assert "--algorithm ring gives the paper's figure" in auto
+    assert headline(84480, 84480, "ring", ["ring"]).endswith("= the ring's 2(N-1)/N x S, "
+                                                              "the paper's figure")
+    text = format_summary({**base, "headline": auto})
+    assert text.splitlines()[1] == "look first: equal to the serial run; " + auto
+    # without a headline: the bytes against the formula, else the memory against its own
+    assert look_first({**base, "bytes_sent_per_rank": [10, 12], "bytes_formula": 12}) == (
+        "look first: equal to the serial run; 12 B sent per rank per step = the paper's figure 12")
+    assert look_first({**base, "verdict": {"status": "different"},
+                       "model_state_bytes_per_rank": [9], "model_state_formula": 8}) == (
+        "look first: DIFFERENT from the serial run; 9 B of model state held per rank vs the "
+        "formula's 8")
+    assert look_first({**base, "bubble_measured": {"rebuilt": 0.25}, "bubble_formula": 0.2}) == (
+        "look first: equal to the serial run; bubble 0.250 (rebuilt from measured costs) vs the "
+        "formula's 0.200")

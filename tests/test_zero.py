@@ -423,7 +423,7 @@ EX_WRONG = [
 ]
 
 
-@pytest.mark.parametrize("n", WORLDS)
+@pytest.mark.parametrize("n", [w for w in WORLDS if w > 1])  # one rank is refused
 def test_zero1_step_reference_solution_passes(n: int) -> None:
     from minipar.exercises import get
     from minipar.exercises.grading import check

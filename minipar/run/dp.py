@@ -103,6 +103,8 @@ def report(dp: Any, grid: Any, options: dict[str, Any], spec: Any,
     S = psi * dp.itemsize
     return {
         "ranks": n, "data_parallel_ranks": n, "psi": psi,
+        "headline": headline(everyone[0][0], 2 * (n - 1) / n * S, dp.algorithm,
+                             dp.bucket_algorithms),
         "bytes_sent_per_rank": [e[0] for e in everyone],
         "bytes_exact_per_rank": [e[1] for e in everyone],
         "bytes_exact_text": ("MPI's Iallreduce: the ring's figure, for comparison"
@@ -134,6 +136,20 @@ def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
     from minipar.trace import ddp_events
 
     return ddp_events(summary["timeline"])
+
+
+def headline(sent: float, ring: float, algorithm: str, per_bucket: list[str]) -> str:
+    """The number to look at first: the bytes a rank sent per step, against the ring's
+    2(N-1)/N x S, and when they differ, why (the all-reduce auto chose) in the same line."""
+    if algorithm == "mpi":
+        return (f"bytes not counted (MPI's own all-reduce); the ring would send {ring:,.0f} B "
+                "per rank per step, 2(N-1)/N x S")
+    if round(sent) == round(ring):
+        return f"{sent:,.0f} B sent per rank per step = the ring's 2(N-1)/N x S, the paper's figure"
+    chosen = ", ".join(a.replace("_", " ") for a in dict.fromkeys(per_bucket))
+    why = "auto chose it for small buckets" if algorithm == "auto" else f"--algorithm {algorithm}"
+    return (f"{sent:,.0f} B sent per rank per step, not the paper's 2(N-1)/N x S = {ring:,.0f}: "
+            f"the buckets ran {chosen} ({why}; --algorithm ring gives the paper's figure)")
 
 
 def algorithm_note(algorithm: str, per_bucket: list[str], world: int, overlap: bool,

@@ -44,6 +44,11 @@ The summary's keys (the ones every strategy has first):
                                 counted over the whole run, staging included
                                 (``d2h_bytes``, ``d2h_calls``, ``h2d_...``)
 ``notes``                       list of extra lines to print
+``headline``                    optional: the one number that teaches, as
+                                the strategy words it (default: bytes sent
+                                against the paper's figure, else memory held
+                                against its formula); printed first, after
+                                the verdict, on the line ``look first: ...``
 =============================  ==============================================
 
 Strategies add their own keys (``stage``, ``mode``, ``buckets``, ``timeline``,
@@ -135,7 +140,7 @@ def format_summary(s: dict[str, Any]) -> str:
     """The summary as a few lines a learner reads at a glance."""
     ranks = f"{s['ranks']} rank{'s' if s['ranks'] != 1 else ''}"
     steps = f"{s['steps']} step{'s' if s['steps'] != 1 else ''}"
-    lines = [f"minipar run {s['strategy']}: {ranks}, {steps}"]
+    lines = [f"minipar run {s['strategy']}: {ranks}, {steps}", look_first(s)]
     lines.append(f"{'step':>4}  {'loss (parallel)':>16}  {'loss (serial)':>16}")
     for i, (a, b) in enumerate(zip(s["losses"], s["serial_losses"]), start=s.get("start", 0)):
         lines.append(f"{i:>4}  {a:>16.10f}  {b:>16.10f}")
@@ -167,6 +172,41 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(_hosts(s["hosts"]))
     lines += list(s.get("notes", []))
     return "\n".join(lines)
+
+
+#: the verdict as the first line says it
+VERDICT_WORDS = {"equal": "equal to the serial run", "different": "DIFFERENT from the serial run",
+                 "not comparable": "not compared with the serial run"}
+
+
+def look_first(s: dict[str, Any]) -> str:
+    """The line to read first: the verdict and the one number that teaches (the strategy's
+    ``headline``; a pipeline's bubble, context parallelism's attention bytes; or the bytes
+    sent against the paper's figure, or the memory held against its formula); the details
+    follow below it."""
+    words = [VERDICT_WORDS.get(s["verdict"]["status"], s["verdict"]["status"])]
+    if s.get("headline"):
+        words.append(s["headline"])
+    elif "bubble_measured" in s and "bubble_formula" in s:  # a pipeline: its bubble
+        words.append(f"bubble {s['bubble_measured']['rebuilt']:.3f} (rebuilt from measured "
+                     f"costs) vs the formula's {s['bubble_formula']:.3f}")
+    elif isinstance(s.get("attention_bytes_per_layer_formula"), dict) and s.get(
+            "attention_forward_bytes_per_layer_per_rank"):  # context parallelism: attention's
+        sent = max(s["attention_forward_bytes_per_layer_per_rank"])
+        f = s["attention_bytes_per_layer_formula"]["forward"]
+        words.append(f"{sent:,.0f} B of attention exchange per rank per layer (forward) "
+                     f"{'=' if round(sent) == round(f) else 'vs'} the formula's {f:,.0f}")
+    elif "bytes_sent_per_rank" in s and "bytes_formula" in s and s.get("bytes_counted", True):
+        sent = max(s["bytes_sent_per_rank"])
+        same = "=" if round(sent) == round(s["bytes_formula"]) else "vs"
+        words.append(f"{sent:,.0f} B sent per rank per step {same} the paper's figure "
+                     f"{s['bytes_formula']:,.0f}")
+    elif "model_state_bytes_per_rank" in s and "model_state_formula" in s:
+        held = max(s["model_state_bytes_per_rank"])
+        same = "=" if round(held) == round(s["model_state_formula"]) else "vs"
+        words.append(f"{held:,.0f} B of model state held per rank {same} the formula's "
+                     f"{s['model_state_formula']:,.0f}")
+    return "look first: " + "; ".join(words)
 
 
 def _hosts(h: dict[str, Any]) -> str:
