@@ -166,7 +166,7 @@ def test_activation_formulas_against_the_serial_ledger() -> None:
     ring = attention_activation_formula("ring", 1, 32768, 4096, 32, 8, 2, 4)
     uly = attention_activation_formula("ulysses", 1, 32768, 4096, 32, 8, 2, 4)
     assert uly / ring > 50
-    with pytest.raises(ValueError, match="kind must be one of serial, ulysses, ring; got 'tp'"):
+    with pytest.raises(ValueError, match="kind must be one of serial, ulysses, ring, allgather; got 'tp'"):
         attention_activation_formula("tp", 1, 2, 2, 1, 1, 8)
 
 
@@ -210,6 +210,10 @@ BAD = [
     (["cp", "-n", "2", "--kind", "ulysses", "--zigzag"], "--no-zigzag"),
     (["cp", "--kind", "lasso"], "--kind"),
     (["cp", "-n", "2", "--experts", "2"], "--experts 2"),
+    (["cp", "-n", "2", "--kind", "allgather", "--seq", "6"], "2·cp = 4"),
+    (["cp", "-n", "2", "--kv-heads", "3", "--heads", "4"], "--kv-heads 3"),
+    (["cp", "-n", "2", "--kind", "ulysses", "--heads", "6", "--d-model", "24",
+      "--kv-heads", "3"], "--kv-heads 3 and cp = 2"),
 ]
 
 
@@ -224,7 +228,8 @@ def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None
     from minipar.run import cp as run_cp
 
     assert run_cp.KINDS == cp_options.KINDS
-    for args in (["--kind", "ulysses", "--heads", "2"], ["--kind", "ring"]):
+    for args in (["--kind", "ulysses", "--heads", "2"], ["--kind", "ring"],
+                 ["--kind", "allgather", "--kv-heads", "1"]):
         rc = run.main(["cp", "-n", "2", "--steps", "2", "--seq", "8", "--json", *args])
         s = json.loads(capsys.readouterr().out)
         assert rc == 0 and s["verdict"]["status"] == "equal", s["verdict"]
@@ -241,7 +246,7 @@ def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None
         assert s["notes"][-1] == f"bytes sent per rank per step by grid axis: cp {cp_bytes}"
         work = s["notes"][4]  # H = 2 heads, s = 8: the serial causal count is 2·8·9/2 = 72
         assert work.startswith("attention scores computed per rank per batch row"), work
-        if s["kind"] == "ring":  # zigzag chunks of c = s/2P = 2, diagonal pairs computed whole
+        if s["kind"] != "ulysses":  # zigzag chunks of c = s/2P = 2, diagonal pairs whole
             assert s["score_elements_per_rank"] == [40, 40]
             assert ("together 80 = H·s(s+c)/2 with chunks of c = 2" in work
                     and "the serial layer's causal count H·s(s+1)/2 = 72" in work), work

@@ -1,10 +1,11 @@
-"""``minipar run cp --kind ulysses|ring``: context parallelism, its options and its measurements.
+"""``minipar run cp --kind ulysses|ring|allgather``: context parallelism, its options and
+its measurements.
 
 EN context parallelism · RU контекстный параллелизм · ZH 上下文并行
 
 Launcher side: ``--kind`` (``ulysses``: DeepSpeed-Ulysses, Jacobs et al.
 2023, arXiv 2309.14509; ``ring``: ring attention, Liu et al. 2023, arXiv
-2310.01889) and ``--zigzag/--no-zigzag`` (the ring's causal load balance, on
+2310.01889; ``allgather``: Llama 3's all-gather of K and V, arXiv 2407.21783) and ``--zigzag/--no-zigzag`` (the ring's causal load balance, on
 by default), checked before MPI starts by
 :func:`minipar.parallel.context_parallel.options.check`: the sequence must divide by cp
 (2·cp with zigzag), the heads by cp for Ulysses.  Every rank is one rank of
@@ -29,23 +30,24 @@ import argparse
 from typing import Any
 
 #: minipar.parallel.context_parallel.options.KINDS (a test checks they agree)
-KINDS = ("ulysses", "ring")
+KINDS = ("ulysses", "ring", "allgather")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("context parallelism")
     g.add_argument("--kind", choices=KINDS, default="ring",
-                   help="ring (ring attention, default) or ulysses (DeepSpeed-Ulysses)")
+                   help="ring (ring attention, default), ulysses (DeepSpeed-Ulysses) or "
+                   "allgather (Llama 3: K, V all-gathered per layer)")
     g.add_argument("--zigzag", action=argparse.BooleanOptionalAction, default=None,
-                   help="ring: rank r holds chunks r and 2cp-1-r to balance causal work "
-                        "(default on for ring; Ulysses has no chunks to zigzag and "
+                   help="ring, allgather: rank r holds chunks r and 2cp-1-r to balance "
+                        "causal work (default on for them; Ulysses has no chunks to zigzag and "
                         "refuses --zigzag)")
 
 
 def zigzag(options: dict[str, Any]) -> bool:
     """``--zigzag`` as given, else on for the ring and off for Ulysses."""
     z = options.get("zigzag")
-    return options.get("kind", "ring") == "ring" if z is None else bool(z)
+    return options.get("kind", "ring") != "ulysses" if z is None else bool(z)
 
 
 def check(options: dict[str, Any], spec: Any) -> None:
@@ -53,7 +55,7 @@ def check(options: dict[str, Any], spec: Any) -> None:
     from minipar.parallel.context_parallel.options import check as cp_check
 
     cp_check(spec.seq, spec.heads, options["ranks"], options.get("kind", "ring"),
-             zigzag(options), spec.experts)
+             zigzag(options), spec.experts, spec.kv_heads)
 
 
 def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
@@ -83,15 +85,19 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     exact = [sum(r["bytes_by_op_formula"].values()) for r in rows]
     att_f = rows[0]["attention_bytes_per_layer_formula"]
     paper = rows[0]["attention_paper_bytes_per_layer"]
-    name = "DeepSpeed-Ulysses" if kind == "ulysses" else (
-        "ring attention, " + ("zigzag" if m["zigzag"] else "contiguous") + " chunks")
+    chunks = ("zigzag" if m["zigzag"] else "contiguous") + " chunks"
+    name = {"ulysses": "DeepSpeed-Ulysses", "allgather": "all-gather of K and V (Llama 3), "
+            + chunks}.get(kind, "ring attention, " + chunks)
     fwd = ", ".join(f"{r['attention_forward_bytes_per_layer']:,}" for r in rows)
     act = ", ".join(f"{r['activation_per_layer'][0]:,}" for r in rows)
     tm = [r["activation_tracemalloc"] for r in rows]
     tm_text = ", ".join(f"{m['tracemalloc']:,} ({m['tracemalloc'] - m['ledger']:+,})" for m in tm)
     peak_text = ", ".join(f"{m['peak']:,}" for m in tm)
-    act_formula = ("(3·b·s·d + b·H·s²)·i/P" if kind == "ulysses" else
-                   "(3·b·s·d [q, k, v] + b·s·d [o] + b·H·s [lse])·i/P, no s² term")
+    act_formula = {
+        "ulysses": "(b·s·(d + 2K·d_h) + b·H·s²)·i/P",
+        "allgather": ("(b·s·(d + 2K·d_h) [q, k, v] + b·s·d [o])·i/P + b·s·2K·d_h·i "
+                      "[the whole K, V] + b·H·s·i_c/P [lse]")}.get(
+        kind, "(b·s·(d + 2K·d_h) [q, k, v] + b·s·d [o] + b·H·s [lse])·i/P, no s² term")
     work = ", ".join(f"{r['score_elements']:,}" for r in rows)
     H, sq = spec.heads, spec.seq
     causal = H * sq * (sq + 1) // 2  # the serial layer's causal scores q·k, key j <= query i
@@ -104,8 +110,9 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
                      f"chunks of c = {c} (a diagonal chunk pair is computed whole, masked "
                      f"inside); the serial layer's causal count H·s(s+1)/2 = {causal:,} "
                      f"(H·s² = {H * sq * sq:,} with the masked scores)")
-    paper_text = ("4Nh/P per link (N = b·s)" if kind == "ulysses"
-                  else "2(P-1)·b·s·h/P per rank")
+    paper_text = {"ulysses": "4Nh/P per link (N = b·s)",
+                  "allgather": "(P-1)/P·2·b·s·h per rank (multi-head attention)"}.get(
+        kind, "2(P-1)·b·s·h/P per rank")
     paper_line = f"the paper's {paper_text} = {paper:,.0f}"
     if kind == "ulysses":  # a rank keeps its own 1/P of what it all-to-alls
         paper_line += (f", x (P-1)/P = {paper * (n - 1) / n:,.0f} per rank (each rank keeps "
@@ -134,7 +141,8 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
         "notes": [
             (f"context parallelism over {n} rank{'s' if n != 1 else ''}: {name}; seq "
              f"{spec.seq}, batch "
-             f"{spec.batch}, d_model {spec.d_model}, heads {spec.heads}, layers {spec.layers}"),
+             f"{spec.batch}, d_model {spec.d_model}, heads {spec.heads}, key/value heads "
+             f"{spec.kv_heads or spec.heads}, layers {spec.layers}"),
             (f"attention bytes sent per rank, one layer forward (counted): {fwd}; exact "
              f"{att_f['forward']:,} (backward {att_f['backward']:,}); {paper_line}"),
             (f"attention activation bytes per rank per layer (ledger of the saved arrays): "

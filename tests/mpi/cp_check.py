@@ -2,8 +2,9 @@
 
 Run by tests/test_context_parallel.py as ``launch.run(N, this file)``; rank 0
 prints ``CP-SUMMARY N=<N> checks=<k> failures=<f>`` and the first failures; the
-job exits 1 if any check failed.  For Ulysses, ring attention (contiguous) and
-ring attention (zigzag), float64:
+job exits 1 if any check failed.  For Ulysses, ring attention (contiguous), ring
+attention (zigzag) and all-gather (Llama 3, zigzag), with multi-head attention and with
+grouped-query attention (fewer key/value heads: only they travel), float64:
 
 1. the attention layer alone (ring / Ulysses forward and backward on random
    q, k, v) against the serial core on the full sequence;
@@ -80,7 +81,9 @@ def _arrays(tree: object) -> list[np.ndarray]:
     return [a for t in items for a in _arrays(t)]
 
 
-CONFIGS = [("ulysses", False), ("ring", False), ("ring", True)]
+#: (kind, zigzag, key/value heads: 0 = all 4 heads; 1 multi-query, 2 grouped)
+CONFIGS = [("ulysses", False, 0), ("ring", False, 0), ("ring", True, 0), ("allgather", True, 0),
+           ("ring", True, 1), ("ulysses", False, 1), ("allgather", True, 2)]
 BIG = (2, 256, 64, 4)  # b, s, d, H of the layer whose tracemalloc must be within 2% of the ledger
 # tracemalloc also sees the Python objects around the saved arrays (the saved tuple, the
 # ndarray headers with their shape and strides, the traced communicator's counters):
@@ -119,10 +122,28 @@ dqkv = ulysses.ulysses_attention_backward(comm, saved, merge_heads(do)[:, lo:hi]
 ref = np.concatenate([merge_heads(a) for a in (dq_ref, dk_ref, dv_ref)], axis=-1)
 c.close(dqkv, ref[:, lo:hi], "Ulysses d(qkv)", tol=1e-14, rtol=1e-11)
 
-for kind, zz in CONFIGS:
-    name = f"{kind}{' zigzag' if zz else ''}"
+REFS: dict[int, tuple] = {}
+
+
+def refs(kv: int) -> tuple:
+    """The serial run of the model with ``kv`` key/value heads: logits, loss, grads, the
+    training reference, its activations (computed once per kv)."""
+    if kv not in REFS:
+        sp = spec.with_(kv_heads=kv)
+        m, p = GPT(sp.config()), sp.initial_params()
+        REFS[kv] = (sp, p, m.forward(p, tokens)[0], *m.loss_and_grads(p, tokens, targets),
+                    serial_reference(sp), serial_attention_activation(sp, tokens))
+    return REFS[kv]
+
+
+REFS[0] = (spec, params, serial_logits, serial_loss, serial_grads, serial, serial_act)
+for kind, zz, kv in CONFIGS:
+    name = f"{kind}{' zigzag' if zz else ''}{f' K={kv}' if kv else ''}"
+    run, params, serial_logits, serial_loss, serial_grads, serial, serial_act = refs(kv)
+    initial = FlatParams.like(params).flatten(params)
+    K, dkv = kv or run.heads, (kv or run.heads) * run.d_model // run.heads
     # 2. one forward/backward of the CP GPT against the serial GPT
-    cp = ContextParallel(grid, spec, kind, zz)
+    cp = ContextParallel(grid, run, kind, zz)
     logits, kept = cp.forward(params, tokens)
     c.close(logits, serial_logits[:, cp.positions], f"{name}: logits at my positions",
             tol=1e-14, rtol=1e-11)
@@ -137,7 +158,7 @@ for kind, zz in CONFIGS:
                 tol=1e-13 * float(np.abs(serial_grads[p]).max()))
     cp.close()
     # 3.-6. training, counted bytes, activation ledger, work
-    m = measure(comm, spec, kind, zz)
+    m = measure(comm, run, kind, zz)
     v = compare(m["losses"], serial["losses"], m["params"], serial["params"], initial)
     c.check(v.status == "equal", f"{name}: verdict {v.status}: {v.line}")
     for op, want in m["bytes_by_op_formula"].items():
@@ -148,36 +169,41 @@ for kind, zz in CONFIGS:
             f"{name}: bytes by axis {m['bytes_by_axis']}")
     fwd = m["attention_forward_bytes_per_layer"]
     if kind == "ring":
-        want = ring_forward_bytes(spec.batch, s, spec.d_model, N, 8)
-        c.check(fwd == want == ring_attention_bytes_per_rank(s, spec.batch, spec.d_model, N, 8),
-                f"{name}: one layer forward sent {fwd}, formula {want}")
-    else:
+        want = ring_forward_bytes(spec.batch, s, spec.d_model, N, 8, dkv)
+        plan = want if kv else ring_attention_bytes_per_rank(s, spec.batch, spec.d_model, N, 8)
+        c.check(fwd == want == plan, f"{name}: one layer forward sent {fwd}, formula {want}")
+    elif kind == "allgather":  # (P−1)/P of the whole sequence's K and V
+        want = (N - 1) * spec.batch * (s // N) * 2 * dkv * 8
+        c.check(fwd == want == m["attention_bytes_per_layer_formula"]["forward"],
+                f"{name}: one layer forward sent {fwd}, (P−1)·b·(s/P)·2K·d_h·8 = {want}")
+    elif not kv:
         per_link = ulysses_alltoall_elements_per_link(spec.batch * s, spec.d_model, N) * 8
         c.check(fwd == round(per_link * (N - 1) / N),
                 f"{name}: one layer forward sent {fwd}, "
                 f"4Nh/P·(P−1)/P = {per_link * (N - 1) / N}")
     act = m["activation_per_layer"]
-    f = attention_activation_formula(kind, spec.batch, s, spec.d_model, spec.heads, N, 8)
+    f = attention_activation_formula(kind, spec.batch, s, spec.d_model, spec.heads, N, 8,
+                                     n_kv_head=K)
     c.check(act == [f] * spec.layers, f"{name}: attention activations {act}, formula {f}")
     tm = m["activation_tracemalloc"]
     c.check(tm["ledger"] == tm["formula"] == f and f <= tm["tracemalloc"] <= f + SLACK,
             f"{name}: tracemalloc {tm}, the run's ledger {act}, formula {f}")
-    big = attention_activation_tracemalloc(comm, kind, zz, *BIG)
-    fb = attention_activation_formula(kind, *BIG, N, 8)
+    big = attention_activation_tracemalloc(comm, kind, zz, *BIG, n_kv_head=K)
+    fb = attention_activation_formula(kind, *BIG, N, 8, n_kv_head=K)
     c.check(big["ledger"] == fb <= big["tracemalloc"] <= 1.02 * fb,
             f"{name}: tracemalloc {big['tracemalloc']} not within 2% of the ledger "
             f"{big['ledger']} (formula {fb}), b, s, d, H = {BIG}")
     if kind == "ring":  # no s² term: far below what Ulysses keeps for the same layer
         c.check(big["tracemalloc"] * 2 < attention_activation_formula("ulysses", *BIG, N, 8),
                 f"{name}: tracemalloc {big['tracemalloc']} keeps an s² term")
-    if kind == "ulysses":
+    if kind == "ulysses" and K >= N:
         c.check(all(a * N == sa for a, sa in zip(act, serial_act)),
                 f"{name}: activations {act} x {N} != serial {serial_act}")
     else:
         c.check(N == 1 or all(a < sa for a, sa in zip(act, serial_act)),
                 f"{name}: activations {act} not below the serial {serial_act}")
     work = comm.comm.allgather(m["score_elements"])
-    if kind == "ring" and zz:
+    if kind != "ulysses" and zz:  # ring and all-gather alike: (2P+1)·c² per head
         chunk = s // (2 * N)
         c.check(work == [(2 * N + 1) * chunk * chunk * spec.heads] * N,
                 f"{name}: zigzag work {work}")
@@ -203,7 +229,8 @@ for kind, zz, bad, word in [("ring", True, spec.with_(seq=2 * N + 2), "2·cp"),
 c.check(comm.stats.bytes_sent() == before, "bytes were sent before a bad configuration was refused")
 
 # 8. the state: whole tensors, serial names, replica = cp rank; any layout resumes it
-for kind, zz in CONFIGS:
+spec, model, params = REFS[0][0], GPT(spec.config()), REFS[0][1]
+for kind, zz, _ in CONFIGS[:4]:
     name = f"{kind}{' zigzag' if zz else ''}"
     cp = ContextParallel(grid, spec, kind, zz)
     cp.step(spec.batch_at(0))

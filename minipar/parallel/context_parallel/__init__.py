@@ -4,9 +4,13 @@ The technique: read ``layout.py`` (28 code lines),
 ``minipar/nn/blockwise_attention.py`` (65 code lines) and
 ``ring_attention.py`` (81 code lines) for ring attention: which positions a rank
 holds (zigzag included), the online-softmax merge of two partial results, the K/V
-blocks around the ring, forward and backward.  ``ulysses.py`` (25 code lines) with
+blocks around the ring, forward and backward.  ``ulysses.py`` (43 code lines) with
 ``minipar/nn/attention.py`` (77 code lines) for DeepSpeed-Ulysses: one all-to-all
-from sequence to heads, the serial attention core, one all-to-all back.
+from sequence to heads, the serial attention core, one all-to-all back.  For Llama 3's
+all-gather context parallelism: ``layout.py``, ``blockwise_attention.py`` and
+``allgather_attention.py`` (49 code lines): K and V of the whole sequence all-gathered,
+each query chunk against the keys before it, dK and dV reduce-scattered.  With
+grouped-query attention (``--kv-heads K``) every kind moves only the K key/value heads.
 
 Then the shell: ``model.py`` (the CP GPT: the serial units with the attention core
 swapped), ``engine.py`` (``ContextParallel``, the Engine interface: the loss over
@@ -28,4 +32,5 @@ Who holds what (s = 16, P = 2; zigzag: chunks r and 2P−1−r of c = s/(2P))::
     parameters, optimizer states, batch rows: all of them on every rank
     ring attention: my queries stay; the K/V blocks of every rank pass by, one per step
     Ulysses: between its two all-to-alls, every position of H/P heads
+    all-gather: my queries stay; K and V of every position gathered for a layer
 """

@@ -84,19 +84,20 @@ OPTIONS = ("kind", "zigzag")
 class ContextParallel:
     """One rank of a context-parallel run of ``spec``'s GPT over the ``cp`` axis of ``grid``.
 
-    ``kind``: "ulysses" or "ring"; ``zigzag`` (ring only; default on for the ring).
+    ``kind``: "ulysses", "ring" or "allgather"; ``zigzag`` (ring and all-gather; default on).
     The grid must be all cp (no other axis larger than 1).  Bad sizes raise ValueError
     on every rank before any message."""
 
     def __init__(self, grid: Grid, spec: RunSpec, kind: str = "ring",
                  zigzag: bool | None = None) -> None:
         require_grid(grid, "context parallelism", ("cp",))
-        zigzag = (kind == "ring") if zigzag is None else zigzag
+        zigzag = (kind != "ulysses") if zigzag is None else zigzag
         if not isinstance(zigzag, (bool, np.bool_)):
             raise ValueError(f"zigzag must be True, False or None, got {zigzag!r}")  # noqa: TRY004
         zigzag = bool(zigzag)
         P = grid.size("cp")
-        check(spec.seq, spec.heads, P, kind, zigzag, spec.experts)  # before any message
+        check(spec.seq, spec.heads, P, kind, zigzag, spec.experts,
+              spec.kv_heads)  # before any message
         self.spec, self.kind, self.zigzag = spec, kind, zigzag
         self.grid = grid
         self.comm = grid.comm("cp")

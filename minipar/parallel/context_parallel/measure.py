@@ -64,20 +64,21 @@ from minipar.comm.traced import traced
 from minipar.nn import GPT, executor
 from minipar.nn.dtypes import compute_dtype
 from minipar.parallel.context_parallel import ulysses
+from minipar.parallel.context_parallel.allgather_attention import OP as ALLGATHER_OP
 from minipar.parallel.context_parallel.engine import OP_GRADS, OP_LOSS, ContextParallel
 from minipar.parallel.context_parallel.layout import Sharding
 from minipar.parallel.context_parallel.model import CPAttention
 from minipar.parallel.context_parallel.options import sharding
 from minipar.parallel.context_parallel.ring_attention import OP as RING_OP
 from minipar.parallel.context_parallel.ring_attention import block_pairs
-from minipar.parallel.mappings import all_to_all
+from minipar.parallel.mappings import all_to_all, gather_from_sequence_parallel_region
 from minipar.parallel.mappings_measure import pair_bytes_sent
 from minipar.plan.activations import (
     ring_attention_bytes_per_rank,
     ulysses_alltoall_elements_per_link,
 )
 
-__all__ = ["attention_activation_formula", "attention_activation_tracemalloc",
+__all__ = ["allgather_bytes_per_rank", "attention_activation_formula", "attention_op", "attention_activation_tracemalloc",
            "attention_bytes_per_layer", "figures", "measure",
            "measured_attention_activation", "op_counters", "paper_attention_bytes",
            "ring_backward_bytes", "ring_forward_bytes", "score_elements",
@@ -85,31 +86,47 @@ __all__ = ["attention_activation_formula", "attention_activation_tracemalloc",
 
 
 
-def ring_forward_bytes(b: int, s: int, d: int, P: int, itemsize: int) -> int:
-    """Bytes one rank sends in one layer's ring forward: 2(P−1)·b·(s/P)·d·itemsize."""
-    return 2 * (P - 1) * b * (s // P) * d * itemsize
+def ring_forward_bytes(b: int, s: int, d: int, P: int, itemsize: int,
+                       dkv: int | None = None) -> int:
+    """Bytes one rank sends in one layer's ring forward: 2(P−1)·b·(s/P)·K·d_h·itemsize
+    (``dkv`` = K·d_h, the key (or value) width: d unless grouped-query attention)."""
+    return 2 * (P - 1) * b * (s // P) * (dkv or d) * itemsize
 
 
 def ring_backward_bytes(b: int, s: int, d: int, P: int, itemsize: int,
-                        acc_itemsize: int | None = None) -> int:
+                        acc_itemsize: int | None = None, dkv: int | None = None) -> int:
     """Bytes one rank sends in one layer's ring backward: K, V P−1 hops, dK, dV P hops
     (``acc_itemsize``: the accumulators' compute dtype; default ``itemsize``)."""
     if P == 1:
         return 0
-    e = b * (s // P) * d
+    e = b * (s // P) * (dkv or d)
     return 2 * (P - 1) * e * itemsize + 2 * P * e * (acc_itemsize or itemsize)
 
 
 def ulysses_bytes_per_rank(b: int, s: int, d: int, n_head: int, P: int, rank: int,
-                           itemsize: int) -> int:
+                           itemsize: int, n_kv_head: int | None = None) -> int:
     """Bytes ``rank`` sends in one layer's Ulysses forward (the backward sends the same),
-    exactly: the QKV all-to-all plus the output's reverse one (``pair_bytes_sent``)."""
-    dh = d // n_head
-    qkv = pair_bytes_sent(all_to_all, (b, s, 3, n_head, dh), itemsize, P, rank,
-                          split_axis=3, concat_axis=1)[0]
+    exactly: the QKV all-to-all plus the output's reverse one (``pair_bytes_sent``); with
+    K < P key/value heads each travels as P/K copies (K' = P)."""
+    dh, kv = d // n_head, n_kv_head or n_head
+    kvp = kv * max(P // kv, 1)
+    qkv = pair_bytes_sent(all_to_all, (b, s, P, (n_head + 2 * kvp) * dh // P), itemsize, P,
+                          rank, split_axis=2, concat_axis=1)[0]
     out = pair_bytes_sent(all_to_all, (b, s, n_head, dh), itemsize, P, rank,
                           split_axis=2, concat_axis=1)[1]
     return qkv + out
+
+
+def allgather_bytes_per_rank(b: int, s: int, dkv: int, P: int, rank: int, itemsize: int,
+                             acc_itemsize: int | None = None) -> dict[str, int]:
+    """Bytes ``rank`` sends in one layer of all-gather CP: the all-gather of K and V
+    (b, s, 2·K·d_h) forward, the reduce-scatter of dK, dV backward (compute dtype),
+    exactly (``pair_bytes_sent``): (P−1)·b·(s/P)·2·K·d_h elements each way (ring)."""
+    shape = (b, s, 2 * dkv)
+    fwd = pair_bytes_sent(gather_from_sequence_parallel_region, shape, itemsize, P, rank)[0]
+    bwd = pair_bytes_sent(gather_from_sequence_parallel_region, shape,
+                          acc_itemsize or itemsize, P, rank)[1]
+    return {"forward": fwd, "backward": bwd}
 
 
 def score_elements(layout: Sharding, rank: int) -> int:
@@ -120,34 +137,43 @@ def score_elements(layout: Sharding, rank: int) -> int:
                for j in range(layout.P) for q, k, _, _ in block_pairs(layout, rank, j))
 
 def attention_activation_formula(kind: str, b: int, s: int, d: int, H: int, P: int,
-                                 itemsize: int, compute_itemsize: int | None = None) -> int:
-    """Bytes the attention core of one layer saves on one rank (``kind`` "serial" too)."""
-    checks.one_of("kind", kind, ("serial", "ulysses", "ring"))
-    ic = compute_itemsize or itemsize
+                                 itemsize: int, compute_itemsize: int | None = None,
+                                 n_kv_head: int | None = None) -> int:
+    """Bytes the attention core of one layer saves on one rank (``kind`` "serial" too);
+    ``n_kv_head`` K key/value heads (K·d_h = dkv columns each of k and v)."""
+    checks.one_of("kind", kind, ("serial", "ulysses", "ring", "allgather"))
+    ic, kv = compute_itemsize or itemsize, n_kv_head or H
+    dkv = kv * (d // H)
     if kind == "serial":
-        return (3 * b * s * d + b * H * s * s) * itemsize
-    if kind == "ulysses":
-        return (3 * b * s * d + b * H * s * s) * itemsize // P
-    return (4 * b * s * d * itemsize + b * H * s * ic) // P
+        return (b * s * (d + 2 * dkv) + b * H * s * s) * itemsize
+    if kind == "ulysses":  # fewer key/value heads than P: P copies travel
+        dkv = max(kv, P) * (d // H)
+        return (b * s * (d + 2 * dkv) + b * H * s * s) * itemsize // P
+    if kind == "allgather":  # mine, and the whole sequence's K and V
+        return ((b * s * (2 * d + 2 * dkv) // P + 2 * b * s * dkv) * itemsize
+                + b * H * s * ic // P)
+    return (b * s * (2 * d + 2 * dkv) * itemsize + b * H * s * ic) // P
 
 
 def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int, s: int,
                                     d: int, H: int, dtype: str = "float64",
-                                    seed: int = 0) -> dict[str, int]:
+                                    seed: int = 0, n_kv_head: int | None = None
+                                    ) -> dict[str, int]:
     """What one attention core's forward keeps alive for backward on this rank, measured.
 
     Collective over ``comm`` (the cp group: every rank calls it).  A random fused qkv of
-    the whole sequence (b, s, 3d) is cut to this rank's positions; the core runs once to
-    warm caches (the causal mask, first-call buffers), then once inside
+    the whole sequence (b, s, (H + 2K)·d_h) is cut to this rank's positions; the core runs
+    once to warm caches (the causal mask, first-call buffers), then once inside
     :func:`minipar.memory.measure`, its qkv made inside the region and dropped with the
     output after it.  Returns ``tracemalloc`` (bytes still held), ``peak`` (the forward's
     high-water mark), ``ledger`` (:func:`minipar.memory.nbytes` of what it saved) and
     ``formula`` (:func:`attention_activation_formula`), bytes on this rank."""
     c = traced(comm)
-    P = c.size
+    P, kv = c.size, n_kv_head or H
     layout = sharding(s, P, kind, zigzag)
-    core = CPAttention(c, kind, layout, H)
-    full = np.random.default_rng(seed).standard_normal((b, s, 3 * d)).astype(dtype)
+    core = CPAttention(c, kind, layout, H, kv)
+    width = (H + 2 * kv) * (d // H)
+    full = np.random.default_rng(seed).standard_normal((b, s, width)).astype(dtype)
     mine = to_device(np.ascontiguousarray(full[:, layout.positions(c.rank)]))
     del full
     o, saved = core.forward(mine.copy())  # warm-up
@@ -163,7 +189,7 @@ def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int,
     i, ic = np.dtype(dtype).itemsize, compute_dtype(np.dtype(dtype)).itemsize
     return {"tracemalloc": int(region.current_bytes), "peak": int(region.peak_bytes),
             "ledger": book,
-            "formula": attention_activation_formula(kind, b, s, d, H, P, i, ic)}
+            "formula": attention_activation_formula(kind, b, s, d, H, P, i, ic, kv)}
 
 
 def measured_attention_activation(kept: list[Any]) -> list[int]:
@@ -181,26 +207,39 @@ def serial_attention_activation(spec: Any, tokens: Any) -> list[int]:
 def attention_bytes_per_layer(cp: ContextParallel) -> dict[str, int]:
     """Exact bytes this rank sends per layer for attention: forward and backward."""
     spec, P, i = cp.spec, cp.world, np.dtype(cp.cfg.dtype).itemsize
+    ic, kv = compute_dtype(cp.cfg.dtype).itemsize, cp.cfg.n_kv_head
+    dkv = kv * (spec.d_model // spec.heads)
     if cp.kind == "ulysses":
-        f = ulysses_bytes_per_rank(spec.batch, spec.seq, spec.d_model, spec.heads, P, cp.rank, i)
+        f = ulysses_bytes_per_rank(spec.batch, spec.seq, spec.d_model, spec.heads, P, cp.rank,
+                                   i, kv)
         return {"forward": f, "backward": f}
-    ic = compute_dtype(cp.cfg.dtype).itemsize
-    return {"forward": ring_forward_bytes(spec.batch, spec.seq, spec.d_model, P, i),
-            "backward": ring_backward_bytes(spec.batch, spec.seq, spec.d_model, P, i, ic)}
+    if cp.kind == "allgather":
+        return allgather_bytes_per_rank(spec.batch, spec.seq, dkv, P, cp.rank, i, ic)
+    return {"forward": ring_forward_bytes(spec.batch, spec.seq, spec.d_model, P, i, dkv),
+            "backward": ring_backward_bytes(spec.batch, spec.seq, spec.d_model, P, i, ic,
+                                            dkv)}
+
+
+def attention_op(kind: str) -> str:
+    """The traced operation a kind's attention messages are counted under."""
+    return {"ulysses": ulysses.OP, "allgather": ALLGATHER_OP}.get(kind, RING_OP)
 
 
 def step_bytes_formula(cp: ContextParallel) -> dict[str, int]:
     """Exact bytes per operation this rank sends in one training step."""
     per_layer = attention_bytes_per_layer(cp)
     psi, gi = cp.states.layout.size, cp.states.grads.dtype.itemsize
-    op = ulysses.OP if cp.kind == "ulysses" else RING_OP
-    return {op: cp.spec.layers * (per_layer["forward"] + per_layer["backward"]),
+    return {attention_op(cp.kind): cp.spec.layers * (per_layer["forward"]
+                                                     + per_layer["backward"]),
             OP_GRADS: allreduce_bytes_sent(psi, gi, cp.world, cp.rank, "ring"),
             OP_LOSS: allreduce_bytes_sent(1, 8, cp.world, cp.rank, "ring")}
 
 
 def paper_attention_bytes(kind: str, b: int, s: int, d: int, P: int, itemsize: int) -> float:
-    """The paper's per-layer forward figure: Ulysses 4Nh/P per link, ring 2(P−1)·b·s·h/P."""
+    """The paper's per-layer forward figure: Ulysses 4Nh/P per link, ring 2(P−1)·b·s·h/P,
+    all-gather (P−1)/P·2·b·s·h (multi-head attention)."""
+    if kind == "allgather":
+        return (P - 1) * 2 * b * s * d * itemsize / P
     if kind == "ulysses":
         return ulysses_alltoall_elements_per_link(b * s, d, P) * itemsize
     return ring_attention_bytes_per_rank(s, b, d, P, itemsize)
@@ -227,17 +266,18 @@ def figures(cp: ContextParallel, steps: int, before: dict[str, int] | None = Non
     axes = {a: v // steps for a, v in traffic.items() if v}
     # one more forward, counted alone: a layer's attention forward bytes
     tokens, _ = spec.global_batch(0)
-    op = ulysses.OP if kind == "ulysses" else RING_OP
+    op = attention_op(kind)
     b0 = stats.bytes_sent(op)
     _, kept = cp.forward(cp.states.param_views(), tokens)
     fwd_layer = (stats.bytes_sent(op) - b0) // spec.layers
     measured = measured_attention_activation(kept)
     del kept
     traced_mem = attention_activation_tracemalloc(cp.comm, kind, cp.zigzag, spec.batch, spec.seq,
-                                                  spec.d_model, spec.heads, cp.cfg.dtype)
+                                                  spec.d_model, spec.heads, cp.cfg.dtype,
+                                                  n_kv_head=cp.cfg.n_kv_head)
     i = np.dtype(cp.cfg.dtype).itemsize
     ic = compute_dtype(cp.cfg.dtype).itemsize
-    args = (spec.batch, spec.seq, spec.d_model, spec.heads, cp.world, i, ic)
+    args = (spec.batch, spec.seq, spec.d_model, spec.heads, cp.world, i, ic, cp.cfg.n_kv_head)
     return {
         "kind": kind, "zigzag": cp.zigzag,
         "positions": [int(p) for p in cp.positions],
@@ -252,6 +292,8 @@ def figures(cp: ContextParallel, steps: int, before: dict[str, int] | None = Non
         "activation_formula": attention_activation_formula(kind, *args),
         "serial_activation_formula": attention_activation_formula("serial", *args),
         "score_elements": (score_elements(cp.layout, cp.rank) * spec.heads if kind == "ring"
+                           else sum(n * (a + n) for a, n in cp.layout.chunks(cp.rank))
+                           * spec.heads if kind == "allgather"
                            else spec.heads // cp.world * spec.seq * spec.seq),
     }
 

@@ -11,8 +11,9 @@ loss).  The CP GPT is therefore the serial model's units
 
 * the attention **core** (:class:`CPAttention`): fused ``qkv`` of my
   positions in, their output out, the other ranks' keys and values fetched
-  by DeepSpeed-Ulysses (:mod:`~minipar.parallel.context_parallel.ulysses`)
-  or ring attention (:mod:`~minipar.parallel.context_parallel.ring_attention`);
+  by DeepSpeed-Ulysses (:mod:`~minipar.parallel.context_parallel.ulysses`),
+  ring attention (:mod:`~minipar.parallel.context_parallel.ring_attention`) or Llama 3's
+  all-gather (:mod:`~minipar.parallel.context_parallel.allgather_attention`);
   the projections around it are the serial layer's (:func:`attention_forward`);
 * the **embedding** (:class:`CPEmbedUnit`) looks up my own positions in
   ``pos_emb`` (zigzag positions are not contiguous).
@@ -30,7 +31,7 @@ import numpy as np
 
 from minipar.backend import to_device, xp
 from minipar.comm.traced import traced
-from minipar.nn.attention import merge_heads, split_heads
+from minipar.nn.attention import merge_heads, merge_qkv, split_heads, split_qkv
 from minipar.nn.dtypes import up
 from minipar.nn.gpt import BlockUnit, HeadUnit, block_backward, block_forward
 from minipar.nn.gpt_config import GPTConfig
@@ -44,6 +45,10 @@ from minipar.nn.layers import (
 )
 from minipar.nn.units import Unit
 from minipar.parallel.context_parallel import ulysses
+from minipar.parallel.context_parallel.allgather_attention import (
+    allgather_attention_backward,
+    allgather_attention_forward,
+)
 from minipar.parallel.context_parallel.layout import Sharding
 from minipar.parallel.context_parallel.ring_attention import (
     ring_attention_backward,
@@ -55,18 +60,27 @@ __all__ = ["CPAttention", "CPBlockUnit", "CPEmbedUnit", "attention_backward",
 
 
 class CPAttention:
-    """The attention core over a sequence shard: fused ``qkv`` (b, t, 3d) in, o (b, t, d) out."""
+    """The attention core over a sequence shard: fused ``qkv`` (b, t, (H + 2K)·d_h) in,
+    o (b, t, H·d_h) out (``n_head`` H query heads, ``n_kv_head`` K key/value heads)."""
 
-    def __init__(self, comm: Any, kind: str, layout: Sharding, n_head: int) -> None:
+    def __init__(self, comm: Any, kind: str, layout: Sharding, n_head: int,
+                 n_kv_head: int | None = None) -> None:
         if layout.P != traced(comm).size:
             raise ValueError(f"context parallelism: the sharding is for {layout.P} ranks, the "
                              f"communicator has {traced(comm).size}")
         self.comm, self.kind, self.layout, self.n_head = comm, kind, layout, n_head
+        self.n_kv_head = n_kv_head or n_head
 
     def forward(self, qkv: Any) -> tuple[Any, Any]:
         if self.kind == "ulysses":
-            return ulysses.ulysses_attention_forward(self.comm, qkv, self.n_head)
-        q, k, v = (split_heads(a, self.n_head) for a in xp.split(qkv, 3, axis=-1))
+            return ulysses.ulysses_attention_forward(self.comm, qkv, self.n_head,
+                                                     self.n_kv_head)
+        q, k, v = split_qkv(qkv, self.n_head, self.n_kv_head)
+        if self.kind == "allgather":
+            o, saved = allgather_attention_forward(self.comm, q, k, v, self.layout,
+                                                   traced(self.comm).rank)
+            o = merge_heads(o)
+            return o, (*saved[:5], split_heads(o, self.n_head), *saved[6:])  # o: a view
         o, saved = ring_attention_forward(self.comm, q, k, v, self.layout)
         o = merge_heads(o)
         return o, (*saved[:3], split_heads(o, self.n_head), *saved[4:])  # o saved as a view
@@ -74,8 +88,9 @@ class CPAttention:
     def backward(self, saved: Any, do: Any) -> Any:
         if self.kind == "ulysses":
             return ulysses.ulysses_attention_backward(self.comm, saved, do)
-        dq, dk, dv = ring_attention_backward(self.comm, saved, split_heads(do, self.n_head))
-        return xp.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+        back = (allgather_attention_backward if self.kind == "allgather"
+                else ring_attention_backward)
+        return merge_qkv(*back(self.comm, saved, split_heads(do, self.n_head)))
 
 
 def attention_forward(p: dict[str, Any], x: Any, core: CPAttention) -> tuple[Any, tuple]:
@@ -144,7 +159,7 @@ class CPBlockUnit(BlockUnit):
 
 def cp_units(cfg: GPTConfig, comm: Any, kind: str, layout: Sharding) -> tuple[Unit, ...]:
     """embed, block 0 … L-1, head of the CP GPT for this rank (of ``comm``, the cp group)."""
-    core = CPAttention(comm, kind, layout, cfg.n_head)
+    core = CPAttention(comm, kind, layout, cfg.n_head, cfg.n_kv_head)
     rank = traced(comm).rank
     return (CPEmbedUnit(cfg, layout.positions(rank)),
             *(CPBlockUnit(cfg, i, core) for i in range(cfg.n_layer)), HeadUnit(cfg))

@@ -20,13 +20,16 @@ from minipar.parallel.context_parallel.layout import Sharding
 
 __all__ = ["KINDS", "check", "sharding"]
 
-#: the two routes for attention's keys and values
-KINDS = ("ulysses", "ring")
+#: the routes for attention's keys and values
+KINDS = ("ulysses", "ring", "allgather")
 
 
-def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int = 0) -> None:
-    """ValueError naming the numbers unless a CP run of this kind can be cut as asked."""
+def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int = 0,
+          kv_heads: int = 0) -> None:
+    """ValueError naming the numbers unless a CP run of this kind can be cut as asked
+    (``kv_heads``: grouped-query attention's key/value heads, 0 = ``heads``)."""
     checks.one_of("--kind", kind, KINDS)
+    kv = kv_heads or heads
     if experts:
         raise ValueError(f"context parallelism runs a dense GPT here; got --experts {experts} "
                          "(an MoE would route each rank's tokens as a group of its own)")
@@ -37,6 +40,10 @@ def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int =
         if heads % cp:
             raise ValueError(f"DeepSpeed-Ulysses: --heads {heads} is not divisible by "
                              f"cp = {cp}: each rank takes a whole number of heads")
+        if kv % cp and cp % kv:
+            raise ValueError(f"DeepSpeed-Ulysses: --kv-heads {kv} and cp = {cp}: one must "
+                             f"divide the other (K/cp key/value heads per rank, or each "
+                             f"copied to cp/K ranks)")
     if cp >= 1 and seq % (2 * cp if zigzag else cp):  # Sharding's check, naming the options
         how = (f"2·cp = {2 * cp} (zigzag: rank r holds chunks r and 2·cp−1−r; --no-zigzag "
                f"needs only cp = {cp})" if zigzag else f"cp = {cp}")
@@ -47,4 +54,4 @@ def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int =
 
 def sharding(seq: int, cp: int, kind: str, zigzag: bool) -> Sharding:
     """Which positions each rank holds (Ulysses: contiguous chunks)."""
-    return Sharding(seq, cp, zigzag and kind == "ring")
+    return Sharding(seq, cp, zigzag and kind != "ulysses")

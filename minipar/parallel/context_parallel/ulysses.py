@@ -46,7 +46,13 @@ from __future__ import annotations
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn.attention import attention_core_backward, attention_core_forward
+from minipar.comm.traced import traced
+from minipar.nn.attention import (
+    attention_core_backward,
+    attention_core_forward,
+    merge_heads,
+    split_heads,
+)
 from minipar.parallel.mappings import all_to_all
 
 __all__ = ["OP", "ulysses_attention_backward", "ulysses_attention_forward"]
@@ -54,27 +60,44 @@ __all__ = ["OP", "ulysses_attention_backward", "ulysses_attention_forward"]
 OP = "ulysses_a2a"
 
 
-def ulysses_attention_forward(comm: Any, qkv: Any, n_head: int) -> tuple[Any, tuple]:
-    """Causal attention of my positions' fused ``qkv`` (b, t, 3d) -> ``(o (b, t, d), saved)``."""
-    b, t, three_d = qkv.shape
-    d = three_d // 3
-    x = qkv.reshape(b, t, 3, n_head, d // n_head)
-    full = all_to_all.forward(comm, x, split_axis=3, concat_axis=1, op=OP)  # (b, s, 3, H/P, dh)
-    q, k, v = (full[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (b, H/P, s, dh) views
-    o, s_core = attention_core_forward(q, k, v)
+def _heads(n_head: int, n_kv_head: int, P: int) -> tuple[int, int]:
+    """(K', copies): the key/value heads that travel — K, or with fewer than P of them each
+    copied to the P/K ranks whose query heads read it (K' = P)."""
+    copies = max(P // n_kv_head, 1)
+    return n_kv_head * copies, copies
+
+
+def ulysses_attention_forward(comm: Any, qkv: Any, n_head: int,
+                              n_kv_head: int | None = None) -> tuple[Any, tuple]:
+    """Causal attention of my positions' fused ``qkv`` (b, t, (H + 2K)·d_h) ->
+    ``(o (b, t, H·d_h), saved)``."""
+    P, kv = traced(comm).size, n_kv_head or n_head
+    b, t, width = qkv.shape
+    dh = width // (n_head + 2 * kv)
+    kvp, copies = _heads(n_head, kv, P)
+    q, k, v = xp.split(qkv, [n_head * dh, (n_head + kv) * dh], axis=-1)
+    k, v = (xp.repeat(a.reshape(b, t, kv, dh), copies, axis=2) for a in (k, v))
+    x = xp.concatenate([a.reshape(b, t, P, -1) for a in (q, k, v)], axis=-1)  # rank p's heads
+    full = all_to_all.forward(comm, x, split_axis=2, concat_axis=1, op=OP)[:, :, 0]
+    q, k, v = xp.split(full, [n_head // P * dh, (n_head + kvp) // P * dh], axis=-1)
+    o, s_core = attention_core_forward(*(split_heads(a, a.shape[-1] // dh) for a in (q, k, v)))
     mine = all_to_all.backward(comm, o.transpose(0, 2, 1, 3), split_axis=2, concat_axis=1,
                                op=OP)  # (b, t, H, dh): my positions, every head
-    return mine.reshape(b, t, d), (s_core, x.shape)
+    return mine.reshape(b, t, n_head * dh), (s_core, (b, t, n_head, kv, copies, dh))
 
 
 def ulysses_attention_backward(comm: Any, saved: tuple, do: Any) -> Any:
-    """d(qkv) (b, t, 3d) for the output gradient ``do`` (b, t, d): the two all-to-alls'
-    adjoints, in reverse order, around the serial core's backward."""
-    s_core, (b, t, _, n_head, dh) = saved
+    """d(qkv) (b, t, (H + 2K)·d_h) for the output gradient ``do`` (b, t, H·d_h): the two
+    all-to-alls' adjoints, in reverse order, around the serial core's backward; a copied
+    key/value head's gradient summed over its copies."""
+    s_core, (b, t, n_head, kv, copies, dh) = saved
+    P = traced(comm).size
     do_full = all_to_all.forward(comm, do.reshape(b, t, n_head, dh), split_axis=2,
                                  concat_axis=1, op=OP)  # (b, s, H/P, dh)
-    dq, dk, dv = attention_core_backward(s_core, do_full.transpose(0, 2, 1, 3))
-    d_full = xp.stack([g.transpose(0, 2, 1, 3) for g in (dq, dk, dv)], axis=2)
-    dx = all_to_all.backward(comm, d_full, split_axis=3, concat_axis=1, op=OP)  # (b, t, 3, H, dh)
-    return dx.reshape(b, t, 3 * n_head * dh)
-
+    grads = attention_core_backward(s_core, do_full.transpose(0, 2, 1, 3))
+    d_full = xp.concatenate([merge_heads(g) for g in grads], axis=-1)[:, :, None]
+    dx = all_to_all.backward(comm, d_full, split_axis=2, concat_axis=1, op=OP)  # (b, t, P, w)
+    w = [n_head // P * dh, (n_head // P + kv * copies // P) * dh]
+    dq, dk, dv = xp.split(dx, w, axis=-1)
+    dk, dv = (a.reshape(b, t, kv, copies, dh).sum(axis=3).reshape(b, t, -1) for a in (dk, dv))
+    return xp.concatenate([dq.reshape(b, t, -1), dk, dv], axis=-1)
