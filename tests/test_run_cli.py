@@ -305,3 +305,16 @@ def test_a_summary_opens_with_the_line_to_look_at_first() -> None:
     assert look_first({**base, "bubble_measured": {"rebuilt": 0.25}, "bubble_formula": 0.2}) == (
         "look first: equal to the serial run; bubble 0.250 (rebuilt from measured costs) vs the "
         "formula's 0.200")
+
+
+def test_a_pipeline_on_more_ranks_than_cores_says_why_its_bubble_can_mislead() -> None:
+    """Issue 37: `run pp --schedule zb-h1 -n 4` on 2 cores measured a bubble above 1F1B's
+    without a word; the note says why and where the schedule can win."""
+    from minipar.run.pp import oversubscribed_note
+
+    assert oversubscribed_note(2, 2, "zb-h1", 2, 8) is None
+    note = oversubscribed_note(4, 2, "zb-h1", 4, 8)
+    assert note.startswith("4 ranks on 2 cores: a stage waits for a core")
+    assert "removes the waits between operations, but not the time-slicing inside them" in note
+    assert "`minipar run pp --schedule zb-h1 -n 2`" in note and "minipar bench pp" in note
+    assert "`minipar bubble --schedule zb-h1 --stages 4 --micro-batches 8`" in note

@@ -32,6 +32,7 @@ al. 2018, arXiv 1811.06965; 1F1B and interleaved, Narayanan et al. 2021, arXiv
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from minipar.cli.options import integer, output_file
@@ -133,6 +134,23 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
             else None}
 
 
+def oversubscribed_note(ranks: int, cores: int, kind: str, p: int, m: int) -> str | None:
+    """Why a measured bubble can contradict the lesson when the ranks outnumber the cores
+    (None when they do not): what the rebuilt timeline removes, what it cannot, and where
+    the schedule shows its gain."""
+    if ranks <= cores:
+        return None
+    where = (f"`minipar bubble --schedule {kind} --stages {p} --micro-batches {m}` draws the "
+             f"schedule with equal costs; `minipar run pp --schedule {kind} -n {cores}` or "
+             "`minipar bench pp` (stages of >= 50 ms) measure it where it can win")
+    return (f"{ranks} ranks on {cores} cores: a stage waits for a core as well as for its "
+            "neighbours. The rebuilt timeline places each operation at its measured duration "
+            "in the schedule's order, so it removes the waits between operations, but not the "
+            "time-slicing inside them: every F, B and W is measured slower and unevenly, and a "
+            "schedule that fills the bubble with more, smaller pieces (zero bubble's W's, "
+            "interleaving's chunks) can measure above 1F1B here. " + where)
+
+
 def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
            history: Any) -> dict[str, Any] | None:
     """Rank side, after training: every rank's figures, gathered; rank 0 returns them."""
@@ -183,6 +201,9 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
                      f"and, with a loss scaler, the found-inf check before it): "
                      f"{float(b['rebuilt_synced']):.3f}; bytes kept only for W (B done, W "
                      f"not), peak per stage: " + ", ".join(f"{s['w_peak']:,}" for s in stages))
+    crowded = oversubscribed_note(grid.world.size, os.cpu_count() or 1, kind, p, m)
+    if crowded:
+        notes.append(crowded)
     if float(b["rebuilt_median"]) - float(b["formula"]) > GAP:
         notes.append("the rebuilt bubble is above the formula, which assumes equal stages: "
                      "here stage 0 also embeds the tokens and the last stage computes the loss, "
