@@ -18,7 +18,8 @@ from minipar.cli import bubble
 from minipar.cli.options import ArgumentParser
 from minipar.parallel.pipeline import measure
 from minipar.parallel.pipeline.measure import chart, write_timeline
-from minipar.parallel.pipeline.schedule import in_flight, schedules
+from minipar.parallel.pipeline.measure import in_flight
+from minipar.parallel.pipeline.schedule import schedules
 from minipar.parallel.pipeline.simulate import replay, uniform_cost
 from minipar.registry import VERBS
 

@@ -44,7 +44,8 @@ REQUIRED = (
 DEFAULT_BUDGET = 200
 #: a pipeline schedule with the loop that runs one stage; TP with SP (ARCHITECTURE §7)
 BUDGET = {
-    **dict.fromkeys(("gpipe", "1f1b", "interleaved-pipeline", "zero-bubble"), 250),
+    **dict.fromkeys(("gpipe", "1f1b", "interleaved-pipeline", "zero-bubble", "dualpipe",
+                     "dualpipe-v"), 250),
     **dict.fromkeys(("tensor-parallelism", "column-parallelism", "row-parallelism",
                      "sequence-parallelism"), 300),
 }

@@ -78,7 +78,7 @@ def test_zb_h1_w_pileup_reaches_table_2_but_fails_the_memory_rule():
     """The W's piled up after the last F (minipar's own zb-h1 before d8a443b) fill the
     cool-down as well as ZB-H1's late W's do, so only the F-to-W count tells them apart."""
     from minipar.parallel.pipeline.measure import bubble_time
-    from minipar.parallel.pipeline.schedule import in_flight
+    from minipar.parallel.pipeline.measure import in_flight
     from minipar.parallel.pipeline.simulate import replay, split_cost
 
     fn = learner(MPI_DIR / "ex_wrong_zbh1_w_pileup.py")

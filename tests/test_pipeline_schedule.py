@@ -18,11 +18,10 @@ from fractions import Fraction
 import pytest
 
 from minipar.parallel.pipeline.check import check_schedules, problems
-from minipar.parallel.pipeline.measure import bubble_fraction, bubble_time_ratio, chart
+from minipar.parallel.pipeline.measure import bubble_fraction, bubble_time_ratio, chart, in_flight
 from minipar.parallel.pipeline.schedule import (
     KINDS,
     forward_schedule,
-    in_flight,
     schedules,
     stage_schedule,
 )
@@ -36,11 +35,12 @@ from minipar.parallel.pipeline.stage_loop import (
     SendAct,
     SendGrad,
 )
+from minipar.parallel.pipeline.dualpipe import DUALPIPE
 from minipar.parallel.pipeline.zero_bubble import ZERO_BUBBLE
 from minipar.plan import pipeline as formulas
 
 #: the schedules with a whole backward (the zero-bubble ones: tests/test_schedule_zero_bubble.py)
-CLASSIC = tuple(k for k in KINDS if k not in ZERO_BUBBLE)
+CLASSIC = tuple(k for k in KINDS if k not in ZERO_BUBBLE + DUALPIPE)
 
 
 def _grid(kind: str, every: bool = False) -> list[tuple[int, int, int]]:
@@ -205,7 +205,7 @@ def test_broken_schedules_are_named(edit, needle: str) -> None:
     (("1f1b", -1, 2, 4), "stage -1"), (("interleaved", 0, 4, 6, 2), ("m=6 micro-batches is not a "
                                        "multiple of p=4")),
     (("zigzag", 0, 2, 4), ("the pipeline schedule must be one of naive, gpipe, 1f1b, "
-                           "interleaved, zb-h1, zb-h2, zb-v; got 'zigzag'")),
+                           "interleaved, zb-h1, zb-h2, zb-v, dualpipe, dualpipev; got 'zigzag'")),
     (("gpipe", 0, 2, 4, 2), "v=2"),
     (("gpipe", 0, 2.5, 4), "p must be an integer, got 2.5"),
 ])
@@ -221,7 +221,8 @@ def test_every_module_name_of_the_package_is_the_module() -> None:
 
     import minipar.parallel.pipeline as package
 
-    names = ("stage_loop", "schedule", "zero_bubble", "check", "simulate", "partition", "stage",
+    names = ("stage_loop", "schedule", "zero_bubble", "dualpipe", "check", "simulate", "partition",
+             "stage",
              "p2p", "measure")
     for name in names:
         module = importlib.import_module(f"minipar.parallel.pipeline.{name}")

@@ -22,12 +22,13 @@ from minipar.parallel.pipeline.measure import (
     bubble_time,
     bubble_time_ratio,
     chart,
+    in_flight,
     iteration_time,
     synced_bubble_fraction,
+    w_pending,
 )
 from minipar.parallel.pipeline.schedule import (
     forward_schedule,
-    in_flight,
     placement,
     schedules,
     stage_schedule,
@@ -44,7 +45,7 @@ from minipar.parallel.pipeline.stage_loop import (
     rank_of,
     virtual_stage,
 )
-from minipar.parallel.pipeline.zero_bubble import ZERO_BUBBLE, w_pending, zero_bubble_cap
+from minipar.parallel.pipeline.zero_bubble import ZERO_BUBBLE, zero_bubble_cap
 from minipar.plan.pipeline import bubble_formula, zero_bubble_formula, zero_bubble_holds
 
 P, M = range(1, 9), range(1, 33)

@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from minipar.parallel.pipeline.measure import bubble_fraction
-from minipar.parallel.pipeline.schedule import in_flight, schedules
+from minipar.parallel.pipeline.measure import in_flight
+from minipar.parallel.pipeline.schedule import schedules
 from minipar.parallel.pipeline.simulate import replay, uniform_cost
 from minipar.plan.pipeline import bubble_fraction as formula
 from minipar.viz import pipeline as vp

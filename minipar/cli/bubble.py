@@ -124,8 +124,9 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
         rebuild_fastest,
         synced_bubble_fraction,
     )
-    from minipar.parallel.pipeline.schedule import in_flight, schedules
-    from minipar.parallel.pipeline.zero_bubble import w_pending
+    from minipar.parallel.pipeline.measure import in_flight
+    from minipar.parallel.pipeline.schedule import schedules
+    from minipar.parallel.pipeline.measure import w_pending
     from minipar.plan.pipeline import zero_bubble_holds
 
     frac, ratio = formula(kind, p, m, v)

@@ -39,6 +39,8 @@ def bubble_formula(kind: str, p: int, m: int, v: int = 1) -> dict[str, Fraction]
     p, m, v = count("p", p), count("m", m), count("v", v)
     if kind in ZERO_BUBBLE_KINDS:
         return zero_bubble_formula(kind, p, m)
+    if kind in DUALPIPE_KINDS:
+        return dualpipe_formula(kind, p, m)
     r = Fraction(p - 1) if kind == "naive" else Fraction(p - 1, v * m)
     return {"ratio": r, "fraction": r / (1 + r)}
 
@@ -49,8 +51,38 @@ ZERO_BUBBLE_KINDS = ("zb-h1", "zb-h2", "zb-v")
 
 def zero_bubble_holds(kind: str, p: int, m: int) -> bool:
     """Whether Table 2's figure applies: m >= p for ZB-H1, m >= 2p − 1 for ZB-H2 and ZB-V
-    (1F1B: any m); below that the schedule's bubble is the simulator's."""
-    return m >= {"zb-h1": p, "zb-h2": 2 * p - 1, "zb-v": 2 * p - 1}.get(kind, 0)
+    (1F1B: any m); below that the schedule's bubble is the simulator's.  DualPipe and
+    DualPipe-V: m >= 2p, the smallest m they run at."""
+    return m >= {"zb-h1": p, "zb-h2": 2 * p - 1, "zb-v": 2 * p - 1, "dualpipe": 2 * p,
+                 "dualpipev": 2 * p}.get(kind, 0)
+
+
+#: DeepSeek-V3's schedules (DeepSeek-AI 2024, arXiv 2412.19437, §3.2.1)
+DUALPIPE_KINDS = ("dualpipe", "dualpipev")
+
+
+def dualpipe_formula(kind: str, p: int, m: int, t_f: float = 1, t_b: float = 2,
+                     t_w: float = 1, t_fb: float | None = None) -> dict:
+    """The DualPipe repository's table, p ranks, costs per chunk (one of the PP stages):
+    F a forward, B a *whole* backward (input and weight parts), W its weight part, F&B an
+    overlapped pair of a forward and a backward (default F + B, one core's)::
+
+        dualpipe    PP = p     bubble (PP/2 − 1)(F&B + B − 3W)   params 2x   acts PP + 1
+        dualpipev   PP = 2p    the same                          params 2x   acts PP + 1
+
+    ``{"bubble", "ratio": bubble / ideal, "fraction": bubble / (bubble + ideal), "pp",
+    "in_flight": PP + 1}``, ideal = one rank's work: m(F + B) for dualpipe (m/2 micro-
+    batches each way, two chunks), 2m(F + B) for dualpipev (m micro-batches, two chunks).
+    Exact ``Fraction`` values for exact costs."""
+    p, m = count("p", p), count("m", m)
+    exact = all(isinstance(x, (int, Fraction)) for x in (t_f, t_b, t_w, t_fb or 0))
+    f, b, w = (Fraction(x) if exact else float(x) for x in (t_f, t_b, t_w))
+    fb = f + b if t_fb is None else (Fraction(t_fb) if exact else float(t_fb))
+    pp = p if kind == "dualpipe" else 2 * p
+    bubble = (Fraction(pp, 2) - 1 if exact else pp / 2 - 1) * (fb + b - 3 * w)
+    ideal = (m if kind == "dualpipe" else 2 * m) * (f + b)
+    return {"bubble": bubble, "ratio": bubble / ideal, "fraction": bubble / (bubble + ideal),
+            "pp": pp, "in_flight": pp + 1}
 
 
 def zero_bubble_formula(kind: str, p: int, m: int, t_f: float = 1, t_b: float = 1,

@@ -26,7 +26,7 @@ from typing import Any
 
 from minipar.cli.options import integer
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
 #: a model the usual grids of 8 ranks can cut (tp up to 4, pp up to 4), with a batch that
 #: dp·m divides, so the planner's layouts (even micro-batches) compare with the run
 MODEL_DEFAULTS = {"batch": 8, "layers": 4, "heads": 4, "vocab": 8}
@@ -40,7 +40,7 @@ TP_OPS = ("tp_f", "tp_g", "sp_f", "sp_g", "pp_tp_gather", "tp_embed", "tp_head",
 def _chunks(options: dict[str, Any]) -> int:
     """--chunks, or 2 for zb-v when it is left at its default (zb-v is a V of 2 chunks)."""
     v = options.get("chunks", 1)
-    return 2 if options.get("schedule") == "zb-v" and v == 1 else v
+    return 2 if options.get("schedule") in ("zb-v", "dualpipe", "dualpipev") and v == 1 else v
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -38,14 +38,19 @@ from typing import Any
 from minipar.cli.options import integer, output_file
 
 #: the schedules (:data:`minipar.parallel.pipeline.schedule.KINDS`)
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe",
+             "dualpipev")
+#: the schedules whose ranks hold exactly 2 model chunks (``--chunks`` left out: 2)
+TWO_CHUNKS = ("zb-v", "dualpipe", "dualpipev")
 #: the model a pipeline needs by default: 4 blocks, so ``-n 4`` gives one block per stage
 #: (RunSpec's default of 2 would refuse more than 2 stages)
 MODEL_DEFAULTS = {"layers": 4}
 #: r, the bubble over the ideal time, as the summary line writes it
 _RATIO = {"naive": "p-1 (one micro-batch at a time)", "gpipe": "(p-1)/m", "1f1b": "(p-1)/m",
           "interleaved": "(1/v)(p-1)/m", "zb-h1": "(p-1)/(3m), T_F = T_B = T_W",
-          "zb-h2": "0 for m >= 2p-1, T_F = T_B = T_W", "zb-v": "0 for m >= 2p-1, T_F = T_B = T_W"}
+          "zb-h2": "0 for m >= 2p-1, T_F = T_B = T_W", "zb-v": "0 for m >= 2p-1, T_F = T_B = T_W",
+          "dualpipe": "(PP/2-1)(F&B+B-3W) over m(F+B), F&B = F+B", "dualpipev":
+          "(PP/2-1)(F&B+B-3W) over m(F+B), PP = 2p, F&B = F+B"}
 #: how far above the formula the rebuilt bubble (median costs) may lie before a note says why
 GAP = 0.02
 
@@ -58,9 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="gpipe (all forwards, then all backwards), 1f1b (PipeDream-Flush, "
                         "default), interleaved (v chunks per stage), naive (one at a time), "
                         "zb-h1, zb-h2, zb-v (zero bubble: backward split into B and W; zb-v: "
-                        "2 chunks per stage in a V)")
-    g.add_argument("--micro-batches", type=integer(1), default=4, metavar="M",
-                   help="micro-batches per step (default 4)")
+                        "2 chunks per stage in a V), dualpipe (DeepSeek-V3: micro-batches from "
+                        "both ends, 2 copies of the model; -n and m even, m >= 2 x stages), "
+                        "dualpipev (its V: PP = 2 x stages, m >= PP, --layers >= PP)")
+    g.add_argument("--micro-batches", type=integer(1), default=None, metavar="M",
+                   help="micro-batches per step (default 4; dualpipe, dualpipev: 2 x stages, "
+                        "the fewest they run with)")
     g.add_argument("--chunks", type=integer(1), default=1, metavar="V",
                    help="model chunks per stage, with --schedule interleaved (default 1)")
     g.add_argument("--balance", default=None, metavar="L0,L1,...",
@@ -97,7 +105,7 @@ def check(options: dict[str, Any], spec: Any) -> None:
 
     p, dp = _sizes(options)
     check_world(spec.batch, dp)
-    m = options.get("micro_batches", 4)
+    m = micro_batches(options)
     remat = options.get("remat")
     check_pipeline(spec.layers, p, m, options.get("schedule", "1f1b"), _chunks(options),
                    parse_balance(options.get("balance")), spans.counts(spec.batch, dp)[-1],
@@ -109,10 +117,19 @@ def check(options: dict[str, Any], spec: Any) -> None:
                          f"another way: use a --batch divisible by --dp {dp}")
 
 
+def micro_batches(options: dict[str, Any]) -> int:
+    """--micro-batches, or its default: 4, and 2p (p = ranks / dp) for dualpipe and
+    dualpipev, the fewest micro-batches they run with (DeepSeek's m >= 2p)."""
+    if options.get("micro_batches") is not None:
+        return options["micro_batches"]
+    return 2 * _sizes(options)[0] if options.get("schedule") in ("dualpipe", "dualpipev") else 4
+
+
 def _chunks(options: dict[str, Any]) -> int:
-    """--chunks, or 2 for zb-v when it is left at its default (zb-v is a V of 2 chunks)."""
+    """--chunks, or 2 for zb-v, dualpipe, dualpipev when it is left at its default (they
+    hold 2 chunks a rank)."""
     v = options.get("chunks", 1)
-    return 2 if options.get("schedule") == "zb-v" and v == 1 else v
+    return 2 if options.get("schedule") in TWO_CHUNKS and v == 1 else v
 
 
 def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
@@ -127,7 +144,7 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
 
     remat = options.get("remat")
     return {"schedule": options.get("schedule", "1f1b"),
-            "micro_batches": options.get("micro_batches", 4), "chunks": _chunks(options),
+            "micro_batches": micro_batches(options), "chunks": _chunks(options),
             "balance": parse_balance(options.get("balance")),
             "remat": True if remat == 0 else remat, "offload": options.get("offload"),
             "offload_dir": options.get("offload_dir") if options.get("offload") == "disk"
@@ -156,7 +173,8 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
     """Rank side, after training: every rank's figures, gathered; rank 0 returns them."""
     from minipar.parallel.pipeline.measure import measured_bubble, write_timeline
     from minipar.parallel.pipeline.partition import chunk_units
-    from minipar.parallel.pipeline.schedule import in_flight, stage_schedule
+    from minipar.parallel.pipeline.measure import in_flight
+    from minipar.parallel.pipeline.schedule import stage_schedule
     from minipar.plan.pipeline import pipeline_p2p_bytes_per_rank
 
     p, dp = grid.size("pp"), grid.size("dp")
@@ -273,6 +291,10 @@ def _exact_p2p(pp: Any) -> int:
     def remote(i: Any) -> bool:
         to = message_key(i, pp.stage, pp.p, pp.place)[3]
         return rank_of(to, pp.p, pp.place) != pp.stage
-    return sum((spans.span(rows, pp.m, i.mb)[1] - spans.span(rows, pp.m, i.mb)[0]) * per_row
-               for i in pp.instructions if isinstance(i, (SendAct, SendGrad)) and pp.p > 1
-               and remote(i))
+    half = pp.m // 2 if pp.place == "dual" else 0  # dualpipe: chunk 1 has the 2nd half
+
+    def rows_of(i: Any) -> int:
+        lo, hi = spans.span(rows, pp.m, i.mb + i.chunk * half)
+        return hi - lo
+    return sum(rows_of(i) * per_row for i in pp.instructions
+               if isinstance(i, (SendAct, SendGrad)) and pp.p > 1 and remote(i))

@@ -201,7 +201,7 @@ def in_flight_over_time(timeline: Sequence[Record]) -> dict[int, list[tuple[floa
     activations are being kept), −1 when its backward ends (they are freed).  With v
     chunks a micro-batch counts once per chunk (chunk-activations, each 1/v of the
     stage's layers).  The peak of each stage equals
-    :func:`~minipar.parallel.pipeline.schedule.in_flight` of its schedule."""
+    :func:`~minipar.parallel.pipeline.measure.in_flight` of its schedule."""
     recs = _check(timeline)
     t0 = min(r.start for r in recs)
     events: dict[int, list[tuple[float, int]]] = {}

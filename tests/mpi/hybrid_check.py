@@ -86,7 +86,9 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
         model = gpt_model(spec.layers, spec.d_model, spec.vocab, spec.seq, spec.heads)
         share = stage_param_count(model, pp, tp, grid.coord("pp"))
         psi = h.stage_layout.size
-        v_shape = kind == "zb-v"  # the plan's stages are a line; zb-v's rank 0 holds both ends
+        # the plan's stages are a line; zb-v's and dualpipev's rank 0 holds both ends,
+        # dualpipe's every rank two stages (the model twice over the ranks)
+        v_shape = kind in ("zb-v", "dualpipe", "dualpipev")
         check(psi == share or v_shape,
               f"{what}: {psi} parameters on this rank, the plan counts {share}")
         lay = Layout(dp, tp, pp, cp, zero, "none", spec.batch // (dp * m), m)
@@ -101,7 +103,7 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
                   f"{what}: model states {held} vs ZeRO-{zero}'s {want}")
             check(zero != 2 or h.sync.grad_accumulation_bytes == psi * 8,
                   f"{what}: ZeRO-2 accumulates {h.sync.grad_accumulation_bytes} bytes, not Ψ_p·8")
-        if grid.coord("pp") == plan["stage"]:
+        if grid.coord("pp") == plan["stage"] and kind != "dualpipe":
             check(abs(held - plan["states"]) <= 0.05 * plan["states"],
                   f"{what}: model states {held} vs plan {plan['states']}")
             # the plan's schedule, no remat (ring CP: the plan's cp_kind="ring", no scores)
@@ -211,6 +213,9 @@ def run_all() -> list[str]:
         trial(moe, 4, 1, 1, ep=2, m=1)
         trial(moe, 1, 2, 2, m=2)
         trial(moe, 2, 2, 1, m=2, zero=3)  # ep = 1: the experts gathered with their block
+        # DeepSeek-V3's schedules with tensor parallelism inside the stages (and ZeRO-1)
+        trial(dense, 1, 2, 2, kind="dualpipe", m=4, v=2)
+        trial(dense, 1, 2, 2, kind="dualpipev", m=4, v=2, zero=1)
     return bad_input(dense)
 
 

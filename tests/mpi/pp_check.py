@@ -9,6 +9,8 @@ failures; the job exits 1 if any check failed.
    interleaved with v = 2, remat, offload to host and disk, a mixture of experts, a
    learner's list;
    on 4 ranks also dp 2 x pp 2, and a state saved by dp 2 x pp 2 resumed by pp 4;
+   DeepSeek-V3's dualpipe and dualpipev (N = 2, 4: m = 2N, odd m for dualpipev, remat,
+   offload, experts; dp 2 x pp 2), and a dualpipe state resumed by 1F1B and back;
 2. the records: one per instruction, and the rebuilt timeline replays them;
 3. bytes on ``pp_p2p`` = Σ over sends of the micro-batch's rows·T·d·8, and a middle
    stage's = the plan's 2·m·v·b·s·h·bytes; a middle stage's activation ledger = GPipe's
@@ -31,8 +33,8 @@ from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.pipeline.engine import PipelineParallel
 from minipar.parallel.pipeline.measure import measured_bubble
 from minipar.parallel.pipeline.schedule import stage_schedule
-from minipar.parallel.pipeline.simulate import WHAT
-from minipar.parallel.pipeline.stage_loop import SendAct, SendGrad
+from minipar.parallel.pipeline.simulate import WHAT, message_key
+from minipar.parallel.pipeline.stage_loop import ForwardBackward, SendAct, SendGrad, rank_of
 from minipar.plan.pipeline import gpipe_activation_bytes, pipeline_p2p_bytes_per_rank
 
 world = TracedComm(MPI.COMM_WORLD)
@@ -69,8 +71,11 @@ def trial(grid: Grid, spec: RunSpec, kind: str, m: int, v: int = 1, **kw) -> Pip
     flat0 = np.concatenate([init[k].ravel() for k in init])
     verdict = parity.compare(losses, ser["losses"], params, ser["params"], flat0)
     check(verdict.status == "equal", f"{what}: {verdict.line()}")
-    # one record per instruction, in order; the rebuilt timeline replays them
-    check([r.what for r in pp.records[-1]] == [WHAT[type(i)] for i in pp.instructions],
+    # one record per instruction (an overlapped pair: its forward's and its backward's), in
+    # order; the rebuilt timeline replays them
+    parts = [x for i in pp.instructions for x in ((i.forward, i.backward) if isinstance(
+        i, ForwardBackward) else (i,))]
+    check([r.what for r in pp.records[-1]] == [WHAT[type(i)] for i in parts],
           f"{what}: one record per instruction")
     recs = pp.gather_records()
     if "instructions" not in kw:
@@ -80,9 +85,13 @@ def trial(grid: Grid, spec: RunSpec, kind: str, m: int, v: int = 1, **kw) -> Pip
     cuts = [spans.span(spans.counts(spec.batch, grid.size("dp"))[grid.coord("dp")], m, i)
             for i in range(m)]
     p = grid.size("pp")
-    expect = sum((cuts[i.mb][1] - cuts[i.mb][0]) * spec.seq * spec.d_model * 8
-                 for i in pp.instructions if isinstance(i, (SendAct, SendGrad))
-                 and (p > 1))
+    half = m // 2 if kind == "dualpipe" else 0  # dualpipe: chunk 1 carries the 2nd half
+
+    def remote(i) -> bool:  # dualpipev's turn on rank p - 1 is a hand-off: no bytes
+        return rank_of(message_key(i, pp.stage, p, pp.place)[3], p, pp.place) != pp.stage
+    expect = sum((cuts[i.mb + i.chunk * half][1] - cuts[i.mb + i.chunk * half][0]) * spec.seq
+                 * spec.d_model * 8 for i in pp.instructions
+                 if isinstance(i, (SendAct, SendGrad)) and p > 1 and remote(i))
     got = world.stats.bytes_sent(comm="pp_p2p") / spec.steps
     check(got == expect, f"{what}: pp_p2p bytes {got} != {expect}")
     return pp
@@ -111,6 +120,52 @@ def resume_elsewhere(spec: RunSpec) -> None:
     check(gap <= 1e-12, f"dp 2 x pp 2 -> pp 4: parameters after the next step differ by {gap}")
     g.free()
     g4.free()
+
+
+def dualpipe_resume(spec: RunSpec) -> None:
+    """A dualpipe state (its second copies not saved) resumed by 1F1B, and a 1F1B state by
+    dualpipe (both copies loaded): the next losses agree."""
+    g = Grid(world, pp=N)
+    for a_kind, b_kind in (("dualpipe", "1f1b"), ("1f1b", "dualpipe")):
+        a = PipelineParallel(g, spec, a_kind, 2 * N, 2 if a_kind == "dualpipe" else 1)
+        a.step(spec.batch_at(0))
+        saved = world.comm.allgather(a.state_dict())
+        b = PipelineParallel(g, spec, b_kind, 2 * N, 2 if b_kind == "dualpipe" else 1)
+        b.load_state_dict(saved)
+        check(flat(a.full_params()).tobytes() == flat(b.full_params()).tobytes(),
+              f"{a_kind} -> {b_kind}: parameters after load_state_dict differ")
+        la, lb = a.step(spec.batch_at(1)).loss, b.step(spec.batch_at(1)).loss
+        check(abs(la - lb) <= 1e-12 * abs(la), f"{a_kind} -> {b_kind}: next loss {lb} != {la}")
+        gap = float(np.abs(flat(a.full_params()) - flat(b.full_params())).max())
+        check(gap <= 1e-12, f"{a_kind} -> {b_kind}: parameters after the next step differ by "
+              f"{gap}")
+        a.close()
+        b.close()
+    g.free()
+
+
+def dualpipes(base: RunSpec) -> None:
+    """DeepSeek-V3's schedules on p = N ranks (N even for dualpipe), and on 4 ranks dp 2."""
+    g = Grid(world, pp=N)
+    v_spec = base.with_(layers=2 * N, batch=max(12, 2 * N + 3))
+    runs = [("dualpipev", v_spec, 2 * N, {}), ("dualpipev", v_spec, 2 * N + 1, {}),
+            ("dualpipev", v_spec, 2 * N, {"remat": True}),
+            ("dualpipev", v_spec.with_(experts=2, top_k=1, batch=4 * N), 2 * N, {})]
+    if N % 2 == 0:
+        d_spec = base.with_(batch=max(12, 4 * N))
+        runs += [("dualpipe", d_spec, 2 * N, {}), ("dualpipe", d_spec, 2 * N + 2, {}),
+                 ("dualpipe", d_spec, 2 * N, {"remat": 1, "offload": "host"}),
+                 ("dualpipe", d_spec.with_(experts=2, top_k=1, batch=4 * N), 2 * N, {})]
+    for kind, spec, m, kw in runs:
+        trial(g, spec, kind, m, 2, **kw).close()
+    g.free()
+    if N == 4:  # dp 2 x pp 2
+        g = Grid(world, dp=2, pp=2)
+        trial(g, base.with_(batch=8), "dualpipe", 4, 2).close()
+        trial(g, base.with_(batch=8), "dualpipev", 4, 2).close()
+        g.free()
+    if N % 2 == 0:
+        dualpipe_resume(base.with_(batch=4 * N))
 
 
 def run_all() -> None:
@@ -173,6 +228,8 @@ def run_all() -> None:
         trial(g, base.with_(experts=2, batch=8), "gpipe", 2)  # cut like train(micro_batches=4)
         g.free()
         resume_elsewhere(base)
+    if N > 1:
+        dualpipes(base)
 
 
 def bad_input(g: Grid, spec: RunSpec) -> None:

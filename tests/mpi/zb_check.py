@@ -28,9 +28,9 @@ from minipar.parallel import loop, parity
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.pipeline.engine import PipelineParallel
 from minipar.parallel.pipeline.measure import measured_bubble
-from minipar.parallel.pipeline.schedule import in_flight
+from minipar.parallel.pipeline.measure import in_flight
 from minipar.parallel.pipeline.simulate import WHAT
-from minipar.parallel.pipeline.zero_bubble import w_pending
+from minipar.parallel.pipeline.measure import w_pending
 
 world = TracedComm(MPI.COMM_WORLD)
 N, R = world.size, world.rank

@@ -119,7 +119,7 @@ def _lists(fn: Callable, p: int, m: int) -> tuple[list[list], str | None]:
 
 def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
     """The schedule's own rule (in flight), in words, or None."""
-    from minipar.parallel.pipeline.schedule import in_flight
+    from minipar.parallel.pipeline.measure import in_flight
 
     for s, ins in enumerate(lists):
         held = in_flight(ins)

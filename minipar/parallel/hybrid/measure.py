@@ -139,8 +139,10 @@ def engine_bytes(engine: Any) -> dict[str, int]:
     )
 
     h, model = engine, engine.stage_model
-    units = [u for us in h.chunk_units for u in us]
+    units = h.units  # in the stage buffer's order (DualPipe: the model's)
     blocks = sum(u.name.startswith("block") for u in units)
+    if h.place == "dual":  # DualPipe: a micro-batch runs one of my two chunks (equal stages)
+        blocks //= 2
     toward = {SendAct: 1, RecvGrad: 1, SendGrad: -1, RecvAct: -1}
 
     def remote(i: Any) -> bool:  # zb-v's turn on rank p - 1 is a local hand-off: no bytes

@@ -2,16 +2,19 @@
 
 EN pipeline parallelism · RU конвейерный параллелизм · ZH 流水线并行
 
-The technique: read ``stage_loop.py`` (122 code lines), then ``schedule.py`` (115 code
-lines) — GPipe, 1F1B, interleaved 1F1B — and ``zero_bubble.py`` (122 code lines) — ZB-H1,
-ZB-H2, ZB-V.  ``stage_loop.py`` holds the instructions one stage runs (``Forward``,
+The technique: read ``stage_loop.py`` (133 code lines), then ``schedule.py`` (114 code
+lines) — GPipe, 1F1B, interleaved 1F1B — ``zero_bubble.py`` (110 code lines) — ZB-H1,
+ZB-H2, ZB-V — and ``dualpipe.py`` (59 code lines) — DeepSeek-V3's DualPipe and
+DualPipe-V.  ``stage_loop.py`` holds the instructions one stage runs (``Forward``,
 ``Backward``, its split ``BackwardInput`` (B) and ``BackwardWeight`` (W), ``SendAct``,
-``RecvAct``, ``SendGrad``, ``RecvGrad``, ``OptimizerStep``), the virtual stages, and
-``StageLoop``: one stage's list run against its neighbours, one dispatch table;
-``schedule.py`` the naive, GPipe, 1F1B and interleaved compute orders and ``with_comm``,
-which puts the messages around any order (``stage_schedule(kind, s, p, m, v)``,
-``schedules(kind, p, m, v)``); ``zero_bubble.py`` the orders whose backward is split
-in B and W (Qi et al. 2023, arXiv 2401.10241; zb-v's chunks in a V).
+``RecvAct``, ``SendGrad``, ``RecvGrad``, ``OptimizerStep``, DualPipe's overlapped pair
+``ForwardBackward``), the virtual stages, and ``StageLoop``: one stage's list run
+against its neighbours, one dispatch table; ``schedule.py`` the naive, GPipe, 1F1B and
+interleaved compute orders and ``with_comm``, which puts the messages around any order
+(``stage_schedule(kind, s, p, m, v)``, ``schedules(kind, p, m, v)``); ``zero_bubble.py``
+the orders whose backward is split in B and W (Qi et al. 2023, arXiv 2401.10241; zb-v's
+chunks in a V); ``dualpipe.py`` DeepSeek's eight steps (arXiv 2412.19437), micro-batches
+from both ends (``dualpipe``) or down and back up a V (``dualpipev``).
 
 The model is cut into ``p`` stages, one per rank, and the mini-batch into ``m``
 micro-batches that flow through them (GPipe, Huang et al. 2018, arXiv 1811.06965; 1F1B
@@ -49,7 +52,8 @@ The shell around it (one module each; nothing is imported here):
   matching messages, no deadlock, each problem naming the stage and the instruction;
 - :mod:`.simulate` — ``replay(schedules, cost)``: the timeline a dedicated machine would
   have (ASAP, blocking receives, buffered or rendezvous sends), ``Deadlock`` if it sticks;
-- :mod:`.measure` — the bubble of a timeline and its text chart; a recorded run's
+- :mod:`.measure` — the bubble of a timeline and its text chart, the micro-batches in
+  flight (``in_flight``) and waiting for W (``w_pending``) of a list; a recorded run's
   timeline rebuilt on a dedicated machine; the timeline file of ``minipar run pp
   --timeline`` read by ``minipar bubble --from-run`` (the papers' formula itself:
   :func:`minipar.plan.pipeline.bubble_formula`).

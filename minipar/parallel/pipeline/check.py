@@ -46,25 +46,45 @@ from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,
+    ForwardBackward,
     Instruction,
     OptimizerStep,
     RecvAct,
     RecvGrad,
     SendAct,
     SendGrad,
+    ends,
     virtual_stage,
 )
 
 _TYPES = (Forward, Backward, BackwardInput, BackwardWeight, SendAct, RecvAct, SendGrad,
-          RecvGrad, OptimizerStep)
+          RecvGrad, OptimizerStep, ForwardBackward)
+
+
+def _parts(ins: Sequence[Instruction]) -> list[tuple[int, Instruction]]:
+    """(position, instruction), DualPipe's overlapped pair as its forward and its backward,
+    both at the pair's position."""
+    return [(i, y) for i, x in enumerate(ins) for y in (
+        (x.forward, x.backward) if isinstance(x, ForwardBackward) else (x,))]
+
+
+def _pair_problems(s: int, ins: Sequence[Instruction]) -> list[str]:
+    """An overlapped pair is a Forward and a whole Backward (DeepSeek's F&B), of two
+    different micro-batches or chunks."""
+    return [f"stage {s}: {x} (position {i}) must pair a Forward with a Backward of another "
+            f"micro-batch or chunk" for i, x in enumerate(ins) if isinstance(x, ForwardBackward)
+            and (type(x.forward) is not Forward or type(x.backward) is not Backward
+                 or (x.forward.mb, x.forward.chunk) == (x.backward.mb, x.backward.chunk))]
 
 
 def _stage_problems(s: int, ins: Sequence[Instruction], p: int, mbs: list[int],
                     v: int, placement: str = "loop") -> list[str]:
     """Rules 1 and 2 on stage s."""
-    out: list[str] = []
+    out: list[str] = _pair_problems(s, ins)
+    if out:
+        return out
     where: dict[tuple[type, int, int], list[int]] = {}
-    for i, x in enumerate(ins):
+    for i, x in _parts(ins):
         if isinstance(x, OptimizerStep):
             continue
         if not 0 <= x.chunk < v or x.mb not in mbs:
@@ -76,18 +96,18 @@ def _stage_problems(s: int, ins: Sequence[Instruction], p: int, mbs: list[int],
     if len(steps) != 1 or steps[0] != len(ins) - 1:
         out.append(f"stage {s}: needs exactly one OptimizerStep(), as its last instruction "
                    f"(found {len(steps)} at positions {steps} of 0..{len(ins) - 1})")
-    last = p * v - 1
     for mb in mbs:
         for c in range(v):
             vs = virtual_stage(s, c, p, placement)
+            first, last = ends(vs, p, v, placement)
             split = (BackwardInput, mb, c) in where or (BackwardWeight, mb, c) in where
             if split and (Backward, mb, c) in where:
                 out.append(f"stage {s}: {Backward(mb, c)} and a split B/W of the same "
                            f"micro-batch: run its backward whole or as B then W, not both")
                 continue
             bx = BackwardInput if split else Backward
-            need = {Forward: True, bx: True, RecvAct: vs > 0, SendAct: vs < last,
-                    RecvGrad: vs < last, SendGrad: vs > 0}
+            need = {Forward: True, bx: True, RecvAct: not first, SendAct: not last,
+                    RecvGrad: not last, SendGrad: not first}
             if split:
                 need[BackwardWeight] = True
             pos = {}
@@ -99,12 +119,12 @@ def _stage_problems(s: int, ins: Sequence[Instruction], p: int, mbs: list[int],
                 elif not needed and found:
                     edge = "first" if t in (RecvAct, SendGrad) else "last"
                     out.append(f"stage {s}: {name} at position {found[0]} talks past the "
-                               f"{edge} stage of the pipeline (virtual stage {vs} of {last + 1})")
+                               f"{edge} stage of the pipeline (it is virtual stage {vs})")
                 if len(found) == 1:
                     pos[t] = found[0]
             for before, after in ((RecvAct, Forward), (Forward, SendAct), (Forward, bx),
                                   (RecvGrad, bx), (bx, SendGrad), (bx, BackwardWeight)):
-                if before in pos and after in pos and pos[before] > pos[after]:
+                if before in pos and after in pos and pos[before] >= pos[after]:
                     out.append(f"stage {s}: {after(mb, c)} at position {pos[after]} comes "
                                f"before {before(mb, c)} at position {pos[before]}")
     return out
@@ -121,14 +141,12 @@ def problems(schedules: Sequence[Sequence[Instruction]], sends: str = "buffered"
             if not isinstance(x, _TYPES):
                 return [(f"stage {s}: {x!r} at position {i} is not a pipeline instruction "
                         f"({', '.join(t.__name__ for t in _TYPES)})")]
-    fwd = [x for ins in schedules for x in ins if isinstance(x, Forward)]
-    if not fwd:
+    fwds = [[x for _, x in _parts(ins) if isinstance(x, Forward)] for ins in schedules]
+    if not any(fwds):
         return ["no stage has a Forward: nothing to run"]
     # m and v as most stages see them (ties: the lower stage), so one odd stage is named
-    m = Counter(max((x.mb for x in ins if isinstance(x, Forward)), default=-1) + 1
-                for ins in schedules).most_common(1)[0][0]
-    v = Counter(max((x.chunk for x in ins if isinstance(x, Forward)), default=-1) + 1
-                for ins in schedules).most_common(1)[0][0]
+    m = Counter(max((x.mb for x in f), default=-1) + 1 for f in fwds).most_common(1)[0][0]
+    v = Counter(max((x.chunk for x in f), default=-1) + 1 for f in fwds).most_common(1)[0][0]
     if m < 1 or v < 1:
         return ["most stages have no Forward: nothing to run"]
     mbs = list(range(m))

@@ -66,13 +66,16 @@ from minipar.parallel.pipeline.stage_loop import (
     Backward,
     BackwardInput,
     Forward,
+    ForwardBackward,
     Instruction,
     StageLoop,
+    virtual_stage,
 )
 
 __all__ = ["OPTIONS", "OP_ACT", "OP_GRAD", "PipelineParallel", "build"]
 
 OP_DP, OP_LOSS = "pp_dp_grad_allreduce", "pp_loss_allreduce"
+OP_MIRROR = "dualpipe_copies_grad_allreduce"
 
 #: the keyword options of :func:`build` (``PipelineParallel``'s arguments after grid, spec)
 OPTIONS = ("schedule", "micro_batches", "chunks", "balance", "remat", "offload",
@@ -128,11 +131,24 @@ class PipelineParallel:
         self.sync = (AllReduceSync(self.world, all_reduce(grid.comm("dp"), OP_DP))
                      if sync is None else sync)
         self.reports_loss = reports_loss
-        self.replica_of = replica_of or (lambda kind, name: self.replica)
+        base = replica_of or (lambda kind, name: self.replica)
+        #: DualPipe's second copy of every tensor (ranks p/2..p - 1), summed with the first
+        #: before each step (:meth:`_step`); saved from the first copy only (replica 0)
+        self.mirror = (grid.comm("pp").Split(min(self.stage, self.p - 1 - self.stage),
+                                             self.stage, name="pp_mirror")
+                       if self.place == "dual" else None)
+        second = int(self.stage >= self.p // 2)
+        self.replica_of = ((lambda kind, name: 2 * base(kind, name) + second)
+                           if self.mirror is not None else base)
         self.model = self.stage_model.model
         self.chunk_units = stage_units(self.stage_model.units(), self.balance, self.stage,
                                        self.p, chunks, self.place)
-        units = [u for us in self.chunk_units for u in us]
+        # DualPipe: ranks s and p - 1 - s hold the same two stages (chunks swapped): the
+        # flat buffers follow the model's order on both, so one sum adds the two copies
+        order = sorted(range(chunks), key=lambda c: virtual_stage(self.stage, c, self.p,
+                                                                  self.place) % self.p
+                       if self.place == "dual" else c)
+        self.units = units = [u for c in order for u in self.chunk_units[c]]
         params = self.stage_model.params([n for u in units for n in u.full_names])
         self.states = self.sync.build(spec, params, units)
         self.stage_layout = self.sync.layout  # the stage's Ψ_p parameters, flat
@@ -178,6 +194,9 @@ class PipelineParallel:
         def timed(ins: Instruction, dispatch: Callable[[Any], None]) -> None:
             """One instruction, timed; a compute's activation peak measured; after a B,
             the bytes kept only for W."""
+            if isinstance(ins, ForwardBackward):  # its forward and backward are timed
+                dispatch(ins)
+                return
             a, ca = time.perf_counter(), time.process_time()
             if isinstance(ins, MEASURED):
                 mem.measured(ins.chunk, lambda: dispatch(ins))
@@ -193,13 +212,20 @@ class PipelineParallel:
             cpu.append(Record(*what, ca - c0, cb - c0))
 
         loss = self.loop.run(self.instructions, x, y, batch.size, self.m, mem.hooks,
-                             self.sync.step, st.loss_scale, around=timed)
+                             self._step, st.loss_scale, around=timed)
         self.records.append(wall)
         self.cpu_records.append(cpu)
         mem.end_step()
         self.steps_done += 1
         return StepResult(self._global(loss), skipped=not self.loop.stepped,
                           records=tuple(wall))
+
+    def _step(self) -> bool:
+        """After the flush: DualPipe sums its two copies' gradients (ranks s and p − 1 − s),
+        then the sync's step (data parallelism's sum, the update)."""
+        if self.mirror is not None:
+            all_reduce(self.mirror, OP_MIRROR)(self.states.grads, None)
+        return self.sync.step()
 
     def evaluate(self, batch: Batch) -> float:
         """Forward only: every micro-batch through the stages (no backward, nothing kept);
@@ -247,6 +273,9 @@ class PipelineParallel:
     def close(self) -> None:
         """Remove what an interrupted step left offloaded (the grid is the caller's)."""
         self.stage_memory.end_step()
+        if self.mirror is not None:
+            self.mirror.Free()
+            self.mirror = None
 
     # -- around the loop -------------------------------------------------------------
     def _rows(self, batch: Batch) -> tuple[Any, Any]:

@@ -63,13 +63,21 @@ from pathlib import Path
 from typing import Any
 
 from minipar.parallel.pipeline.schedule import placement, schedules
-from minipar.parallel.pipeline.stage_loop import Instruction
+from minipar.parallel.pipeline.stage_loop import (
+    Backward,
+    BackwardInput,
+    BackwardWeight,
+    Forward,
+    ForwardBackward,
+    Instruction,
+)
 from minipar.parallel.pipeline.simulate import COMPUTE_WHAT, WHAT, Record, replay
 from minipar.plan.pipeline import bubble_formula, zero_bubble_formula
 
 __all__ = ["FORMAT", "bubble_fraction", "bubble_time", "bubble_time_ratio", "chart",
-           "iteration_time", "load_run", "measured_bubble", "read_timeline", "rebuild",
-           "rebuild_compute", "rebuild_fastest", "stage_costs", "synced_bubble_fraction", "write_timeline"]
+           "in_flight", "iteration_time", "load_run", "measured_bubble", "read_timeline",
+           "rebuild", "rebuild_compute", "rebuild_fastest", "stage_costs",
+           "synced_bubble_fraction", "w_pending", "write_timeline"]
 
 FORMAT = "minipar-pipeline-timeline"
 
@@ -163,6 +171,42 @@ def chart(timeline: Sequence[Record], unit: Real = 1) -> str:
     return "\n".join(f"stage {s}  " + "".join(rows[s]).rstrip() for s in stages)
 
 
+def in_flight(instructions: Sequence[Instruction], until: str = "B") -> int:
+    """Peak number of (micro-batch, chunk) pairs whose Forward has run and whose backward
+    (``Backward``, or its B: ``BackwardInput``) has not — their full activations held.
+    1F1B and ZB-H1: p on stage 0 (m >= p); ZB-H2: 2p − 1 (m >= 2p − 1); GPipe: m.
+    ``until="W"``: counted up to the W (``BackwardWeight``) instead — everything a stage
+    keeps for a micro-batch: ZB-H1 p, ZB-H2 2p − 1 on every stage, as the paper's."""
+    done = (Backward, BackwardInput) if until == "B" else (Backward, BackwardWeight)
+    held: set[tuple[int, int]] = set()
+    peak = 0
+    for ins in [x for i in instructions for x in (
+            (i.forward, i.backward) if isinstance(i, ForwardBackward) else (i,))]:
+        if isinstance(ins, Forward):
+            held.add((ins.mb, ins.chunk))
+            peak = max(peak, len(held))
+        elif isinstance(ins, done):
+            held.discard((ins.mb, ins.chunk))
+    return peak
+
+
+def w_pending(instructions: Sequence[Instruction]) -> int:
+    """Peak number of (micro-batch, chunk) pairs whose B has run and whose W has not: what
+    the stage keeps *only for W* (the linears' inputs and output gradients), 0 when the
+    backward is not split.  ZB-H1: min(s + 1, m) on stage s (s W's held back, counted
+    right after the next B), so F to W stays within 1F1B's p; ZB-H2: 2s + 1 (m >= 2p − 1),
+    so F to W stays within 2p − 1."""
+    kept: set[tuple[int, int]] = set()
+    peak = 0
+    for ins in instructions:
+        if isinstance(ins, BackwardInput):
+            kept.add((ins.mb, ins.chunk))
+            peak = max(peak, len(kept))
+        elif isinstance(ins, BackwardWeight):
+            kept.discard((ins.mb, ins.chunk))
+    return peak
+
+
 # -- a measured run's timeline, rebuilt ----------------------------------------------------
 
 
@@ -183,6 +227,16 @@ def _medians(cost: dict[tuple, Real]) -> dict[tuple, Real]:
         groups.setdefault((stage, what, chunk), []).append(c)
     mid = {k: statistics.median_low(v) for k, v in groups.items()}  # a cost that ran: exact
     return {k: mid[(k[0], k[1], k[3])] for k in cost}
+
+
+def _pairs(cost: Any) -> Any:
+    """A cost function of recorded instructions, also for DualPipe's overlapped pair: its
+    forward's cost plus its backward's (the executor records the two)."""
+    def both(ins: Instruction, stage: int) -> Real:
+        if isinstance(ins, ForwardBackward):
+            return cost(ins.forward, stage) + cost(ins.backward, stage)
+        return cost(ins, stage)
+    return both
 
 
 def rebuild(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
@@ -206,7 +260,7 @@ def rebuild(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
             raise ValueError(f"no record of {ins} on stage {stage}: the records are not of "
                              f"this schedule ({kind}, p={p}, m={m}, v={v})")
         return cost[key]
-    return replay(scheds, measured, measured, placement=placement(kind))
+    return replay(scheds, _pairs(measured), measured, placement=placement(kind))
 
 
 def measured_bubble(records: Sequence[Record], kind: str, p: int, m: int, v: int = 1,
@@ -259,7 +313,7 @@ def rebuild_compute(records: Sequence[Record], kind: str, p: int, m: int, v: int
             raise ValueError(f"no record of {ins} on stage {stage}: the records are not of "
                              f"this schedule ({kind}, p={p}, m={m}, v={v})")
         return cost[key]
-    return replay(scheds, measured, placement=placement(kind))
+    return replay(scheds, _pairs(measured), placement=placement(kind))
 
 
 def stage_costs(records: Sequence[Record]) -> dict[str, float]:
@@ -360,4 +414,4 @@ def rebuild_fastest(records: Sequence[Record], kind: str, p: int, m: int, v: int
             raise ValueError(f"the recorded run has no {what} on stage {stage}: it is not a "
                              f"{kind} step with p={p}, m={m}, v={v}")
         return fastest[stage, what]
-    return replay(schedules(kind, p, m, v), cost, placement=placement(kind))
+    return replay(schedules(kind, p, m, v), _pairs(cost), placement=placement(kind))

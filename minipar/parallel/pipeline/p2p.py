@@ -80,7 +80,7 @@ class StageLink:
     def __init__(self, comm: Any, stage: int, p: int, v: int, dtype: Any, width: int,
                  wire: Any, placement: str = "loop") -> None:
         self.comm, self.stage, self.p, self.v = comm, stage, p, v
-        self.placement = placement  # "v": ZB-V's chunks (stage_loop.virtual_stage)
+        self.placement = placement  # "v", "dual": ZB-V's, DualPipe's (stage_loop)
         self.dtype, self.width, self.wire = dtype, width, wire
         self.begin()
 
@@ -95,8 +95,8 @@ class StageLink:
 
     def _peer(self, vs: int) -> tuple[int, int]:
         """(rank in the pp communicator, its chunk) of virtual stage ``vs``; in ZB-V's V
-        chunk 0 of rank r is vs r and chunk 1 is vs 2p − 1 − r."""
-        if self.placement == "v":
+        chunk 0 of rank r is vs r and chunk 1 is vs 2p − 1 − r (DualPipe's ``"dual"`` too)."""
+        if self.placement in ("v", "dual"):
             return rank_of(vs, self.p, "v"), int(vs >= self.p)
         return vs % self.p, vs // self.p
 

@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from minipar import checks, spans
+from minipar.parallel.pipeline.dualpipe import DUALPIPE
 from minipar.parallel.pipeline.schedule import KINDS
-from minipar.parallel.pipeline.stage_loop import virtual_stage
+from minipar.parallel.pipeline.stage_loop import ends, virtual_stage
 
 __all__ = ["check_pipeline", "chunk_blocks", "chunk_units", "parse_balance", "stage_units"]
 
@@ -61,17 +62,25 @@ def check_pipeline(layers: int, p: int, m: int, schedule: str = "1f1b", v: int =
     checks.integer("the number of stages p", p, 1)
     checks.integer("--micro-batches m", m, 1)
     checks.integer("--chunks v", v, 1)
-    if schedule == "zb-v" and v != 2:
-        raise ValueError(f"--schedule zb-v holds exactly 2 model chunks per stage (a V), "
-                         f"got --chunks {v} (use --chunks 2)")
-    if schedule not in ("interleaved", "zb-v") and v != 1:
+    if schedule in ("zb-v", *DUALPIPE) and v != 2:
+        raise ValueError(f"--schedule {schedule} holds exactly 2 model chunks per stage, got "
+                         f"--chunks {v} (leave --chunks out: {schedule} is not interleaved)")
+    if schedule not in ("interleaved", "zb-v", *DUALPIPE) and v != 1:
         raise ValueError(f"--chunks {v} model chunks per stage needs --schedule interleaved, "
                          f"not {schedule}")
-    pv = p * v
+    if schedule == "dualpipe" and (p % 2 or m % 2 or m < 2 * p):
+        raise ValueError(f"--schedule dualpipe needs an even number of stages and an even "
+                         f"--micro-batches >= 2 x stages, got {p} stages and m={m} (use "
+                         f"{p + p % 2} stages and --micro-batches {2 * (p + p % 2)})")
+    if schedule == "dualpipev" and m < 2 * p:
+        raise ValueError(f"--schedule dualpipev needs --micro-batches >= PP = 2 x {p} ranks "
+                         f"= {2 * p}, got {m}")
+    pv = p if schedule == "dualpipe" else p * v  # dualpipe: two copies of p stages
     if pv > layers:
-        what = f"{p} stages x {v} chunks = {pv} virtual stages" if v > 1 else f"{p} stages"
-        raise ValueError(f"{what} but the model has only {layers} layer{'s' * (layers != 1)}: every stage needs "
-                         f"at least one transformer block (use --layers >= {pv})")
+        what = f"{p} stages x {v} chunks = {pv} virtual stages" if pv > p else f"{p} stages"
+        raise ValueError(f"{what} but the model has only {layers} layer{'s' * (layers != 1)}"
+                         f": every stage needs at least one transformer block (use --layers "
+                         f">= {pv})")
     if schedule == "interleaved":
         if m % p:
             raise ValueError(f"interleaved 1F1B sends micro-batches in groups of p: "
@@ -124,8 +133,10 @@ def _check_remat(balance: list[int], remat: Any, v: int) -> list[int]:
 def chunk_blocks(balance: Sequence[int], stage: int, p: int, chunk: int,
                  placement: str = "loop") -> range:
     """The block indices of rank ``stage``'s chunk ``chunk`` (virtual stage chunk·p + stage;
-    ZB-V's ``placement="v"``: stage, then 2p − 1 − stage)."""
+    ZB-V's ``placement="v"``: stage, then 2p − 1 − stage; DualPipe's ``"dual"``: stage
+    s, then stage p − 1 − s of the same p, ``balance`` one entry per stage)."""
     j = virtual_stage(stage, chunk, p, placement)
+    j = j % p if placement == "dual" else j
     lo = sum(balance[:j])
     return range(lo, lo + balance[j])
 
@@ -135,16 +146,18 @@ def stage_units(units: Sequence[Any], balance: Sequence[int], stage: int, p: int
     """Rank ``stage``'s units, one tuple per chunk: ``units`` = embed, block 0..L-1, head
     (:func:`minipar.nn.gpt.gpt_units`); embed joins virtual stage 0, head the last."""
     n_blocks = len(units) - 2
-    if sum(balance) != n_blocks or len(balance) != p * v:
+    n = p if placement == "dual" else p * v
+    if sum(balance) != n_blocks or len(balance) != n:
         raise ValueError(f"balance {list(balance)} does not cut {n_blocks} blocks into "
-                         f"{p * v} virtual stages")
+                         f"{n} virtual stages")
     out = []
     for c in range(v):
         blocks = chunk_blocks(balance, stage, p, c, placement)
         chunk = [units[1 + i] for i in blocks]
-        if virtual_stage(stage, c, p, placement) == 0:
+        first, last = ends(virtual_stage(stage, c, p, placement), p, v, placement)
+        if first:
             chunk.insert(0, units[0])
-        if virtual_stage(stage, c, p, placement) == p * v - 1:
+        if last:
             chunk.append(units[-1])
         out.append(tuple(chunk))
     return out

@@ -66,17 +66,20 @@ from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,
+    ForwardBackward,
     Instruction,
     OptimizerStep,
     RecvAct,
     RecvGrad,
     SendAct,
     SendGrad,
+    ends,
     virtual_stage,
 )
+from minipar.parallel.pipeline.dualpipe import DUALPIPE, check_dualpipe, dualpipe_order
 from minipar.parallel.pipeline.zero_bubble import ZERO_BUBBLE, zero_bubble_order
 
-KINDS = ("naive", "gpipe", "1f1b", "interleaved", *ZERO_BUBBLE)
+KINDS = ("naive", "gpipe", "1f1b", "interleaved", *ZERO_BUBBLE, *DUALPIPE)
 
 
 def naive(m: int) -> list[Any]:
@@ -130,20 +133,23 @@ def with_comm(order: Sequence[Any], stage: int, p: int, v: int = 1,
     :class:`OptimizerStep` at the end.  A pair ``(Forward(k), Backward(i))``, 1F1B's steady
     state, is Megatron's ``send_forward_recv_backward``: gradient i is received before
     activation k is sent — the order in which the next stage sends and receives them, so
-    even rendezvous sends cannot deadlock."""
-    last = p * v - 1
+    even rendezvous sends cannot deadlock.  DualPipe's :class:`ForwardBackward` receives
+    both inputs first and sends both outputs after, as DeepSeek's ``_forward_backward_chunk``."""
 
     def messages(c: Any) -> tuple[list[Instruction], list[Instruction]]:
-        vs = virtual_stage(stage, c.chunk, p, place)
+        first, last = ends(virtual_stage(stage, c.chunk, p, place), p, v, place)
         if isinstance(c, Forward):
-            return [RecvAct(c.mb, c.chunk)] * (vs > 0), [SendAct(c.mb, c.chunk)] * (vs < last)
+            return [RecvAct(c.mb, c.chunk)] * (not first), [SendAct(c.mb, c.chunk)] * (not last)
         if isinstance(c, BackwardWeight):
             return [], []
-        return [RecvGrad(c.mb, c.chunk)] * (vs < last), [SendGrad(c.mb, c.chunk)] * (vs > 0)
+        return [RecvGrad(c.mb, c.chunk)] * (not last), [SendGrad(c.mb, c.chunk)] * (not first)
 
     out: list[Instruction] = []
     for step in order:
-        if isinstance(step, tuple):  # Megatron's send_forward_recv_backward
+        if isinstance(step, ForwardBackward):
+            (rf, sf), (rb, sb) = messages(step.forward), messages(step.backward)
+            out += rf + rb + [step] + sf + sb
+        elif isinstance(step, tuple):  # Megatron's send_forward_recv_backward
             (f, b), ((rf, sf), (rb, sb)) = step, map(messages, step)
             out += rf + [f] + rb + sf + [b] + sb
         else:
@@ -153,8 +159,9 @@ def with_comm(order: Sequence[Any], stage: int, p: int, v: int = 1,
 
 
 def placement(kind: str) -> str:
-    """Where a schedule puts its chunks: ``"v"`` for zb-v, ``"loop"`` for every other."""
-    return "v" if kind == "zb-v" else "loop"
+    """Where a schedule puts its chunks: ``"v"`` for zb-v and dualpipev, ``"dual"`` for
+    dualpipe (two pipelines, one each way), ``"loop"`` for every other."""
+    return {"zb-v": "v", "dualpipev": "v", "dualpipe": "dual"}.get(kind, "loop")
 
 
 def stage_schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[Instruction]:
@@ -162,7 +169,8 @@ def stage_schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[In
     ``kind``'s compute order with its messages, ending with one :class:`OptimizerStep`.
 
     ``kind``: naive, gpipe, 1f1b, interleaved (``v`` chunks per rank, ``m`` a multiple of
-    ``p``) or the zero-bubble zb-h1, zb-h2, zb-v (``v=2``: :mod:`.zero_bubble`).  Bad
+    ``p``), the zero-bubble zb-h1, zb-h2, zb-v (``v=2``: :mod:`.zero_bubble`) or DeepSeek's
+    dualpipe, dualpipev (``v=2``: :mod:`.dualpipe`).  Bad
     input raises a ``ValueError`` naming the numbers."""
     check_arguments(kind, stage, p, m, v)
     if kind == "naive":
@@ -173,6 +181,8 @@ def stage_schedule(kind: str, stage: int, p: int, m: int, v: int = 1) -> list[In
         order = one_f_one_b(stage, p, m)
     elif kind == "interleaved":
         order = interleaved(stage, p, m, v)
+    elif kind in DUALPIPE:
+        order = dualpipe_order(kind, stage, p, m)
     else:
         order = zero_bubble_order(kind, stage, p, m)
     return with_comm(order, stage, p, v, placement(kind))
@@ -190,29 +200,13 @@ def forward_schedule(stage: int, p: int, m: int, v: int = 1,
 
     No deadlock: (micro-batch i, chunk c) on rank s waits only for (i, c) on rank s − 1
     (or (i, c − 1) on rank p − 1), which comes earlier in the order (i, c, s) that every
-    rank's list follows, and sends never block."""
-    check_arguments("zb-v" if place == "v" else "interleaved" if v > 1 else "gpipe",
-                    stage, p, m, v)
-    return with_comm([Forward(i, c) for i in range(m) for c in range(v)], stage, p, v,
+    rank's list follows, and sends never block.  DualPipe (``"dual"``): m/2 micro-batches
+    down on chunk 0, m/2 up on chunk 1."""
+    check_arguments({"v": "zb-v", "dual": "dualpipe"}.get(place, "interleaved" if v > 1 else
+                                                          "gpipe"), stage, p, max(m, 2 * p), v)
+    half = m // 2 if place == "dual" else m
+    return with_comm([Forward(i, c) for i in range(half) for c in range(v)], stage, p, v,
                      place)[:-1]
-
-
-def in_flight(instructions: Sequence[Instruction], until: str = "B") -> int:
-    """Peak number of (micro-batch, chunk) pairs whose Forward has run and whose backward
-    (``Backward``, or its B: ``BackwardInput``) has not — their full activations held.
-    1F1B and ZB-H1: p on stage 0 (m >= p); ZB-H2: 2p − 1 (m >= 2p − 1); GPipe: m.
-    ``until="W"``: counted up to the W (``BackwardWeight``) instead — everything a stage
-    keeps for a micro-batch: ZB-H1 p, ZB-H2 2p − 1 on every stage, as the paper's."""
-    ends = (Backward, BackwardInput) if until == "B" else (Backward, BackwardWeight)
-    held: set[tuple[int, int]] = set()
-    peak = 0
-    for ins in instructions:
-        if isinstance(ins, Forward):
-            held.add((ins.mb, ins.chunk))
-            peak = max(peak, len(held))
-        elif isinstance(ins, ends):
-            held.discard((ins.mb, ins.chunk))
-    return peak
 
 
 def check_arguments(kind: str, stage: int, p: int, m: int, v: int) -> None:
@@ -225,10 +219,12 @@ def check_arguments(kind: str, stage: int, p: int, m: int, v: int) -> None:
                          f"got p={p}, m={m}, v={v}")
     if not 0 <= stage < p:
         raise ValueError(f"stage {stage} is out of range for p={p} stages (0..{p - 1})")
+    if kind in DUALPIPE:
+        check_dualpipe(kind, p, m, v)
     if kind == "zb-v" and v != 2:
         raise ValueError(f"zb-v holds exactly 2 model chunks per rank (a V), got v={v} "
                          f"(use v=2)")
-    if kind not in ("interleaved", "zb-v") and v != 1:
+    if kind not in ("interleaved", "zb-v", *DUALPIPE) and v != 1:
         raise ValueError(f"v={v} model chunks per rank needs the 'interleaved' schedule, "
                          f"not {kind!r} (use v=1)")
     if kind == "interleaved" and m % p:

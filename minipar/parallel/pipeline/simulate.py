@@ -21,7 +21,9 @@ A timeline is a list of :class:`Record` ``(stage, what, micro_batch, chunk,
 start, end)`` — the record shape of every minipar timeline (DDP's, the MPI
 executor's); ``what`` is ``forward``, ``backward``, ``send_act``,
 ``recv_act``, ``send_grad``, ``recv_grad`` or ``optimizer`` (micro_batch and
-chunk None).  A receive's record spans the wait for its message.
+chunk None).  A receive's record spans the wait for its message.  DualPipe's overlapped
+pair (:class:`~.stage_loop.ForwardBackward`) costs its own F&B and leaves two records,
+its forward's and its backward's, one after the other inside it.
 
 What the timeline shows — its bubble and its text chart — is
 :mod:`.measure`'s (:func:`~.measure.bubble_fraction`, :func:`~.measure.chart`);
@@ -42,6 +44,7 @@ from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,
+    ForwardBackward,
     Instruction,
     OptimizerStep,
     RecvAct,
@@ -56,7 +59,7 @@ Cost = Callable[[Instruction, int], Real]
 SENDS = (SendAct, SendGrad)
 RECVS = (RecvAct, RecvGrad)
 #: where a schedule puts its chunks (:func:`~.stage_loop.virtual_stage`)
-PLACEMENTS = ("loop", "v")
+PLACEMENTS = ("loop", "v", "dual")
 WHAT = {Forward: "forward", Backward: "backward", BackwardInput: "backward_input",
         BackwardWeight: "backward_weight", SendAct: "send_act", RecvAct: "recv_act",
         SendGrad: "send_grad", RecvGrad: "recv_grad", OptimizerStep: "optimizer"}
@@ -103,13 +106,17 @@ def uniform_cost(forward: Real = 1, backward: Real = 2, optimizer: Real = 0, v: 
 
 
 def split_cost(forward: Real = 1, backward_input: Real = 1, backward_weight: Real = 1,
-               optimizer: Real = 0, v: int = 1) -> Cost:
+               optimizer: Real = 0, v: int = 1, overlapped: Real | None = None) -> Cost:
     """Every stage alike, the backward split (Qi et al. 2023): a chunk's F costs
     T_F/v, its B T_B/v, its W T_W/v, a whole ``Backward`` (T_B + T_W)/v; the step
-    ``optimizer``.  ``split_cost(1, 1, 1)`` is the paper's Table 2 setting."""
+    ``optimizer``.  ``split_cost(1, 1, 1)`` is the paper's Table 2 setting.
+    ``overlapped``: DualPipe's F&B, an overlapped pair (:class:`ForwardBackward`) of a
+    forward and a whole backward (per chunk /v; default F + B + W, one core's)."""
     f, b, w = (_whole(Fraction(x) / v) for x in (forward, backward_input, backward_weight))
     bw = _whole(Fraction(b) + Fraction(w))
-    table = {Forward: f, BackwardInput: b, BackwardWeight: w, Backward: bw}
+    fb = _whole(Fraction(f) + bw if overlapped is None else Fraction(overlapped) / v)
+    table = {Forward: f, BackwardInput: b, BackwardWeight: w, Backward: bw,
+             ForwardBackward: fb}
 
     def cost(ins: Instruction, stage: int) -> Real:
         return table.get(type(ins), optimizer)
@@ -184,6 +191,11 @@ def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
                         t = max(t, clock[peer])
                     sent[key] = t + dt
                     rec(s, ins, t, t + dt)
+                elif isinstance(ins, ForwardBackward):
+                    for part, a, b in _pair(ins, cost(ins, s), cost(ins.forward, s),
+                                            cost(ins.backward, s), t):
+                        rec(s, part, a, b)
+                    pc[s] -= 1
                 else:
                     rec(s, ins, t, t + cost(ins, s))
                 moved = True
@@ -199,6 +211,17 @@ def replay(schedules: Sequence[Sequence[Instruction]], cost: Cost,
                 waiting[s] = (ins, None)
         raise Deadlock(waiting, _cycle({s: t for s, (_, t) in waiting.items()}))
     return sorted(out, key=lambda r: (r.start, r.stage))
+
+
+def _pair(ins: ForwardBackward, fb: Real, f: Real, b: Real, t: Real) -> list[tuple]:
+    """An overlapped pair's two records, one after the other within its cost ``fb``: the
+    forward's share f/(f + b) of it, then the backward's (F&B = F + B: as they ran)."""
+    a = t + (_exact(fb * Fraction(f) / (f + b)) if f + b else 0)
+    return [(ins.forward, t, a), (ins.backward, a, t + fb)]
+
+
+def _exact(x: Real) -> Real:
+    return _whole(x) if isinstance(x, Fraction) else x
 
 
 def _cycle(waits_for: dict[int, int | None]) -> list[int]:

@@ -102,8 +102,27 @@ class OptimizerStep:
     """Update this stage's parameters: once, after every backward (the pipeline flush)."""
 
 
+@dataclass(frozen=True)
+class ForwardBackward:
+    """DualPipe's **overlapped pair** (DeepSeek-AI 2024, arXiv 2412.19437, §3.2.1): the
+    forward of one micro-batch and the whole backward of another, run together so that
+    one's messages travel while the other computes.  Its receives come before it, its
+    sends after (:func:`~.schedule.with_comm`); the loop runs ``forward`` then
+    ``backward``, each through ``around`` (one core computes one at a time)."""
+    forward: Forward
+    backward: Backward
+
+
 Instruction = (Forward | Backward | BackwardInput | BackwardWeight | SendAct | RecvAct
-               | SendGrad | RecvGrad | OptimizerStep)
+               | SendGrad | RecvGrad | OptimizerStep | ForwardBackward)
+
+
+def ends(vs: int, p: int, v: int, placement: str = "loop") -> tuple[bool, bool]:
+    """(first, last): does virtual stage ``vs`` embed the tokens, does it add the loss?
+    ``"dual"`` (DualPipe: two pipelines, one each way) has two of each: vs mod p = 0, p − 1."""
+    if placement == "dual":
+        return vs % p == 0, vs % p == p - 1
+    return vs == 0, vs == p * v - 1
 
 
 def virtual_stage(stage: int, chunk: int, p: int, placement: str = "loop") -> int:
@@ -113,15 +132,17 @@ def virtual_stage(stage: int, chunk: int, p: int, placement: str = "loop") -> in
     of ranks v times.  ``"v"`` (ZB-V, two chunks): chunk 0 is virtual stage ``stage``,
     chunk 1 is 2p − 1 − stage — down the ranks and back up, so rank 0 holds the first
     and the last chunk (the loss is on rank 0) and rank p − 1 hands its chunk 0's output
-    to its own chunk 1."""
-    if placement == "v":
+    to its own chunk 1.  ``"dual"`` (DualPipe) numbers the chunks as the V does but cuts it
+    at p − 1 | p: chunk 0 (vs s) is stage s of the pipeline going down the ranks, chunk 1
+    (vs 2p − 1 − s) stage p − 1 − s of the one going up (:func:`ends`)."""
+    if placement in ("v", "dual"):
         return stage if chunk == 0 else 2 * p - 1 - stage
     return chunk * p + stage
 
 
 def rank_of(vs: int, p: int, placement: str = "loop") -> int:
     """The rank holding virtual stage ``vs`` (inverse of :func:`virtual_stage`)."""
-    if placement == "v":
+    if placement in ("v", "dual"):
         return vs if vs < p else 2 * p - 1 - vs
     return vs % p
 
@@ -140,11 +161,12 @@ class StageLoop:
                  loss: Any, placement: str = "loop", loss_weight: float = 1.0) -> None:
         self.stage, self.p, self.v, self.placement = stage, p, v, placement
         self.chunks, self.link, self.loss_fn, self.loss_weight = chunks, link, loss, loss_weight
-        self.last = p * v - 1
+        self.first, self.last = zip(*(ends(self.vs(c), p, v, placement) for c in range(v)))
         self.table: dict[type, Callable[[Any], None]] = {
             Forward: self.forward, Backward: self.backward, BackwardInput: self.backward_input,
             BackwardWeight: self.backward_weight, SendAct: self.send, SendGrad: self.send,
-            RecvAct: self.recv, RecvGrad: self.recv, OptimizerStep: self.optimizer_step}
+            RecvAct: self.recv, RecvGrad: self.recv, OptimizerStep: self.optimizer_step,
+            ForwardBackward: lambda ins: (self.do(ins.forward), self.do(ins.backward))}
 
     def run(self, instructions: Sequence[Instruction], x: Any, y: Any, rows: int, m: int,
             hooks: Sequence[Any], step: Callable[[], bool] | None = None,
@@ -155,8 +177,11 @@ class StageLoop:
         ``step``: what ``OptimizerStep`` calls (True: updated; False: skipped, a 16-bit
         overflow); ``keep=False``: forward only, nothing kept.  My stage's part of the loss."""
         self.x, self.y, self.rows, self.hooks = x, y, rows, hooks
-        self.cuts = [spans.span(len(x), m, i) for i in range(m)]
+        half = m // 2 if self.placement == "dual" else 0  # DualPipe: chunk 1 has the 2nd half
+        self.cuts = {(i, c): spans.span(len(x), m, i + c * half)
+                     for i in range(m - half) for c in range(self.v)}
         self.step, self.loss_scale, self.keep = step, loss_scale, keep
+        self.around = around or (lambda ins, dispatch: dispatch(ins))
         self.held: dict[tuple[int, int], Any] = {}     # (mb, chunk) -> (kept, loss's saved)
         self.pending: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> what its W needs
         self.box: dict[tuple[str, int, int], Any] = {}  # (what, mb, chunk) -> tensor
@@ -165,10 +190,7 @@ class StageLoop:
         for ins in instructions:
             if type(ins) not in self.table:
                 raise ValueError(f"stage {self.stage}: unknown pipeline instruction {ins!r}")
-            if around is None:
-                self.table[type(ins)](ins)
-            else:
-                around(ins, self.table[type(ins)])
+            self.do(ins)
         self.link.wait()
         if self.held or self.pending or self.box or self.link.unreceived():
             raise ValueError(f"stage {self.stage}: the instructions ended with work left: "
@@ -177,12 +199,15 @@ class StageLoop:
                              f"{sorted(self.box) + self.link.unreceived()}")
         return self.loss
 
+    def do(self, ins: Instruction) -> None:
+        self.around(ins, self.table[type(ins)])
+
     def vs(self, chunk: int) -> int:
         return virtual_stage(self.stage, chunk, self.p, self.placement)
 
-    def weight(self, mb: int) -> float:
+    def weight(self, mb: int, c: int) -> float:
         """w_i = (hi_i − lo_i)/B (times ``loss_weight``)."""
-        lo, hi = self.cuts[mb]
+        lo, hi = self.cuts[mb, c]
         return self.loss_weight * (hi - lo) / self.rows
 
     def take(self, store: dict, key: tuple, ins: Instruction, needs: str) -> Any:
@@ -192,16 +217,16 @@ class StageLoop:
 
     def forward(self, ins: Forward) -> None:
         mb, c = ins.mb, ins.chunk
-        lo, hi = self.cuts[mb]
-        x = self.x[lo:hi] if self.vs(c) == 0 else self.take(self.box, ("in", mb, c), ins,
-                                                            "RecvAct")
+        lo, hi = self.cuts[mb, c]
+        x = self.x[lo:hi] if self.first[c] else self.take(self.box, ("in", mb, c), ins,
+                                                          "RecvAct")
         aux: list[float] = []
         out, kept = executor.forward(self.chunks[c], self.hooks[c], x, aux=aux)
-        self.loss += self.weight(mb) * sum(aux)
+        self.loss += self.weight(mb, c) * sum(aux)
         saved = None
-        if self.vs(c) == self.last:
+        if self.last[c]:
             ce, saved = self.loss_fn.loss_forward(out, self.y[lo:hi])
-            self.loss += self.weight(mb) * ce
+            self.loss += self.weight(mb, c) * ce
         else:
             self.box["out", mb, c] = out
         if self.keep:
@@ -210,15 +235,15 @@ class StageLoop:
     def output_grad(self, ins: Backward | BackwardInput) -> tuple[Any, Any, float]:
         """(kept, dy, scale): the loss's gradient on the last virtual stage, else received."""
         kept, saved = self.take(self.held, (ins.mb, ins.chunk), ins, "Forward")
-        scale = self.weight(ins.mb) * self.loss_scale
-        if self.vs(ins.chunk) == self.last:
+        scale = self.weight(ins.mb, ins.chunk) * self.loss_scale
+        if self.last[ins.chunk]:
             return kept, self.loss_fn.loss_backward(saved, scale), scale
         return kept, self.take(self.box, ("dout", ins.mb, ins.chunk), ins, "RecvGrad"), scale
 
     def backward(self, ins: Backward) -> None:
         kept, dy, scale = self.output_grad(ins)
         dx = executor.backward(self.chunks[ins.chunk], self.hooks[ins.chunk], kept, dy, scale)
-        if self.vs(ins.chunk) > 0:
+        if not self.first[ins.chunk]:
             self.box["din", ins.mb, ins.chunk] = dx
 
     def backward_input(self, ins: BackwardInput) -> None:
@@ -226,7 +251,7 @@ class StageLoop:
         kept, dy, scale = self.output_grad(ins)
         dx, self.pending[ins.mb, ins.chunk] = executor.backward_input(
             self.chunks[ins.chunk], self.hooks[ins.chunk], kept, dy, scale)
-        if self.vs(ins.chunk) > 0:
+        if not self.first[ins.chunk]:
             self.box["din", ins.mb, ins.chunk] = dx
 
     def backward_weight(self, ins: BackwardWeight) -> None:
@@ -239,7 +264,7 @@ class StageLoop:
         self.link.send(ins, self.vs(ins.chunk), self.box.pop((what, ins.mb, ins.chunk), None))
 
     def recv(self, ins: RecvAct | RecvGrad) -> None:
-        lo, hi = self.cuts[ins.mb]
+        lo, hi = self.cuts[ins.mb, ins.chunk]
         what = "in" if isinstance(ins, RecvAct) else "dout"
         self.box[what, ins.mb, ins.chunk] = self.link.recv(ins, self.vs(ins.chunk),
                                                            (hi - lo, self.x.shape[1]))

@@ -64,14 +64,12 @@ messages, as for every schedule, and :class:`~.stage_loop.StageLoop` runs B and 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 from minipar.parallel.pipeline.stage_loop import (
     BackwardInput,
     BackwardWeight,
     Forward,
-    Instruction,
     virtual_stage,
 )
 
@@ -254,20 +252,3 @@ def list_schedule(kind: str, p: int, m: int) -> tuple[tuple[Any, ...], ...]:
             todo -= 1
         t += 1
     return tuple(tuple(o) for o in orders)
-
-
-def w_pending(instructions: Sequence[Instruction]) -> int:
-    """Peak number of (micro-batch, chunk) pairs whose B has run and whose W has not: what
-    the stage keeps *only for W* (the linears' inputs and output gradients), 0 when the
-    backward is not split.  ZB-H1: min(s + 1, m) on stage s (s W's held back, counted
-    right after the next B), so F to W stays within 1F1B's p; ZB-H2: 2s + 1 (m >= 2p − 1),
-    so F to W stays within 2p − 1."""
-    kept: set[tuple[int, int]] = set()
-    peak = 0
-    for ins in instructions:
-        if isinstance(ins, BackwardInput):
-            kept.add((ins.mb, ins.chunk))
-            peak = max(peak, len(kept))
-        elif isinstance(ins, BackwardWeight):
-            kept.discard((ins.mb, ins.chunk))
-    return peak
