@@ -198,6 +198,6 @@ def test_every_option_has_help_that_shows_its_default(monkeypatch):
     (p,) = seen
     options = [a for a in p._actions if a.option_strings and
                not isinstance(a, argparse._HelpAction)]
-    assert len(options) == 8
+    assert len(options) == 9
     for a in options:
         assert "default" in (a.help or ""), a.option_strings

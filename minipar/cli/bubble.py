@@ -5,6 +5,7 @@ EN pipeline bubble · RU пузырь конвейера · ZH 流水线气泡
     minipar bubble --stages 4 --micro-batches 8 --schedule 1f1b
     minipar bubble --stages 4 --micro-batches 8 --schedule interleaved --chunks 2 --json
     minipar bubble --stages 4 --micro-batches 8 --schedule gpipe -o gpipe.png --trace gpipe.json
+    minipar bubble --stages 4 --micro-batches 8 --schedule dualpipe --costs 1,2,1,2 --json
     minipar bubble --from-run timeline.json        # written by minipar run pp --timeline
 
 From the theory, the schedule (:mod:`minipar.parallel.pipeline.schedule`) is
@@ -28,8 +29,17 @@ each instruction's measured cost and the schedule's dependencies
 the formula — and, less sensitive to a core shared with other processes,
 the same with each stage's fastest forward and backward (:func:`rebuild_fastest`).
 
+``--costs F,B,W[,FB]`` sets the costs of one stage (one chunk for dualpipe and
+dualpipev, each chunk a stage of their PP): F a forward, B the *whole* backward (its
+input part B − W, its weight part W), FB DeepSeek's F&B, an overlapped forward and
+backward (default F + B: one core computes one at a time); default ``1,2,1``.
+
 Prints the text chart, the bubble and the formula; ``--json`` the numbers
-(``bubble_fraction``, ``formula``, ``in_flight_max``, ...); ``-o FILE.png``
+(``bubble_fraction``, ``formula``, ``in_flight_max``, ``idle_per_rank`` in cost units,
+...; for dualpipe and dualpipev ``formula`` is the DualPipe table's bubble
+(PP/2 − 1)(F&B + B − 3W) and ``formula_value`` its value in cost units, ``formula_holds``
+whether it is this schedule's idle, ``formula_gap`` the largest rank's idle minus it);
+``-o FILE.png``
 the Gantt chart (:mod:`minipar.viz.pipeline`); ``--trace FILE.json`` the
 timeline as Chrome trace events for Perfetto (:mod:`minipar.trace`).  Bad
 input is one line and exit 2.
@@ -54,7 +64,8 @@ MAX_CHART_CELLS = 120
 NAMES = {"naive": "naive pipeline", "gpipe": "GPipe", "1f1b": "1F1B (PipeDream-Flush)",
          "interleaved": "interleaved 1F1B", "zb-h1": "ZB-H1 (zero bubble, handcrafted 1)",
          "zb-h2": "ZB-H2 (zero bubble, handcrafted 2)", "zb-v": "ZB-V (zero bubble, a V of 2 "
-         "chunks)"}
+         "chunks)", "dualpipe": "DualPipe (DeepSeek-V3, both directions)",
+         "dualpipev": "DualPipe-V (DeepSeek-V3's DualPipe cut in half, a V)"}
 #: bubble fraction and bubble / ideal time, as the papers write them
 FORMULA = {"naive": ("(p - 1)/p", "p - 1"),
            "gpipe": ("(p - 1)/(m + p - 1)", "(p - 1)/m"),
@@ -62,11 +73,20 @@ FORMULA = {"naive": ("(p - 1)/p", "p - 1"),
            "interleaved": ("(p - 1)/(v*m + p - 1)", "(p - 1)/(v*m)"),
            # Qi et al. 2023, Table 2 with T_F = T_B = T_W (bubble (p-1)(T_F+T_B-T_W) for ZB-H1)
            "zb-h1": ("(p - 1)/(3m + p - 1)", "(p - 1)/(3m)"),
-           "zb-h2": ("0 (m >= 2p - 1)", "0"), "zb-v": ("0 (m >= 2p - 1)", "0")}
+           "zb-h2": ("0 (m >= 2p - 1)", "0"), "zb-v": ("0 (m >= 2p - 1)", "0"),
+           # the DualPipe repository's table: the bubble itself, in cost units
+           "dualpipe": ("(PP/2 - 1)(F&B + B - 3W), PP = p", "bubble / m(F + B)"),
+           "dualpipev": ("(PP/2 - 1)(F&B + B - 3W), PP = 2p", "bubble / 2m(F + B)")}
 PAPER = {"naive": "Huang et al. 2018", "gpipe": "Huang et al. 2018",
          "1f1b": "Narayanan et al. 2021", "interleaved": "Narayanan et al. 2021",
          "zb-h1": "Qi et al. 2023, Table 2", "zb-h2": "Qi et al. 2023, Table 2",
-         "zb-v": "Qi et al. 2023"}
+         "zb-v": "Qi et al. 2023", "dualpipe": "DeepSeek's DualPipe table",
+         "dualpipev": "DeepSeek's DualPipe table"}
+#: the schedules whose ranks hold exactly 2 chunks
+TWO = ("zb-v", "dualpipe", "dualpipev")
+DUAL = ("dualpipe", "dualpipev")
+#: --costs left out: F 1, B 2 (whole backward), W 1
+COSTS = (1, 2, 1, None)
 
 
 def formula(kind: str, p: int, m: int, v: int = 1) -> tuple[Fraction, Fraction]:
@@ -82,10 +102,10 @@ def check_args(kind: str, p: int, m: int, v: int) -> None:
     """ValueError naming the options and numbers, before anything is simulated."""
     from minipar.parallel.pipeline.schedule import stage_schedule
 
-    if kind == "zb-v" and v != 2:
-        raise ValueError(f"--chunks {v}: zb-v holds exactly 2 chunks per rank (a V); leave "
+    if kind in TWO and v != 2:
+        raise ValueError(f"--chunks {v}: {kind} holds exactly 2 chunks per rank; leave "
                          "--chunks out")
-    if kind not in ("interleaved", "zb-v") and v != 1:
+    if kind not in ("interleaved", *TWO) and v != 1:
         raise ValueError(f"--chunks {v} needs --schedule interleaved (the {kind} schedule has "
                          "one chunk per rank)")
     if kind == "interleaved" and m % p:
@@ -94,17 +114,54 @@ def check_args(kind: str, p: int, m: int, v: int) -> None:
     stage_schedule(kind, 0, p, m, v)  # anything else, in the schedule's own words
 
 
-def theory(kind: str, p: int, m: int, v: int = 1) -> list:
-    """The simulated timeline of ``kind`` on p stages, m micro-batches, v chunks: forward 1,
-    backward 2 per stage (a split backward: B 1, W 1, the paper's T_F = T_B = T_W;
-    checked schedules, exact integer/Fraction times)."""
+def parse_costs(text: str | None) -> tuple:
+    """``--costs F,B,W[,FB]`` -> (F, B, W, FB or None), exact ``Fraction`` values; one-line
+    ValueError unless F, B > 0, 0 <= W <= B and FB > 0."""
+    if text is None:
+        return COSTS
+    try:
+        vals = [Fraction(t.strip()) for t in text.split(",")]
+    except (ValueError, ZeroDivisionError):
+        vals = []
+    if len(vals) not in (3, 4) or vals[0] <= 0 or vals[1] <= 0 or not 0 <= vals[2] <= vals[1] \
+            or (len(vals) == 4 and vals[3] <= 0):
+        raise ValueError(f"--costs {text}: give F,B,W or F,B,W,FB, numbers with F, B, FB > 0 "
+                         f"and 0 <= W <= B (B the whole backward, W its weight part), e.g. "
+                         f"1,2,1 or 1,2,1,2.5")
+    return (*(_whole(x) for x in vals[:3]), _whole(vals[3]) if len(vals) == 4 else None)
+
+
+def _whole(x: Fraction) -> Any:
+    return int(x) if x.denominator == 1 else x
+
+
+def theory(kind: str, p: int, m: int, v: int = 1, costs: tuple = COSTS) -> list:
+    """The simulated timeline of ``kind`` on p stages, m micro-batches, v chunks, with
+    ``costs`` (F, B, W, FB) per stage — per chunk for dualpipe and dualpipev, whose chunks
+    are stages of their PP — default forward 1, backward 2 (split: B 1, W 1, the paper's
+    T_F = T_B = T_W); checked schedules, exact integer/Fraction times."""
     from minipar.parallel.pipeline.check import check_schedules
     from minipar.parallel.pipeline.schedule import placement, schedules
-    from minipar.parallel.pipeline.simulate import replay, uniform_cost
+    from minipar.parallel.pipeline.simulate import replay, split_cost
 
+    f, b, w, fb = costs
     scheds = schedules(kind, p, m, v)
     check_schedules(scheds, placement=placement(kind))
-    return replay(scheds, uniform_cost(1, 2, v=v), placement=placement(kind))
+    cost = split_cost(f, b - w, w, v=1 if kind in DUAL else v, overlapped=fb)
+    return replay(scheds, cost, placement=placement(kind))
+
+
+def idle_per_rank(records: Sequence) -> list:
+    """Each rank's idle time: its span (first compute start to last compute end) minus its
+    computing (exact for exact costs)."""
+    from minipar.parallel.pipeline.simulate import COMPUTE_WHAT
+
+    out = []
+    for s in sorted({r.stage for r in records}):
+        rs = [r for r in records if r.stage == s and r.what in COMPUTE_WHAT]
+        out.append(max(r.end for r in rs) - min(r.start for r in rs)
+                   - sum(r.end - r.start for r in rs))
+    return out
 
 
 def in_flight_peaks(records: Sequence) -> list[int]:
@@ -115,7 +172,7 @@ def in_flight_peaks(records: Sequence) -> list[int]:
 
 
 def summary(kind: str, p: int, m: int, v: int, records: Sequence,
-            wall: Sequence | None = None) -> dict[str, Any]:
+            wall: Sequence | None = None, costs: tuple = COSTS) -> dict[str, Any]:
     """The numbers ``--json`` prints.  ``records``: the timeline compared with the formula
     (simulated, or rebuilt from a run); ``wall``: the measured wall-clock one, if any."""
     from minipar.parallel.pipeline.measure import (
@@ -146,6 +203,18 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
         "bubble_fraction_synced": float(synced_bubble_fraction(records)),
         "makespan": float(max(r.end for r in records) - min(r.start for r in records)),
     }
+    idle = idle_per_rank(records)
+    out["idle_per_rank"] = [float(x) for x in idle]
+    out["costs"] = {"F": float(costs[0]), "B": float(costs[1]), "W": float(costs[2]),
+                    "FB": float(costs[0] + costs[1] if costs[3] is None else costs[3])}
+    if kind in DUAL:
+        out.update(dualpipe_summary(kind, p, m, costs, idle, peaks))
+    elif kind.startswith("zb") and costs != COSTS:  # Table 2 with T_F, T_B, T_W
+        from minipar.plan.pipeline import zero_bubble_formula
+
+        t = zero_bubble_formula(kind, p, m, costs[0], costs[1] - costs[2], costs[2])
+        out["formula_value"], out["formula_ratio_value"] = (float(t["fraction"]),
+                                                            float(t["ratio"]))
     if isinstance(got, Fraction):
         out["bubble_fraction_exact"] = (f"{got.numerator}/{got.denominator}"
                                         if got.denominator != 1 else str(got.numerator))
@@ -154,6 +223,26 @@ def summary(kind: str, p: int, m: int, v: int, records: Sequence,
         out["bubble_fraction_fastest"] = float(bubble_fraction(rebuild_fastest(wall, kind, p, m, v)))
         out["in_flight_measured"] = in_flight_peaks(wall)
     return out
+
+
+def dualpipe_summary(kind: str, p: int, m: int, costs: tuple, idle: Sequence,
+                     peaks: Sequence) -> dict[str, Any]:
+    """DualPipe's table beside the schedule (:func:`minipar.plan.pipeline.dualpipe_formula`):
+    its bubble (PP/2 − 1)(F&B + B − 3W) in cost units as ``formula_value``; it is the
+    largest rank's idle (``formula_holds``) when F = B − W (a forward costs the input part
+    of a backward) and F&B = F + B, as the simulator finds; otherwise ``formula_gap`` says
+    by how much the schedule's idle differs.  Memory per device: parameters 2 stages'
+    (``params_stages``), activations ``in_flight`` against the table's PP + 1."""
+    from minipar.plan.pipeline import dualpipe_formula
+
+    f, b, w, fb = costs
+    t = dualpipe_formula(kind, p, m, f, b, w, fb)
+    fb = f + b if fb is None else fb
+    return {"formula_value": float(t["bubble"]), "formula_ratio_value": float(t["ratio"]),
+            "formula_holds": f == b - w and fb == f + b,
+            "formula_gap": float(max(idle) - t["bubble"]), "idle_max": float(max(idle)),
+            "pp": t["pp"], "params_stages": 2, "in_flight_formula": t["in_flight"],
+            "in_flight_holds": max(peaks) == t["in_flight"]}
 
 
 def _chart(records: Sequence) -> str:
@@ -175,10 +264,19 @@ def _chart(records: Sequence) -> str:
 def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> str:
     """What ``minipar bubble`` prints: the chart(s), the bubble, the formula, the peaks."""
     kind, p, m, v = s["schedule"], s["p"], s["m"], s["v"]
-    chunks = f", v = {v} chunks per rank" if kind in ("interleaved", "zb-v") else ""
+    chunks = f", v = {v} chunks per rank" if kind in ("interleaved", *TWO) else ""
     head = f"{NAMES[kind]}: p = {p} stages, m = {m} micro-batches{chunks}"
     lines = []
-    if wall is None:
+    if wall is None and kind in DUAL:
+        c = s["costs"]
+        lines += [(f"{head} (simulated: F {c['F']:g}, B {c['B']:g} (its W {c['W']:g}), "
+                   f"F&B {c['FB']:g} per chunk; F3 forward of micro-batch 3, B3 its backward "
+                   f"or its input part, W3 its weight part; "
+                   + ("upper case: going down the ranks, lower case: going up"
+                      if kind == "dualpipe" else "lower case: the V's way back up")
+                   + "; an overlapped pair F&B is drawn as its F then its B, . idle)"), "",
+                  _chart(records), ""]
+    elif wall is None:
         split = kind.startswith("zb")
         lines += [(f"{head} (simulated: forward 1, backward 2 per stage"
                    + (", split into B 1 and W 1 (T_F = T_B = T_W); F3 forward of micro-batch 3, "
@@ -200,7 +298,22 @@ def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> 
                   (f"bubble fraction, wall clock: {s['bubble_fraction_wall']:.1%}; rebuilt: "
                   f"{s['bubble_fraction']:.1%}; rebuilt with each stage's fastest "
                   f"costs (stalls removed): {s['bubble_fraction_fastest']:.1%} of the step")]
-    if s["formula_holds"]:
+    if kind in DUAL:
+        idle = " ".join(f"{x:g}" for x in s["idle_per_rank"])
+        lines.append(f"idle per rank (span − work, cost units): {idle}; the table's bubble "
+                     f"{s['formula']} = {s['formula_value']:g}" + (
+                         " = the largest, as the table says" if s["formula_holds"] and
+                         s["formula_gap"] == 0 else
+                         f"; the largest idle differs by {s['formula_gap']:+g}: the table "
+                         f"holds for F = B − W and F&B = F + B (the warm-up's and cool-down's "
+                         f"waits grow with F and B − W apart, and an F&B below F + B shortens "
+                         f"only the ranks with more pairs)"))
+        lines.append(f"parameters per rank: 2 stages' (dualpipe: two copies of the model, "
+                     f"their gradients summed before the step; dualpipev: stages s and "
+                     f"2p − 1 − s); activations in flight, peak per rank "
+                     + " ".join(map(str, s["in_flight"])) + f" (table: PP + 1 = "
+                     f"{s['in_flight_formula']})")
+    elif s["formula_holds"]:
         lines.append(f"formula ({PAPER[kind]}): {s['formula']} = {s['formula_value']:.4f}   "
                      f"(bubble / ideal time {s['formula_ratio']} = "
                      f"{s['formula_ratio_value']:.4f}; here {s['bubble_time_ratio']:.4f})")
@@ -211,10 +324,11 @@ def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> 
                      f"simulator's, {s['bubble_fraction']:.4f} (bubble / ideal time "
                      f"{s['bubble_time_ratio']:.4f})")
     held = " ".join(map(str, s["in_flight"]))
-    lines.append(f"micro-batches in flight (F done, B not), peak per stage: {held}" + (
-        " (chunk-activations)" if kind in ("interleaved", "zb-v") else "") +
-        f"; GPipe holds m = {m}, 1F1B at most p − stage")
-    if kind.startswith("zb"):
+    if kind not in DUAL:
+        lines.append(f"micro-batches in flight (F done, B not), peak per stage: {held}" + (
+            " (chunk-activations)" if kind in ("interleaved", "zb-v") else "") +
+            f"; GPipe holds m = {m}, 1F1B at most p − stage")
+    if kind.startswith("zb") or kind in DUAL:
         lines.append("waiting only for W (B done, W not: the linears' inputs and output "
                      "gradients kept), peak per stage: " + " ".join(map(str, s["w_pending"])))
     return "\n".join(lines)
@@ -229,8 +343,12 @@ def parser() -> ArgumentParser:
                    help=f"micro-batches m per step, 1 to {MAX_MICRO_BATCHES} (default 8; with "
                         "--from-run: the run's)")
     p.add_argument("--schedule", choices=KINDS, default=None,
-                   help="gpipe, 1f1b, interleaved, naive, or the zero-bubble zb-h1, zb-h2, "
-                        "zb-v (default 1f1b; with --from-run: the run's)")
+                   help="gpipe, 1f1b, interleaved, naive, the zero-bubble zb-h1, zb-h2, "
+                        "zb-v, or DeepSeek-V3's dualpipe, dualpipev (default 1f1b; with "
+                        "--from-run: the run's)")
+    p.add_argument("--costs", default=None, metavar="F,B,W[,FB]",
+                   help="a stage's forward, whole backward, its weight part W, and an "
+                        "overlapped forward-backward pair F&B (default 1,2,1; FB = F + B)")
     p.add_argument("--chunks", type=integer(1, MAX_CHUNKS), default=None,
                    help="model chunks per rank v, interleaved only (default 2 for interleaved, "
                         "else 1)")
@@ -280,7 +398,7 @@ def _resolve(args: Any) -> tuple[str, int, int, int, dict | None, list | None]:
                              f"--schedule, one of {', '.join(KINDS)}")
         return kind, int(meta["p"]), int(meta["m"]), int(meta["v"]), meta, recs
     kind = args.schedule or "1f1b"
-    v = args.chunks if args.chunks is not None else (2 if kind in ("interleaved", "zb-v")
+    v = args.chunks if args.chunks is not None else (2 if kind in ("interleaved", *TWO)
                                                      else 1)
     return kind, args.stages or 4, args.micro_batches or 8, v, None, None
 
@@ -290,14 +408,18 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         kind, p, m, v, _, wall = _resolve(args)
+        costs = parse_costs(args.costs)
+        if wall is not None and args.costs is not None:
+            raise ValueError("--costs is for the theory: with --from-run the costs are the "
+                             "recorded ones; leave --costs out")
         check_args(kind, p, m, v)
         if wall is None:
-            records = theory(kind, p, m, v)
+            records = theory(kind, p, m, v, costs)
         else:
             from minipar.parallel.pipeline.measure import rebuild
 
             records = rebuild(wall, kind, p, m, v)
-        s = summary(kind, p, m, v, records, wall)
+        s = summary(kind, p, m, v, records, wall, costs)
     except ValueError as e:
         return error_line(PROG, e)
     if args.output:

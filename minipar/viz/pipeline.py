@@ -89,7 +89,7 @@ def _legend(ax: Any, odd: bool, split: bool = False) -> None:
                Patch(facecolor="0.88", hatch="////", edgecolor="0.75", label="idle (bubble)")]
     if odd:
         handles.append(Patch(facecolor=_colour(0, "forward"), hatch="..", edgecolor="white",
-                             label="dotted, f/b: odd chunk"))
+                             label="dotted, f/b: odd chunk (dualpipe: going up)"))
     ax.legend(handles=handles, fontsize=7, ncol=len(handles), loc="upper center",
               bbox_to_anchor=(0.5, 0), borderaxespad=5.5)
 

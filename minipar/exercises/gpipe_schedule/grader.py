@@ -245,17 +245,17 @@ def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[
 
 def copied(fn: Callable) -> bool:
     """Does the learner's function reach for the package's own schedule functions (any
-    function of :mod:`minipar.parallel.pipeline.schedule` or
-    :mod:`~minipar.parallel.pipeline.zero_bubble` but ``in_flight``, a helper a learner may
-    use; the stage loop's ``virtual_stage`` is one too)?"""
+    function of :mod:`minipar.parallel.pipeline.schedule`,
+    :mod:`~minipar.parallel.pipeline.zero_bubble` or :mod:`~minipar.parallel.pipeline.dualpipe`;
+    ``measure.in_flight`` is a helper a learner may use, the stage loop's ``virtual_stage``
+    one too)?"""
     import inspect
 
+    from minipar.parallel.pipeline import dualpipe, zero_bubble
     from minipar.parallel.pipeline import schedule as sched
-    from minipar.parallel.pipeline import zero_bubble
 
-    theirs = {id(f) for mod in (sched, zero_bubble) for f in vars(mod).values()
-              if inspect.isfunction(f) and f.__module__ == mod.__name__
-              and f is not sched.in_flight}
+    theirs = {id(f) for mod in (sched, zero_bubble, dualpipe) for f in vars(mod).values()
+              if inspect.isfunction(f) and f.__module__ == mod.__name__}
     return any(id(v) in theirs for v in getattr(fn, "__globals__", {}).values())
 
 

@@ -39,6 +39,28 @@ entrance is nearer to rank s; DualPipe-V: n = p, r = s, M = m, phase = chunk)::
 the whole backward of another, overlapped.  As in the repository, the middle rank
 (r = n − 1) runs its first pair of step 4 as F then B, not overlapped (its F0's output is
 what its own B1 needs soonest); W's leave a FIFO in the order their B's ran.
+
+Drawn by the simulator, p = 4, m = 8, F = B − W = W = 1 (a pair F&B = F + B = 3, drawn as
+its F then its B; upper case: going down the ranks, lower case: going up; ``B0B0`` a whole
+backward, ``b0`` alone its input part, ``w0`` its weight part)::
+
+    stage 0  F0F1F2f0b0w0f1F3b1b1. f2B0B0b2b2. f3B1B1b3b3B2W2B3W3
+    stage 1  . F0f0F1f1F2b0b0f2B0B0F3b1b1f3B1B1b2b2B2B2. b3B3w3W3
+    stage 2  . f0F0f1F1f2B0B0F2b0b0f3B1B1F3b1b1B2B2b2b2. B3b3W3w3
+    stage 3  f0f1f2F0B0W0F1f3B1B1. F2b0b0B2B2. F3b1b1B3B3b2w2b3w3
+
+Ranks s and p − 1 − s mirror each other; DualPipe-V on 2 ranks (m = 4, lower case: the
+V's way back) runs exactly rows 0 and 1.  Each rank idles (PP/2 − 1)(F&B + B − 3W) = 2
+at most (ranks 0 and 3; 1 on ranks 1, 2): the table's bubble, which this schedule meets
+when F = B − W and F&B = F + B (``minipar bubble --costs`` shows the other cases and by
+how much they differ).  Activations: PP + 1 = 5 chunk-activations in flight on every rank.
+
+**Where this differs from the repository.**  The order of computation is DeepSeek's; the
+messages are minipar's (:func:`~.schedule.with_comm`: each receive right before its
+compute, each send right after), where the repository delays a few sends to overlap them
+(step 2 sends F0's output after F1).  Sends are non-blocking, as the repository's
+``batch_isend_irecv``: with synchronous sends both schedules deadlock (the checker's
+``sends="rendezvous"``), as interleaved 1F1B does.
 """
 
 from __future__ import annotations
