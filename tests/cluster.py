@@ -158,7 +158,7 @@ class Cluster:
     def pids(self, host: str) -> list[int]:
         """Every process running on ``host`` (in its network namespace), zombies aside."""
         out = _ip("netns", "pids", self.namespaces[host], check=False).stdout.split()
-        return [int(p) for p in out if _running(int(p))]
+        return [int(p) for p in out if running(int(p))]
 
     def ranks(self, host: str) -> list[int]:
         """The processes of ``host`` that are Python (its ranks), as this machine numbers them."""
@@ -169,7 +169,11 @@ class Cluster:
         _ip("-n", self.login, "link", "set", host, "down")
 
     def restore(self, host: str) -> None:
+        """Bring ``host``'s link back; forget what both sides learned while it was down (a
+        neighbour that did not answer is "No route to host" for a while otherwise)."""
         _ip("-n", self.login, "link", "set", host, "up")
+        for ns in (self.login, self.namespaces[host]):
+            _ip("-n", ns, "neigh", "flush", "all")
 
     def leftovers(self) -> dict[str, list[int]]:
         """What still runs on each host, by host (empty lists: nothing)."""
@@ -205,7 +209,7 @@ class Cluster:
         return left + ([str(self.shared)] if self.shared.exists() else [])
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")

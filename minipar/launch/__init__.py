@@ -35,6 +35,13 @@ What it does, and why:
   as it dies; the rank's watcher thread sees the end of that stream and ends
   mpiexec's whole process group (mpiexec, its hydra proxy, every rank), then
   removes the launch's folder (:func:`minipar.launch.rank.watch_launcher`).
+* **Ranks on other hosts are watched too** (:mod:`minipar.launch.heartbeat`):
+  with ``hostfile`` (or ``MINIPAR_MPIEXEC``) each rank that cannot see the
+  launch's folder beats over a TCP connection to the launcher.  A rank that
+  died there is named with its host; a host silent for ``MINIPAR_HEARTBEAT_S``
+  seconds (default 10) is named and the launch stopped then, its ranks ending
+  by their own watchdog; a launcher killed outright ends them at once, and a
+  guard process ends mpiexec and removes the folder.
 * **A launch leaves nothing behind.**  It gets a private temporary folder
   (``TMPDIR`` of mpiexec and of the ranks), removed afterwards whatever
   happened.  MPICH's process manager writes its hardware map to the fixed path
@@ -53,20 +60,23 @@ What it does, and why:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from minipar.cli.options import check_seconds, one_line, sigterm_as_interrupt
-from minipar.launch import failure
+from minipar.launch import failure, heartbeat
 from minipar.launch.failure import LAUNCH_DIR_VAR
 
 #: environment variables that control BLAS / OpenMP thread pools
@@ -143,6 +153,7 @@ def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment every rank gets: one BLAS thread per rank, this minipar importable."""
     env = dict(os.environ)
     env.pop(failure.SOCKET_VAR, None)  # a launch from a rank: its ranks watch this launcher
+    env.pop(heartbeat.HEARTBEAT_VAR, None)
     env.update(dict.fromkeys(THREAD_VARS, "1"))
     # ranks must import the same minipar as the launcher, even from a checkout
     pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -186,29 +197,67 @@ def run(n: int, target: str, *args: str, timeout: float = DEFAULT_TIMEOUT,
     """
     check_seconds("timeout", timeout)
     cmd = command(n, target, *args, prepend_rank=prepend_rank, hostfile=hostfile)
+    remote = hostfile is not None or bool(os.environ.get(MPIEXEC_VAR, "").strip())
+    try:
+        silence = heartbeat.silence_s() if remote else 0.0
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     with sigterm_as_interrupt():  # `kill`, `timeout`, a scheduler: stop the ranks as Ctrl-C does
         folder = tempfile.mkdtemp(prefix="minipar-launch-")
         order = failure.ExitOrder(folder)
+        beats = heartbeat.Heartbeats(silence) if remote else None  # ranks on other hosts
+        guard = heartbeat.start_guard(folder) if remote else None  # mpiexec, if we are killed
         try:
             order.start()  # waits for the ranks to connect
             rank_vars = {**(env or {}), "TMPDIR": folder, LAUNCH_DIR_VAR: folder}
             if order.listener is not None:  # the ranks watch the launcher through it
                 rank_vars[failure.SOCKET_VAR] = order.address
+            if beats is not None:
+                beats.start()
+                rank_vars[heartbeat.HEARTBEAT_VAR] = beats.value
+                rank_vars[heartbeat.HOST_VAR] = socket.gethostname()
             proc = _start(cmd, rank_env(rank_vars), capture, cwd)
             note_mpiexec(folder, proc.pid)
+            if guard is not None:
+                _tell(guard, f"{proc.pid}\n")
+            if beats is not None:  # a host lost: stop the launch now, not at its timeout
+                beats.on_lost = lambda: threading.Thread(target=_stop, args=(proc,),
+                                                         daemon=True).start()
             result = _wait(proc, cmd, timeout)
             if result.returncode:
                 order.stop.set()
                 order.join()  # every end the ranks' sockets reported
-                result.failure = failure.describe(result.returncode, result.stdout or "",
-                                                  result.stderr or "", failure.records(folder),
-                                                  order.order)
+                ranks: dict[Any, dict[str, Any]] = dict(failure.records(folder))
+                ended: list[Any] = list(order.order)
+                if beats is not None:  # the ends seen here and on other hosts, earliest first
+                    beats.stop.set()
+                    beats.join()
+                    ranks.update(beats.ranks)
+                    seen = [*zip(order.at, order.order), *beats.ended]
+                    ended = [k for _, k in sorted(seen, key=lambda e: e[0])]
+                if beats is not None and beats.lost is not None:
+                    result.failure = heartbeat.lost_line(beats.lost, silence)
+                else:
+                    result.failure = failure.describe(result.returncode, result.stdout or "",
+                                                      result.stderr or "", ranks, ended)
         finally:
             order.stop.set()
+            if beats is not None:
+                beats.stop.set()
+            if guard is not None:
+                _tell(guard, "done\n")
+                guard.stdin.close()
+                guard.wait()
             failure.clean(folder)
     if check and result.returncode != 0:
         raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout, result.stderr)
     return result
+
+
+def _tell(guard: subprocess.Popen[str], words: str) -> None:
+    with contextlib.suppress(OSError):  # a guard already gone has nothing left to do
+        guard.stdin.write(words)
+        guard.stdin.flush()
 
 
 def _start(cmd: list[str], env: dict[str, str], capture: bool,

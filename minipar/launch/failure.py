@@ -55,6 +55,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,8 @@ MPIEXEC_PID = "mpiexec.pid"  # the launcher notes mpiexec's process id here (its
 _RAISED = re.compile(r"^\[minipar\] rank (\d+) of \d+ failed: .*$", re.MULTILINE)
 _ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
 _KILLED = re.compile(r"PID (\d+) RUNNING AT (\S+).*?(?:signal (\d+)|SIGNAL: (\d+))", re.DOTALL)
+#: a rank on another host that ended: MPICH names its process id there and its exit code
+_EXITED = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*=*\s*EXIT CODE: (\d+)")
 #: one line of MPICH's call stack: ``[mpiexec@host] function (file.c:LINE): message``
 _MPICH_STACK = re.compile(r"^\[[^\]]+\] \S+ \([^()]*:\d+\): (.*)$")
 
@@ -100,6 +103,7 @@ class ExitOrder(threading.Thread):
     def __init__(self, folder: str) -> None:
         super().__init__(daemon=True, name="minipar-exit-order")
         self.order: list[int] = []
+        self.at: list[float] = []  # when each end was seen (time.monotonic())
         self.stop = threading.Event()
         self.address = socket_address(folder)
         self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -155,6 +159,7 @@ class ExitOrder(threading.Thread):
         del conns[fd]
         if said.strip().isdigit():
             self.order.append(int(said))
+            self.at.append(time.monotonic())
 
 
 def socket_address(folder: str) -> str:
@@ -190,8 +195,9 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     output = stdout + "\n" + stderr
     first = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), None)
     killed = _KILLED.search(output)
+    exited = None if killed else _EXITED.search(output)  # a rank that died on another host
     # the rank that ended first, killed by a signal: a survivor's error came after it
-    dead = ranks[first].get("rank") if killed and first is not None else None
+    dead = ranks[first].get("rank") if (killed or exited) and first is not None else None
     if m := _RAISED.search(output):
         raised: tuple[int, str] | None = (int(m.group(1)), m.group(0))
     else:  # the line was lost as the job was killed: the rank's own record has it
@@ -206,6 +212,18 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     if aborted and dead in (None, aborted[0]):
         return (f"[minipar] rank {aborted[0]} ended the job with exit status {aborted[1]} "
                 "(MPI_Abort)")
+    if exited and first is not None:  # MPICH's exit code of that rank, if it names it
+        r = ranks[first]
+        codes = [int(m.group(3)) for m in _EXITED.finditer(output) if int(m.group(1)) == r["pid"]
+                 and m.group(2) in (r.get("address"), r.get("host"))]
+        how = "with no error message"
+        if codes:
+            how = f"the process manager on its host reports exit code {codes[0]}"
+            if codes[0] == signal.SIGKILL:
+                how += (" (so MPICH reports a rank killed by signal 9, SIGKILL: out of memory "
+                        "or killed from outside)")
+        return (f"[minipar] {_who(r)} (pid {r['pid']} on {r.get('host')}) ended before "
+                f"finishing: {how}")
     if m := killed:
         pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))
         # the first rank to end without finishing: MPICH killed the others after it
@@ -222,7 +240,7 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
         return f"[minipar] mpiexec was killed by signal {-code}"
     if first is not None:
         r = ranks[first]
-        return (f"[minipar] {_who(r)} (pid {first} on {r.get('host')}) ended before finishing, "
+        return (f"[minipar] {_who(r)} (pid {r['pid']} on {r.get('host')}) ended before finishing, "
                 f"with no error message (mpiexec exit status {code})")
     what = "the ranks failed" if ranks else "mpiexec failed"
     cause = cause_line(stderr)

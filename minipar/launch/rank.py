@@ -28,6 +28,9 @@ its own), waits until none runs and removes the launch's folder.  A signal
 to the parent alone would not do (``PR_SET_PDEATHSIG`` fires when the
 *parent* dies, and a rank's parent is the proxy).
 
+A rank that does not see the launch's folder runs on another host: it is
+watched over the network instead (:func:`minipar.launch.heartbeat.watch`).
+
 Then the target runs as ``__main__``, exactly as ``python -m mpi4py`` would
 run it (an exception still ends the whole job through ``MPI_Abort``); an
 exception first installs :func:`minipar.comm.install_excepthook`, whose
@@ -59,6 +62,7 @@ import time
 from pathlib import Path
 
 from minipar.host_memory import keep_freed_memory
+from minipar.launch import heartbeat
 from minipar.launch.failure import (
     HWLOC_PREFIX,
     LAUNCH_DIR_VAR,
@@ -217,6 +221,10 @@ def main(argv: list[str]) -> None:
     keep_freed_memory()  # every step reuses the memory of the last (minipar.host_memory)
     folder = os.environ.get(LAUNCH_DIR_VAR, "")
     noted = note(folder) if folder and os.path.isdir(folder) else None  # the launching machine
+    if noted is None:  # another host: watched over the network (minipar.launch.heartbeat)
+        rank, size = next(((int(os.environ[r]), int(os.environ.get(s, "0"))) for r, s in RANK_VARS
+                           if os.environ.get(r, "").isdigit()), (-1, 0))
+        heartbeat.watch(rank, size)
     try:
         if argv[0] == "-m":
             sys.argv[:] = argv[1:]
