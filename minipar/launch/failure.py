@@ -227,14 +227,16 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     if m := killed:
         pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))
         # the first rank to end without finishing: MPICH killed the others after it
-        pid = first or pid
+        if first is not None:  # its record: on another host, its own host and pid there
+            pid, host = ranks[first]["pid"], ranks[first].get("host") or host
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = "unknown signal"
         why = (": out of memory (the kernel's OOM killer sends SIGKILL) or killed from outside"
                if sig == signal.SIGKILL else "")
-        return (f"[minipar] {_who(ranks.get(pid))} (pid {pid} on {host}) was killed by signal "
+        who = _who(ranks.get(first) if first is not None else ranks.get(pid))
+        return (f"[minipar] {who} (pid {pid} on {host}) was killed by signal "
                 f"{sig} ({name}){why}")
     if code < 0:
         return f"[minipar] mpiexec was killed by signal {-code}"
