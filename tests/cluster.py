@@ -43,16 +43,24 @@ BRIDGE = "br0"
 #: where the shared folder goes: a home folder's stand-in, never under the hosts' /tmp
 SHARED_BASE = "/var/tmp"
 
-SSH = """#!/bin/sh
+SSH = """#!{python}
 # minipar's simulated cluster: stands in for ssh (options, HOST, then the command)
-while [ $# -gt 0 ]; do case $1 in -*) shift;; *) break;; esac; done
-host=$1; shift
-case $host in
-{cases}
-  *) echo "ssh: Could not resolve hostname $host" >&2; exit 255;;
-esac
-exec ip netns exec "$ns" unshare --uts --ipc --mount --pid --fork --mount-proc \\
-  sh -c 'hostname "$1" && mount -t tmpfs tmpfs /tmp && shift && exec sh -c "$*"' sh "$name" "$@"
+import os, sys
+HOSTS = {hosts!r}  # address or name -> (namespace, hostname)
+args = sys.argv[1:]
+while args and args[0].startswith("-"):  # ssh's options (hydra passes -x)
+    args.pop(0)
+host, command = args[0], " ".join(args[1:])
+if host not in HOSTS:
+    sys.exit(f"ssh: Could not resolve hostname {{host}}")
+ns, name = HOSTS[host]
+# nothing of mpiexec's crosses to the host but the command (ssh passes no descriptor):
+# mpiexec's sockets held open there would keep its proxies waiting for ever
+os.closerange(3, 1 << 16)
+os.execvp("ip", ["ip", "netns", "exec", ns, "unshare", "--uts", "--ipc", "--mount", "--pid",
+                 "--fork", "--mount-proc", "sh", "-c",
+                 'hostname "$1" && mount -t tmpfs tmpfs /tmp && exec sh -c "$2"', "sh", name,
+                 command])
 """
 
 
@@ -122,10 +130,9 @@ class Cluster:
             _ip("-n", ns, "addr", "add", self.addresses[h] + "/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-        cases = "\n".join(f"  {self.addresses[h]}|{h}) ns={self.namespaces[h]}; name={h};;"
-                          for h in self.names)
+        hosts = {k: (self.namespaces[h], h) for h in self.names for k in (h, self.addresses[h])}
         self.ssh = self.shared / "ssh"
-        self.ssh.write_text(SSH.format(cases=cases))
+        self.ssh.write_text(SSH.format(python=sys.executable, hosts=hosts))
         self.ssh.chmod(0o755)
         self.hostfile = self.shared / "hosts"
         self.hostfile.write_text("".join(f"{self.addresses[h]}:{slots}\n" for h in self.names))

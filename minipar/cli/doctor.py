@@ -22,6 +22,13 @@ cannot be asked of mpi4py: it has no query for it.  The rules, in order:
 Every probe is wrapped: a probe that fails prints its failure as its line, and
 MPI starts in a child process (a broken MPI can hang or crash), so the doctor
 itself always finishes, exit status 0.
+
+``--hostfile FILE`` checks every host it lists too (:func:`hosts_probe`): one rank
+per host, through minipar's own launcher, says its hostname, its Python, NumPy,
+mpi4py and minipar versions and where minipar and Python are; they must be this
+machine's (the same install, at the same path); then a 1 MiB all-reduce across the
+hosts must give the right sum.  A host that cannot be reached is named by the
+launch's one line.
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ INSTALL_CUPY = ("pip install 'minipar[gpu-cuda12]' (or 'minipar[gpu-cuda13]' for
                 "driver: nvidia-smi shows its version)")
 #: seconds the MPI probe may take before it counts as failed
 MPI_PROBE_TIMEOUT = 60.0
+#: seconds the hosts' probe may take (a launch across the hosts)
+HOSTS_PROBE_TIMEOUT = 120.0
+ALLREDUCE_BYTES = 1 << 20
+#: what every host must share with this one
+SAME = ("python", "numpy", "mpi4py", "minipar", "minipar_path", "executable")
 
 #: the child process that starts MPI: the library's version and its own CUDA answer
 _MPI_PROBE = r"""
@@ -284,17 +296,132 @@ def format_text(data: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def host_facts() -> dict[str, Any]:
+    """What a host must share with the others: versions, and where minipar and Python are."""
+    import mpi4py
+    import numpy
+
+    import minipar
+
+    return {"python": platform.python_version(), "numpy": numpy.__version__,
+            "mpi4py": mpi4py.__version__, "minipar": minipar.__version__,
+            "minipar_path": os.path.dirname(os.path.abspath(minipar.__file__)),
+            "executable": sys.executable}
+
+
+def _host_rank(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank side of :func:`hosts_probe`: this host's facts, then the all-reduce (rank 0
+    returns everything)."""
+    import socket
+    import time
+
+    import numpy as np
+
+    from minipar import collectives
+    from minipar.comm import TracedComm
+
+    comm = TracedComm()
+    facts = {"host": socket.gethostname(), **host_facts()}
+    x = np.full(payload["bytes"] // 8, comm.rank + 1.0)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    y = collectives.allreduce(comm, x)
+    seconds = time.perf_counter() - t0
+    n = comm.size
+    facts["allreduce_ok"] = bool((y == n * (n + 1) / 2).all())
+    every = comm.comm.gather((facts, seconds), root=0)
+    if every is None:
+        return None
+    return {"hosts": [f for f, _ in every], "seconds": max(t for _, t in every)}
+
+
+def read_hosts(path: str) -> list[str]:
+    """The hosts a host file lists (``host`` or ``host:slots`` a line; ``#`` comments)."""
+    hosts = []
+    for line in open(path, encoding="utf-8"):
+        word = line.split("#", 1)[0].strip()
+        if word:
+            hosts.append(word.split()[0].rsplit(":", 1)[0])
+    return hosts
+
+
+def hosts_probe(hostfile: str, timeout: float = HOSTS_PROBE_TIMEOUT) -> dict[str, Any]:
+    """One rank on every host of ``hostfile``: ``{"hosts": [listed], "reached": [{host,
+    python, ...}], "differ": [what differs from this machine], "allreduce": {...}}``, or
+    ``{"hosts", "error": the launch's one line}`` when they cannot all be reached."""
+    import tempfile
+
+    from minipar import launch
+
+    hosts = read_hosts(hostfile)
+    out: dict[str, Any] = {"hosts": hosts}
+    if not hosts:
+        return {**out, "error": f"{hostfile} lists no host"}
+    with tempfile.TemporaryDirectory(prefix="minipar-doctor-") as d:
+        one_each = os.path.join(d, "hosts")  # one rank per host
+        with open(one_each, "w", encoding="utf-8") as f:
+            f.write("".join(f"{h}:1\n" for h in hosts))
+        try:
+            result, proc = launch.run_json(len(hosts), "minipar.cli.doctor",
+                                           {"bytes": ALLREDUCE_BYTES}, timeout=timeout,
+                                           hostfile=one_each)
+        except launch.LaunchError as e:
+            return {**out, "error": one_line(str(e))}
+    if result is None:
+        return {**out, "error": proc.failure or "the hosts' probe printed no result"}
+    here = host_facts()
+    out["reached"] = result["hosts"]
+    out["differ"] = [f"{f['host']}: {k} {f[k]} (here {here[k]})"
+                     for f in result["hosts"] for k in SAME if f[k] != here[k]]
+    out["allreduce"] = {"bytes": ALLREDUCE_BYTES, "seconds": result["seconds"],
+                        "ok": all(f["allreduce_ok"] for f in result["hosts"])}
+    return out
+
+
+def hosts_lines(h: dict[str, Any]) -> dict[str, str]:
+    """The doctor's lines for the hosts: reached, the same, the all-reduce."""
+    if "error" in h:
+        return {"hosts": f"{len(h['hosts'])} listed ({', '.join(h['hosts'])}); cannot run "
+                         f"on them all: {h['error']}"}
+    names = ", ".join(f["host"] for f in h["reached"])
+    lines = {"hosts": f"{len(h['hosts'])} listed, all reached, one rank each: {names}"}
+    lines["same install"] = ("yes: Python, NumPy, mpi4py and minipar versions, minipar's and "
+                             "Python's paths" if not h["differ"] else
+                             "NO: " + "; ".join(h["differ"]))
+    a = h["allreduce"]
+    lines["all-reduce"] = (f"{a['bytes'] / 2**20:g} MiB across the hosts: "
+                           + ("the right sum" if a["ok"] else "A WRONG SUM")
+                           + f", {a['seconds'] * 1e3:.1f} ms")
+    return lines
+
+
 def _parser() -> ArgumentParser:
+    from minipar.run.options import existing_file
+
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     add_json_options(p, "the probes")
+    p.add_argument("--hostfile", type=existing_file, default=None,
+                   help="also check every host it lists: reached, the same versions and "
+                        "paths, a 1 MiB all-reduce across them")
     return p
 
 
 def main(argv: list[str]) -> int:
+    from minipar import launch
     from minipar.bench import emit
 
+    if launch.is_worker(argv):  # a rank of --hostfile's probe
+        return launch.serve(_host_rank, argv)
     a = _parser().parse_args(argv)
     data = collect()
+    if a.hostfile is not None:
+        h, err = probe(lambda: hosts_probe(a.hostfile))
+        data["hosts"] = h or {"error": err}
+        data["lines"].update(hosts_lines(h) if h else {"hosts": err})
+        if h and ("error" in h or h["differ"] or not h["allreduce"]["ok"]):
+            data["fix"] = [f for f in data["fix"] if f != "nothing to fix"] + [
+                "every host needs the same install at the same path (README: Running across "
+                "machines)"]
     return emit(PROG, a, data, format_text(data))
 
 

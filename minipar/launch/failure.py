@@ -69,8 +69,6 @@ MPIEXEC_PID = "mpiexec.pid"  # the launcher notes mpiexec's process id here (its
 _RAISED = re.compile(r"^\[minipar\] rank (\d+) of \d+ failed: .*$", re.MULTILINE)
 _ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
 _KILLED = re.compile(r"PID (\d+) RUNNING AT (\S+).*?(?:signal (\d+)|SIGNAL: (\d+))", re.DOTALL)
-#: a rank on another host that ended: MPICH names its process id there and its exit code
-_EXITED = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*=*\s*EXIT CODE: (\d+)")
 #: one line of MPICH's call stack: ``[mpiexec@host] function (file.c:LINE): message``
 _MPICH_STACK = re.compile(r"^\[[^\]]+\] \S+ \([^()]*:\d+\): (.*)$")
 
@@ -195,9 +193,10 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     output = stdout + "\n" + stderr
     first = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), None)
     killed = _KILLED.search(output)
-    exited = None if killed else _EXITED.search(output)  # a rank that died on another host
+    # on another host (its record came by heartbeat): its end is known, not MPICH's words
+    remote = first is not None and "address" in ranks[first]
     # the rank that ended first, killed by a signal: a survivor's error came after it
-    dead = ranks[first].get("rank") if (killed or exited) and first is not None else None
+    dead = ranks[first].get("rank") if (killed or remote) and first is not None else None
     if m := _RAISED.search(output):
         raised: tuple[int, str] | None = (int(m.group(1)), m.group(0))
     else:  # the line was lost as the job was killed: the rank's own record has it
@@ -212,18 +211,11 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     if aborted and dead in (None, aborted[0]):
         return (f"[minipar] rank {aborted[0]} ended the job with exit status {aborted[1]} "
                 "(MPI_Abort)")
-    if exited and first is not None:  # MPICH's exit code of that rank, if it names it
+    if remote:  # MPICH names whichever process it looked at first there: not trusted
         r = ranks[first]
-        codes = [int(m.group(3)) for m in _EXITED.finditer(output) if int(m.group(1)) == r["pid"]
-                 and m.group(2) in (r.get("address"), r.get("host"))]
-        how = "with no error message"
-        if codes:
-            how = f"the process manager on its host reports exit code {codes[0]}"
-            if codes[0] == signal.SIGKILL:
-                how += (" (so MPICH reports a rank killed by signal 9, SIGKILL: out of memory "
-                        "or killed from outside)")
-        return (f"[minipar] {_who(r)} (pid {r['pid']} on {r.get('host')}) ended before "
-                f"finishing: {how}")
+        return (f"[minipar] {_who(r)} (pid {r['pid']} on {r.get('host')}) ended first, before "
+                "finishing and without an error message: killed (kill -9, the kernel's OOM "
+                "killer) or crashed")
     if m := killed:
         pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))
         # the first rank to end without finishing: MPICH killed the others after it

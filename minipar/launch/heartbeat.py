@@ -57,6 +57,7 @@ DEFAULT_SILENCE_S = 10.0
 BEATS = 4  # beats per silence: a side is lost after missing four
 PROXY = "hydra_pmi_proxy"  # MPICH's process manager on each host: a rank's parent
 _CONTROL = re.compile(r"^(.+):\d+$")
+_SOCKET: list[socket.socket] = []  # the rank's connection to the launcher
 
 #: the guard (``python -c GUARD FOLDER``, stdin a pipe from the launcher): mpiexec's process
 #: id arrives first; the pipe's end without ``done`` means the launcher died
@@ -104,6 +105,8 @@ class Heartbeats(threading.Thread):
         self.ranks: dict[str, dict[str, Any]] = {}
         self.ended: list[tuple[float, str]] = []
         self.lost: dict[str, Any] | None = None
+        #: when a rank first said it raised or aborted (monotonic): ends after it follow it
+        self.raised_at: float | None = None
         self.on_lost: Any = None
         self.stop = threading.Event()
 
@@ -196,7 +199,14 @@ class Heartbeats(threading.Thread):
         r["heard"], r["heard_at"] = now, time.time()
         if b"done" in chunk:
             r["done"] = True
+        if b"raised" in chunk and self.raised_at is None:
+            self.raised_at = now
         return False
+
+    def died_first(self) -> list[str]:
+        """The ranks whose connection ended before they finished, earliest first, and before
+        any rank said it raised (a rank that died makes its peers' MPI calls fail after)."""
+        return [k for t, k in self.ended if self.raised_at is None or t < self.raised_at]
 
     def _check(self, now: float) -> None:
         """A host none of whose running ranks was heard for ``silence`` seconds is lost."""
@@ -240,6 +250,14 @@ def launcher_host() -> str | None:
     return os.environ.get(HOST_VAR) or None
 
 
+def high_fd() -> int:
+    """The highest file descriptor this process may use (at most 4095): a dying process
+    closes its files from the highest down, so a connection there tells of the end first."""
+    import resource
+
+    return min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 4096) - 1
+
+
 def watch(rank: int, size: int) -> bool:
     """Rank side: connect to the launcher, say who this rank is, and start the thread that
     beats and watches (:func:`_beat`); False when there is no launcher to watch."""
@@ -253,11 +271,24 @@ def watch(rank: int, size: int) -> bool:
         s.sendall(f"{token} {rank} {size} {os.getpid()} {me}\n".encode())
     except OSError:  # unreachable from here: this rank runs unwatched, as before
         return False
+    # on a high descriptor: the launcher hears of this rank's end before its peers do (they
+    # see its MPI connections close, fail, and may crash in their turn: not the cause)
+    high = os.dup2(s.fileno(), high_fd() - 1, inheritable=False)
+    s.close()
+    s = socket.socket(fileno=high)
     s.setblocking(False)
+    _SOCKET.append(s)
     atexit.register(_done, s)
     threading.Thread(target=_beat, args=(s, silence, f"rank {rank} of {size} on {me}"),
                      daemon=True, name="minipar-heartbeat").start()
     return True
+
+
+def say(word: str) -> None:
+    """Tell the launcher how this rank is about to end (``raised``: before MPI_Abort)."""
+    for s in _SOCKET:
+        with contextlib.suppress(OSError):
+            s.send(f"{word}\n".encode(), socket.MSG_DONTWAIT)
 
 
 def _done(s: socket.socket) -> None:
@@ -270,8 +301,10 @@ def _beat(s: socket.socket, silence: float, who: str) -> None:
     stays silent for ``silence`` s."""
     beat = silence / BEATS
     heard = next_beat = time.monotonic()
+    poller = select.poll()  # not select(): the descriptor is above FD_SETSIZE
+    poller.register(s.fileno(), select.POLLIN)
     while True:
-        ready, _, _ = select.select([s], [], [], beat / 2)
+        ready = poller.poll(beat / 2 * 1000)
         now = time.monotonic()
         if ready:
             try:

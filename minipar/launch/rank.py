@@ -81,12 +81,6 @@ _HELD: list[int] = []  # the connection to the launcher, a descriptor never clos
 REAP_WAIT_S = 5.0  # how long the reaper waits for the killed group to be gone before cleaning
 
 
-def _high_fd() -> int:
-    import resource
-
-    return min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 4096) - 1
-
-
 def _write(path: Path, record: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
@@ -110,7 +104,7 @@ def note(folder: str) -> tuple[Path, dict]:
             # on a high descriptor: a dying process releases its files from the highest
             # descriptor down, so the launcher hears of the end before the process
             # manager does (through the PMI socket or stdout), who then kills the others
-            _HELD.append(os.dup2(s.fileno(), _high_fd(), inheritable=False))
+            _HELD.append(os.dup2(s.fileno(), heartbeat.high_fd(), inheritable=False))
     except KeyError:  # the launcher has no socket: no watcher, only the order of ends is lost
         pass
     except OSError:  # the launcher listens while it lives: refused, it is already gone
@@ -237,6 +231,8 @@ def main(argv: list[str]) -> None:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if status and noted:
             _ended(*noted, aborted=status)
+        if status:
+            heartbeat.say("raised")  # a remote rank: it ends the job, it was not killed
         raise
     except Exception as e:  # the "[minipar] rank R of N failed: ..." line above the traceback
         from minipar.comm import install_excepthook
@@ -244,6 +240,7 @@ def main(argv: list[str]) -> None:
 
         if noted:
             _ended(*noted, raised=failed_line(e))
+        heartbeat.say("raised")
         install_excepthook()
         raise
 
