@@ -75,6 +75,8 @@ BEFORE = {
     # "a file that says just `localhost` runs here"
     "minipar run dp -n 8 --hostfile hosts.txt":
         lambda cwd: (cwd / "hosts.txt").write_text("localhost\n", encoding="utf-8"),
+    "minipar doctor --hostfile hosts.txt":
+        lambda cwd: (cwd / "hosts.txt").write_text("localhost\n", encoding="utf-8"),
 }
 
 #: what a command must leave in the folder it ran in (the README says so)
