@@ -49,7 +49,9 @@ def ref_route(probs: Any, top_k: int, capacity: int) -> dict[str, Any]:
             "kept": slot < capacity, "slot": slot}
 
 
-def ref_moe_forward(p, x, n_experts, top_k=1, capacity_factor=1.25, aux_loss_coef=0.01):
+def ref_moe_forward(p, x, n_experts, top_k=1, capacity_factor=1.25, aux_loss_coef=0.01,
+                    n_shared=0, scoring="softmax", groups=(1, 1), seq_aux_loss_coef=0.0):
+    assert (n_shared, scoring, tuple(groups), seq_aux_loss_coef) == (0, "softmax", (1, 1), 0.0)
     dt = x.dtype
     b, t, d = x.shape
     h = x.reshape(-1, d)

@@ -205,7 +205,8 @@ def test_lower_precision_keeps_its_dtype(dtype: str) -> None:
 @pytest.mark.parametrize("kwargs,match", [
     ({"d_model": 10, "n_head": 4}, "n_head 4 does not divide d_model 10"),
     ({"n_layer": 0}, "n_layer"),
-    ({"n_experts": 2, "top_k": 3}, "top_k"),
+    ({"n_experts": 2, "top_k": 3}, "top_k 3 exceeds n_experts 2"),
+    ({"n_experts": 2, "top_k": 0}, "top_k"),
     ({"n_experts": 1, "top_k": 2}, "exceeds"),
     ({"n_experts": 2, "capacity_factor": 0.0}, "capacity_factor"),
     ({"n_experts": 2, "moe_every": 5}, "moe_every"),

@@ -104,11 +104,14 @@ def _now() -> float:
 
 
 def forward(units: Sequence[Unit], hooks: Hooks, x: Any, records: list[Record] | None = None,
-            aux: list[float] | None = None) -> tuple[Any, list[Any]]:
+            aux: list[float] | None = None, loads: dict[str, Any] | None = None
+            ) -> tuple[Any, list[Any]]:
     """Run ``units`` in order on ``x``; returns ``(y, kept)``, one ``on_saved`` result per unit.
 
     ``aux``, when given, receives each unit's auxiliary loss (MoE load balancing,
-    0.0 for a dense unit), read from ``saved`` before :meth:`Hooks.on_saved` sees it."""
+    0.0 for a dense unit), read from ``saved`` before :meth:`Hooks.on_saved` sees it;
+    ``loads``, when given, adds up each MoE unit's top-k assignments per expert under its
+    prefix (loss-free balancing: counted here, once per forward, never by a recompute)."""
     kept: list[Any] = []
     for u in units:
         p = hooks.fetch(u)
@@ -120,6 +123,8 @@ def forward(units: Sequence[Unit], hooks: Hooks, x: Any, records: list[Record] |
         del p
         if aux is not None:
             aux.append(u.aux_loss(saved))
+        if loads is not None and u.loads(saved) is not None:
+            loads[u.prefix] = loads.get(u.prefix, 0) + u.loads(saved)
         kept.append(hooks.on_saved(u, saved, x))
         del saved
         x = y
@@ -197,14 +202,15 @@ def backward_weight(units: Sequence[Unit], hooks: Hooks, pending: list[Any],
 
 
 def loss_and_grads(units: Sequence[Unit], hooks: Hooks, tokens: Any, targets: Any,
-                   scale: float = 1.0, records: list[Record] | None = None) -> float:
+                   scale: float = 1.0, records: list[Record] | None = None,
+                   loads: dict[str, Any] | None = None) -> float:
     """Forward, loss, backward of the whole model; the gradients go to ``hooks.on_grads``.
 
     Loss = mean cross-entropy of the last unit's logits + the units' auxiliary
     losses.  The gradients are those of ``scale`` x loss (dlogits scaled by
     ``scale``, MoE's daux = ``scale``); the returned loss (a float) is not scaled."""
     aux: list[float] = []
-    logits, kept = forward(units, hooks, tokens, records, aux)
+    logits, kept = forward(units, hooks, tokens, records, aux, loads)
     ce, s_ce = cross_entropy_forward(logits, targets)
     loss = ce + sum(aux)
     del logits

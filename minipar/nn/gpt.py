@@ -78,6 +78,7 @@ def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in the model's order."""
     d, f, e = cfg.d_model, cfg.d_ff, cfg.n_experts
     qkv = (cfg.n_head + 2 * cfg.n_kv_head) * (d // cfg.n_head)  # 3d unless grouped (GQA)
+    w = cfg.expert_width
     s: dict[str, tuple[int, ...]] = {"tok_emb": (cfg.vocab_size, d), "pos_emb": (cfg.block_size, d)}
     for i in range(cfg.n_layer):
         b = f"blocks.{i}."
@@ -88,9 +89,11 @@ def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
         experts = [f"moe.experts.{j}." for j in range(e)] if cfg.is_moe_block(i) else ["mlp."]
         if cfg.is_moe_block(i):
             s[b + "moe.router"] = (d, e)
+            experts += [f"moe.shared.{j}." for j in range(cfg.shared_experts)]
+        width = w if cfg.is_moe_block(i) else f
         for x in experts:
-            s.update({b + x + "w_in": (d, f), b + x + "b_in": (f,),
-                      b + x + "w_out": (f, d), b + x + "b_out": (d,)})
+            s.update({b + x + "w_in": (d, width), b + x + "b_in": (width,),
+                      b + x + "w_out": (width, d), b + x + "b_out": (d,)})
     s.update({"ln_f.gamma": (d,), "ln_f.beta": (d,), "lm_head": (d, cfg.vocab_size)})
     return s
 
@@ -145,8 +148,8 @@ def serial_steps(cfg: GPTConfig) -> tuple[Step, Step]:
 
     def ffn_forward(q: dict[str, Any], h: Any) -> tuple[Any, Any]:
         if "router" in q:
-            return moe_forward(q, h, cfg.n_experts, cfg.top_k, cfg.capacity_factor,
-                               cfg.aux_loss_coef)
+            return moe_forward(q, h, cfg.n_experts, cfg.top_k, n_shared=cfg.shared_experts,
+                               **cfg.moe_options())
         return mlp_forward(q, h)
 
     return (attn_forward, attention_backward), (ffn_forward, _ffn_backward)
@@ -174,6 +177,18 @@ def block_forward(p: dict[str, Any], x: Any, cfg: GPTConfig, attn: Step | None =
 def block_aux_loss(saved: dict[str, Any]) -> float:
     """The block's auxiliary load-balancing loss (0.0 for a dense MLP block)."""
     return float(saved["ffn"]["aux_loss"]) if isinstance(saved["ffn"], dict) else 0.0
+
+
+def block_loads(saved: dict[str, Any]) -> Any:
+    """The block's top-k assignments per expert (E,) of this forward (None: a dense block)."""
+    return saved["ffn"]["loads"] if isinstance(saved["ffn"], dict) else None
+
+
+def with_bias(p: dict[str, Any], full: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``p`` and, when ``full`` holds it, the block's ``moe.expert_bias`` (loss-free
+    balancing: state, not a parameter; an engine that keeps it puts it among the views)."""
+    name = prefix + "moe.expert_bias"
+    return {**p, "moe.expert_bias": full[name]} if name in full else p
 
 
 def block_backward(
@@ -272,7 +287,7 @@ class GPT:
         self._check_targets(tokens, targets)
         hooks = executor.Hooks(params)
         loss = executor.loss_and_grads(self.units(), hooks, tokens, targets, loss_scale)
-        return loss, {k: hooks.grads[k] for k in params}
+        return loss, {k: hooks.grads[k] for k in params if not k.endswith(".expert_bias")}
 
     @staticmethod
     def moe_stats(cache: dict[str, Any]) -> list[dict[str, Any]]:
@@ -316,6 +331,9 @@ class BlockUnit(Unit):
         self.names = tuple(n[len(self.prefix):] for n in param_shapes(cfg)
                            if n.startswith(self.prefix))
 
+    def params(self, full: dict[str, Any]) -> dict[str, Any]:
+        return with_bias(super().params(full), full, self.prefix)
+
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
         return block_forward(p, x, self.cfg)
 
@@ -325,6 +343,9 @@ class BlockUnit(Unit):
 
     def aux_loss(self, saved: Any) -> float:
         return block_aux_loss(saved)
+
+    def loads(self, saved: Any) -> Any:
+        return block_loads(saved)
 
 
 class HeadUnit(Unit):

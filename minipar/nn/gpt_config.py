@@ -15,6 +15,39 @@ from minipar import checks
 from minipar.nn.dtypes import check_model_dtype
 
 
+ROUTERS = ("softmax", "sigmoid")
+LOAD_BALANCE = ("aux", "loss-free", "none")
+
+
+def check_moe(experts: int, top_k: Any, router: Any, load_balance: Any, bias_update_rate: Any,
+              groups: Any, per_token: Any, names: dict[str, str] | None = None) -> None:
+    """ValueError (one line, the option named as ``names`` spells it, default the command
+    line's) unless the routing options fit ``experts`` E: 1 <= top-k <= the experts of M
+    groups, sigmoid with top-k >= 2, a bias rate > 0, G dividing E, 1 <= M <= G."""
+    n = {"top_k": "--top-k", "router": "--router", "load_balance": "--load-balance",
+         "rate": "--bias-update-rate", "groups": "--expert-groups",
+         "per_token": "--groups-per-token", "experts": "--experts", **(names or {})}
+    checks.one_of(n["router"], router, ROUTERS)
+    checks.one_of(n["load_balance"], load_balance, LOAD_BALANCE)
+    checks.real(n["rate"], bias_update_rate, greater_than=0)
+    checks.integer(n["groups"], groups, 1)
+    checks.divides(n["groups"], groups, n["experts"], experts,
+                   "each group holds E/G experts (node-limited routing)")
+    checks.integer(n["per_token"], per_token, 1, groups, why=f"{n['groups']} {groups}")
+    reach = per_token * experts // groups
+    checks.integer(n["top_k"], top_k, 1)
+    if top_k > reach:
+        where = (f"the {reach} experts of {n['per_token']} {per_token} groups"
+                 if reach < experts else f"{n['experts']} {experts}")
+        raise ValueError(f"{n['top_k']} {top_k} exceeds {where}: a token takes at most "
+                         "that many experts")
+    if router == "sigmoid" and top_k == 1:
+        raise ValueError(f"{n['router']} sigmoid needs {n['top_k']} >= 2: its gate is the "
+                         "chosen score over the chosen scores' sum, always 1 for one expert, "
+                         "so the loss would give the router no gradient (or use "
+                         f"{n['router']} softmax)")
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Sizes of a GPT.  ``d_ff`` = 0 means 4·d_model.
@@ -22,8 +55,12 @@ class GPTConfig:
     MoE: ``n_experts`` > 0 replaces the MLP of every ``moe_every``-th block
     (blocks i with (i + 1) % moe_every == 0, so ``moe_every=2`` gives
     blocks 1, 3, … as in Switch / GShard) by a router and ``n_experts``
-    expert MLPs, top-``top_k`` routing (1 or 2), expert capacity factor
-    ``capacity_factor`` and auxiliary loss weight ``aux_loss_coef`` (α).
+    expert MLPs of width ``expert_width`` (0: d_ff), top-``top_k`` routing, expert
+    capacity factor ``capacity_factor`` (None: dropless) and auxiliary loss weight
+    ``aux_loss_coef`` (α); DeepSeek-V3's options (:mod:`minipar.nn.moe_routing`):
+    ``shared_experts`` S, ``router`` softmax|sigmoid, ``load_balance``
+    aux|loss-free|none with ``bias_update_rate`` u, ``seq_aux_loss_coef``, and
+    node-limited routing over ``expert_groups`` G, ``groups_per_token`` M.
     ``dtype``: storage dtype of parameters and activations.  ``n_kv_head``: key/value
     heads of grouped-query attention, dividing ``n_head`` (0 means ``n_head``: multi-head
     attention; 1: multi-query).
@@ -37,9 +74,17 @@ class GPTConfig:
     d_ff: int = 0
     n_experts: int = 0
     top_k: int = 1
-    capacity_factor: float = 1.25
+    capacity_factor: float | None = 1.25
     moe_every: int = 1
     aux_loss_coef: float = 0.01
+    shared_experts: int = 0
+    expert_width: int = 0
+    router: str = "softmax"
+    load_balance: str = "aux"
+    bias_update_rate: float = 1e-3
+    seq_aux_loss_coef: float = 0.0
+    expert_groups: int = 1
+    groups_per_token: int = 1
     init_std: float = 0.02
     dtype: str = "float64"
     n_kv_head: int = 0
@@ -58,16 +103,33 @@ class GPTConfig:
         if self.d_ff == 0:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
         checks.integer("n_experts", self.n_experts, 0)
+        checks.integer("expert_width", self.expert_width, 0, why="0 means d_ff")
+        if self.expert_width == 0:
+            object.__setattr__(self, "expert_width", self.d_ff)
         if self.n_experts:
-            checks.integer("top_k", self.top_k, 1, 2, why="1: Switch, 2: GShard")
-            if self.top_k > self.n_experts:
-                raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
-            checks.real("capacity_factor", self.capacity_factor, greater_than=0)
+            check_moe(self.n_experts, self.top_k, self.router, self.load_balance,
+                      self.bias_update_rate, self.expert_groups, self.groups_per_token,
+                      {k: k for k in ("top_k", "router", "load_balance")}
+                      | {"rate": "bias_update_rate", "groups": "expert_groups",
+                         "per_token": "groups_per_token", "experts": "n_experts"})
+            checks.integer("shared_experts", self.shared_experts, 0)
+            checks.real("seq_aux_loss_coef", self.seq_aux_loss_coef, at_least=0)
+            if self.capacity_factor is not None:
+                checks.real("capacity_factor", self.capacity_factor, greater_than=0)
             checks.integer("moe_every", self.moe_every, 1, self.n_layer,
                            why=f"n_layer = {self.n_layer}")
             checks.real("aux_loss_coef", self.aux_loss_coef, at_least=0)
         check_model_dtype(self.dtype)
         checks.real("init_std", self.init_std, greater_than=0)
+
+    def moe_options(self) -> dict[str, Any]:
+        """The keywords :func:`minipar.nn.moe.moe_forward` (after n_experts, top_k) and
+        :func:`minipar.nn.moe_steps.dispatch_forward` take from this config: the Switch
+        loss only with ``load_balance`` aux."""
+        return {"capacity_factor": self.capacity_factor,
+                "aux_loss_coef": self.aux_loss_coef if self.load_balance == "aux" else 0.0,
+                "scoring": self.router, "groups": (self.expert_groups, self.groups_per_token),
+                "seq_aux_loss_coef": self.seq_aux_loss_coef}
 
     def is_moe_block(self, i: int) -> bool:
         """Whether block ``i`` has a mixture of experts instead of an MLP."""

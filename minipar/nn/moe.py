@@ -79,6 +79,7 @@ from minipar.nn.moe_steps import (
     experts_forward,
     route,
 )
+from minipar.nn.moe_routing import shared_backward, shared_forward
 
 __all__ = ["expert_capacity", "expert_params", "moe_backward", "moe_forward", "route"]
 
@@ -88,23 +89,33 @@ def moe_forward(
     x: Any,
     n_experts: int,
     top_k: int = 1,
-    capacity_factor: float = 1.25,
+    capacity_factor: float | None = 1.25,
     aux_loss_coef: float = 0.01,
+    n_shared: int = 0,
+    **routing: Any,
 ) -> tuple[Any, dict[str, Any]]:
-    """MoE layer on x (B, T, d); ``p`` = {router, experts.{e}.{w_in,b_in,w_out,b_out}}.
+    """MoE layer on x (B, T, d); ``p`` = {router, experts.{e}.{w_in,b_in,w_out,b_out},
+    shared.{j}.* (``n_shared`` shared experts), expert_bias (optional, loss-free)}.
 
-    dispatch → experts → combine.  Returns ``(y, saved)``; ``saved`` is the
-    dispatch's (routing and what plots need: ``aux_loss`` (float), ``routed``
-    (E,) first-choice counts before capacity, ``tokens_per_expert`` (E,)
-    assignments kept, ``dropped`` (int) assignments dropped, ``capacity``,
-    ``expert_index`` and ``kept``) plus ``experts`` and ``combine``.
+    dispatch → experts → combine (+ the shared experts).  Returns ``(y, saved)``;
+    ``saved`` is the dispatch's (routing and what plots need: ``aux_loss`` (float),
+    ``routed`` (E,) first-choice counts before capacity, ``loads`` (E,) top-k assignments,
+    ``tokens_per_expert`` (E,) assignments kept, ``dropped`` (int) assignments dropped,
+    ``capacity``, ``expert_index`` and ``kept``) plus ``experts``, ``combine`` and
+    ``shared``.  ``routing``: :func:`~minipar.nn.moe_steps.dispatch_forward`'s keywords
+    (``scoring``, ``groups``, ``seq_aux_loss_coef``).
     """
     h = x.reshape(-1, x.shape[-1])
-    buffers, s_dispatch = dispatch_forward(p["router"], h, n_experts, top_k,
-                                           capacity_factor, aux_loss_coef)
+    buffers, s_dispatch = dispatch_forward(p["router"], h, n_experts, top_k, capacity_factor,
+                                           aux_loss_coef, bias=p.get("expert_bias"),
+                                           seq_len=x.shape[-2], **routing)
     out, s_experts = experts_forward(p, buffers, s_dispatch["tokens_per_expert"])
     y, s_combine = combine_forward(out, s_dispatch)
-    saved = {**s_dispatch, "x_shape": x.shape, "experts": s_experts, "combine": s_combine}
+    ys, s_shared = shared_forward(p, h, n_shared)
+    if ys is not None:
+        y = y + ys
+    saved = {**s_dispatch, "x_shape": x.shape, "experts": s_experts, "combine": s_combine,
+             "shared": s_shared}
     return y.reshape(x.shape), saved
 
 
@@ -113,9 +124,14 @@ def moe_backward(
 ) -> tuple[Any, dict[str, Any]]:
     """Return ``(dx, grads)``; ``daux`` = d(total loss)/d(aux_loss) (1 serially).
 
-    combine⁻¹ → experts⁻¹ → dispatch⁻¹; grads keyed like ``p`` (router first).
+    combine⁻¹ → experts⁻¹ → dispatch⁻¹ (+ the shared experts'); grads keyed like ``p``
+    (router first, no ``expert_bias``: it is not a parameter).
     """
-    d_out, d_gates = combine_backward(saved["combine"], dy.reshape(-1, dy.shape[-1]))
+    dy = dy.reshape(-1, dy.shape[-1])
+    d_out, d_gates = combine_backward(saved["combine"], dy)
     d_buffers, g_experts = experts_backward(p, saved["experts"], d_out)
     dh, d_router = dispatch_backward(p["router"], saved, d_buffers, d_gates, daux)
-    return dh.reshape(saved["x_shape"]), {"router": d_router, **g_experts}
+    d_shared, g_shared = shared_backward(p, saved["shared"], dy)
+    if d_shared is not None:
+        dh = dh + d_shared
+    return dh.reshape(saved["x_shape"]), {"router": d_router, **g_experts, **g_shared}

@@ -34,6 +34,9 @@ from typing import Any
 from minipar.backend import xp
 from minipar.nn.dtypes import compute_dtype, down, up
 from minipar.nn.mlp import mlp_backward, mlp_forward
+from minipar.nn.moe_routing import (affinities, affinities_backward, balance_backward,
+                                   balance_losses, choose, dropless_capacity, gates,
+                                   gates_backward, group_mask, normalised)
 
 
 def expert_capacity(n_tokens: int, n_experts: int, capacity_factor: float) -> int:
@@ -46,11 +49,13 @@ def expert_capacity(n_tokens: int, n_experts: int, capacity_factor: float) -> in
     return math.ceil(round(n_tokens * capacity_factor / n_experts, 9))
 
 
-def route(probs: Any, top_k: int, capacity: int) -> dict[str, Any]:
-    """Top-k choice, gates and capacity for router probabilities ``probs`` (N, E).
+def route(probs: Any, top_k: int, capacity: int, order: Any = None,
+          scoring: str = "softmax") -> dict[str, Any]:
+    """Top-k choice, gates and capacity for router scores ``probs`` (N, E).
 
     Returns a dict of arrays, each (N, k): ``expert_index`` the chosen
-    experts, best first; ``chosen_probs`` P[n, e_j]; ``gates``;
+    experts, best first (``order`` when given: chosen by s + b or within groups,
+    :mod:`minipar.nn.moe_routing`); ``chosen_probs`` P[n, e_j]; ``gates``;
     ``priority`` the place in the expert's queue (all first choices, then
     all second choices, each in token order); ``kept`` = priority < capacity;
     ``slot`` the row of the expert's buffer a kept assignment takes (its
@@ -61,9 +66,9 @@ def route(probs: Any, top_k: int, capacity: int) -> dict[str, Any]:
     order, whichever choice brought them.
     """
     n, e = probs.shape
-    order = xp.argsort(-probs, axis=1, kind="stable")[:, :top_k]  # ties -> lower index
+    if order is None:
+        order = choose(probs, top_k)
     chosen = xp.take_along_axis(probs, order, axis=1)
-    gates = chosen if top_k == 1 else chosen / chosen.sum(axis=1, keepdims=True)
     flat = order.T.reshape(-1)  # priority: choice rank first, then token position
     onehot = (flat[:, None] == xp.arange(e)[None, :]).astype(xp.int64)
     priority = (xp.cumsum(onehot, axis=0) - 1)[xp.arange(flat.size), flat]
@@ -73,7 +78,7 @@ def route(probs: Any, top_k: int, capacity: int) -> dict[str, Any]:
     onehot = (flat[:, None] == xp.arange(e)[None, :]) & kept.reshape(-1, 1)
     slot = (xp.cumsum(onehot, axis=0) - 1)[xp.arange(flat.size), flat]
     slot = xp.where(kept, slot.reshape(n, top_k), -1)
-    return {"expert_index": order, "chosen_probs": chosen, "gates": gates,
+    return {"expert_index": order, "chosen_probs": chosen, "gates": gates(chosen, scoring),
             "priority": priority, "kept": kept, "slot": slot}
 
 
@@ -83,39 +88,40 @@ def expert_params(p: dict[str, Any], e: int) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------- dispatch
-def dispatch_forward(
-    router: Any,
-    h: Any,
-    n_experts: int,
-    top_k: int = 1,
-    capacity_factor: float = 1.25,
-    aux_loss_coef: float = 0.01,
-) -> tuple[Any, dict[str, Any]]:
+def dispatch_forward(router: Any, h: Any, n_experts: int, top_k: int = 1,
+                     capacity_factor: float | None = 1.25, aux_loss_coef: float = 0.01, *,
+                     scoring: str = "softmax", bias: Any = None, groups: tuple = (1, 1),
+                     seq_aux_loss_coef: float = 0.0, seq_len: int = 0
+                     ) -> tuple[Any, dict[str, Any]]:
     """Route tokens h (N, d) into per-expert buffers (E, C, d) by ``router`` (d, E).
 
     Returns ``(buffers, saved)``: ``buffers[e, slot]`` is the token routed
     there, zero rows past the expert's count; ``saved`` holds the routing of
-    :func:`route` (N, k), ``probs`` (N, E), ``f`` (E,), ``h``, and the
-    statistics ``capacity``, ``routed``, ``tokens_per_expert``, ``dropped``,
-    ``aux_loss`` (a float).  The router runs in fp32 (fp64 for fp64 models).
+    :func:`route` (N, k), ``scores`` s and ``probs`` (N, E), ``f`` (E,), ``h``, and
+    the statistics ``capacity``, ``routed``, ``loads`` (top-k assignments per expert,
+    before capacity), ``tokens_per_expert``, ``dropped``, ``aux_loss`` (a float).
+    ``scoring``, ``bias`` (E,), ``groups`` (G, M), ``seq_aux_loss_coef`` (with the
+    sequence length ``seq_len``) and ``capacity_factor=None`` (dropless):
+    :mod:`minipar.nn.moe_routing`.  The router runs in fp32 (fp64 for fp64 models).
     """
     n, d = h.shape
-    logits = up(h) @ up(router)
-    probs = logits - logits.max(axis=1, keepdims=True)
-    xp.exp(probs, out=probs)
-    probs /= probs.sum(axis=1, keepdims=True)
-    cap = expert_capacity(n * top_k, n_experts, capacity_factor)
-    r = route(probs, top_k, cap)
+    s = affinities(up(h) @ up(router), scoring)
+    allowed = group_mask(s, top_k, *groups) if groups[0] > 1 else None
+    order = choose(s, top_k, bias, allowed)
+    loads = xp.bincount(order.reshape(-1), minlength=n_experts)
+    cap = (dropless_capacity(loads) if capacity_factor is None
+           else expert_capacity(n * top_k, n_experts, capacity_factor))
+    r = route(s, top_k, cap, order, scoring)
     tok, j = xp.nonzero(r["kept"])  # every kept assignment, token by token
     buffers = xp.zeros((n_experts, cap, d), dtype=h.dtype)
     buffers[r["expert_index"][tok, j], r["slot"][tok, j]] = h[tok]
-    first = (r["expert_index"][:, 0][:, None] == xp.arange(n_experts)[None, :])
-    f = first.astype(probs.dtype).mean(axis=0)  # f_i: a constant (no gradient)
-    aux = float(aux_loss_coef * n_experts * (f * probs.mean(axis=0)).sum())
+    probs = normalised(s, scoring)
+    aux, balance, f = balance_losses(probs, order, aux_loss_coef, seq_aux_loss_coef,
+                                     seq_len or n)
     saved = {
-        **r, "dtype": h.dtype, "h": h, "probs": probs, "f": f, "capacity": cap,
-        "aux_loss": aux, "aux_loss_coef": float(aux_loss_coef), "n_experts": n_experts,
-        "routed": first.sum(axis=0),
+        **r, "dtype": h.dtype, "h": h, "scores": s, "probs": probs, "f": f, "capacity": cap,
+        "aux_loss": aux, "balance": balance, "scoring": scoring, "n_experts": n_experts,
+        "routed": xp.bincount(order[:, 0], minlength=n_experts), "loads": loads,
         "tokens_per_expert": xp.bincount(r["expert_index"][tok, j], minlength=n_experts),
         "dropped": int((~r["kept"]).sum()),
     }
@@ -128,8 +134,8 @@ def dispatch_backward(
     """Return ``(dh, d_router)`` from d(buffers) (E, C, d), d(gates) (N, k), d(loss)/d(aux).
 
     dh[n] = Σ_j kept · d_buffers[e_j, slot_j] + dlogits[n] W_routerᵀ, where dlogits
-    comes from the gates (top-2: g_j = p_j / S ⇒ dp_i = (dg_i − Σ_j dg_j g_j) / S)
-    and from the aux loss (∂aux/∂P[n, i] = α · E · f_i / N).
+    comes from the gates (normalised: g_j = s_j / S ⇒ ds_i = (dg_i − Σ_j dg_j g_j) / S)
+    and from the balance losses (Switch: ∂aux/∂P[n, i] = α · E · f_i / N).
     """
     s = saved
     n, d = s["h"].shape
@@ -137,16 +143,11 @@ def dispatch_backward(
     for j in range(s["kept"].shape[1]):  # a loop over choices, never over tokens
         tok = xp.nonzero(s["kept"][:, j])[0]
         dh[tok] += up(d_buffers[s["expert_index"][tok, j], s["slot"][tok, j]])
-    if d_gates.shape[1] == 1:
-        dchosen = d_gates
-    else:
-        ssum = s["chosen_probs"].sum(axis=1, keepdims=True)
-        dchosen = (d_gates - (d_gates * s["gates"]).sum(axis=1, keepdims=True)) / ssum
-    probs = s["probs"]
-    dprobs = xp.zeros_like(probs)
-    xp.put_along_axis(dprobs, s["expert_index"], dchosen, axis=1)
-    dprobs += (float(daux) * s["aux_loss_coef"] * s["n_experts"] / n) * s["f"][None, :]
-    dlogits = probs * (dprobs - (dprobs * probs).sum(axis=1, keepdims=True))
+    dchosen = gates_backward(s["chosen_probs"], s["gates"], d_gates, s["scoring"])
+    ds = xp.zeros_like(s["scores"])
+    xp.put_along_axis(ds, s["expert_index"], dchosen, axis=1)
+    balance_backward(ds, s["scores"], s["balance"], daux, s["scoring"])
+    dlogits = affinities_backward(s["scores"], ds, s["scoring"])
     d_router = down(up(s["h"]).T @ dlogits, router.dtype)
     dh += dlogits @ up(router).T
     return down(dh, s["dtype"]), d_router

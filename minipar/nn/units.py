@@ -81,6 +81,10 @@ class Unit(ABC):
         """The auxiliary loss this unit's forward added to the model's loss."""
         return 0.0
 
+    def loads(self, saved: Any) -> Any:
+        """An MoE unit's top-k assignments per expert in this forward (None: no router)."""
+        return None
+
     def backward_input(self, p: dict[str, Any], saved: Any, dy: Any,
                        daux: float = 1.0) -> tuple[Any, Any]:
         """**B**: ``(dx, pending)`` — the input's gradient now; ``pending`` holds the

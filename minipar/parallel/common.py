@@ -39,6 +39,7 @@ from minipar import checks, spans
 from minipar.backend import to_host
 from minipar.data import synthetic, text, tokenizer
 from minipar.nn import GPT, GPTConfig
+from minipar.nn.gpt_config import check_moe
 from minipar.parallel.engine import Batch
 from minipar.parallel.engine import build as engine_build
 from minipar.parallel.parity import PARITY_ATOL, PARITY_RTOL  # noqa: F401 (tests' bounds)
@@ -107,8 +108,18 @@ class RunSpec:
     precision: str = "float64"
     experts: int = 0
     top_k: int = 1
-    capacity_factor: float = 1.25
+    capacity_factor: float | None = 1.25
     aux_loss_coef: float = 0.01
+    #: DeepSeek-V3's experts (:mod:`minipar.nn.moe_routing`): shared experts, the routed
+    #: experts' width (0: 4·d), the router's scores, the balancing, node-limited groups
+    shared_experts: int = 0
+    expert_width: int = 0
+    router: str = "softmax"
+    load_balance: str = "aux"
+    bias_update_rate: float = 1e-3
+    seq_aux_loss_coef: float = 0.0
+    expert_groups: int = 1
+    groups_per_token: int = 1
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     #: None: the modular-sum task; :data:`EMBEDDED`: the package's own text; else a UTF-8 file
@@ -138,12 +149,15 @@ class RunSpec:
         if self.experts == 0 and self.top_k != 1:
             raise ValueError(f"--top-k {self.top_k} needs a mixture of experts: give --experts too "
                              "(a dense model routes nothing)")
-        if self.experts and self.top_k > min(2, self.experts):
-            allowed = "1 (Switch) or 2 (GShard)" if self.experts > 1 else "1 (Switch)"
-            raise ValueError(f"--top-k must be {allowed} with --experts {self.experts}, "
-                             f"got {self.top_k}")
-        checks.real("--capacity-factor", self.capacity_factor, greater_than=0)
+        if self.experts:
+            check_moe(self.experts, self.top_k, self.router, self.load_balance,
+                      self.bias_update_rate, self.expert_groups, self.groups_per_token)
+        for name in ("shared_experts", "expert_width"):
+            checks.integer(_option(name), getattr(self, name), 0)
+        if self.capacity_factor is not None:
+            checks.real("--capacity-factor", self.capacity_factor, greater_than=0)
         checks.real("--aux-loss-coef", self.aux_loss_coef, at_least=0)
+        checks.real("--seq-aux-loss-coef", self.seq_aux_loss_coef, at_least=0)
         if isinstance(self.betas, list):  # through JSON
             object.__setattr__(self, "betas", tuple(self.betas))
         if (not isinstance(self.betas, tuple) or len(self.betas) != 2
@@ -167,14 +181,23 @@ class RunSpec:
     def from_options(cls, options: dict[str, Any]) -> RunSpec:
         """The spec from ``minipar run`` options (keys named like the fields, ``-`` as ``_``)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in names and v is not None})
+        kw = {k: v for k, v in options.items() if k in names and v is not None}
+        if kw.get("capacity_factor") == "none":  # dropless
+            kw["capacity_factor"] = None
+        return cls(**kw)
 
     def config(self, dtype: str | None = None) -> GPTConfig:
         return GPTConfig(vocab_size=self.vocab, block_size=self.seq, n_layer=self.layers,
                          n_head=self.heads, n_kv_head=self.kv_heads, d_model=self.d_model,
                          n_experts=self.experts,
                          top_k=self.top_k, capacity_factor=self.capacity_factor,
-                         aux_loss_coef=self.aux_loss_coef,
+                         aux_loss_coef=self.aux_loss_coef, shared_experts=self.shared_experts,
+                         expert_width=self.expert_width, router=self.router,
+                         load_balance=self.load_balance,
+                         bias_update_rate=self.bias_update_rate,
+                         seq_aux_loss_coef=self.seq_aux_loss_coef,
+                         expert_groups=self.expert_groups,
+                         groups_per_token=self.groups_per_token,
                          dtype=dtype or get_policy(self.precision).model_dtype)
 
     def model(self) -> GPT:

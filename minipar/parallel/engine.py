@@ -66,6 +66,8 @@ import numpy as np
 
 from minipar import checks, spans
 from minipar.backend import array_module, to_host
+from minipar.nn import executor
+from minipar.parallel.expert_bias import ExpertBias
 from minipar.precision import ModelStates, get
 
 Array = Any
@@ -363,6 +365,20 @@ def load_model_states(states: ModelStates, sources: Iterable[State],
     return load_scalars(states, sources, prefix)
 
 
+def with_buffers(st: State, arrays: dict[str, Array], replica: int = 0) -> State:
+    """``st`` with ``arrays`` (state that is not a parameter: the loss-free expert bias,
+    :mod:`minipar.parallel.expert_bias`), each whole, kind ``"buffer"``."""
+    for name, arr in arrays.items():
+        st.arrays[("buffer", name)] = (whole(name, tuple(arr.shape), replica), arr)
+    return st
+
+
+def load_buffers(arrays: dict[str, Array], sources: Iterable[State]) -> None:
+    """``arrays`` (by full name) from the ``"buffer"`` arrays of ``sources``."""
+    if arrays:
+        load_pieces(with_buffers(State(), arrays), sources)
+
+
 def memory_of(states: ModelStates) -> dict[str, int]:
     """Model-state bytes this rank holds, by kind (``ModelStates.bytes_by_category``)."""
     return {k: int(v) for k, v in states.bytes_by_category().items()}
@@ -403,28 +419,42 @@ class SerialEngine:
         self.model, self.routing = model, tuple(routing)
         init = type(model)(type(model.cfg)(**{**asdict(model.cfg), "dtype": "float64"})).init(seed)
         self.states = ModelStates(pol, init, optimizer, **opt_kwargs)
-        self.views = self.states.param_views()
+        cfg = model.cfg
+        self.bias = ExpertBias(cfg, range(cfg.n_layer)) if getattr(cfg, "n_experts", 0) else None
+        self.views = {**self.states.param_views(), **(self.bias.views() if self.bias else {})}
         self.steps_done = 0
+
+    def _grads(self, x: Array, y: Array, scale: float, loads: dict[str, Any]
+               ) -> tuple[float, dict[str, Array]]:
+        """One forward call's loss and gradients (the routing loads added to ``loads``)."""
+        if self.bias is None:
+            return self.model.loss_and_grads(self.views, x, y, loss_scale=scale)
+        self.model._check_targets(x, y)
+        hooks = executor.Hooks(self.views)
+        loss = executor.loss_and_grads(self.model.units(), hooks, x, y, scale, loads=loads)
+        return loss, {k: hooks.grads[k] for k in self.states.layout.names}
 
     def _loss_and_grads(self, x: Array, y: Array) -> float:
         st = self.states
+        loads: dict[str, Any] = {}
         if not self.routing:
-            loss, grads = self.model.loss_and_grads(self.views, x, y, loss_scale=st.loss_scale)
+            loss, grads = self._grads(x, y, st.loss_scale, loads)
             st.set_grads(grads)
-            return float(loss)
-        rows = len(x)
-        groups = routing_spans(rows, self.routing)
-        if any(hi <= lo for lo, hi in groups):
-            raise ValueError(f"routing groups {self.routing} leave a group with no rows "
-                             f"of a batch of {rows}")
-        st.grads[...] = 0
-        loss = 0.0
-        for lo, hi in groups:
-            w = (hi - lo) / rows
-            part, grads = self.model.loss_and_grads(self.views, x[lo:hi], y[lo:hi],
-                                                    loss_scale=w * st.loss_scale)
-            st.grads += st.layout.flatten(grads, st.grads.dtype)
-            loss += w * part
+        else:
+            rows = len(x)
+            groups = routing_spans(rows, self.routing)
+            if any(hi <= lo for lo, hi in groups):
+                raise ValueError(f"routing groups {self.routing} leave a group with no rows "
+                                 f"of a batch of {rows}")
+            st.grads[...] = 0
+            loss = 0.0
+            for lo, hi in groups:
+                w = (hi - lo) / rows
+                part, grads = self._grads(x[lo:hi], y[lo:hi], w * st.loss_scale, loads)
+                st.grads += st.layout.flatten(grads, st.grads.dtype)
+                loss += w * part
+        if self.bias is not None:
+            self.bias.update(loads)  # once, after every micro-batch of the step
         return float(loss)
 
     def step(self, batch: Batch) -> StepResult:
@@ -443,13 +473,16 @@ class SerialEngine:
     def state_dict(self) -> State:
         st = model_states(self.states)
         st.scalars["step"] = self.steps_done
-        return st
+        return with_buffers(st, self.bias.arrays) if self.bias else st
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
-        self.steps_done = load_model_states(self.states, sources_of(state))
+        sources = sources_of(state)
+        self.steps_done = load_model_states(self.states, sources)
+        if self.bias:
+            load_buffers(self.bias.arrays, sources)
 
     def full_params(self) -> dict[str, Array]:
-        return {n: v.copy() for n, v in self.views.items()}
+        return {n: v.copy() for n, v in self.states.param_views().items()}
 
     def memory(self) -> dict[str, int]:
         return memory_of(self.states)

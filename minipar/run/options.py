@@ -256,6 +256,42 @@ def add_model_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> Non
                    help="experts per block, a mixture of experts (default "
                    + (f"{d.experts})" if d.experts else "0: dense)"))
     g.add_argument("--top-k", type=int, default=d.top_k,
-                   help="with --experts: experts per token, 1 (Switch) or 2 (GShard); default 1")
-    g.add_argument("--capacity-factor", type=float, default=d.capacity_factor,
-                   help=f"with --experts: expert capacity factor (default {d.capacity_factor})")
+                   help="with --experts: experts per token, 1 (Switch), 2 (GShard), up to "
+                   "--experts (DeepSeek-V3: 8); default 1")
+    g.add_argument("--capacity-factor", type=capacity_factor, default=d.capacity_factor,
+                   help=f"with --experts: expert capacity factor, or none: dropless, no token "
+                   f"dropped (default {d.capacity_factor})")
+    add_moe_arguments(g, d)
+
+
+def capacity_factor(text: str) -> float | str:
+    """An argparse ``type``: a capacity factor > 0, or ``none`` (dropless)."""
+    if text.strip().lower() == "none":
+        return "none"
+    return number(greater_than=0)(text)
+
+
+def add_moe_arguments(g: Any, d: Any) -> None:
+    """DeepSeek-V3's expert options (:mod:`minipar.nn.moe_routing`), checked by RunSpec."""
+    g.add_argument("--shared-experts", type=integer(0), default=None, metavar="S",
+                   help="with --experts: S experts every token goes through (default 0)")
+    g.add_argument("--expert-width", type=integer(0), default=None, metavar="W",
+                   help="with --experts: the experts' hidden width (default 0: 4·d)")
+    g.add_argument("--router", choices=("softmax", "sigmoid"), default=None,
+                   help="with --experts: the router's scores, softmax (Switch, default) or "
+                   "sigmoid (DeepSeek-V3; needs --top-k >= 2)")
+    g.add_argument("--load-balance", choices=("aux", "loss-free", "none"), default=None,
+                   help="with --experts: aux (the Switch loss, default), loss-free (a bias "
+                   "per expert, DeepSeek-V3) or none")
+    g.add_argument("--bias-update-rate", type=float, default=None, metavar="U",
+                   help=f"with --load-balance loss-free: the bias step u "
+                   f"(default {d.bias_update_rate:g})")
+    g.add_argument("--seq-aux-loss-coef", type=number(minimum=0), default=None,
+                   help="with --experts: DeepSeek-V3's sequence-wise balance loss weight "
+                   "(default 0)")
+    g.add_argument("--expert-groups", type=int, default=None, metavar="G",
+                   help="with --experts: node-limited routing, the experts in G groups "
+                   "(default 1)")
+    g.add_argument("--groups-per-token", type=int, default=None, metavar="M",
+                   help="with --expert-groups: a token's experts in at most M groups "
+                   "(default 1)")

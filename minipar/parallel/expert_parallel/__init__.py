@@ -1,6 +1,6 @@
 """Expert parallelism — параллелизм экспертов — 专家并行.
 
-The technique: read ``minipar/nn/moe_steps.py`` (120 code lines) for the MoE layer in
+The technique: read ``minipar/nn/moe_steps.py`` (117 code lines) for the MoE layer in
 three steps (the router, top-k and capacity C, dispatch into (E, C, d) buffers, the
 experts, combine), ``layout.py`` (10 code lines) for which experts each rank holds and
 the capacity C_j of each source, and ``layer.py`` (62 code lines) for the layer across
