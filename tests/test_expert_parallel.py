@@ -35,7 +35,7 @@ from minipar.parallel.expert_parallel.options import check_ep
 SCRIPT = str(Path(__file__).parent / "mpi" / "ep_check.py")
 
 
-@pytest.mark.parametrize("n,cases", [(1, 4), (2, 6), (4, 7)])
+@pytest.mark.parametrize("n,cases", [(1, 6), (2, 8), (4, 10)])
 def test_parity_with_drops_bytes_and_bad_input(n: int, cases: int) -> None:
     proc = launch.run(n, SCRIPT, timeout=180, env={"MINIPAR_WATCHDOG_S": "60"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -46,7 +46,8 @@ def test_parity_with_drops_bytes_and_bad_input(n: int, cases: int) -> None:
                       "failures": "0"}
     assert int(fields["checks"]) >= n * (9 + 5 * cases)
     case_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("EP-CASE")]
-    assert len(case_lines) == cases and all("drops=0 " not in ln for ln in case_lines)
+    assert len(case_lines) == cases
+    assert all(("drops=0 " in ln) == ("dropless" in ln) for ln in case_lines)
 
 
 def test_the_all_to_all_bytes_by_hand() -> None:
@@ -73,13 +74,15 @@ def test_experts_and_capacities() -> None:
     # B = 10 rows of T = 8 on 4 ranks: 3, 3, 2, 2 rows = 24, 24, 16, 16 tokens; E = 4, cf 1.25
     assert capacities(4, 1.25, [24, 24, 16, 16], 1) == [8, 8, 5, 5]
     assert capacities(4, 1.25, [24, 16], 2) == [15, 10]  # top-2: k·n assignments
+    assert capacities(4, None, [24, 16], 2) == [None, None]  # dropless: the counts decide
 
 
 @pytest.mark.parametrize("args,message", [
     ((0, 1, 1.25, 1, 2), ("--experts must be a positive integer (expert parallelism needs a "
                           "mixture of experts), got 0")),
-    ((4, 3, 1.25, 1, 2), "--top-k must be 1 (Switch) or 2 (GShard) and at most --experts 4, got 3"),
-    ((1, 2, 1.25, 1, 2), "--top-k must be 1 (Switch) and at most --experts 1, got 2"),
+    ((4, 5, 1.25, 1, 2), "--top-k must be between 1 and --experts 4, got 5"),
+    ((1, 2, 1.25, 1, 2), "--top-k must be between 1 and --experts 1, got 2"),
+    ((12, 2, None, 4, 4, 3), "--expert-groups 3 and --ep 4: node-limited routing maps"),
     ((4, 0, 1.25, 1, 2), "got 0"),
     ((4, 1, 0.0, 1, 2), "--capacity-factor must be > 0, got 0.0"),
     ((4, 1, float("nan"), 1, 2), "--capacity-factor must be > 0"),
@@ -94,13 +97,20 @@ def test_bad_input_is_one_line_naming_the_numbers(args: tuple, message: str) -> 
     check_ep(4, 2, 1.25, 2, 4)  # a good one passes
 
 
-def test_one_rank_ep_block_is_the_serial_block_bit_for_bit() -> None:
+@pytest.mark.parametrize("more", [
+    {"capacity_factor": 0.75},
+    {"capacity_factor": None, "top_k": 3, "router": "sigmoid", "shared_experts": 2,
+     "expert_width": 24, "seq_aux_loss_coef": 0.1, "expert_groups": 2, "groups_per_token": 2},
+    {"capacity_factor": None, "top_k": 2, "router": "sigmoid", "expert_groups": 2,
+     "groups_per_token": 1},
+], ids=["switch", "deepseek-v3", "node-limited"])
+def test_one_rank_ep_block_is_the_serial_block_bit_for_bit(more: dict) -> None:
     """On one rank the all-to-alls are copies: the EP GPT's loss and every gradient equal
     the serial GPT's exactly (the same functions, the same order)."""
     from minipar.nn import executor
     from minipar.parallel.expert_parallel.engine import EPHooks, ExpertParallel
 
-    spec = RunSpec(experts=4, top_k=2, capacity_factor=0.75, batch=4, steps=1)
+    spec = RunSpec(experts=4, top_k=2, batch=4, steps=1).with_(**more)
     grid = Grid(MPI.COMM_SELF)
     eng = ExpertParallel(grid, spec)
     params = spec.initial_params()
@@ -108,7 +118,8 @@ def test_one_rank_ep_block_is_the_serial_block_bit_for_bit() -> None:
     loss_s, grads_s = GPT(spec.config()).loss_and_grads(params, x, y)
     hooks = EPHooks(params, {k: np.zeros_like(v) for k, v in params.items()})
     loss_p = executor.loss_and_grads(eng.units, hooks, x, y)
-    assert loss_p == loss_s and sum(s["dropped"] for s in hooks.stats) > 0
+    dropped = sum(s["dropped"] for s in hooks.stats)
+    assert loss_p == loss_s and (dropped > 0) == (spec.capacity_factor is not None)
     for k, g in grads_s.items():
         assert np.array_equal(hooks.grad_views[k], g), k
     grid.free()

@@ -40,7 +40,7 @@ from minipar.backend import xp
 from minipar.nn.mlp import mlp_backward, mlp_forward
 
 __all__ = ["SCORES", "affinities", "affinities_backward", "balance_backward", "balance_losses",
-           "choose", "dropless_capacity",
+           "choose", "dropless_capacity", "pack", "split_rows", "unpack",
            "gates", "gates_backward", "group_mask", "normalised", "normalised_backward",
            "sequence_loss", "shared_backward", "shared_forward", "switch_loss", "update_bias"]
 
@@ -171,6 +171,30 @@ def update_bias(bias: Any, loads: Any, rate: float) -> Any:
 def dropless_capacity(loads: Any) -> int:
     """Dropless: each expert's buffer holds all its assignments, C = max_i load_i."""
     return max(1, int(loads.max()))
+
+
+def pack(buffers: Any, rows: Any) -> Any:
+    """The first ``rows[i]`` rows of each ``buffers[i]`` (E', C, d), one after the other:
+    what a dropless all-to-all sends (only the tokens, no padding)."""
+    return xp.concatenate([buffers[i, :int(r)] for i, r in enumerate(rows)])
+
+
+def unpack(packed: Any, rows: Any, cap: int | None = None) -> Any:
+    """:func:`pack`'s inverse: (E', C, d) buffers, C = ``cap`` or the largest ``rows``,
+    zero past each expert's rows."""
+    out = xp.zeros((len(rows), int(max(rows)) if cap is None else cap, packed.shape[-1]),
+                   dtype=packed.dtype)
+    at = 0
+    for i, r in enumerate(rows):  # a loop over experts, never over tokens
+        out[i, :int(r)] = packed[at:at + int(r)]
+        at += int(r)
+    return out
+
+
+def split_rows(packed: Any, sizes: Any) -> list:
+    """``packed`` cut into consecutive parts of ``sizes`` rows (one per source rank)."""
+    at = [0, *xp.cumsum(xp.asarray([int(s) for s in sizes])).tolist()]
+    return [packed[a:b] for a, b in zip(at[:-1], at[1:])]
 
 
 def shared_forward(p: dict[str, Any], h: Any, n_shared: int) -> tuple[Any, list]:

@@ -56,7 +56,7 @@ def check(options: dict[str, Any], spec: Any) -> None:
     check_world(spec.batch, n)
     ep = options.get("ep") or n
     try:
-        check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, n)
+        check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, n, spec.expert_groups)
     except ValueError as e:  # name where ep came from when the learner did not give it
         if options.get("ep"):
             raise

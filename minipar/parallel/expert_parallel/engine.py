@@ -88,14 +88,17 @@ from minipar.parallel.engine import (
     Batch,
     State,
     StepResult,
+    load_buffers,
     load_model_states,
     memory_of,
     model_states,
     routing_spans,
     sources_of,
+    with_buffers,
 )
+from minipar.parallel.expert_bias import ExpertBias
 from minipar.parallel.expert_parallel.layout import OPS, capacities, expert_ids
-from minipar.parallel.expert_parallel.measure import alltoall_bytes
+from minipar.parallel.expert_parallel.measure import alltoall_bytes, rows_bytes
 from minipar.parallel.expert_parallel.model import EPBlockUnit, ep_units
 from minipar.parallel.expert_parallel.options import check_ep
 from minipar.precision import ModelStates
@@ -151,8 +154,11 @@ class EPHooks(executor.Hooks):
             f = saved["ffn"]
             self.stats.append({"capacity": int(f["capacity"]), "dropped": int(f["dropped"]),
                                "routed": [int(v) for v in to_host(f["routed"])],
+                               "loads": [int(v) for v in to_host(f["loads"])],
                                "tokens_per_expert": [int(v) for v in
-                                                     to_host(f["tokens_per_expert"])]})
+                                                     to_host(f["tokens_per_expert"])],
+                               "sent": [int(v) for v in f["sent"]],
+                               "rows_in": np.asarray(f["rows_in"]).tolist()})
         return saved
 
     def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
@@ -179,7 +185,8 @@ class ExpertParallel:
         require_grid(grid, "expert parallelism", ("dp", "ep"),
                      "the hybrid engine combines them")
         world = grid.world.size
-        check_ep(spec.experts, spec.top_k, spec.capacity_factor, grid.size("ep"), world)
+        check_ep(spec.experts, spec.top_k, spec.capacity_factor, grid.size("ep"), world,
+                 spec.expert_groups)
         check_world(spec.batch, world)
         groups = [local_rows(spec.batch, r, world) for r in range(world)]
         if spec.routing and routing_spans(spec.batch, spec.routing) != groups:
@@ -202,6 +209,7 @@ class ExpertParallel:
         self.n_dense = sum(init[n].size for n in dense)
         self.states = ModelStates(spec.precision, {n: init[n] for n in dense + own},
                                   spec.optimizer, **spec.opt_kwargs())
+        self.bias = ExpertBias(self.cfg, range(self.cfg.n_layer), replica=self.rank)
         self.layout = self.states.layout
         self.itemsize = self.states.grads.itemsize
         self.stats: list[list[dict[str, Any]]] = []
@@ -223,6 +231,10 @@ class ExpertParallel:
         mine = batch.rows(*self.rows)
         return mine.tokens, mine.targets
 
+    def _views(self) -> dict[str, Any]:
+        """The parameter views and the loss-free biases the units fetch."""
+        return {**self.states.param_views(), **self.bias.views()}
+
     def _global_loss(self, loss: float) -> float:
         with self.comm.operation(OP_LOSS):
             return float(allreduce(self.comm, np.array([self.weight * loss]))[0])
@@ -235,9 +247,12 @@ class ExpertParallel:
         before = self._sent()
         st = self.states
         x, y = self._local(batch)
-        hooks = EPHooks(st.param_views(), self.layout.unflatten(st.grads))
-        loss = executor.loss_and_grads(self.units, hooks, x, y, self.weight * st.loss_scale)
+        hooks = EPHooks(self._views(), self.layout.unflatten(st.grads))
+        loads: dict[str, Any] = {}
+        loss = executor.loss_and_grads(self.units, hooks, x, y, self.weight * st.loss_scale,
+                                       loads=loads)
         self.stats.append(hooks.stats)
+        self.bias.update(loads, self.comm)  # the step's global batch: every data-parallel rank
         g = st.grads
         sync_grads(self.grid, g, self.n_dense)
         done = st.step(found_inf=found_inf(self.comm, st))  # every rank skips alike
@@ -252,8 +267,7 @@ class ExpertParallel:
         each rank's rows routed as one group."""
         x, y = self._local(batch)
         aux: list[float] = []
-        logits, _ = executor.forward(self.units, executor.Hooks(self.states.param_views()),
-                                     x, aux=aux)
+        logits, _ = executor.forward(self.units, executor.Hooks(self._views()), x, aux=aux)
         return self._global_loss(cross_entropy_forward(logits, y)[0] + sum(aux))
 
     # -- state ------------------------------------------------------------------------
@@ -264,11 +278,13 @@ class ExpertParallel:
         dp, edp = self.grid.coord("dp"), self.grid.coord("edp")
         st = model_states(self.states, replica=lambda name: edp if is_expert(name) else dp)
         st.scalars["step"] = self.steps_done
-        return st
+        return with_buffers(st, self.bias.arrays, self.rank)
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
         """This rank's tensors from the overlapping pieces of ``state`` (any layout's)."""
-        self.steps_done = load_model_states(self.states, sources_of(state))
+        sources = sources_of(state)
+        self.steps_done = load_model_states(self.states, sources)
+        load_buffers(self.bias.arrays, sources)
 
     def full_params(self) -> dict[str, Any]:
         """Collective: the whole model on every rank, serial names in the serial order, the
@@ -308,11 +324,8 @@ class ExpertParallel:
 
     def bytes_formula(self) -> dict[str, int]:
         """The exact bytes per step on each axis, from the formulas (module docstring)."""
-        moe_layers = sum(isinstance(u, EPBlockUnit) for u in self.units)
-        a2a = alltoall_bytes(self.cfg.n_experts, self.cfg.d_model, self.caps,
-                             self.grid.coord("ep"), self.itemsize)
         n_exp = self.layout.size - self.n_dense
-        return {"ep": moe_layers * sum(a2a[k] for k in OPS),
+        return {"ep": sum(sum(a[k] for k in OPS) for a in self._alltoall_per_layer()),
                 "edp": allreduce_bytes_sent(n_exp, self.itemsize, self.grid.size("edp"),
                                             self.grid.coord("edp"), "auto"),
                 "dp": allreduce_bytes_sent(self.n_dense, self.itemsize, self.world, self.rank,
@@ -321,10 +334,21 @@ class ExpertParallel:
     def alltoall_data_bytes(self) -> int:
         """Bytes per step of the four data all-to-alls alone (no counts): the figure
         :func:`minipar.plan.moe.moe_alltoall_bytes_per_rank` (backward=True) gives for top-1."""
+        return sum(sum(a[k] for k in OPS[1:]) for a in self._alltoall_per_layer())
+
+    def _alltoall_per_layer(self) -> list[dict[str, float]]:
+        """Per MoE layer, the bytes per step of each all-to-all: fixed by the capacities, or,
+        dropless, the rows the steps really sent (their mean over the steps)."""
         moe_layers = sum(isinstance(u, EPBlockUnit) for u in self.units)
-        a2a = alltoall_bytes(self.cfg.n_experts, self.cfg.d_model, self.caps,
-                             self.grid.coord("ep"), self.itemsize)
-        return moe_layers * sum(a2a[k] for k in OPS[1:])
+        coord, d = self.grid.coord("ep"), self.cfg.d_model
+        if self.caps[0] is not None:
+            return [alltoall_bytes(self.cfg.n_experts, d, self.caps, coord,
+                                   self.itemsize)] * moe_layers
+        per_step = [[rows_bytes(s["sent"], s["rows_in"], coord, d, self.itemsize)
+                     for s in step] for step in self.stats]
+        n = max(1, len(per_step))
+        return [{k: sum(step[i][k] for step in per_step) / n for k in OPS}
+                for i in range(moe_layers)] if per_step else []
 
 
 def build(spec: RunSpec, grid: Grid, **options: Any) -> ExpertParallel:

@@ -35,6 +35,15 @@ per destination travel first (a2a #0), because an expert must compute its
 filled rows and no others (``experts_forward``: a 1-row product may round
 differently from the same row inside a larger one).
 
+**Dropless** (``capacity_factor=None``; MegaBlocks, Gale et al. 2022): a source's
+buffer is as long as its most loaded expert, so the padding is no longer known in
+advance and would be most of the message.  Then the counts (a2a #0) are the sizes:
+each source sends each expert only its filled rows, packed
+(:func:`minipar.nn.moe_routing.pack`), a variable-size all-to-all whose bytes are the
+tokens that really went; the expert's rank unpacks them per source into a buffer of
+its own (no message), computes, packs the outputs back.  The padded layout is the
+same code with every expert's rows = C_j.
+
 **Same drops as the serial block.**  Each rank routes its own micro-batch as
 one group, with capacity over its own k·n_r assignments — GShard's local groups — so
 dispatch on rank r *is* the serial block on rank r's rows, and
@@ -55,9 +64,10 @@ from typing import Any
 
 import numpy as np
 
-from minipar import spans
 from minipar.backend import to_host, xp
 from minipar.nn.gpt_config import GPTConfig
+from minipar.nn.moe_routing import (pack, shared_backward, shared_forward, split_rows,
+                                   unpack)
 from minipar.nn.moe_steps import (
     combine_backward,
     combine_forward,
@@ -72,70 +82,79 @@ from minipar.parallel.mappings import all_to_all
 __all__ = ["EPMoE", "from_experts", "to_experts"]
 
 
-def to_experts(comm: Any, x: Any, caps: list[int], op: str) -> Any:
-    """All-to-all to the experts' ranks: my (E, C_r, ...) -> (E/ep, Σ_j C_j, ...).
-
-    Block c of the expert axis (experts c·E/ep … (c+1)·E/ep − 1) goes to rank c;
-    what arrives is joined along the capacity axis, source j's C_j rows at offset
-    Σ_{i<j} C_i (``caps`` = [C_j for every rank j of ``comm``, the ep group])."""
+def to_experts(comm: Any, rows: Any, sent: Any, got: Any, op: str) -> Any:
+    """All-to-all to the experts' ranks: my rows packed by expert (``sent`` (E,) rows each,
+    experts c·E/ep … (c+1)·E/ep − 1 to rank c) -> the rows of my experts, source by source
+    (``got`` (E/ep, ep): the rows source j sends each of my experts)."""
     ep = comm.size
-    return all_to_all.forward(comm, x, split_axis=0, concat_axis=1,
-                              split_sizes=[x.shape[0] // ep] * ep, output_sizes=caps, op=op)
+    return all_to_all.forward(comm, rows, split_axis=0, concat_axis=0, op=op,
+                              split_sizes=[int(v) for v in sent.reshape(ep, -1).sum(axis=1)],
+                              output_sizes=[int(v) for v in got.sum(axis=0)])
 
 
-def from_experts(comm: Any, y: Any, caps: list[int], op: str) -> Any:
-    """The reverse all-to-all, back to the tokens' ranks: (E/ep, Σ_j C_j, ...) -> (E, C_r, ...)
-    (:func:`to_experts`' adjoint: source j's rows return to rank j)."""
-    ep = comm.size
-    return all_to_all.backward(comm, y, split_axis=0, concat_axis=1,
-                               split_sizes=[y.shape[0]] * ep, output_sizes=caps, op=op)
+def from_experts(comm: Any, rows: Any, sent: Any, got: Any, op: str) -> Any:
+    """The reverse all-to-all, back to the tokens' ranks (:func:`to_experts`' adjoint: source
+    j's rows return to rank j)."""
+    return to_experts(comm, rows, got.T.reshape(-1), sent.reshape(comm.size, -1).T, op)
 
 
 class EPMoE:
     """One MoE layer whose experts are spread over ``comm`` (the ``ep`` group).
 
     ``caps`` = [C_j for each rank j of the group] (every rank knows every C_j:
-    they follow from the row counts); ``ids`` the experts this rank holds.
-    ``forward(p, x) -> (y, saved)``, ``backward(p, saved, dy, daux) -> (dx, grads)``
+    they follow from the row counts; None when dropless); ``ids`` the experts this rank
+    holds.  ``forward(p, x) -> (y, saved)``, ``backward(p, saved, dy, daux) -> (dx, grads)``
     like :func:`minipar.nn.moe.moe_forward` / ``moe_backward``; ``p`` holds the
-    router and this rank's experts only, and so do the grads.
+    router, the shared experts (replicated) and this rank's experts only, and so do the
+    grads.
     """
 
-    def __init__(self, comm: Any, cfg: GPTConfig, caps: list[int]) -> None:
-        self.comm, self.cfg, self.caps = comm, cfg, [int(c) for c in caps]
+    def __init__(self, comm: Any, cfg: GPTConfig, caps: list[int | None]) -> None:
+        self.comm, self.cfg, self.caps = comm, cfg, caps
         self.ids = expert_ids(cfg.n_experts, comm.size, comm.rank)
-        self.offsets = spans.offsets(self.caps)  # where source j's rows start
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, dict[str, Any]]:
         cfg, comm = self.cfg, self.comm
         h = x.reshape(-1, x.shape[-1])
         buffers, sd = dispatch_forward(p["router"], h, cfg.n_experts, cfg.top_k,
-                                       cfg.capacity_factor, cfg.aux_loss_coef)  # (E, C_r, d)
-        counts = to_host(sd["tokens_per_expert"])  # the host decides which rows to compute
-        got = to_experts(comm, np.asarray(counts, dtype=np.int64).reshape(-1, 1),
-                         [1] * comm.size, "ep_counts")  # (E/ep, ep): rows source j filled
-        rows = to_experts(comm, buffers, self.caps, "ep_dispatch")  # (E/ep, Σ C_j, d)
-        out = xp.zeros_like(rows)
-        s_experts = []
-        for j, (o, c) in enumerate(zip(self.offsets, self.caps)):  # one source at a time
-            out[:, o:o + c], sj = experts_forward(p, rows[:, o:o + c], got[:, j], self.ids)
+                                       bias=p.get("expert_bias"), seq_len=x.shape[-2],
+                                       **cfg.moe_options())  # (E, C_r, d)
+        counts = np.asarray(to_host(sd["tokens_per_expert"]), dtype=np.int64)  # host-side
+        n = np.ones((cfg.n_experts,), dtype=np.int64)
+        got = to_experts(comm, counts.reshape(-1, 1), n, n.reshape(comm.size, -1).T,
+                         "ep_counts").reshape(comm.size, -1).T  # (E/ep, ep): rows j filled
+        sent, rows_in = (counts, got) if self.caps[0] is None else (  # dropless, or padded
+            np.full(cfg.n_experts, sd["capacity"]), np.array([self.caps] * len(self.ids)))
+        rows = to_experts(comm, pack(buffers, sent), sent, rows_in, "ep_dispatch")
+        outs, s_experts = [], []
+        for j, part in enumerate(split_rows(rows, rows_in.sum(axis=0))):  # source by source
+            out, sj = experts_forward(p, unpack(part, rows_in[:, j]), got[:, j], self.ids)
+            outs.append(pack(out, rows_in[:, j]))
             s_experts.append(sj)
-        back = from_experts(comm, out, self.caps, "ep_combine")  # (E, C_r, d)
-        y, s_combine = combine_forward(back, sd)
+        back = from_experts(comm, xp.concatenate(outs), sent, rows_in, "ep_combine")
+        y, s_combine = combine_forward(unpack(back, sent, buffers.shape[1]), sd)
+        ys, s_shared = shared_forward(p, h, cfg.shared_experts)
         saved = {**sd, "tokens_per_expert": counts, "x_shape": x.shape, "experts": s_experts,
-                 "combine": s_combine}
-        return y.reshape(x.shape), saved
+                 "combine": s_combine, "shared": s_shared, "sent": sent, "rows_in": rows_in}
+        return (y if ys is None else y + ys).reshape(x.shape), saved
 
     def backward(self, p: dict[str, Any], saved: dict[str, Any], dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        d_back, d_gates = combine_backward(saved["combine"], dy.reshape(-1, dy.shape[-1]))
-        d_out = to_experts(self.comm, d_back, self.caps, "ep_combine_grad")  # (E/ep, Σ C_j, d)
-        d_rows = xp.zeros_like(d_out)
-        grads: dict[str, Any] = {}
-        for o, c, se in zip(self.offsets, self.caps, saved["experts"]):
-            d_rows[:, o:o + c], g = experts_backward(p, se, d_out[:, o:o + c])
+        sent, rows_in, dy = saved["sent"], saved["rows_in"], dy.reshape(-1, dy.shape[-1])
+        d_back, d_gates = combine_backward(saved["combine"], dy)
+        d_out = to_experts(self.comm, pack(d_back, sent), sent, rows_in, "ep_combine_grad")
+        d_rows, grads = [], {}
+        for j, (part, se) in enumerate(zip(split_rows(d_out, rows_in.sum(axis=0)),
+                                           saved["experts"])):
+            d_buf, g = experts_backward(p, se, unpack(part, rows_in[:, j]))
+            d_rows.append(pack(d_buf, rows_in[:, j]))
             for k, v in g.items():  # sources in rank order, as micro-batches accumulate
                 grads[k] = v if k not in grads else grads[k] + v
-        d_buffers = from_experts(self.comm, d_rows, self.caps, "ep_dispatch_grad")  # (E, C_r, d)
-        dh, d_router = dispatch_backward(p["router"], saved, d_buffers, d_gates, daux)
-        return dh.reshape(saved["x_shape"]), {"router": d_router, **grads}
+        d_buffers = from_experts(self.comm, xp.concatenate(d_rows), sent, rows_in,
+                                 "ep_dispatch_grad")
+        dh, d_router = dispatch_backward(p["router"], saved,
+                                         unpack(d_buffers, sent, saved["capacity"]), d_gates,
+                                         daux)
+        d_shared, g_shared = shared_backward(p, saved["shared"], dy)
+        dh = dh if d_shared is None else dh + d_shared
+        return dh.reshape(saved["x_shape"]), {"router": d_router, **grads, **g_shared}

@@ -37,8 +37,9 @@ def expert_ids(n_experts: int, ep: int, coord: int) -> list[int]:
     return list(range(coord * per, (coord + 1) * per))
 
 
-def capacities(n_experts: int, capacity_factor: float, tokens: list[int],
-               top_k: int) -> list[int]:
+def capacities(n_experts: int, capacity_factor: float | None, tokens: list[int],
+               top_k: int) -> list[int | None]:
     """C_j = ⌈k·n_j / E × capacity_factor⌉ for each source's ``tokens`` n_j (its group) routed
-    top-k, rounded as :func:`minipar.nn.moe_steps.expert_capacity` does."""
-    return [expert_capacity(n * top_k, n_experts, capacity_factor) for n in tokens]
+    top-k, rounded as :func:`minipar.nn.moe_steps.expert_capacity` does (None: dropless)."""
+    return [None if capacity_factor is None else
+            expert_capacity(n * top_k, n_experts, capacity_factor) for n in tokens]

@@ -47,7 +47,7 @@ from minipar.backend import to_host
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel.expert_parallel.layout import OPS
 
-__all__ = ["CAPACITY_FACTORS", "alltoall_bytes", "routing_table"]
+__all__ = ["CAPACITY_FACTORS", "alltoall_bytes", "routing_table", "rows_bytes"]
 
 #: the capacity factors the issue asks about: 0.5 … 2.0
 CAPACITY_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -62,6 +62,20 @@ def alltoall_bytes(n_experts: int, d_model: int, caps: list[int], coord: int,
     per, d = n_experts // ep, d_model
     mine = (ep - 1) * per * caps[coord] * d * itemsize
     theirs = sum(per * c * d * itemsize for j, c in enumerate(caps) if j != coord)
+    return {OPS[0]: (ep - 1) * per * 8, OPS[1]: mine, OPS[2]: theirs, OPS[3]: mine,
+            OPS[4]: theirs}
+
+
+def rows_bytes(sent: list[int], rows_in: list[list[int]], coord: int, d_model: int,
+               itemsize: int) -> dict[str, int]:
+    """Exact bytes rank ``coord`` sent in one MoE layer's five all-to-alls given the rows it
+    sent each expert (``sent`` (E,)) and the rows each source sent each of its experts
+    (``rows_in`` (E/ep, ep)): the dropless figure, the tokens that really went (the padded
+    one is :func:`alltoall_bytes`, every row = C_j)."""
+    ep = len(rows_in[0])
+    per = len(sent) // ep
+    mine = sum(sent[e] for e in range(len(sent)) if e // per != coord) * d_model * itemsize
+    theirs = sum(r[j] for r in rows_in for j in range(ep) if j != coord) * d_model * itemsize
     return {OPS[0]: (ep - 1) * per * 8, OPS[1]: mine, OPS[2]: theirs, OPS[3]: mine,
             OPS[4]: theirs}
 

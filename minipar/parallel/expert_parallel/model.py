@@ -24,7 +24,9 @@ from minipar.nn.gpt import (
     HeadUnit,
     block_backward,
     block_forward,
+    block_loads,
     param_shapes,
+    with_bias,
 )
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.units import Unit
@@ -48,6 +50,12 @@ class EPBlockUnit(Unit):
         local = [n[len(self.prefix):] for n in param_shapes(cfg) if n.startswith(self.prefix)]
         self.names = tuple(n for n in local
                            if not n.startswith("moe.experts.") or n.startswith(mine))
+
+    def params(self, full: dict[str, Any]) -> dict[str, Any]:
+        return with_bias(super().params(full), full, self.prefix)
+
+    def loads(self, saved: Any) -> Any:
+        return block_loads(saved)
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, Any]:
         n = x.size // x.shape[-1]

@@ -66,7 +66,8 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
     if ep > 1:
         from minipar.parallel.expert_parallel.options import check_ep
 
-        check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, dp * cp)
+        check_ep(spec.experts, spec.top_k, spec.capacity_factor, ep, dp * cp,
+                 spec.expert_groups)
         if tp > 1:
             raise ValueError(f"ep = {ep} with tp = {tp}: an expert-parallel block runs whole "
                              "attention heads; use tp = 1 with ep (or ep = 1: tp slices experts)")
