@@ -148,6 +148,7 @@ def serial_steps(cfg: GPTConfig) -> tuple[Step, Step]:
 
     def ffn_forward(q: dict[str, Any], h: Any) -> tuple[Any, Any]:
         if "router" in q:
+            check_bias(cfg, q)
             return moe_forward(q, h, cfg.n_experts, cfg.top_k, n_shared=cfg.shared_experts,
                                **cfg.moe_options())
         return mlp_forward(q, h)
@@ -182,6 +183,13 @@ def block_aux_loss(saved: dict[str, Any]) -> float:
 def block_loads(saved: dict[str, Any]) -> Any:
     """The block's top-k assignments per expert (E,) of this forward (None: a dense block)."""
     return saved["ffn"]["loads"] if isinstance(saved["ffn"], dict) else None
+
+
+def check_bias(cfg: GPTConfig, q: dict[str, Any]) -> None:
+    """ValueError unless a loss-free MoE step got its bias (an engine that keeps none)."""
+    if cfg.load_balance == "loss-free" and "expert_bias" not in q:
+        raise ValueError("--load-balance loss-free: this engine does not keep the expert "
+                         "bias; the serial, ep, pp and hybrid engines do")
 
 
 def with_bias(p: dict[str, Any], full: dict[str, Any], prefix: str) -> dict[str, Any]:

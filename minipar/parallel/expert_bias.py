@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from minipar.backend import array_module, to_host, xp
+from minipar.nn import executor
 from minipar.nn.moe_routing import update_bias
 
-__all__ = ["BIAS", "ExpertBias", "max_violation"]
+__all__ = ["BIAS", "BiasHooks", "ExpertBias", "max_violation"]
 
 #: the bias's name inside a block
 BIAS = "moe.expert_bias"
@@ -82,3 +83,36 @@ class ExpertBias:
             if name in self.arrays:
                 b = self.arrays[name]
                 b[...] = update_bias(b, array_module(b).asarray(row), self.cfg.bias_update_rate)
+
+
+class BiasHooks(executor.Hooks):
+    """``inner`` hooks whose ``fetch`` also hands an MoE block its bias (from ``bias``, by
+    full name); everything else is ``inner``'s.  Put innermost (a recompute fetches through
+    it too), for engines whose hooks read parameters from elsewhere (a pipeline stage)."""
+
+    def __init__(self, inner: Any, bias: dict[str, Any]) -> None:
+        self.inner, self.bias = inner, bias
+
+    @property
+    def grads(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.inner.grads
+
+    def fetch(self, unit: Any) -> dict[str, Any]:
+        p = self.inner.fetch(unit)
+        name = unit.prefix + BIAS
+        return {**p, BIAS: self.bias[name]} if name in self.bias else p
+
+    def release(self, unit: Any, params: dict[str, Any]) -> None:
+        self.inner.release(unit, {k: v for k, v in params.items() if k != BIAS})
+
+    def on_saved(self, unit: Any, saved: Any, x: Any) -> Any:
+        return self.inner.on_saved(unit, saved, x)
+
+    def restore(self, unit: Any, kept: Any) -> Any:
+        return self.inner.restore(unit, kept)
+
+    def on_backward_input(self, unit: Any) -> None:
+        self.inner.on_backward_input(unit)
+
+    def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
+        self.inner.on_grads(unit, grads)

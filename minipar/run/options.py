@@ -126,9 +126,28 @@ def check(options: dict[str, Any]) -> Any:
         checks.divides("--node", options["node"], "-n", options["ranks"],
                        "K consecutive ranks share a simulated node")
     spec = RunSpec.from_options(options)
+    check_moe_strategy(options, spec)
     strategy_module(options["strategy"]).check(options, spec)
     check_checkpoint_options(options, spec)
     return spec
+
+
+#: the strategies that keep the loss-free expert bias as state (:mod:`minipar.parallel.expert_bias`)
+LOSS_FREE = ("ep", "pp", "hybrid")
+
+
+def check_moe_strategy(options: dict[str, Any], spec: Any) -> None:
+    """DeepSeek-V3's options where the strategy has them: the loss-free bias is state only
+    ``ep``, ``pp`` and ``hybrid`` keep; shared experts are not sliced by tensor parallelism."""
+    name = options["strategy"]
+    if spec.experts and spec.load_balance == "loss-free" and name not in LOSS_FREE:
+        raise ValueError(f"--load-balance loss-free: minipar run {name} does not keep the "
+                         f"expert bias (state updated after each step); use "
+                         f"{', '.join(LOSS_FREE)}, or --load-balance aux|none")
+    if spec.experts and spec.shared_experts and (name in ("tp", "sp") or
+                                                 (options.get("tp") or 1) > 1):
+        raise ValueError(f"--shared-experts {spec.shared_experts} with tensor parallelism: "
+                         "the shared experts are not sliced over tp ranks here; use tp = 1")
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

@@ -216,6 +216,10 @@ def run_all() -> list[str]:
         # DeepSeek-V3's schedules with tensor parallelism inside the stages (and ZeRO-1)
         trial(dense, 1, 2, 2, kind="dualpipe", m=4, v=2)
         trial(dense, 1, 2, 2, kind="dualpipev", m=4, v=2, zero=1)
+        v3 = moe.with_(top_k=2, router="sigmoid", shared_experts=1, expert_width=24,
+                       load_balance="loss-free", bias_update_rate=0.01, capacity_factor=None,
+                       expert_groups=2, groups_per_token=1, seq_aux_loss_coef=0.01)
+        trial(v3, 2, 2, 1, ep=2, m=2)  # DeepSeek-V3's experts in a dp·ep × pp grid
     return bad_input(dense)
 
 

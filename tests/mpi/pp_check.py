@@ -168,6 +168,13 @@ def dualpipes(base: RunSpec) -> None:
         dualpipe_resume(base.with_(batch=4 * N))
 
 
+#: DeepSeek-V3's experts (issue 34): sigmoid, a shared expert, narrow experts, loss-free
+#: balancing, dropless, node-limited routing
+V3 = RunSpec(layers=4, batch=10, steps=3, d_model=16, heads=2, seq=8, experts=4, top_k=2,
+             router="sigmoid", shared_experts=1, expert_width=24, load_balance="loss-free",
+             bias_update_rate=0.01, capacity_factor=None, expert_groups=2, groups_per_token=1)
+
+
 def run_all() -> None:
     base = RunSpec(layers=4, batch=10, steps=3, d_model=16, heads=2, seq=8)
     g = Grid(world, pp=N)
@@ -209,6 +216,11 @@ def run_all() -> None:
     trial(g, inter, "interleaved", p, 2)
     trial(g, inter, "interleaved", 2 * p, 2, remat=True)
     trial(g, base.with_(experts=2, top_k=1), "1f1b", 2)
+    # DeepSeek-V3's experts: the loss-free bias (recomputed forwards count no load again)
+    pp = trial(g, V3, "gpipe", 2, remat=True)
+    counted = [sum(n) for step in pp.bias.loads for n in step.values()]
+    check(counted and all(c == V3.batch * V3.seq * V3.top_k for c in counted),
+          f"loss-free: loads per step and block {counted}, not the global batch's once")
     mine = stage_schedule("1f1b", g.coord("pp"), p, 3)  # a learner's list: the executor runs it
     trial(g, base, "1f1b", 3, instructions=mine)
     if N == 3:  # the middle stage sends the plan's 2·m·v·b·s·h·bytes
@@ -226,8 +238,10 @@ def run_all() -> None:
             trial(g, base, kind, m, v)
         trial(g, base, "1f1b", 2, remat=True)
         trial(g, base.with_(experts=2, batch=8), "gpipe", 2)  # cut like train(micro_batches=4)
+        trial(g, V3.with_(batch=8), "1f1b", 2)  # the loads summed over the dp replicas
         g.free()
         resume_elsewhere(base)
+        resume_elsewhere(V3.with_(batch=8))  # the bias resumes on another layout
     if N > 1:
         dualpipes(base)
 

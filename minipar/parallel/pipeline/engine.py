@@ -55,13 +55,15 @@ from minipar.comm.topology import require_grid
 from minipar.nn import weight_grad
 from minipar.nn.dtypes import check_model_dtype
 from minipar.parallel.common import check_world
-from minipar.parallel.engine import AxisTraffic, Batch, State, StepResult, saved_step, sources_of
+from minipar.parallel.engine import (AxisTraffic, Batch, State, StepResult, load_buffers,
+                                     saved_step, sources_of, with_buffers)
+from minipar.parallel.expert_bias import BiasHooks, ExpertBias
 from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageLink, Whole
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.parts import AllReduceSync, SerialStage, all_reduce
 from minipar.parallel.pipeline.schedule import forward_schedule, placement, stage_schedule
 from minipar.parallel.pipeline.simulate import WHAT, Record
-from minipar.parallel.pipeline.stage import StageMemory
+from minipar.parallel.pipeline.stage import StageHooks, StageMemory
 from minipar.parallel.pipeline.stage_loop import (
     Backward,
     BackwardInput,
@@ -159,6 +161,8 @@ class PipelineParallel:
         self.loop = StageLoop(self.stage, self.p, self.v, self.chunk_units, self.link,
                               self.stage_model, self.place, loss_weight)
         self.stage_memory = StageMemory(self.chunk_units, remat, offload, offload_dir)
+        blocks = [int(u.prefix.split(".")[1]) for u in units if u.prefix.startswith("blocks.")]
+        self.bias = ExpertBias(self.model.cfg, blocks, self.replica_of("buffer", "bias"))
         self.records: list[list[Record]] = []  # per step: wall-clock seconds from its start
         self.cpu_records: list[list[Record]] = []  # per step: CPU seconds (process_time)
         self.steps_done = 0
@@ -186,7 +190,7 @@ class PipelineParallel:
         self.world.Barrier()  # align the ranks' clocks: records are seconds from here
         t0 = time.perf_counter()
         st.grads[...] = 0
-        mem.start_step(st, self.sync.step_hooks())
+        mem.start_step(st, self._with_bias(self.sync.step_hooks()))
         wall: list[Record] = []
         cpu: list[Record] = []  # the same instructions timed in this process's CPU seconds
         c0 = time.process_time()
@@ -216,6 +220,7 @@ class PipelineParallel:
         self.records.append(wall)
         self.cpu_records.append(cpu)
         mem.end_step()
+        self.bias.update(self.loop.loads or {}, self.grid.comm("dp"))  # once, after the step
         self.steps_done += 1
         return StepResult(self._global(loss), skipped=not self.loop.stepped,
                           records=tuple(wall))
@@ -231,7 +236,7 @@ class PipelineParallel:
         """Forward only: every micro-batch through the stages (no backward, nothing kept);
         the global mean loss, the same on every rank."""
         x, y = self._rows(batch)
-        hooks = [self.sync.eval_hooks()] * self.v
+        hooks = [self._with_bias(self.sync.eval_hooks())] * self.v
         loss = self.loop.run(forward_schedule(self.stage, self.p, self.m, self.v, self.place),
                              x, y, batch.size, self.m, hooks, keep=False)
         return self._global(loss)
@@ -245,12 +250,13 @@ class PipelineParallel:
         for key, (shard, arr) in st.arrays.items():
             st.arrays[key] = (replace(shard, replica=self.replica_of(*key)), arr)
         st.scalars["step"] = self.steps_done
-        return st
+        return with_buffers(st, self.bias.arrays, self.bias.replica)
 
     def load_state_dict(self, state: State | Iterable[State]) -> None:
         """Read my stage's tensors from the overlapping pieces of ``state`` (any layout)."""
         sources = sources_of(state)
         self.sync.load(sources, self.stage_model.placements(self.stage_layout.names))
+        load_buffers(self.bias.arrays, sources)
         self.steps_done = saved_step(sources)
 
     def full_params(self) -> dict[str, Any]:
@@ -278,6 +284,15 @@ class PipelineParallel:
             self.mirror = None
 
     # -- around the loop -------------------------------------------------------------
+    def _with_bias(self, hooks: Any) -> Any:
+        """The stage's hooks (None: its own) handing the MoE blocks their loss-free bias."""
+        if not self.bias.arrays:
+            return hooks
+        if hooks is None:
+            st = self.states
+            hooks = StageHooks(st.param_views(), st.layout.unflatten(st.grads))
+        return BiasHooks(hooks, self.bias.views())
+
     def _rows(self, batch: Batch) -> tuple[Any, Any]:
         """My replica's rows of ``batch`` (tokens, targets): at least one per micro-batch."""
         x, y = self.stage_model.local_batch(batch)

@@ -182,6 +182,7 @@ class StageLoop:
                      for i in range(m - half) for c in range(self.v)}
         self.step, self.loss_scale, self.keep = step, loss_scale, keep
         self.around = around or (lambda ins, dispatch: dispatch(ins))
+        self.loads: dict[str, Any] | None = {} if keep else None  # MoE loads (loss-free)
         self.held: dict[tuple[int, int], Any] = {}     # (mb, chunk) -> (kept, loss's saved)
         self.pending: dict[tuple[int, int], Any] = {}  # (mb, chunk) -> what its W needs
         self.box: dict[tuple[str, int, int], Any] = {}  # (what, mb, chunk) -> tensor
@@ -221,7 +222,8 @@ class StageLoop:
         x = self.x[lo:hi] if self.first[c] else self.take(self.box, ("in", mb, c), ins,
                                                           "RecvAct")
         aux: list[float] = []
-        out, kept = executor.forward(self.chunks[c], self.hooks[c], x, aux=aux)
+        out, kept = executor.forward(self.chunks[c], self.hooks[c], x, aux=aux,
+                                     loads=self.loads)
         self.loss += self.weight(mb, c) * sum(aux)
         saved = None
         if self.last[c]:

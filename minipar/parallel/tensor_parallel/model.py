@@ -50,7 +50,8 @@ from minipar.collectives import allreduce
 from minipar.comm.traced import traced
 from minipar.nn import executor
 from minipar.nn.dtypes import up
-from minipar.nn.gpt import BlockUnit, EmbedUnit, HeadUnit, block_backward, block_forward
+from minipar.nn.gpt import (BlockUnit, EmbedUnit, HeadUnit, block_backward, block_forward,
+                            check_bias)
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.layers import layernorm_backward, layernorm_forward
 from minipar.nn.moe_steps import (
@@ -204,8 +205,13 @@ class ParallelMoE:
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, dict]:
         cfg = self.cfg
+        check_bias(cfg, p)
+        if cfg.shared_experts:
+            raise ValueError(f"--shared-experts {cfg.shared_experts}: tensor parallelism does "
+                             "not slice shared experts here; use tp = 1")
         buffers, s_d = dispatch_forward(p["router"], x.reshape(-1, x.shape[-1]), cfg.n_experts,
-                                        cfg.top_k, cfg.capacity_factor, cfg.aux_loss_coef)
+                                        cfg.top_k, bias=p.get("expert_bias"),
+                                        seq_len=x.shape[-2], **cfg.moe_options())
         buffers = copy_to_tensor_model_parallel_region.forward(self.comm, buffers)  # f
         pe = dict(p)
         if traced(self.comm).rank:  # b_out is replicated: rank 0 adds it, g's sum has it once
