@@ -148,3 +148,12 @@ def test_dropless_drops_nothing_and_serial_reference_runs() -> None:
     spec = moe_spec(capacity_factor=None, top_k=3, expert_groups=2, groups_per_token=2)
     ref = serial_reference(spec, 2)
     assert np.isfinite(ref["losses"]).all()
+
+
+def test_loss_free_is_refused_where_the_bias_is_not_kept(tmp_path) -> None:
+    from conftest import refused_before_mpi
+
+    line = refused_before_mpi(["run", "dp", "-n", "2", "--experts", "4", "--top-k", "2",
+                               "--load-balance", "loss-free"], tmp_path).stderr.strip()
+    assert line.startswith("minipar run: --load-balance loss-free: minipar run dp does not "
+                           "keep the expert bias"), line

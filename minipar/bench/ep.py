@@ -86,6 +86,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     spec = RunSpec(**o["spec"])
     if o["mode"] == "traffic":
         return _traffic(comm, spec, o.get("ep"))
+    if o["mode"] == "balance":
+        return _balance(comm, spec, o.get("progress"))
     from minipar.progress import tick
 
     ep = strategies.build("ep", spec, Grid(comm, dp=comm.size, ep=comm.size))
@@ -119,6 +121,78 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             "cpu_seconds": {k: statistics.median(c for _, c in v) for k, v in times.items()},
             "psi": {"MoE": ep_psi(spec), "dense": ep_psi(spec.with_(experts=0))},
             "active_psi": {"MoE": active_psi(spec), "dense": ep_psi(spec.with_(experts=0))}}
+
+
+#: the balance study's configurations: (load balance, capacity factor), name
+BALANCE_RUNS = (("aux", 1.25), ("loss-free", 1.25), ("none", 1.25),
+                ("aux", None), ("loss-free", None), ("none", None))
+
+
+def _balance(comm: Any, spec: Any, progress: Any = None) -> dict[str, Any] | None:
+    """Rank side of :func:`balance_study`: every configuration of :data:`BALANCE_RUNS` on the
+    same model, data and grid (ep = all ranks), one after the other."""
+    from minipar.comm.topology import Grid
+    from minipar.parallel import strategies
+    from minipar.progress import tick
+
+    out = []
+    for lb, cf in BALANCE_RUNS:
+        s = spec.with_(load_balance=lb, capacity_factor=cf)
+        grid = Grid(comm, dp=comm.size, ep=comm.size)
+        eng = strategies.build("ep", s, grid)
+        seconds, losses = [], []
+        for step in range(s.steps):
+            w, _ = _timed(lambda step=step: losses.append(eng.step(s.batch_at(step)).loss), comm)
+            seconds.append(w)
+        val = sum(eng.evaluate(s.eval_batch_at(k)) for k in range(2)) / 2
+        dropped = comm.comm.allreduce(sum(x["dropped"] for st in eng.stats for x in st))
+        a2a = comm.comm.allreduce(eng.bytes_by_axis()["ep"])  # all ranks, per step
+        vio = [sum(v.values()) / len(v) for v in eng.bias.max_vio]
+        out.append({"load_balance": lb, "capacity_factor": cf, "max_vio": vio,
+                    "val_loss": float(val), "train_loss": losses, "dropped": int(dropped),
+                    "assignments": s.batch * s.seq * s.top_k * len(eng.bias.moe_blocks)
+                    * s.steps, "alltoall_bytes_per_step": float(a2a),
+                    "step_seconds": statistics.median(seconds[1:] or seconds)})
+        eng.close()
+        grid.free()
+        if comm.rank == 0:
+            tick(progress)
+    return {"runs": out} if comm.rank == 0 else None
+
+
+def balance_study(n: int = 2, steps: int = 100, experts: int = 8, top_k: int = 2,
+                  timeout: float = 900.0, progress: Any = None, **spec: Any) -> dict[str, Any]:
+    """Aux loss vs loss-free vs none, capacity 1.25 vs dropless, on the embedded text and the
+    same MoE GPT (sigmoid router, E = ``experts``, top-``top_k``), ep = ``n`` ranks in one
+    launch: per configuration MaxVio per step (mean over the MoE layers), the validation
+    loss, the dropped assignments, the all-to-all bytes of all ranks per step and the
+    median step time."""
+    from minipar import launch
+    from minipar.parallel.common import EMBEDDED, RunSpec
+
+    s = RunSpec(**{"text": EMBEDDED, "vocab": 256, "seq": 32, "batch": 16, "d_model": 32,
+                   "layers": 2, "heads": 2, "lr": 3e-3, "router": "sigmoid",
+                   "bias_update_rate": 1e-3, **spec, "experts": experts, "top_k": top_k,
+                   "steps": steps})
+    out, _ = launch.run_json(n, "minipar.bench.ep", {"mode": "balance", "spec": s.as_dict(),
+                                                     "progress": progress},
+                             timeout=timeout, check=True)
+    out["config"] = {k: v for k, v in s.as_dict().items() if k != "text"} | {"ranks": n}
+    return out
+
+
+def format_balance(study: dict[str, Any]) -> str:
+    """The balance study as a table, one row per configuration."""
+    lines = [f"{'balance':>10} {'capacity':>9} {'MaxVio first':>12} {'last 10':>8} "
+             f"{'val loss':>9} {'dropped':>8} {'a2a B/step':>11} {'s/step':>7}"]
+    for r in study["runs"]:
+        cf = "dropless" if r["capacity_factor"] is None else f"{r['capacity_factor']:g}"
+        tail = r["max_vio"][-10:]
+        lines.append(f"{r['load_balance']:>10} {cf:>9} {r['max_vio'][0]:>12.3f} "
+                     f"{sum(tail) / len(tail):>8.3f} {r['val_loss']:>9.4f} "
+                     f"{100 * r['dropped'] / r['assignments']:>7.2f}% "
+                     f"{r['alltoall_bytes_per_step']:>11,.0f} {r['step_seconds']:>7.3f}")
+    return "\n".join(lines)
 
 
 def _timed(fn: Any, comm: Any = None) -> tuple[float, float]:
@@ -238,6 +312,12 @@ def _parser() -> ArgumentParser:
                    help="experts per token, 1 (Switch) or 2 (GShard); default %(default)s")
     p.add_argument("--capacity-factor", type=number(greater_than=0), default=1.25,
                    help="expert capacity factor (default %(default)s)")
+    p.add_argument("--balance", action="store_true",
+                   help="instead: DeepSeek-V3's balancing study on the embedded text: aux loss "
+                        "vs loss-free vs none, capacity 1.25 vs dropless (MaxVio, validation "
+                        "loss, dropped tokens, bytes, step time); --steps steps each")
+    p.add_argument("--bias-update-rate", type=number(greater_than=0), default=1e-3,
+                   help="with --balance: the loss-free bias step u (default %(default)s)")
     p.add_argument("--capacity-steps", type=integer(0), default=400,
                    help="training steps of the capacity table's model, per aux-loss "
                         "coefficient (0: no table; default %(default)s)")
@@ -249,6 +329,8 @@ def main(argv: list[str]) -> int:
 
     p = _parser()
     a = p.parse_args(argv)
+    if a.balance:
+        return _main_balance(a, p)
     try:
         spec = check_bench_options(vars(a)).with_(
             experts=a.experts, top_k=a.top_k, capacity_factor=a.capacity_factor)
@@ -305,6 +387,33 @@ def main(argv: list[str]) -> int:
         print(f"\nserial MoE GPT (d 32, {a.capacity_steps} steps per router, E = {a.experts}, "
               f"top-{a.top_k}), a held-out batch of 512 tokens as one group:")
         print(format_study(study))
+    return 0
+
+
+def _main_balance(a: Any, p: Any) -> int:
+    """``minipar bench ep --balance``: :func:`balance_study`, printed or as JSON."""
+    from minipar import launch
+    from minipar.progress import watched
+
+    experts = a.experts if a.experts != 4 else 8
+    top_k = max(2, a.top_k)
+    if experts % a.ranks:
+        p.error(f"-n {a.ranks} does not divide --experts {experts}")
+    try:
+        with watched(len(BALANCE_RUNS), "run") as progress:
+            out = balance_study(a.ranks, a.steps, experts, top_k, a.timeout, progress,
+                                bias_update_rate=a.bias_update_rate)
+    except launch.LaunchError as e:
+        return launch.report(PROG, e, a.debug)
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    c = out["config"]
+    print(f"embedded text, GPT d_model {c['d_model']}, {c['layers']} layers, T {c['seq']}, "
+          f"batch {c['batch']}; E = {experts}, top-{top_k}, sigmoid router, ep = {a.ranks}; "
+          f"{a.steps} steps each (bias rate {c['bias_update_rate']:g}, aux α "
+          f"{c['aux_loss_coef']:g})")
+    print(format_balance(out))
     return 0
 
 

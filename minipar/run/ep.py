@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from minipar.backend import to_host
 from minipar.cli.options import integer
 
 AXES = ("ep", "edp", "dp")
@@ -74,6 +75,42 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
     return {}
 
 
+def balance_of(bias: Any) -> dict[str, Any]:
+    """What a rank knows of the balance (its blocks' global loads per step, its biases):
+    gather these and give the list to :func:`balance_report`."""
+    return {"loads": bias.loads,
+            "bias": {k: [float(x) for x in to_host(v)] for k, v in bias.arrays.items()}}
+
+
+def balance_report(parts: list[dict[str, Any]], spec: Any) -> dict[str, Any]:
+    """The measured balance of a run from every rank's :func:`balance_of` (global over the
+    step's ranks already; a pipeline's stages hold different blocks): MaxVio per step per MoE
+    layer (max load / mean load − 1, DeepSeek-V3's measure), the loads (top-k assignments
+    per expert) of the last step, the largest load, the final bias (loss-free)."""
+    from minipar.parallel.expert_bias import max_violation
+
+    steps = max(len(p["loads"]) for p in parts)
+    merged = [{k: v for p in parts if t < len(p["loads"]) for k, v in p["loads"][t].items()}
+              for t in range(steps)]
+    order = sorted(merged[0], key=lambda k: int(k.split(".")[1])) if merged else []
+    vio = [[round(max_violation(step[k]), 6) for k in order] for step in merged]
+    loads = [merged[-1][k] for k in order] if merged else []
+    largest = max((max(v) for step in merged for v in step.values()), default=0)
+    out: dict[str, Any] = {"load_balance": spec.load_balance, "router": spec.router,
+                           "moe_blocks": [int(k.split(".")[1]) for k in order],
+                           "max_vio_per_step": vio, "loads_last_step": loads,
+                           "largest_expert_load": largest}
+    bias = {k: v for p in parts for k, v in p["bias"].items()}
+    if bias:
+        out["expert_bias"] = dict(sorted(bias.items(), key=lambda kv: int(kv[0].split(".")[1])))
+    mean = [sum(s) / len(s) for s in vio if s]
+    out["notes"] = [f"balance ({spec.load_balance}, {spec.router} router): MaxVio per step, "
+                    f"mean over the MoE layers: " + ", ".join(f"{v:.3f}" for v in mean),
+                    f"  loads (top-k assignments per expert, all ranks) of the last step: "
+                    f"{loads}; the largest load of any expert in any step: {largest}"]
+    return out
+
+
 def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
            history: Any) -> dict[str, Any] | None:
     """Rank side, after training: rank 0 returns every rank's figures (collective)."""
@@ -83,7 +120,8 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
 
     n, ep = grid.world.size, grid.size("ep")
     lo, hi = engine.rows
-    plan = spec.layers * moe_alltoall_bytes_per_rank(
+    dropless = spec.capacity_factor is None
+    plan = None if dropless else spec.layers * moe_alltoall_bytes_per_rank(
         (hi - lo) * spec.seq, spec.d_model, ep, spec.top_k, spec.experts,
         spec.capacity_factor, bytes_per_elem=engine.itemsize, backward=True)
     mine = {"counted": engine.bytes_by_axis(), "formula": engine.bytes_formula(),
@@ -102,13 +140,20 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
                for e in range(spec.experts)] for b in range(blocks)]
     dropped = [sum(s["dropped"] for r in rows for s in r["stats"][t]) for t in range(len(rows[0]["stats"]))]
     assignments = spec.batch * spec.seq * spec.top_k * blocks
+    balance = balance_report([balance_of(engine.bias)], spec)
+    cf = "none (dropless)" if dropless else f"{spec.capacity_factor:g}"
+    buffers = [[max(s["capacity"] for s in step) for step in r["stats"]] for r in rows]
     notes = [f"E = {spec.experts} experts per MoE block, top-{spec.top_k}, capacity factor "
-             f"{spec.capacity_factor:g}; ep {ep} x edp {n // ep}: rank r holds experts "
+             f"{cf}; ep {ep} x edp {n // ep}: rank r holds experts "
              + ", ".join(f"{r}: {rows[r]['experts']}" for r in range(n)),
-             (f"capacity C = ceil(k·n_r/E x {spec.capacity_factor:g}) of each rank's group, its "
+             (f"dropless: each rank's buffer is as long as its most loaded expert, the "
+              f"all-to-alls carry only the tokens (counts first); the largest buffer per "
+              f"rank over the steps: {[max(b) for b in buffers]}" if dropless else
+              f"capacity C = ceil(k·n_r/E x {cf}) of each rank's group, its "
               f"own n_r = rows x {spec.seq} tokens {[r['tokens'] for r in rows]}: "
               f"{[r['capacity'] for r in rows]}"),
-             f"dropped per step (all ranks and blocks, of {assignments} assignments): {dropped}"]
+             f"dropped per step (all ranks and blocks, of {assignments} assignments): {dropped}",
+             *balance["notes"]]
     for b in range(blocks):
         notes.append(f"block {b}, last step: first choices per expert {routed[b]}, "
                      f"tokens kept per expert {last[b]}")
@@ -121,20 +166,28 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
 
     caps = [r["capacity"] for r in rows]
     notes.append(f"  all-to-all data per rank per step (without the counts): "
-                 f"{per_rank('a2a_data')}: exact for the capacities that ran, per MoE layer "
-                 f"and direction rank r sends (ep-1)·(E/ep)·C_r·d·b to dispatch its tokens "
-                 f"and (E/ep)·Σ_(j≠r) C_j·d·b to combine the others' (C_r = {caps})")
-    notes.append(f"  minipar.plan.moe's padded-buffer figure, 4(ep-1)/ep x E·C·d·b per MoE layer "
-                 f"x {blocks} MoE layers with each rank's own C: {per_rank('plan')}; it assumes "
-                 f"every rank of the ep group has the same C" + (
-                     f", which holds only when the rows split evenly (here "
-                     f"{[(r['tokens'] // spec.seq) for r in rows]} rows per rank)"
-                     if any(r["a2a_data"] != r["plan"] for r in rows)
-                     else ", as here: it equals the exact figure"))
+                 f"{per_rank('a2a_data')}: " + (
+                     "the tokens that really went, mean over the steps (dropless: each expert "
+                     "gets its count's rows, no padding; 4 all-to-alls per MoE layer)"
+                     if dropless else
+                     f"exact for the capacities that ran, per MoE layer "
+                     f"and direction rank r sends (ep-1)·(E/ep)·C_r·d·b to dispatch its tokens "
+                     f"and (E/ep)·Σ_(j≠r) C_j·d·b to combine the others' (C_r = {caps})"))
+    if not dropless:
+        notes.append(
+            f"  minipar.plan.moe's padded-buffer figure, 4(ep-1)/ep x E·C·d·b per MoE layer "
+            f"x {blocks} MoE layers with each rank's own C: {per_rank('plan')}; it assumes "
+            f"every rank of the ep group has the same C" + (
+                f", which holds only when the rows split evenly (here "
+                f"{[(r['tokens'] // spec.seq) for r in rows]} rows per rank)"
+                if any(r["a2a_data"] != r["plan"] for r in rows)
+                else ", as here: it equals the exact figure"))
     return {"ranks": n, "data_parallel_ranks": n, "ep": ep, "edp": n // ep,
             "experts": spec.experts, "top_k": spec.top_k,
             "capacity_factor": spec.capacity_factor,
             "capacity_per_rank": [r["capacity"] for r in rows],
+            "largest_buffer_per_rank": [max(b) for b in buffers],
+            **{k: v for k, v in balance.items() if k != "notes"},
             "tokens_per_expert": last, "routed": routed, "dropped": dropped,
             "assignments_per_step": assignments,
             "bytes_by_axis_per_rank": [r["counted"] for r in rows],

@@ -131,6 +131,7 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
            history: Any) -> dict[str, Any] | None:
     """Rank side, after training: every rank's figures, gathered; rank 0 returns them."""
     from minipar.parallel.hybrid.measure import engine_bytes
+    from minipar.run.ep import balance_of
 
     z = sizes(options, spec)
     steps = len(history.losses)
@@ -142,7 +143,7 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
             "tp_ops": {op: ops.get(op, 0) for op in TP_OPS},
             "formula": None if spec.experts else engine_bytes(h),
             "states": sum(h.model_state_bytes().values()), "params": h.stage_layout.size,
-            "act": h.activation_peak_bytes}
+            "act": h.activation_peak_bytes, "balance": balance_of(h.bias)}
     everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather
     if grid.rank != 0:
         return None
@@ -152,6 +153,7 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
 def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
              everyone: list[dict[str, Any]]) -> dict[str, Any]:
     from minipar.plan.layouts import Layout, gpt_model, layout_memory
+    from minipar.run.ep import balance_report
 
     dp, pp, cp, tp, ep, m = (z[k] for k in ("dp", "pp", "cp", "tp", "ep", "m"))
     zero, e = options.get("zero", 0), h.states.params.itemsize
@@ -210,12 +212,15 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
                      + (f"; with cp the tokens are each rank's s/cp = {spec.seq // cp} and "
                         "the cp ranks exchange only their n_head/t heads (h/t)"
                         if cp > 1 else ""))
+    balance: dict[str, Any] = {}
     if spec.experts:
         notes.append("mixture of experts: every micro-batch routes its rows as one group, so "
                      f"the serial run accumulates dp·m = {dp * m} micro-batches; the formulas "
                      "count dense models only")
+        balance = balance_report([r["balance"] for r in everyone], spec)
+        notes += balance.pop("notes")
     return {"ranks": dp * pp * cp * tp, "data_parallel_ranks": dp * m if spec.experts else 1,
-            "dp": dp, "pp": pp, "cp": cp, "tp": tp,
+            "dp": dp, "pp": pp, "cp": cp, "tp": tp, **balance,
             "ep": ep, "zero": zero, "schedule": options.get("schedule", "1f1b"),
             "micro_batches": m, "coords_per_rank": [r["coords"] for r in everyone],
             "bytes_by_axis_per_rank": [r["axes"] for r in everyone],

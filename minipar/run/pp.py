@@ -176,6 +176,7 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
     from minipar.parallel.pipeline.measure import in_flight
     from minipar.parallel.pipeline.schedule import stage_schedule
     from minipar.plan.pipeline import pipeline_p2p_bytes_per_rank
+    from minipar.run.ep import balance_of, balance_report
 
     p, dp = grid.size("pp"), grid.size("dp")
     kind, m, v = pp.kind, pp.m, pp.v
@@ -187,7 +188,7 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
             "w_peak": pp.w_peak_bytes,
             "axes": {k: b / steps for k, b in pp.traffic().items() if k in ("pp_p2p", "dp")},
             "exact": _exact_p2p(pp), "held": sum(pp.states.bytes_by_category().values()),
-            "offload": pp.offload_stats}
+            "offload": pp.offload_stats, "balance": balance_of(pp.bias)}
     everyone = grid.world.comm.gather(mine, root=0)
     if grid.rank != 0:
         return None
@@ -242,14 +243,17 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
                      + (f"; a stage of {fewest} unit{'s' * (fewest != 1)} is one segment: "
                         "nothing recomputed there (--remat alone: GPipe's, keeps only its input)"
                         if remat >= fewest else ""))
+    balance: dict[str, Any] = {}
     if spec.experts:
         notes.append(f"mixture of experts: every micro-batch routes its rows as one group, so "
                      f"the serial run accumulates dp·m = {dp * m} micro-batches cut the same way")
+        balance = balance_report([e["balance"] for e in everyone], spec)
+        notes += balance.pop("notes")
     if options.get("timeline"):
         notes.append(f"timeline written to {options['timeline']} (minipar bubble --from-run)")
     return {
         "ranks": grid.world.size, "data_parallel_ranks": dp * m if spec.experts else dp,
-        "schedule": kind, "stages": p, "dp": dp,
+        "schedule": kind, "stages": p, "dp": dp, **balance,
         "micro_batches": m, "chunks": v, "balance": pp.balance,
         "bubble_measured": {k: float(b[k]) for k in ("rebuilt", "rebuilt_median", "rebuilt_cpu",
                                                       "wall_clock", "rebuilt_ratio",

@@ -68,14 +68,8 @@ from minipar.backend import to_host, xp
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_routing import (pack, shared_backward, shared_forward, split_rows,
                                    unpack)
-from minipar.nn.moe_steps import (
-    combine_backward,
-    combine_forward,
-    dispatch_backward,
-    dispatch_forward,
-    experts_backward,
-    experts_forward,
-)
+from minipar.nn.moe_steps import (combine_backward, combine_forward, dispatch_backward,
+                                  dispatch_forward, experts_backward, experts_forward)
 from minipar.parallel.expert_parallel.layout import expert_ids
 from minipar.parallel.mappings import all_to_all
 

@@ -2,7 +2,7 @@
 
 EN pipeline parallelism · RU конвейерный параллелизм · ZH 流水线并行
 
-The technique: read ``stage_loop.py`` (133 code lines), then ``schedule.py`` (114 code
+The technique: read ``stage_loop.py`` (135 code lines), then ``schedule.py`` (114 code
 lines) — GPipe, 1F1B, interleaved 1F1B — ``zero_bubble.py`` (110 code lines) — ZB-H1,
 ZB-H2, ZB-V — and ``dualpipe.py`` (59 code lines) — DeepSeek-V3's DualPipe and
 DualPipe-V.  ``stage_loop.py`` holds the instructions one stage runs (``Forward``,
