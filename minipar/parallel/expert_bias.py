@@ -62,16 +62,19 @@ class ExpertBias:
         """The biases by full name, to add to the parameter views the units fetch from."""
         return self.arrays
 
-    def update(self, loads: dict[str, Any], comm: Any = None, op: str = "expert_loads") -> None:
+    def update(self, loads: dict[str, Any], *comms: Any, op: str = "expert_loads") -> None:
         """After a step: the loads counted on this rank (by block prefix) summed over
-        ``comm`` (the ranks that routed the step's tokens; None: this rank alone), recorded,
-        and each bias updated once (:func:`~minipar.nn.moe_routing.update_bias`)."""
+        ``comms`` in turn (the ranks that routed the step's tokens: a pipeline's dp replicas,
+        DualPipe's two copies; none: this rank alone), recorded, and each bias updated once
+        (:func:`~minipar.nn.moe_routing.update_bias`)."""
         if not self.moe_blocks:
             return
         names = [f"blocks.{i}." for i in self.moe_blocks]
         mine = np.stack([np.asarray(to_host(loads.get(n, np.zeros(self.cfg.n_experts))),
                                     dtype=np.float64) for n in names])
-        if comm is not None and comm.size > 1:
+        for comm in comms:
+            if comm is None or comm.size == 1:
+                continue
             from minipar.collectives import allreduce  # not at import: the launcher has no MPI
             with comm.operation(op):
                 mine = allreduce(comm, mine.reshape(-1)).reshape(mine.shape)

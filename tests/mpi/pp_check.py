@@ -155,7 +155,8 @@ def dualpipes(base: RunSpec) -> None:
         d_spec = base.with_(batch=max(12, 4 * N))
         runs += [("dualpipe", d_spec, 2 * N, {}), ("dualpipe", d_spec, 2 * N + 2, {}),
                  ("dualpipe", d_spec, 2 * N, {"remat": 1, "offload": "host"}),
-                 ("dualpipe", d_spec.with_(experts=2, top_k=1, batch=4 * N), 2 * N, {})]
+                 ("dualpipe", d_spec.with_(experts=2, top_k=1, batch=4 * N), 2 * N, {}),
+                 ("dualpipe", V3.with_(batch=4 * N), 2 * N, {})]  # loads of both copies
     for kind, spec, m, kw in runs:
         trial(g, spec, kind, m, 2, **kw).close()
     g.free()

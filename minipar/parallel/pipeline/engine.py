@@ -220,7 +220,8 @@ class PipelineParallel:
         self.records.append(wall)
         self.cpu_records.append(cpu)
         mem.end_step()
-        self.bias.update(self.loop.loads or {}, self.grid.comm("dp"))  # once, after the step
+        # once, after the step: the loads of DualPipe's two copies, then of the dp replicas
+        self.bias.update(self.loop.loads or {}, self.mirror, self.grid.comm("dp"))
         self.steps_done += 1
         return StepResult(self._global(loss), skipped=not self.loop.stepped,
                           records=tuple(wall))
