@@ -105,6 +105,23 @@ def test_schedule_bubble_is_the_formula(kind):
             "interleaved": held[0] == 11}.get(kind, True)
 
 
+@pytest.mark.parametrize("kind", ["dualpipe", "dualpipev"])
+def test_dualpipe_is_one_more_entry(kind):
+    from minipar.plan.pipeline import dualpipe_formula
+
+    view = schedule.schedule(kind, 4, 8)
+    assert view.numbers["v"] == 2 and max(view.numbers["in_flight"]) > 0
+    assert view.numbers["formula"] == float(dualpipe_formula(kind, 4, 8, 1, 2, 1)["fraction"])
+    mem = {k: memory.memory("Llama 3 8B", dp=1, tp=1, pp=4, micro_batches=8, schedule=k)
+           for k in ("1f1b", kind)}
+    from minipar.plan.layouts import stage_param_count
+
+    llama = load_model("llama3-8b")
+    pv = 4 if kind == "dualpipe" else 8  # DualPipe: stages 0 and 3 of 4; V: 0 and 7 of 8
+    both = stage_param_count(llama, pv, 1, 0) + stage_param_count(llama, pv, 1, pv - 1)
+    assert mem[kind].numbers["params_per_rank"] == both
+
+
 def test_schedule_costs_and_zero_bubble_table2():
     v = schedule.schedule("zb-h1", 4, 8, t_f=1, t_b=1, t_w=0.5)  # (p−1)(F + B − W)
     assert v.numbers["formula"] == pytest.approx(4.5 / (4.5 + 8 * 2.5))

@@ -30,7 +30,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from minipar.parallel.pipeline.schedule import KINDS, in_flight, stage_schedule
+from minipar.parallel.pipeline.measure import in_flight
+from minipar.parallel.pipeline.schedule import KINDS, stage_schedule
 from minipar.plan.cluster import PRESETS as CLUSTERS
 from minipar.plan.layouts import (
     REMATS,
@@ -91,7 +92,11 @@ DEVICES: dict[str, float] = {"H100 80 GB": CLUSTERS["h100"]["memory_gb"] * GB,
 #: context-parallel kinds the planner knows
 CP_KINDS = ("ring", "allgather")
 #: the chunks per rank a schedule needs (None: the vp control decides)
-SCHEDULE_V = {"zb-v": 2, "interleaved": None}
+SCHEDULE_V = {"zb-v": 2, "interleaved": None, "dualpipe": 2, "dualpipev": 2}
+#: where a schedule puts each rank's layers: "dual" (DualPipe: stages s and p − 1 − s of p,
+#: two pipelines, one each way: twice the parameters), "v" (ZB-V, DualPipe-V: virtual
+#: stages s and 2p − 1 − s of 2p), else stage s of p (v chunks of it when interleaved)
+PLACEMENT = {"dualpipe": "dual", "zb-v": "v", "dualpipev": "v"}
 DDP_BUCKET = 25e6  # PyTorch DDP's bucket_cap_mb = 25
 KINDS_SHOWN = ("params", "grads", "optimizer", "activations", "buffers", "offloaded")
 
@@ -162,7 +167,17 @@ def memory(model: str = "Llama 3 70B", dp: int = 8, tp: int = 8, pp: int = 4, vp
     N = dp * cp
     best: dict[str, Any] = {}
     for stage in sorted({0, pp - 1}):
-        dense, experts = _stage_params(spec, moe, pp, tp, ep, stage)
+        place = PLACEMENT.get(schedule) if pp > 1 else None
+        if place == "v" and spec.n_layer % (2 * pp):
+            raise ValueError(f"{schedule} cuts the {spec.n_layer} layers into 2·pp = {2 * pp} "
+                             "stages: they must divide")
+        if place is None:
+            dense, experts = _stage_params(spec, moe, pp, tp, ep, stage)
+        else:
+            pv = 2 * pp if place == "v" else pp
+            a = _stage_params(spec, moe, pv, tp, ep, stage)
+            b = _stage_params(spec, moe, pv, tp, ep, pv - 1 - stage)
+            dense, experts = a[0] + b[0], a[1] + b[1]
         kinds = zero_model_state_breakdown(dense, N, zero, K, item, item)
         if experts:
             ek = zero_model_state_breakdown(experts, max(1, N // ep), zero, K, item, item)

@@ -21,15 +21,21 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from minipar.parallel.pipeline.measure import bubble_fraction
-from minipar.parallel.pipeline.schedule import KINDS, in_flight, placement, schedules
+from minipar.parallel.pipeline.measure import bubble_fraction, in_flight
+from minipar.parallel.pipeline.schedule import KINDS, placement, schedules
 from minipar.parallel.pipeline.simulate import replay, split_cost
-from minipar.plan.pipeline import ZERO_BUBBLE_KINDS, bubble_formula, zero_bubble_formula
+from minipar.plan.pipeline import (
+    DUALPIPE_KINDS,
+    ZERO_BUBBLE_KINDS,
+    bubble_formula,
+    dualpipe_formula,
+    zero_bubble_formula,
+)
 from minipar.viz.explore.view import View
 from minipar.viz.pipeline import SCHEDULE_NAMES, plot_gantt
 
 #: kinds whose chunks per rank are fixed (None: the v control; absent: 1)
-CHUNKS: dict[str, int | None] = {"interleaved": None, "zb-v": 2}
+CHUNKS: dict[str, int | None] = {"interleaved": None, "zb-v": 2, "dualpipe": 2, "dualpipev": 2}
 CONTROLS: dict[str, Any] = {"kind": KINDS, "p": range(2, 9), "m": range(1, 25),
                             "v": (1, 2, 3, 4), "t_f": (0.5, 3.0, 0.5), "t_b": (0.5, 3.0, 0.5),
                             "t_w": (0.5, 3.0, 0.5)}
@@ -37,9 +43,11 @@ CONTROLS: dict[str, Any] = {"kind": KINDS, "p": range(2, 9), "m": range(1, 25),
 
 def formula(kind: str, p: int, m: int, v: int, t_f: float, t_b: float, t_w: float) -> float:
     """The papers' bubble fraction (idle share of the step) of ``kind``."""
+    f, b, w = (Fraction(x).limit_denominator(8) for x in (t_f, t_b, t_w))
     if kind in ZERO_BUBBLE_KINDS:
-        exact = [Fraction(x).limit_denominator(8) for x in (t_f, t_b, t_w)]
-        return float(zero_bubble_formula(kind, p, m, *exact)["fraction"])
+        return float(zero_bubble_formula(kind, p, m, f, b, w)["fraction"])
+    if kind in DUALPIPE_KINDS:  # the DualPipe table's B is a whole backward
+        return float(dualpipe_formula(kind, p, m, f, b + w, w)["fraction"])
     return float(bubble_formula(kind, p, m, v)["fraction"])
 
 
