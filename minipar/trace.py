@@ -88,9 +88,11 @@ def pipeline_events(timeline: Sequence[Sequence[Any]], seconds: float = 1.0, pid
 
 
 def ddp_events(timelines: Sequence[Mapping[str, Any]], seconds: float = 1.0,
-               name: str = "DDP") -> list[dict[str, Any]]:
+               name: str = "DDP", comm_lane: str = "bucket all-reduce",
+               comm_label: str = "bucket {}") -> list[dict[str, Any]]:
     """Trace events of DDP step timelines (one per rank): ``pid`` = rank, ``tid`` 0 the
-    backward pieces and the optimizer, ``tid`` 1 the bucket all-reduces."""
+    backward pieces and the optimizer, ``tid`` 1 the bucket all-reduces (``comm_lane``,
+    each labelled ``comm_label.format(piece)``: ZeRO-3's gathers and scatters too)."""
     seconds = _check_seconds(seconds)
     events: list[dict[str, Any]] = []
     starts = [t0 for tl in timelines for key in ("compute", "comm") for _, t0, _ in tl[key]]
@@ -99,10 +101,10 @@ def ddp_events(timelines: Sequence[Mapping[str, Any]], seconds: float = 1.0,
         rank = tl.get("rank", i)
         events += [_meta("process_name", rank, f"{name} rank {rank}"),
                    _meta("thread_name", rank, "compute", tid=0),
-                   _meta("thread_name", rank, "bucket all-reduce", tid=1)]
+                   _meta("thread_name", rank, comm_lane, tid=1)]
         for lane, key in ((0, "compute"), (1, "comm")):
             for piece, t0, t1 in tl[key]:
-                label = str(piece) if key == "compute" else f"bucket {piece}"
+                label = str(piece) if key == "compute" else comm_label.format(piece)
                 events.append({"name": label, "cat": key, "ph": "X",
                                "ts": _us(t0 - origin, seconds), "dur": _us(t1 - t0, seconds),
                                "pid": rank, "tid": lane, "args": {key: piece}})

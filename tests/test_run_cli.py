@@ -36,6 +36,9 @@ BAD = [
     (["ps", "-n", "12", "--servers", "3", "--batch", "8"], "--batch"),
     (["ps", "--precision", "mixed-fp16"], "--precision"),
     (["zero", "-n", "3", "--batch", "2"], "--batch"),
+    (["zero", "--stage", "3", "--prefetch", "-1"], "--prefetch"),
+    (["zero", "--prefetch", "1"], "--prefetch is stage 3's"),
+    (["zero", "--stage", "2", "--no-reshard-after-forward"], "--no-reshard-after-forward"),
     (["dp", "--algorithm", "tree"], "--algorithm"),
     (["dp", "--steps", "x"], "--steps"),
     (["dp", "--frobnicate"], "--frobnicate"),
@@ -80,7 +83,8 @@ TINY = ["--steps", "2", "--timeout", "120"]
 @pytest.mark.parametrize("args,verdict", [
     (["dp", "-n", "3", "--bucket-bytes", "4096"], "final parameters: equal to the serial run"),
     (["ps", "-n", "3", "--servers", "2"], "final parameters: equal to the serial run"),
-    (["zero", "-n", "3", "--stage", "3"], "final parameters: equal to the serial run"),
+    (["zero", "-n", "3", "--stage", "3", "--prefetch", "1"],
+     "final parameters: equal to the serial run"),
     (["ps", "-n", "3", "--async", "--staleness", "2"],
      ("final parameters: not comparable: asynchronous updates with staleness 2 apply gradients "
       "to newer parameters than they were computed on")),

@@ -30,7 +30,12 @@ from minipar.collectives.auto import ring_threshold
 from minipar.collectives.cost import allreduce_bytes_sent, ring_allreduce_bytes_sent
 from minipar.parallel.common import RunSpec
 from minipar.parallel.zero.engine import ALLREDUCE_CHOICES, check_allreduce, check_stage
-from minipar.parallel.zero.measure import allreduce_note, exact_bytes_sent, formulas
+from minipar.parallel.zero.measure import (
+    allreduce_note,
+    exact_bytes_sent,
+    formulas,
+    prefetch_peak_elements,
+)
 from minipar.parallel.zero.shard import layout_of, shard_range, unit_table
 from minipar.plan.zero import zero_comm_bytes_per_rank, zero_model_state_bytes
 
@@ -194,6 +199,48 @@ def test_parity_with_the_serial_run(n: int) -> None:
         r = res[stage]
         assert r["ok"], f"ZeRO-{stage} on {n} ranks differs from serial: {r}"
         assert r["max_param_diff"] < 1e-12 and r["max_loss_diff"] < 1e-12
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_prefetching_equals_blocking_with_its_bytes_and_its_memory_formula(n: int) -> None:
+    """ZeRO-3 with the next K units' all-gathers posted ahead and the reduce-scatters
+    non-blocking: the serial run's result, bit for bit the blocking ZeRO-3's; every rank
+    sends the blocking form's bytes (one all-gather fewer without resharding after
+    forward); the most it holds gathered (in flight included) is the formula's; nothing
+    gathered, in flight or pending after the steps."""
+    res = zero_check(n)["prefetch"]
+    assert sorted(res) == ["0,False", "1,False", "1,True", "2,True"]
+    for case, r in res.items():
+        assert r["ok"] and r["as_blocking"], f"prefetch {case} on {n} ranks: {r}"
+        assert r["max_param_diff"] < 1e-12
+        for row in r["ranks"]:
+            assert row["bytes_sent_per_step"] == row["bytes_exact_per_step"], (case, row)
+            if case.endswith("True"):
+                assert row["bytes_exact_per_step"] == row["blocking_exact"]
+            elif n > 1:
+                assert row["bytes_exact_per_step"] < row["blocking_exact"]
+            assert row["peak_gathered_bytes"] == row["peak_gathered_formula_bytes"], (case, row)
+            assert (row["gathered_after_steps"], row["inflight"], row["pending"]) == (0, 0, 0)
+
+
+def test_the_prefetch_peak_formula() -> None:
+    sizes = [5, 10, 10, 3]  # walk: 5 10 10 3 3 10 10 5
+    assert prefetch_peak_elements(sizes, 0) == 10  # blocking: the largest unit
+    assert prefetch_peak_elements(sizes, 1) == 20
+    assert prefetch_peak_elements(sizes, 2) == 25  # 5 10 10, or 10 10 5
+    assert prefetch_peak_elements(sizes, 9) == 56  # everything posted at once
+    assert prefetch_peak_elements(sizes, 1, reshard=False) == 28 == sum(sizes)
+
+
+def test_prefetch_is_stage_3s_and_not_negative() -> None:
+    from minipar.parallel.zero.engine import ZeRO
+
+    spec = RunSpec()
+    with pytest.raises(ValueError, match="prefetch must be an integer >= 0, got -1"):
+        ZeRO(one_rank(), spec, stage=3, prefetch=-1)
+    for options in ({"prefetch": 1}, {"reshard_after_forward": False}):
+        with pytest.raises(ValueError, match="stage 3's .* got stage 2: use stage 3"):
+            ZeRO(one_rank(), spec, stage=2, **options)
 
 
 @pytest.mark.parametrize("n", WORLDS)

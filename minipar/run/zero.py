@@ -17,6 +17,15 @@ stage 3 (the ring's figures: stage 0 under ``--allreduce auto`` runs
 recursive doubling for a small model, and a note says so).  ``--remat [K]``,
 ``--offload host|disk`` (activations) and ``--offload-optimizer host|disk``
 (ZeRO-Offload: master weights and moments) come from :mod:`minipar.run.remat_offload`.
+
+Stage 3 only: ``--prefetch K`` posts the next K units' all-gathers while a unit
+computes and the reduce-scatters non-blocking (0, the default: every collective
+blocks), ``--no-reshard-after-forward`` keeps each unit gathered from its forward
+to its backward (FSDP2).  Every stage-3 run reports the last step's compute and
+communication intervals per rank, the share of communication hidden behind
+computation (``hidden_fraction``, :func:`minipar.overlap.hidden_fraction`) and the
+most it held gathered next to its formula; ``--trace FILE.json`` draws the
+intervals in Perfetto.
 """
 
 from __future__ import annotations
@@ -40,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stage 0's gradient all-reduce (and found_inf's, the loss's): "
                              "auto (by size and N, default), ring (the paper's figure), "
                              "recursive_doubling, tree")
+    parser.add_argument("--prefetch", type=integer(0), default=0, metavar="K",
+                        help="stage 3: all-gather the next K units while one computes, "
+                             "reduce-scatter non-blocking (default 0: blocking)")
+    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward",
+                        action="store_false",
+                        help="stage 3: keep each unit gathered from its forward to its "
+                             "backward (FSDP2; one all-gather fewer per step, Ψ held)")
     from minipar.run import remat_offload
 
     remat_offload.add_arguments(parser, optimizer=True)
@@ -52,6 +68,13 @@ def check(options: dict[str, Any], spec: Any) -> None:
 
     check_world(spec.batch, options["ranks"])
     checks.one_of("--allreduce", options.get("allreduce", "auto"), ALLREDUCE_CHOICES)
+    stage = options.get("stage", 1)
+    keep = not options.get("reshard_after_forward", True)
+    for flag, on in (("--prefetch", options.get("prefetch", 0)),
+                     ("--no-reshard-after-forward", keep)):
+        if on and stage != 3:
+            raise ValueError(f"{flag} is stage 3's (parameters gathered unit by unit); "
+                             f"got --stage {stage}: add --stage 3")
     from minipar.run import remat_offload
 
     remat_offload.check(options, spec)
@@ -65,8 +88,24 @@ def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
 def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
     """ZeRO's options (:class:`minipar.parallel.zero.engine.ZeRO`) from the command line's."""
     return {"stage": options.get("stage", 1), "allreduce": options.get("allreduce", "auto"),
-            **{k: options[k] for k in ("remat", "offload", "offload_optimizer", "offload_dir")
+            **{k: options[k] for k in ("remat", "offload", "offload_optimizer", "offload_dir",
+                                       "prefetch", "reshard_after_forward")
                if options.get(k) is not None}}
+
+
+def overlap_row(engine: Any, rank: int) -> dict[str, Any]:
+    """This rank's last step: its compute and communication intervals (the timeline of
+    :func:`minipar.trace.ddp_events`), the share of communication hidden
+    (:func:`minipar.overlap.hidden_fraction`), the communication's seconds."""
+    from minipar.overlap import hidden_fraction, total
+
+    compute = [(f"{what} {unit}", t0, t1) for what, unit, t0, t1 in engine.records
+               if what != "comm"]
+    comm = [(unit, t0, t1) for what, unit, t0, t1 in engine.records if what == "comm"]
+    spans = [c[1:] for c in comm]
+    return {"timeline": {"rank": rank, "compute": compute, "comm": comm},
+            "hidden_fraction": hidden_fraction([c[1:] for c in compute], spans),
+            "comm_seconds": total(spans)}
 
 
 def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
@@ -106,7 +145,9 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     traced["engine"].close()
     rows = grid.world.comm.gather((sent, sum(engine.ledger().bytes_by_category().values()),
                                    traced["tracemalloc_bytes"], traced["step_peak_bytes"],
-                                   engine_exact_bytes(engine)))
+                                   engine_exact_bytes(engine),
+                                   overlap_row(engine, grid.rank) if stage == 3 else None,
+                                   engine.zero_hooks.peak_gathered_bytes))
     if grid.rank != 0:
         return None
     psi, n = engine.layout.size, grid.world.size
@@ -120,6 +161,32 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     if f["allreduce_note"]:
         notes.insert(1, f["allreduce_note"])
     notes += memory_notes
+    stage3: dict[str, Any] = {}
+    if stage == 3:
+        from minipar.parallel.zero.measure import prefetch_peak_elements
+        from minipar.parallel.zero.shard import unit_table
+
+        over = [r[5] for r in rows]
+        fractions = [o["hidden_fraction"] for o in over if o["hidden_fraction"] is not None]
+        sizes = [hi - lo for _, lo, hi, _ in unit_table(engine.model.cfg)]
+        peak = prefetch_peak_elements(sizes, engine.prefetch, engine.reshard)
+        stage3 = {"prefetch": engine.prefetch, "reshard_after_forward": engine.reshard,
+                  "hidden_fraction": sum(fractions) / len(fractions) if fractions else None,
+                  "hidden_fraction_per_rank": [o["hidden_fraction"] for o in over],
+                  "comm_seconds_per_rank": [o["comm_seconds"] for o in over],
+                  "peak_gathered_bytes_per_rank": [r[6] for r in rows],
+                  "peak_gathered_formula_bytes": peak * engine.policy.param_dtype.itemsize,
+                  "timeline": [o["timeline"] for o in over]}
+        notes.append(f"stage 3, prefetch {engine.prefetch}, reshard after forward "
+                     f"{'on' if engine.reshard else 'off'}: held gathered at most "
+                     f"{max(r[6] for r in rows):,} bytes (formula "
+                     f"{stage3['peak_gathered_formula_bytes']:,}); communication hidden "
+                     "behind computation (last step, mean of the ranks): "
+                     + (f"{stage3['hidden_fraction']:.0%}" if fractions else "none sent"))
+        if not engine.reshard:
+            notes.append("without resharding after forward the backward gathers nothing: "
+                         "one all-gather of Ψ fewer than the paper's 3Ψ (the exact figure "
+                         "counts it)")
     if not spec.precision.startswith("mixed"):
         notes.append("the paper's memory formulas assume mixed precision (2+2+12 bytes per "
                      "parameter); this run uses the same partitioning with this precision's "
@@ -135,4 +202,15 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
             "model_state_formula": f["model_state"],
             "model_state_formula_text": f["model_state_text"], "notes": notes,
             **({"memory": memory} if memory else {}),
-            "model_state_by_place": places}
+            "model_state_by_place": places, **stage3}
+
+
+def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--trace FILE.json``: every rank's last-step timeline (stage 3: the units' forward
+    and backward, the all-gathers and reduce-scatters) as Chrome trace events."""
+    from minipar.trace import ddp_events
+
+    if "timeline" not in summary:
+        return []
+    return ddp_events(summary["timeline"], name="ZeRO-3",
+                      comm_lane="all-gather / reduce-scatter", comm_label="{}")

@@ -1,6 +1,7 @@
 """ZeRO on N ranks, all stages in one launch: float64 parity, mixed-precision memory and bytes.
 
-Rank 0 prints one line ``ZERO_CHECK {json}`` that tests/test_zero.py judges:
+Rank 0 prints one line ``ZERO_CHECK {json}`` that tests/test_zero.py judges (and
+``prefetch``: ZeRO-3 prefetching, K = 1, 2, resharding after forward or not):
 per stage, parity with the serial run (float64, the default ``allreduce="auto"``;
 stages 1-3 also on a mixture of experts, against the serial run of the same
 routing groups) and, for stage 0, every rank's bytes next to auto's exact
@@ -21,7 +22,7 @@ from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
 from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity, serial_reference
 from minipar.parallel.zero.engine import STAGES, ZeRO
-from minipar.parallel.zero.measure import measure_stage
+from minipar.parallel.zero.measure import exact_bytes_sent, measure_stage
 from minipar.parallel.zero.shard import unit_table
 
 #: parity: a tiny GPT, 3 AdamW steps, 10 rows (uneven on 3 and 4 ranks)
@@ -35,13 +36,15 @@ MEMORY = RunSpec(vocab=16, seq=8, d_model=32, layers=4, heads=2, batch=8, steps=
 comm = TracedComm(MPI.COMM_WORLD)
 grid = Grid(comm, dp=comm.size)
 out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "memory": {}, "auto": [],
-             "refused": []}
+             "refused": [], "prefetch": {}}
 for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2, 3))):
     serial = serial_reference(spec, comm.size) if comm.rank == 0 else None
     for stage in stages:
         m = measure_stage(grid, spec, stage)
         losses = m["losses"]  # the global losses, the same on every rank
         final = m["engine"].layout.flatten(m["engine"].full_params())
+        if key == "parity" and stage == 3:
+            blocking_final = final  # what prefetching must give, bit for bit
         if key == "parity" and stage == 0:  # the default all-reduce: auto, exact bytes
             rows = comm.comm.gather({"sent": m["bytes_sent_per_step"],
                                      "exact": m["bytes_exact_per_step"],
@@ -55,6 +58,26 @@ for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2,
                 "max_param_diff": max_abs_diff(final, serial["params"]),
                 "max_loss_diff": max_abs_diff(losses, serial["losses"]),
             }
+# ZeRO-3 prefetching K units ahead, resharding after forward or not: parity, the bytes of
+# the blocking form (each rank: sent and exact), the gathered peak against its formula
+serial = serial_reference(PARITY, comm.size) if comm.rank == 0 else None
+for k, reshard in ((1, True), (2, True), (1, False), (0, False)):
+    m = measure_stage(grid, PARITY, 3, prefetch=k, reshard_after_forward=reshard)
+    eng = m["engine"]
+    final = eng.layout.flatten(eng.full_params())
+    blocking = exact_bytes_sent(eng.layout.size, comm.size, comm.rank, 3,
+                                eng.policy.param_dtype.itemsize, eng.allreduce)
+    keys = ("bytes_sent_per_step", "bytes_exact_per_step", "peak_gathered_bytes",
+            "gathered_after_steps", "peak_gathered_formula_bytes")
+    hooks = eng.zero_hooks
+    rows = comm.comm.gather({k2: m[k2] for k2 in keys}
+                            | {"blocking_exact": blocking, "inflight": len(hooks.inflight),
+                               "pending": len(hooks.pending)})
+    if comm.rank == 0:
+        out["prefetch"][f"{k},{reshard}"] = {
+            "ok": parity(m["losses"], serial["losses"], final, serial["params"]),
+            "max_param_diff": max_abs_diff(final, serial["params"]), "ranks": rows,
+            "as_blocking": final.tobytes() == blocking_final.tobytes()}
 for stage in STAGES:
     m = measure_stage(grid, MEMORY, stage, allreduce="ring")  # the paper's stage 0
     row = {k: m[k] for k in ("ledger", "tracemalloc_bytes", "bytes_sent_per_step", "shard",

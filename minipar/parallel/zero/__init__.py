@@ -2,8 +2,8 @@
 
 EN Zero Redundancy Optimizer (ZeRO) · RU оптимизатор с нулевой избыточностью · ZH 零冗余优化器
 
-The technique: read ``shard.py`` (41 code lines), ``hooks.py`` (42 code lines),
-``step.py`` (19 code lines), in this order:
+The technique: read ``shard.py`` (41 code lines), ``hooks.py`` (96 code lines),
+``step.py`` (21 code lines), in this order:
 
 - :mod:`.shard` — the rule: rank r owns the slice ``[lo_r, hi_r)`` of the flat
   buffer (``shard_range``), a unit is a span of it, and its part on a rank is the
@@ -11,6 +11,8 @@ The technique: read ``shard.py`` (41 code lines), ``hooks.py`` (42 code lines),
   optimizer's slice a view of the full buffers where those exist;
 - :mod:`.hooks` — ``ZeroHooks`` on the units executor: stage 3 all-gathers a unit
   before it runs and drops it after, stages 2-3 reduce-scatter its gradients;
+  with prefetch K, stage 3 posts the next K units' all-gathers of the walk's plan
+  while a unit computes and reduce-scatters without waiting (FSDP's prefetch);
 - :mod:`.step` — ``zero_step``: the walk, then all-reduce (0) or reduce-scatter (1)
   the gradients, step the own shard, all-gather the parameters (1-2).
 

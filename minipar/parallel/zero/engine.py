@@ -79,6 +79,7 @@ figures for it are in :mod:`minipar.parallel.zero.measure`.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -120,23 +121,57 @@ ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
 #: loss's sum over the ranks in ``step`` and ``evaluate``, stage 3's ``full_params``
 OP_LOSS, OP_EVAL, OP_GATHER = "zero_loss_allreduce", "zero_eval_allreduce", "gather_for_check"
 #: the options :func:`build` takes (``ZeRO``'s keywords)
-OPTIONS = ("stage", "allreduce", "remat", "offload", "offload_optimizer", "offload_dir")
+OPTIONS = ("stage", "allreduce", "remat", "offload", "offload_optimizer", "offload_dir",
+           "prefetch", "reshard_after_forward")
 
 
 class MeteredZeroHooks(ZeroHooks):
     """:class:`~minipar.parallel.zero.hooks.ZeroHooks` that also measure
     ``peak_gathered_bytes``, the most stage 3 held all-gathered at once (``gathered``
-    after each fetch): the measured answer to "does stage 3 free what it gathers?"."""
+    and the buffers of the all-gathers in flight, after each fetch): the measured answer
+    to "does stage 3 free what it gathers?" and to what prefetching costs
+    (:func:`~minipar.parallel.zero.measure.prefetch_peak_elements`).  With ``records``
+    (a list), the communication intervals: ``("comm", "all_gather" or "reduce_scatter",
+    t_posted, t_done)`` of every non-blocking request, appended when it is done."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, records: list[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.peak_gathered_bytes = 0
+        self.records = records
+        self._seen: list[Any] = []
+
+    def plan(self, order: list[str]) -> None:
+        super().plan(order)
+        self._seen = []  # (an evaluation's gathers are not the step's)
+
+    def held_gathered_bytes(self) -> int:
+        return (sum(v.nbytes for v in self.gathered.values())
+                + sum(r.buf.nbytes for r in self.inflight.values()))
+
+    def _blocking(self, what: str, t0: float) -> None:
+        if self.records is not None and self.stage == 3 and not self.prefetch:
+            self.records.append(("comm", what, t0, time.perf_counter()))
 
     def fetch(self, unit: Any) -> dict[str, Any]:
+        inflight, t0 = list(self.inflight.values()), time.perf_counter()
         params = super().fetch(unit)
-        self.peak_gathered_bytes = max(self.peak_gathered_bytes,
-                                       sum(v.nbytes for v in self.gathered.values()))
+        self._blocking("all_gather", t0)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.held_gathered_bytes())
+        self._seen += [r for r in inflight + list(self.inflight.values()) if r not in self._seen]
         return params
+
+    def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        super().on_grads(unit, grads)
+        self._blocking("reduce_scatter", t0)
+        self._seen += [r for r, *_ in self.pending if r not in self._seen]
+
+    def finish(self) -> None:
+        super().finish()
+        if self.records is not None:
+            self.records += [("comm", r.name, r.t_start, r.t_end) for r in self._seen
+                             if r.done]
+        self._seen = []
 
 
 def check_stage(stage: Any) -> int:
@@ -176,13 +211,27 @@ class ZeRO:
     ``offload_optimizer`` ``"host"``/``"disk"`` keeps the master weights and moments there
     and steps there (ZeRO-Offload, :mod:`minipar.parallel.offload.optimizer`; ``offload``
     its :class:`~minipar.parallel.offload.measure.MeteredOptimizerOffload`);
-    ``offload_dir`` the folder of whichever offload goes to disk.
+    ``offload_dir`` the folder of whichever offload goes to disk; ``prefetch`` K >= 0
+    (stage 3 only): the all-gathers of the next K units of the walk posted while a unit
+    computes and the reduce-scatters non-blocking (0: every collective blocks);
+    ``reshard_after_forward`` (stage 3, default True; FSDP2's switch): False keeps each
+    unit gathered from its forward to its backward (Ψ gathered at the peak, one
+    all-gather of the parameters per step instead of two).  The shell decides when:
+    before each walk it gives the hooks the walk's order
+    (:meth:`~minipar.parallel.zero.hooks.ZeroHooks.plan`).
     """
 
     def __init__(self, grid: Any, spec: Any, *, stage: int = 1, allreduce: str = "auto",
                  remat: int | None = None, offload: str | None = None,
-                 offload_optimizer: str | None = None, offload_dir: str | None = None) -> None:
+                 offload_optimizer: str | None = None, offload_dir: str | None = None,
+                 prefetch: int = 0, reshard_after_forward: bool = True) -> None:
         self.stage, self.policy = check_stage(stage), get(spec.precision)
+        self.prefetch = checks.integer("prefetch", prefetch, 0, None)
+        if (self.prefetch or not reshard_after_forward) and self.stage != 3:
+            raise ValueError(f"prefetch and reshard_after_forward are stage 3's (parameters "
+                             f"gathered per unit); got stage {self.stage}: use stage 3")
+        self.reshard = bool(reshard_after_forward)
+        self.records: list[Any] = []  # the last step's compute and comm intervals
         self.allreduce = check_allreduce(allreduce)
         if grid is None:
             raise ValueError("ZeRO needs a grid of its ranks: Grid(comm, dp=N)")
@@ -222,7 +271,8 @@ class ZeRO:
         del flat
         self.zero_hooks = self.hooks = MeteredZeroHooks(
             self.stage, self.comm, psi, self.shard, self.states, unit_table(self.model.cfg),
-            params=self.params, grads=self.grads, dtype=self.policy.param_dtype)
+            params=self.params, grads=self.grads, dtype=self.policy.param_dtype,
+            prefetch=self.prefetch, reshard=self.reshard, records=self.records)
         self.offload = None
         if offload_optimizer is not None:
             self.offload = MeteredOptimizerOffload(self.states, offload_optimizer, opt_dir)
@@ -249,9 +299,13 @@ class ZeRO:
         The gradients are those of w_r x the local mean loss, so the sum over ranks is
         the serial mean's.  The loss is summed over the ranks (operation :data:`OP_LOSS`)."""
         x, y = self._local(batch)
+        self.records.clear()
+        names = [u.name for u in self.units]
+        self._plan(names + names[::-1])
         loss, done = zero_step(self.stage, self.comm, self.units, self.hooks, x, y,
                                self.weight * self.states.loss_scale, self.states, self.params,
-                               self.grads, self.offload, self.allreduce)
+                               self.grads, self.offload, self.allreduce, self.zero_hooks,
+                               self.records)
         self.steps_done += 1
         return StepResult(self._global_loss(loss, OP_LOSS), skipped=not done)
 
@@ -260,9 +314,15 @@ class ZeRO:
         ZeRO's own hooks (stage 3 gathers each unit), summed over the ranks."""
         x, y = self._local(batch)
         aux: list[float] = []
+        self._plan([u.name for u in self.units])
         logits, kept = executor.forward(self.units, self.zero_hooks, x, aux=aux)
         del kept
         return self._global_loss(cross_entropy_forward(logits, y)[0] + sum(aux), OP_EVAL)
+
+    def _plan(self, order: list[str]) -> None:
+        """When to gather (stage 3 with prefetch or without resharding): the walk's order."""
+        if self.prefetch or not self.reshard:
+            self.zero_hooks.plan(order)
 
     def grad_allreduce(self) -> str | None:
         """The algorithm stage 0's gradient all-reduce runs (``auto`` resolved by the

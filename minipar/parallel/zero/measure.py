@@ -47,11 +47,13 @@ def measure_stage(grid: Any, spec: Any, stage: int, *, allreduce: str = "auto",
     ``held_after_steps_bytes`` (net bytes still held after the steps: a full
     gradient buffer left behind by stage 2, or gathered parameters not freed by
     stage 3, would show here), ``step_peak_bytes`` (activations and transients),
-    ``peak_gathered_bytes``, ``gathered_after_steps`` and ``shard``.
+    ``peak_gathered_bytes`` (and ``peak_gathered_formula_bytes``:
+    :func:`prefetch_peak_elements`), ``gathered_after_steps`` and ``shard``.
     """
     import gc
 
     from minipar.parallel.zero.engine import ZeRO
+    from minipar.parallel.zero.shard import unit_table
 
     stats = grid.world.stats
     warm = ZeRO(grid, spec, stage=stage, allreduce=allreduce, **options)
@@ -62,8 +64,11 @@ def measure_stage(grid: Any, spec: Any, stage: int, *, allreduce: str = "auto",
     before = step_bytes(stats)  # not reset: the counters' rows exist, none is made below
     out = traced_engine(grid, spec, stage=stage, allreduce=allreduce, **options)
     eng = out["engine"]
+    sizes = [hi - lo for _, lo, hi, _ in unit_table(eng.model.cfg)]
+    peak = prefetch_peak_elements(sizes, eng.prefetch, eng.reshard) if stage == 3 else 0
     return {**out, "bytes_sent_per_step": (step_bytes(stats) - before) / spec.steps,
             "bytes_exact_per_step": engine_exact_bytes(eng), "grad_allreduce": eng.grad_allreduce(),
+            "peak_gathered_formula_bytes": peak * eng.policy.param_dtype.itemsize,
             "ledger": eng.ledger().bytes_by_category(),
             "peak_gathered_bytes": eng.zero_hooks.peak_gathered_bytes,
             "gathered_after_steps": len(eng.zero_hooks.gathered), "shard": eng.shard}
@@ -110,16 +115,35 @@ def engine_exact_bytes(eng: Any) -> int:
     """:func:`exact_bytes_sent` of a :class:`~minipar.parallel.zero.engine.ZeRO` engine."""
     return exact_bytes_sent(eng.layout.size, eng.comm.size, eng.comm.rank, eng.stage,
                             eng.policy.param_dtype.itemsize, eng.allreduce,
-                            found_inf=eng.states.scaler is not None)
+                            found_inf=eng.states.scaler is not None, reshard=eng.reshard)
+
+
+def prefetch_peak_elements(unit_sizes: list[int], prefetch: int, reshard: bool = True) -> int:
+    """The most parameters ZeRO-3 holds gathered at once (elements), units of
+    ``unit_sizes`` in walk order, ``prefetch`` K units ahead.  The walk fetches the units
+    forward, then backward in reverse (2n positions); at position k a rank holds the unit
+    it computes and the K all-gathers posted ahead:
+
+        reshard:     max_k  Σ_{q=k}^{min(k+K, 2n-1)} size(order[q])   (K = 0: the largest unit)
+        no reshard:  Ψ = Σ sizes (every unit stays gathered until its backward)
+
+    so prefetching costs up to the K largest neighbours' parameters more than blocking."""
+    if not reshard:
+        return sum(unit_sizes)
+    order = list(unit_sizes) + list(unit_sizes)[::-1]
+    return max(sum(order[k:k + prefetch + 1]) for k in range(len(order)))
 
 
 def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,
-                     allreduce: str = "auto", found_inf: bool = False) -> int:
+                     allreduce: str = "auto", found_inf: bool = False,
+                     reshard: bool = True) -> int:
     """Bytes rank ``rank`` of ``n`` sends in one ZeRO-``stage`` step, exactly (module doc).
 
     ``itemsize``: bytes of a parameter/gradient element; ``allreduce``: the engine's
     algorithm (``"auto"`` resolved by Ψ x itemsize and N); ``found_inf``: loss
-    scaling on (one more all-reduce, of one float64)."""
+    scaling on (one more all-reduce, of one float64); ``reshard=False`` (stage 3 without
+    resharding after forward): one all-gather of the parameters instead of two.
+    Prefetching changes when the bytes move, not how many."""
     from minipar.collectives import chunk_counts
     from minipar.collectives.cost import (
         all_gather_bytes,
@@ -130,7 +154,7 @@ def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,
     if stage == 0:
         sent = allreduce_bytes_sent(psi, itemsize, n, rank, allreduce)
     else:
-        gathers = 2 if stage == 3 else 1
+        gathers = 2 if stage == 3 and reshard else 1
         sent = (reduce_scatter_bytes(psi, itemsize, n, rank)[0]
                 + gathers * all_gather_bytes(chunk_counts(psi, n), itemsize, rank)[0])
     if found_inf:

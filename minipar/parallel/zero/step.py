@@ -8,8 +8,9 @@ rows of the global batch, with the shards of :mod:`minipar.parallel.zero.shard`
 and the hooks of :mod:`minipar.parallel.zero.hooks`:
 
     forward + backward   the executor's one walk through ``hooks`` (stage 3 all-gathers
-                         each unit before its forward and its backward; stages 2-3
-                         reduce-scatter each unit's gradients as backward makes them)
+                         each unit before its forward and its backward, or prefetches;
+                         stages 2-3 reduce-scatter each unit's gradients as backward
+                         makes them, then ``finish`` what is still in flight)
     gradients            stage 0: all-reduce the full buffer (plain data parallelism);
                          stage 1: reduce-scatter it, my slice lands in states.grads
     optimizer            every rank agrees to skip (found_inf, loss scaling); each steps
@@ -33,7 +34,8 @@ __all__ = ["zero_step"]
 
 def zero_step(stage: int, comm: Any, units: Sequence[Any], hooks: Any, x: Any, y: Any,
               scale: float, states: Any, params: Any, grads: Any, optimizer: Any = None,
-              algorithm: str = "auto") -> tuple[float, bool]:
+              algorithm: str = "auto", zero_hooks: Any = None,
+              records: list[Any] | None = None) -> tuple[float, bool]:
     """One ZeRO-``stage`` step of ``units`` on this rank's rows ``x``, ``y``; returns
     (this rank's mean loss, whether the update was taken).
 
@@ -43,8 +45,11 @@ def zero_step(stage: int, comm: Any, units: Sequence[Any], hooks: Any, x: Any, y
     :class:`~minipar.parallel.offload.optimizer.OptimizerOffload`); ``algorithm``: the
     all-reduce of stage 0's gradients and of the found_inf flag (``found_inf``: did any
     rank's shard of the gradients overflow in 16 bits? one all-reduce, so that every
-    rank skips the step alike)."""
-    loss = executor.loss_and_grads(units, hooks, x, y, scale)
+    rank skips the step alike); ``zero_hooks``: the ZeRO hooks under ``hooks``' wrappers
+    (remat, offload), whose reduce-scatters in flight (prefetch) finish before the step;
+    ``records``: the executor's compute intervals, ``(what, unit, t0, t1)``."""
+    loss = executor.loss_and_grads(units, hooks, x, y, scale, records)
+    (zero_hooks or hooks).finish()  # the shard's gradients complete
     if stage == 0:
         grads[...] = allreduce(comm, grads, algorithm=algorithm)
     elif stage == 1:
