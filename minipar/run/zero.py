@@ -88,6 +88,7 @@ def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
 def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
     """ZeRO's options (:class:`minipar.parallel.zero.engine.ZeRO`) from the command line's."""
     return {"stage": options.get("stage", 1), "allreduce": options.get("allreduce", "auto"),
+            "timeline": options.get("stage", 1) == 3,
             **{k: options[k] for k in ("remat", "offload", "offload_optimizer", "offload_dir",
                                        "prefetch", "reshard_after_forward")
                if options.get(k) is not None}}
@@ -141,7 +142,7 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
                             f"{off.seconds / off.steps * 1e3:.2f} ms in the host step")
         memory_notes.append("model-state bytes by place (this rank; the figure above counts "
                             "every place): " + ", ".join(f"{k} {v:,}" for k, v in places.items()))
-    traced = traced_engine(grid, spec, **engine_options(options, spec))
+    traced = traced_engine(grid, spec, **{**engine_options(options, spec), "timeline": False})
     traced["engine"].close()
     rows = grid.world.comm.gather((sent, sum(engine.ledger().bytes_by_category().values()),
                                    traced["tracemalloc_bytes"], traced["step_peak_bytes"],

@@ -122,7 +122,7 @@ ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
 OP_LOSS, OP_EVAL, OP_GATHER = "zero_loss_allreduce", "zero_eval_allreduce", "gather_for_check"
 #: the options :func:`build` takes (``ZeRO``'s keywords)
 OPTIONS = ("stage", "allreduce", "remat", "offload", "offload_optimizer", "offload_dir",
-           "prefetch", "reshard_after_forward")
+           "prefetch", "reshard_after_forward", "timeline")
 
 
 class MeteredZeroHooks(ZeroHooks):
@@ -131,47 +131,57 @@ class MeteredZeroHooks(ZeroHooks):
     and the buffers of the all-gathers in flight, after each fetch): the measured answer
     to "does stage 3 free what it gathers?" and to what prefetching costs
     (:func:`~minipar.parallel.zero.measure.prefetch_peak_elements`).  With ``records``
-    (a list), the communication intervals: ``("comm", "all_gather" or "reduce_scatter",
-    t_posted, t_done)`` of every non-blocking request, appended when it is done."""
+    (a list; stage 3), the communication intervals ``("comm", "all_gather" or
+    "reduce_scatter", t_posted, t_done)``: a blocking collective's when it returns, a
+    non-blocking request's at the first hook that sees it done (then it is let go, so
+    that its buffer is freed when the hooks free it)."""
 
     def __init__(self, *args: Any, records: list[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.peak_gathered_bytes = 0
         self.records = records
-        self._seen: list[Any] = []
+        self._watched: list[Any] = []  # non-blocking requests posted, not yet seen done
 
     def plan(self, order: list[str]) -> None:
         super().plan(order)
-        self._seen = []  # (an evaluation's gathers are not the step's)
+        self._watched = []  # (an evaluation's gathers are not the step's)
 
     def held_gathered_bytes(self) -> int:
         return (sum(v.nbytes for v in self.gathered.values())
                 + sum(r.buf.nbytes for r in self.inflight.values()))
 
-    def _blocking(self, what: str, t0: float) -> None:
-        if self.records is not None and self.stage == 3 and not self.prefetch:
+    def _record(self, what: str, t0: float, posted: list[Any]) -> None:
+        if self.records is None or self.stage != 3:
+            return
+        if not self.prefetch:
             self.records.append(("comm", what, t0, time.perf_counter()))
+            return
+        self._watched += [r for r in posted if not any(r is w for w in self._watched)]
+        self.records += [("comm", r.name, r.t_start, r.t_end) for r in self._watched if r.done]
+        self._watched = [r for r in self._watched if not r.done]
 
     def fetch(self, unit: Any) -> dict[str, Any]:
-        inflight, t0 = list(self.inflight.values()), time.perf_counter()
+        before, t0 = list(self.inflight.values()), time.perf_counter()
         params = super().fetch(unit)
-        self._blocking("all_gather", t0)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.held_gathered_bytes())
-        self._seen += [r for r in inflight + list(self.inflight.values()) if r not in self._seen]
+        self._record("all_gather", t0, before + list(self.inflight.values()))
         return params
+
+    def release(self, unit: Any, params: dict[str, Any]) -> None:
+        super().release(unit, params)
+        if self.prefetch:
+            self._record("", 0.0, [])
 
     def on_grads(self, unit: Any, grads: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         super().on_grads(unit, grads)
-        self._blocking("reduce_scatter", t0)
-        self._seen += [r for r, *_ in self.pending if r not in self._seen]
+        self._record("reduce_scatter", t0, [r for r, *_ in self.pending])
 
     def finish(self) -> None:
+        posted = [r for r, *_ in self.pending]
         super().finish()
-        if self.records is not None:
-            self.records += [("comm", r.name, r.t_start, r.t_end) for r in self._seen
-                             if r.done]
-        self._seen = []
+        if self.prefetch:
+            self._record("", 0.0, posted)
 
 
 def check_stage(stage: Any) -> int:
@@ -218,20 +228,23 @@ class ZeRO:
     unit gathered from its forward to its backward (Ψ gathered at the peak, one
     all-gather of the parameters per step instead of two).  The shell decides when:
     before each walk it gives the hooks the walk's order
-    (:meth:`~minipar.parallel.zero.hooks.ZeroHooks.plan`).
+    (:meth:`~minipar.parallel.zero.hooks.ZeroHooks.plan`).  ``timeline=True`` (stage 3)
+    keeps the last step's compute and communication intervals in ``records``.
     """
 
     def __init__(self, grid: Any, spec: Any, *, stage: int = 1, allreduce: str = "auto",
                  remat: int | None = None, offload: str | None = None,
                  offload_optimizer: str | None = None, offload_dir: str | None = None,
-                 prefetch: int = 0, reshard_after_forward: bool = True) -> None:
+                 prefetch: int = 0, reshard_after_forward: bool = True,
+                 timeline: bool = False) -> None:
         self.stage, self.policy = check_stage(stage), get(spec.precision)
         self.prefetch = checks.integer("prefetch", prefetch, 0, None)
         if (self.prefetch or not reshard_after_forward) and self.stage != 3:
             raise ValueError(f"prefetch and reshard_after_forward are stage 3's (parameters "
                              f"gathered per unit); got stage {self.stage}: use stage 3")
         self.reshard = bool(reshard_after_forward)
-        self.records: list[Any] = []  # the last step's compute and comm intervals
+        # the last step's compute and communication intervals (stage 3, when asked)
+        self.records: list[Any] | None = [] if timeline and self.stage == 3 else None
         self.allreduce = check_allreduce(allreduce)
         if grid is None:
             raise ValueError("ZeRO needs a grid of its ranks: Grid(comm, dp=N)")
@@ -299,7 +312,8 @@ class ZeRO:
         The gradients are those of w_r x the local mean loss, so the sum over ranks is
         the serial mean's.  The loss is summed over the ranks (operation :data:`OP_LOSS`)."""
         x, y = self._local(batch)
-        self.records.clear()
+        if self.records is not None:
+            self.records.clear()
         names = [u.name for u in self.units]
         self._plan(names + names[::-1])
         loss, done = zero_step(self.stage, self.comm, self.units, self.hooks, x, y,
