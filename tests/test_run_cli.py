@@ -39,6 +39,8 @@ BAD = [
     (["zero", "--stage", "3", "--prefetch", "-1"], "--prefetch"),
     (["zero", "--prefetch", "1"], "--prefetch is stage 3's"),
     (["zero", "--stage", "2", "--no-reshard-after-forward"], "--no-reshard-after-forward"),
+    (["tp", "-n", "2", "--tp", "1", "--tp-overlap"], "--tp-overlap needs tensor parallelism"),
+    (["sp", "-n", "1", "--tp-overlap"], "--tp-overlap"),
     (["dp", "--algorithm", "tree"], "--algorithm"),
     (["dp", "--steps", "x"], "--steps"),
     (["dp", "--frobnicate"], "--frobnicate"),

@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(options: dict[str, Any], spec: Any) -> None:
     check_sizes(options, spec, True)
+    tp.check_overlap(options, spec, True)
 
 
 def grid_sizes(options: dict[str, Any], spec: Any = None) -> dict[str, int]:

@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser, sequence_parallel: bool = Fal
                         + (", and --seq" if sequence_parallel else "") + ")")
     g.add_argument("--dp", type=integer(1), default=None,
                    help="data-parallel replicas (default: -n / --tp)")
+    g.add_argument("--tp-overlap", action="store_true",
+                   help="overlap with the GEMMs: f's backward all-reduce behind the weight "
+                        "gradient" + (", the all-gather and reduce-scatter decomposed into "
+                                      "ring steps" if sequence_parallel else "")
+                        + " (the same bytes and sums; needs --tp > 1)")
 
 
 def _slices(spec: Any, t: int, sequence_parallel: bool) -> bool:
@@ -108,13 +113,24 @@ def check_sizes(options: dict[str, Any], spec: Any, sequence_parallel: bool) -> 
 
 def check(options: dict[str, Any], spec: Any) -> None:
     check_sizes(options, spec, False)
+    check_overlap(options, spec, False)
+
+
+def check_overlap(options: dict[str, Any], spec: Any, sequence_parallel: bool) -> None:
+    """``--tp-overlap`` needs tensor-parallel ranks to overlap (t > 1)."""
+    if options.get("tp_overlap"):
+        t = grid_sizes(options, spec, sequence_parallel)["tp"]
+        if t == 1:
+            raise ValueError(f"--tp-overlap needs tensor parallelism, and this run has tp "
+                             f"{t}: give --tp 2 or more (-n {options['ranks']})")
 
 
 def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """The engine's keywords: a ledger of each block's saved bytes (:func:`report` reads it)."""
+    """The engine's keywords: a ledger of each block's saved bytes (:func:`report` reads it),
+    ``overlap`` from ``--tp-overlap``."""
     from minipar.parallel.tensor_parallel.measure import BlockLedger
 
-    return {"hooks": BlockLedger()}
+    return {"hooks": BlockLedger(), "overlap": bool(options.get("tp_overlap"))}
 
 
 def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
@@ -201,7 +217,7 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
         notes.append("MoE blocks: the MLP's f and g carry the expert buffers (E x C x h), not "
                      "b·s·h: the exact figure counts them, the paper's counts dense blocks only")
     return {"ranks": dp * t, "data_parallel_ranks": dp, "tp": t, "dp": dp,
-            "sequence_parallel": sp,
+            "sequence_parallel": sp, "tp_overlap": run.overlap,
             "bytes_sent_per_rank": [r[0] for r in rows],
             "bytes_sent_text": "the blocks' f and g only; every axis: the lines below",
             "bytes_exact_per_rank": [r[1] for r in rows],

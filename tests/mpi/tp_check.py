@@ -46,6 +46,10 @@ from minipar.parallel.tensor_parallel.layers import (
     vocab_parallel_cross_entropy_backward,
     vocab_parallel_cross_entropy_forward,
 )
+from minipar.parallel.tensor_parallel.overlap import (
+    AsyncColumnParallelLinear,
+    AsyncRowParallelLinear,
+)
 from minipar.parallel.tensor_parallel.measure import (
     BLOCK_OPS,
     block_bytes_formula,
@@ -113,6 +117,27 @@ for parallel_in in (True, False):
 row = RowParallelLinear(comm, sequence_parallel=True)
 y, s = row.forward(p_row, split_columns(h, N, R))
 c.close(y, split_sequence(y2_ser, N, R), "row SP y", rtol=1e-12)
+# the overlapped forms (--tp-overlap): the same results, the same bytes under the same names
+for sp in (False, True):
+    comm.stats.reset()
+    col, row = (ColumnParallelLinear(comm, sequence_parallel=sp),
+                RowParallelLinear(comm, sequence_parallel=sp))
+    blocking = []
+    for overlapped in (False, True):
+        if overlapped:
+            col.__class__, row.__class__ = AsyncColumnParallelLinear, AsyncRowParallelLinear
+        sent0 = comm.stats.bytes_sent()
+        y, s = col.forward(p_col, split_sequence(x, N, R) if sp else x)
+        dx, g = col.backward(p_col, s, split_columns(dy, N, R))
+        y2, _ = row.forward(p_row, split_columns(h, N, R))
+        out = (y, dx, g["w"], y2, comm.stats.bytes_sent() - sent0)
+        if not overlapped:
+            blocking = out
+            continue
+        for k, what in enumerate(("y", "dx", "dw", "row y")):
+            c.close(out[k], blocking[k], f"overlapped SP={sp} {what}", rtol=1e-12)
+        c.check(out[4] == blocking[4], f"overlapped SP={sp}: sent {out[4]} bytes, "
+                f"blocking {blocking[4]}")
 
 V = 4 * N
 table = rand((V, D), 9)
@@ -194,10 +219,10 @@ for kv in sorted({1, N} - {H}):
 SPEC = RunSpec(vocab=4 * N, seq=2 * N, d_model=2 * H * N, layers=2, heads=H, batch=4, steps=4)
 
 
-def train(spec: RunSpec, dp: int, sp: bool, what: str) -> None:
+def train(spec: RunSpec, dp: int, sp: bool, what: str, overlap: bool = False) -> None:
     comm.stats.reset()
     grid = Grid(comm, dp=dp, tp=N // dp)
-    run = TensorParallel(grid, spec, sp)
+    run = TensorParallel(grid, spec, sp, overlap=overlap)
     losses = loop.train(run, spec.batch_at, spec.steps).losses
     tp_sent = grid.bytes_by_axis()["tp"]  # the training's, before full_params' all-gather
     by_op = bytes_by_op(grid.world.stats, run.steps_done)
@@ -226,6 +251,13 @@ if N in (2, 4):
 if N == 4:
     train(SPEC, 2, False, "train TP 2 x DP 2")
 train(SPEC.with_(experts=4, top_k=2), 1, False, f"train MoE under TP t={N}")
+# --tp-overlap: f's backward all-reduce behind dW, SP's all-gather and reduce-scatter
+# decomposed into the GEMMs: the same verdict and the same bytes as the blocking form
+train(SPEC, 1, False, f"train TP t={N} overlapped", overlap=True)
+if N in (2, 4):
+    train(SPEC, 1, True, f"train TP+SP t={N} overlapped", overlap=True)
+if N == 4:
+    train(SPEC, 2, True, "train TP+SP 2 x DP 2 overlapped", overlap=True)
 train(SPEC.with_(kv_heads=1), 1, False, f"train multi-query (K=1) under TP t={N}")
 
 # -- 5. bad input ----------------------------------------------------------------------------

@@ -3,11 +3,12 @@
 
 The technique: read ``layers.py`` (121 code lines), then ``transformer.py`` (60 code
 lines), with the conjugate pairs they call by name, ``minipar/parallel/mappings.py``
-(115 code lines).  Then the shell: ``model.py`` (the units for the executor, SP's
-gradient sums), ``shards.py`` (who holds which slice, placements for checkpoints),
-``engine.py`` (``TensorParallel``: TP, TP+SP and TP x DP training on a dp x tp grid, its
-options and checks, ``state_dict``, traffic) and ``measure.py`` (the exact byte formulas,
-the activation ledger).
+(115 code lines).  Overlapped with the GEMMs (``--tp-overlap``, asynchronous tensor
+parallelism): ``overlap.py`` (83 code lines).  Then the shell: ``model.py`` (the units
+for the executor, SP's gradient sums), ``shards.py`` (who holds which slice, placements
+for checkpoints), ``engine.py`` (``TensorParallel``: TP, TP+SP and TP x DP training on a
+dp x tp grid, its options and checks, ``state_dict``, traffic) and ``measure.py`` (the
+exact byte formulas, the activation ledger).
 
 EN tensor parallelism, sequence parallelism · RU тензорный параллелизм, параллелизм по
 последовательности · ZH 张量并行，序列并行
@@ -21,6 +22,9 @@ arXiv 2205.05198 (sequence parallelism: g split in two).  In reading order:
   the sequence;
 - :mod:`.transformer` — Megatron's ``ParallelMLP`` and ``ParallelAttention``: a
   column-parallel layer, local work, a row-parallel layer; one f and one g each;
+- :mod:`.overlap` — the same layers with their messages moving while the GEMMs run:
+  f's backward all-reduce behind dW, SP's all-gather and reduce-scatter decomposed
+  into ring steps (``engine.overlap_layers`` swaps them in);
 - :mod:`minipar.parallel.mappings` — the pairs: f =
   ``copy_to_tensor_model_parallel_region``, g = ``reduce_from_tensor_model_parallel_region``,
   SP's ``gather_from_sequence_parallel_region`` and

@@ -54,8 +54,16 @@ from minipar.parallel.engine import (
     model_states,
     sources_of,
 )
-from minipar.parallel.tensor_parallel.layers import vocab_parallel_cross_entropy_forward
+from minipar.parallel.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    vocab_parallel_cross_entropy_forward,
+)
 from minipar.parallel.tensor_parallel.model import tp_gpt_units, tp_loss_and_grads
+from minipar.parallel.tensor_parallel.overlap import (
+    AsyncColumnParallelLinear,
+    AsyncRowParallelLinear,
+)
 from minipar.parallel.tensor_parallel.shards import (
     check_tp,
     gather_params,
@@ -122,10 +130,12 @@ class TensorParallel:
     saved bytes).  Every argument is checked on every rank before any message."""
 
     def __init__(self, grid: Any, spec: RunSpec, sequence_parallel: bool = False,
-                 hooks: Callable[[dict[str, Any]], executor.Hooks] = executor.Hooks) -> None:
-        if not isinstance(sequence_parallel, bool):
-            raise ValueError(  # noqa: TRY004 (the one-line ValueError of every option)
-                f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+                 hooks: Callable[[dict[str, Any]], executor.Hooks] = executor.Hooks,
+                 overlap: bool = False) -> None:
+        for name, flag in (("sequence_parallel", sequence_parallel), ("overlap", overlap)):
+            if not isinstance(flag, bool):
+                raise ValueError(  # noqa: TRY004 (the one-line ValueError of every option)
+                    f"{name} must be True or False, got {flag!r}")
         if not callable(hooks):
             raise ValueError(  # noqa: TRY004
                 f"hooks must be a callable params -> executor.Hooks, got {hooks!r}")
@@ -143,6 +153,9 @@ class TensorParallel:
             raise ValueError(f"routing groups {spec.routing} are not this layout's: each of "
                              f"the {d} data-parallel replicas routes its rows as one group, ({d},)")
         self.model = TensorParallelGPT(self.cfg, self.tp, sequence_parallel)
+        self.overlap = overlap
+        if overlap:
+            overlap_layers(self.model.units())
         self.states = ModelStates(spec.precision,
                                   shard_params(spec.initial_params(), self.cfg, t, self.tp.rank),
                                   spec.optimizer, **spec.opt_kwargs())
@@ -214,7 +227,25 @@ class TensorParallel:
         """Nothing to free: the grid's communicators are its owner's."""
 
 
+def overlap_layers(units: Any) -> int:
+    """``overlap=True`` (``--tp-overlap``): every column- and row-parallel layer of
+    ``units`` (attention, MLP, head) becomes its overlapped form
+    (:mod:`~minipar.parallel.tensor_parallel.overlap`: the same slices, messages and
+    sums, moved while the GEMMs run); the number swapped."""
+    swap = {ColumnParallelLinear: AsyncColumnParallelLinear,
+            RowParallelLinear: AsyncRowParallelLinear}
+    swapped = 0
+    for u in units:
+        for owner in (u, getattr(u, "attention", None), getattr(u, "mlp", None)):
+            for layer in (vars(owner).values() if owner is not None else ()):
+                if type(layer) in swap:
+                    layer.__class__ = swap[type(layer)]
+                    swapped += 1
+    return swapped
+
+
 def build(spec: RunSpec, grid: Any, **options: Any) -> TensorParallel:
-    """The engine of strategies "tp" and "sp" (``sequence_parallel=``; ``hooks=``)."""
-    checks.known("tensor parallelism", options, ("sequence_parallel", "hooks"))
+    """The engine of strategies "tp" and "sp" (``sequence_parallel=``; ``hooks=``;
+    ``overlap=``)."""
+    checks.known("tensor parallelism", options, ("sequence_parallel", "hooks", "overlap"))
     return TensorParallel(grid, spec, **options)
