@@ -72,3 +72,18 @@ def test_zero_bubble_text_names_table_2(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "Table 2 with the measured T_F, T_B, T_W" in out and "1F1B on the same launch" in out
     assert "bytes kept only for W, peak per stage" in out and "target" not in out
+
+
+def test_dualpipe_against_1f1b_and_zb_h1_with_the_hidden_fraction(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--schedule dualpipe`` (DeepSeek-V3): beside 1F1B and ZB-H1 in the same launch, each
+    with the share of its message time hidden behind computing (``hidden_fraction``)."""
+    assert bench_pp.main([*TINY, "--schedule", "dualpipe", "--micro-batches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "hidden_fraction, dualpipe" in out and "1f1b:" in out and "zb-h1:" in out
+    assert bench_pp.main([*TINY, "--layers", "4", "--schedule", "dualpipev", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["chunks"] == 2 and set(row["baselines"]) == {"1f1b", "zb-h1"}
+    for h in (row["hidden_fraction"], *(b["hidden_fraction"] for b in row["baselines"].values())):
+        assert h is None or 0 <= h <= 1
+    assert all(b["pp_s"] > 0 for b in row["baselines"].values())

@@ -47,7 +47,11 @@ from minipar.cli.options import ArgumentParser, integer
 PROG = "minipar bench pp"
 #: the formula each schedule's bubble fraction is set against (equal stages)
 FORMULAS = {"naive": "(p-1)/p", "interleaved": "(p-1)/(v·m+p-1)",
-            "zb-h1": "(p-1)/(3m+p-1)", "zb-h2": "0 (m >= 2p-1)", "zb-v": "0 (m >= 2p-1)"}
+            "zb-h1": "(p-1)/(3m+p-1)", "zb-h2": "0 (m >= 2p-1)", "zb-v": "0 (m >= 2p-1)",
+            "dualpipe": "(PP/2-1)(F&B+B-3W)/(that + m(F+B))",
+            "dualpipev": "(PP/2-1)(F&B+B-3W)/(that + 2m(F+B))"}
+#: DeepSeek-V3's schedules: measured against 1F1B and ZB-H1 in the same launch
+DUALPIPE = ("dualpipe", "dualpipev")
 
 
 def _spec(o: dict[str, Any]) -> Any:
@@ -89,8 +93,9 @@ def _serial(spec: Any, steps: int, m: int) -> dict[str, float]:
 
 
 def _chunks(kind: str, v: int | None) -> int:
-    """Model chunks per rank: ``--chunks`` for interleaved (default 2), 2 for zb-v, else 1."""
-    if kind == "zb-v":
+    """Model chunks per rank: ``--chunks`` for interleaved (default 2), 2 for zb-v, dualpipe
+    and dualpipev, else 1."""
+    if kind in ("zb-v", *DUALPIPE):
         return 2
     if kind == "interleaved":
         return 2 if v is None else v
@@ -113,13 +118,14 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     grid = Grid(TracedComm(), pp=o["ranks"])
     out: dict[str, Any] = {}
     # the schedule asked for, and 1F1B on the same model in the same launch (the baseline)
-    for kind in dict.fromkeys((o["schedule"], "1f1b")):
+    also = ("1f1b", "zb-h1") if o["schedule"] in DUALPIPE else ("1f1b",)
+    for kind in dict.fromkeys((o["schedule"], *also)):
         v = _chunks(kind, o.get("chunks"))
         before = grid.bytes_by_axis()["pp_p2p"]
         pp = PipelineParallel(grid, spec, kind, o["micro_batches"], v)
         t = measure_step_time(lambda s, pp=pp: pp.step(spec.batch_at(s)), o["steps"],
                               grid.world)
-        bubbles, work, spans = [], [], []
+        bubbles, work, spans, hidden = [], [], [], []
         args = (kind, o["ranks"], o["micro_batches"], v)
         for s in range(1, len(pp.records)):  # the timed steps (after the warm-up)
             recs = pp.gather_records(s)
@@ -134,6 +140,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             dedicated = rebuild(cpu, *args)
             spans.append(max(r.end for r in dedicated) - min(r.start for r in dedicated))
             bubbles.append(b)
+            hidden.append(grid.world.comm.allgather(pp.hidden_fraction(s)))
             work.append([sum(r.end - r.start for r in cpu if r.stage == st
                              and r.what in COMPUTE_WHAT) for st in range(o["ranks"])])
         w_peak = grid.world.comm.allgather(pp.w_peak_bytes)
@@ -143,12 +150,21 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
                      "stage_compute_s": [statistics.median(w[st] for w in work)
                                          for st in range(o["ranks"])],
                      "w_peak_bytes": w_peak, "activation_peak_bytes": act,
+                     "hidden_fraction": _hidden(hidden),
                      "bytes_p2p_per_step": (grid.bytes_by_axis()["pp_p2p"] - before)
                      / len(pp.records)}
         del pp
     if grid.rank != 0:
         return None
-    return {**out[o["schedule"]], "baseline": out.get("1f1b")}
+    return {**out[o["schedule"]], "baseline": out.get("1f1b"), "baseline_zb": out.get("zb-h1")}
+
+
+def _hidden(steps: list[list[float | None]]) -> float | None:
+    """The median over the timed steps of the ranks' mean share of message time hidden
+    behind computing (:func:`minipar.overlap.hidden_fraction`; None: nothing sent)."""
+    means = [sum(h for h in hs if h is not None) / sum(h is not None for h in hs)
+             for hs in steps if any(h is not None for h in hs)]
+    return statistics.median(means) if means else None
 
 
 def run_bench(o: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +218,15 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
                 "bubble_rebuilt_cpu_compute": base_med["rebuilt_cpu_compute"],
                 "bubble_formula": base_med["formula"],
                 "activation_peak_bytes": base[0]["activation_peak_bytes"]},
+            "hidden_fraction": statistics.median(
+                [r["hidden_fraction"] for r in res["pp"] if r["hidden_fraction"] is not None]
+                or [None]),
+            "baselines": {k: {"pp_s": min(r[key]["seconds"] for r in res["pp"]),
+                              "hidden_fraction": statistics.median(
+                                  [r[key]["hidden_fraction"] for r in res["pp"]
+                                   if r[key]["hidden_fraction"] is not None] or [None])}
+                          for k, key in (("1f1b", "baseline"), ("zb-h1", "baseline_zb"))
+                          if all(r.get(key) for r in res["pp"])},
             "stage_compute_s": best["stage_compute_s"],
             "bytes_p2p_per_step": best["bytes_p2p_per_step"],
             "load_average": [load0, os.getloadavg()[0]]}
@@ -218,7 +243,8 @@ def _parser() -> ArgumentParser:
                    help="micro-batches per step (default %(default)s)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="pipeline schedule (default %(default)s); any but 1f1b also runs "
-                        "1f1b in the same launch, side by side")
+                        "1f1b in the same launch, side by side (dualpipe, dualpipev: 1f1b and "
+                        "zb-h1)")
     p.add_argument("--chunks", type=integer(1), default=None, metavar="V",
                    help="model chunks per rank: interleaved (default 2); zb-v has 2")
     p.add_argument("--rounds", type=integer(1), default=2,
@@ -312,6 +338,12 @@ def main(argv: list[str]) -> int:
               f"compute costs {b1['bubble_rebuilt_cpu_compute']:.3f}, formula "
               f"{b1['bubble_formula']:.3f}; activations, peak per stage: "
               + ", ".join(f"{x:,}" for x in b1["activation_peak_bytes"]))
+    hf = row["hidden_fraction"]
+    print(f"messages hidden behind computing (hidden_fraction, {a.schedule}): "
+          + ("nothing sent" if hf is None else f"{hf:.2f}") + "".join(
+              f"; {k}: {v['pp_s']:.3f} s/step, hidden " + (
+                  "-" if v["hidden_fraction"] is None else f"{v['hidden_fraction']:.2f}")
+              for k, v in row["baselines"].items()))
     print("compute per stage per step (CPU s): "
           + ", ".join(f"{x:.3f}" for x in row["stage_compute_s"])
           + f"; {row['bytes_p2p_per_step']:,.0f} bytes point-to-point sent by rank 0 per step; load "

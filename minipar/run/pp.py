@@ -188,6 +188,7 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
             "w_peak": pp.w_peak_bytes,
             "axes": {k: b / steps for k, b in pp.traffic().items() if k in ("pp_p2p", "dp")},
             "exact": _exact_p2p(pp), "held": sum(pp.states.bytes_by_category().values()),
+            "hidden": pp.hidden_fraction(), "in_flight": pp.comm_intervals[-1],
             "offload": pp.offload_stats, "balance": balance_of(pp.bias)}
     everyone = grid.world.comm.gather(mine, root=0)
     if grid.rank != 0:
@@ -249,6 +250,13 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
                      f"the serial run accumulates dp·m = {dp * m} micro-batches cut the same way")
         balance = balance_report([e["balance"] for e in everyone], spec)
         notes += balance.pop("notes")
+    hidden = [s["hidden"] for s in stages]
+    if kind in ("dualpipe", "dualpipev"):
+        notes.append("DualPipe's overlapped pairs (DeepSeek-AI 2024): each pair's receives "
+                     "posted before it, its forward's send started before its backward, "
+                     "messages tested between units; share of each rank's message time "
+                     "hidden behind its computing (hidden_fraction): " + ", ".join(
+                         "-" if h is None else f"{h:.2f}" for h in hidden))
     if options.get("timeline"):
         notes.append(f"timeline written to {options['timeline']} (minipar bubble --from-run)")
     return {
@@ -270,6 +278,11 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
         "bytes_formula_text": "2·m·v·b·s·h x bytes, a middle stage's (the first and last send less)",
         "model_state_bytes_per_rank": [e["held"] for e in everyone],
         "records": [list(r) for r in records],
+        "hidden_fraction_per_rank": hidden,
+        "hidden_fraction": (None if all(h is None for h in hidden) else
+                            sum(h for h in hidden if h is not None)
+                            / sum(h is not None for h in hidden)),
+        "messages_in_flight": [[s["stage"], a, b] for s in stages for a, b in s["in_flight"]],
         "notes": notes,
     }
 
@@ -279,7 +292,13 @@ def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
     Chrome trace events (:mod:`minipar.trace`)."""
     from minipar.trace import pipeline_events
 
-    return pipeline_events(summary["records"], name=f"pipeline {summary['schedule']}")
+    events = pipeline_events(summary["records"], name=f"pipeline {summary['schedule']}")
+    t0 = min(r[4] for r in summary["records"])
+    flights = [(st, "step start", None, None, t0, t0) for st in range(summary["stages"])] + \
+        [(st, "message in flight", None, None, a, b)
+         for st, a, b in summary.get("messages_in_flight", [])]
+    return events + pipeline_events(flights, pid=1, name="messages in flight (sends and "
+                                    "receives, from post to completion; hidden_fraction)")
 
 
 def _exact_p2p(pp: Any) -> int:

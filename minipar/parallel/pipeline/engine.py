@@ -62,7 +62,7 @@ from minipar.parallel.pipeline.p2p import OP_ACT, OP_GRAD, StageLink, Whole
 from minipar.parallel.pipeline.partition import check_pipeline, stage_units
 from minipar.parallel.pipeline.parts import AllReduceSync, SerialStage, all_reduce
 from minipar.parallel.pipeline.schedule import forward_schedule, placement, stage_schedule
-from minipar.parallel.pipeline.simulate import WHAT, Record
+from minipar.parallel.pipeline.simulate import COMPUTE_WHAT, WHAT, Record
 from minipar.parallel.pipeline.stage import StageHooks, StageMemory
 from minipar.parallel.pipeline.stage_loop import (
     Backward,
@@ -70,6 +70,9 @@ from minipar.parallel.pipeline.stage_loop import (
     Forward,
     ForwardBackward,
     Instruction,
+    RecvAct,
+    RecvGrad,
+    SendAct,
     StageLoop,
     virtual_stage,
 )
@@ -164,6 +167,9 @@ class PipelineParallel:
         blocks = [int(u.prefix.split(".")[1]) for u in units if u.prefix.startswith("blocks.")]
         self.bias = ExpertBias(self.model.cfg, blocks, self.replica_of("buffer", "bias"))
         self.records: list[list[Record]] = []  # per step: wall-clock seconds from its start
+        #: per step: this rank's messages in flight, (start, end) seconds from its start
+        self.comm_intervals: list[list[tuple[float, float]]] = []
+        self._overlap_plan()
         self.cpu_records: list[list[Record]] = []  # per step: CPU seconds (process_time)
         self.steps_done = 0
         #: the most bytes this stage kept only for W at once (B done, W not: the linears'
@@ -190,7 +196,8 @@ class PipelineParallel:
         self.world.Barrier()  # align the ranks' clocks: records are seconds from here
         t0 = time.perf_counter()
         st.grads[...] = 0
-        mem.start_step(st, self._with_bias(self.sync.step_hooks()))
+        mem.start_step(st, self._with_bias(self.sync.step_hooks()), self.link.progress)
+        early: dict[Instruction, tuple[float, float, float, float]] = {}
         wall: list[Record] = []
         cpu: list[Record] = []  # the same instructions timed in this process's CPU seconds
         c0 = time.process_time()
@@ -201,12 +208,29 @@ class PipelineParallel:
             if isinstance(ins, ForwardBackward):  # its forward and backward are timed
                 dispatch(ins)
                 return
+            if ins in self._wait_first:  # the pair's pre-posted receive, waited for now
+                r = self._wait_first[ins]
+                self.loop.table[type(r)](r)
             a, ca = time.perf_counter(), time.process_time()
-            if isinstance(ins, MEASURED):
+            if ins in self._prepost:  # the pair's receive: posted now, waited for at use
+                self.link.prepost(ins, self.loop.vs(ins.chunk), self._rows_seq(ins))
+            elif ins in early:  # the pair's forward's send, already started
+                a, ca, b, cb = early.pop(ins)
+                _record(ins, a, b, ca, cb)
+                return
+            elif isinstance(ins, MEASURED):
                 mem.measured(ins.chunk, lambda: dispatch(ins))
             else:
                 dispatch(ins)
             b, cb = time.perf_counter(), time.process_time()
+            _record(ins, a, b, ca, cb)
+            if ins in self._send_early:  # start the forward's send before the backward
+                s = self._send_early[ins]
+                a2, ca2 = time.perf_counter(), time.process_time()
+                self.loop.table[type(s)](s)
+                early[s] = (a2, ca2, time.perf_counter(), time.process_time())
+
+        def _record(ins: Instruction, a: float, b: float, ca: float, cb: float) -> None:
             if isinstance(ins, BackwardInput):
                 self.w_peak_bytes = max(self.w_peak_bytes, weight_grad.kept_bytes(
                     [p for ps in self.loop.pending.values() for p in ps]))
@@ -218,6 +242,7 @@ class PipelineParallel:
         loss = self.loop.run(self.instructions, x, y, batch.size, self.m, mem.hooks,
                              self._step, st.loss_scale, around=timed)
         self.records.append(wall)
+        self.comm_intervals.append([(s - t0, e - t0) for s, e, _ in self.link.in_flight])
         self.cpu_records.append(cpu)
         mem.end_step()
         # once, after the step: the loads of DualPipe's two copies, then of the dp replicas
@@ -225,6 +250,38 @@ class PipelineParallel:
         self.steps_done += 1
         return StepResult(self._global(loss), skipped=not self.loop.stepped,
                           records=tuple(wall))
+
+    def _overlap_plan(self) -> None:
+        """DualPipe's overlapped pairs, for real: each pair's receives are posted before
+        its computation (``_prepost``) and waited for only right before the forward or
+        backward that needs it (``_wait_first``), and its forward's send starts right after
+        the forward, while the backward computes (``_send_early``)."""
+        here = set(self.instructions)
+        self._prepost: set[Instruction] = set()
+        self._wait_first: dict[Instruction, Instruction] = {}
+        self._send_early: dict[Instruction, Instruction] = {}
+        for ins in self.instructions:
+            if not isinstance(ins, ForwardBackward):
+                continue
+            f, b = ins.forward, ins.backward
+            for part, r in ((f, RecvAct(f.mb, f.chunk)), (b, RecvGrad(b.mb, b.chunk))):
+                if r in here:
+                    self._prepost.add(r)
+                    self._wait_first[part] = r
+            if SendAct(f.mb, f.chunk) in here:
+                self._send_early[f] = SendAct(f.mb, f.chunk)
+
+    def _rows_seq(self, ins: Instruction) -> tuple[int, int]:
+        lo, hi = self.loop.cuts[ins.mb, ins.chunk]
+        return hi - lo, self.loop.x.shape[1]
+
+    def hidden_fraction(self, step: int = -1) -> float | None:
+        """The share of this rank's message time (every send and receive in flight) that
+        its computing covered, in step ``step`` (:func:`minipar.overlap.hidden_fraction`)."""
+        from minipar.overlap import hidden_fraction
+
+        compute = [(r.start, r.end) for r in self.records[step] if r.what in COMPUTE_WHAT]
+        return hidden_fraction(compute, self.comm_intervals[step])
 
     def _step(self) -> bool:
         """After the flush: DualPipe sums its two copies' gradients (ranks s and p − 1 − s),

@@ -19,6 +19,13 @@ loop (:class:`~.stage_loop.StageLoop`) is given a :class:`StageLink` and calls
   deadlock: only the receives wait, and the checker has proved that each
   receive's matching send comes earlier in its sender's list.
 - **Receive: blocking.**  ``Recv`` of one micro-batch's (rows, s, h) tensor.
+- **Pre-posted receives** (DualPipe's overlapped pair): :meth:`StageLink.prepost` posts
+  an ``Irecv`` before the pair's computation; :meth:`StageLink.recv` then waits for it;
+  :meth:`StageLink.progress` (``Test`` on every message in flight) is called between
+  units, as DDP's buckets are progressed, so a message that arrives during a chunk's
+  computation is completed there.  ``in_flight``: every message's (start, end) on this
+  rank's clock, a send from its ``Isend`` to its completion, a receive from its post (or
+  its blocking call) to its arrival — what :func:`minipar.overlap.hidden_fraction` reads.
 - **The tag** ``pipeline_tag(kind, i, receiver's chunk)``
   (:mod:`minipar.comm.tags`) names the message: with interleaving two
   chunks of one rank receive from the same neighbour, and only the tag tells
@@ -40,6 +47,7 @@ The counters file them under ``pp_send_act`` and ``pp_send_grad``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from minipar.backend import xp
@@ -88,6 +96,34 @@ class StageLink:
         """A new step: no self-sends waiting, no sends in flight."""
         self._local: dict[tuple[str, int, int], Any] = {}
         self._sends: list[tuple[Any, Any]] = []
+        self._posted: dict[tuple[str, int, int], tuple[Any, Any, tuple, list]] = {}
+        #: this step's messages: [start, end, request] (perf_counter seconds; end None
+        #: until the request is seen complete)
+        self.in_flight: list[list[Any]] = []
+
+    def _flight(self, req: Any) -> list[Any]:
+        entry = [time.perf_counter(), None, req]
+        self.in_flight.append(entry)
+        return entry
+
+    def progress(self) -> None:
+        """Test every message in flight (MPI progresses inside calls): the ones done get
+        their end time."""
+        for entry in self.in_flight:
+            if entry[1] is None and entry[2] is not None and entry[2].Test():
+                entry[1] = time.perf_counter()
+
+    def prepost(self, ins: Any, vs: int, rows_seq: tuple[int, int]) -> None:
+        """Post the receive of ``ins`` (``RecvAct`` or ``RecvGrad`` into my virtual stage
+        ``vs``) now, non-blocking; :meth:`recv` of the same message waits for it."""
+        kind, frm = ("act", vs - 1) if isinstance(ins, RecvAct) else ("grad", vs + 1)
+        rank, _ = self._peer(frm)
+        if rank == self.stage:
+            return
+        shape = (*rows_seq, self.width)
+        buf = xp.empty(self.wire.wire_shape(shape), dtype=self.dtype)
+        req = self.comm.Irecv(buf, rank, pipeline_tag(kind, ins.mb, ins.chunk))
+        self._posted[(kind, ins.mb, vs)] = (req, buf, shape, self._flight(req))
 
     def unreceived(self) -> list[tuple[str, int, int]]:
         """The self-sends nobody received, sorted (empty after a correct step)."""
@@ -119,6 +155,7 @@ class StageLink:
         with self.comm.operation(OP_ACT if act else OP_GRAD):
             req = self.comm.Isend(buf, rank, pipeline_tag(kind, ins.mb, their_chunk))
         self._sends.append((req, buf))  # the buffer lives until the send completes
+        self._flight(req)
 
     def recv(self, ins: Any, vs: int, rows_seq: tuple[int, int]) -> Any:
         """``RecvAct`` (from vs − 1) or ``RecvGrad`` (from vs + 1) into my virtual stage
@@ -133,12 +170,23 @@ class StageLink:
                 raise ValueError(f"stage {self.stage}: {ins} before this rank sent it to "
                                  f"itself")
             return buf
+        if (kind, ins.mb, vs) in self._posted:  # pre-posted: wait for it
+            req, buf, shape, entry = self._posted.pop((kind, ins.mb, vs))
+            req.Wait()
+            entry[1] = time.perf_counter() if entry[1] is None else entry[1]
+            return self.wire.from_wire(buf, shape)
         shape = (*rows_seq, self.width)
         buf = xp.empty(self.wire.wire_shape(shape), dtype=self.dtype)
+        entry = self._flight(None)
         self.comm.Recv(buf, rank, pipeline_tag(kind, ins.mb, ins.chunk))
+        entry[1] = time.perf_counter()
         return self.wire.from_wire(buf, shape)
 
     def wait(self) -> None:
         """Wait for every send of the step (their buffers may go after this)."""
+        self.progress()
         self.comm.waitall([req for req, _ in self._sends])
         self._sends = []
+        now = time.perf_counter()
+        for entry in self.in_flight:
+            entry[1] = now if entry[1] is None else entry[1]

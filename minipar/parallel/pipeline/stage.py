@@ -96,11 +96,15 @@ class StageMemory:
                 out += list(units[:(-(-n // k) - 1) * k])
         return out
 
-    def start_step(self, states: Any, base: Any = None) -> None:
+    def start_step(self, states: Any, base: Any = None,
+                   progress: Callable[[], None] | None = None) -> None:
         """New hooks for each chunk over ``states`` (a ModelStates: params, grads), or over
-        ``base``, the innermost hooks if given (ZeRO-3's all-gathering ones in a hybrid)."""
+        ``base``, the innermost hooks if given (ZeRO-3's all-gathering ones in a hybrid);
+        ``progress``: called before every unit (the messages in flight, tested)."""
         if base is None:
             base = StageHooks(states.param_views(), states.layout.unflatten(states.grads))
+        if progress is not None:
+            base = Progressing(base, progress)
         self.hooks, self.remat_hooks = [], []
         for units in self.chunk_units:
             n = len(units)
@@ -143,3 +147,18 @@ class StageMemory:
                 o["seconds"] += h.store.seconds["out"] + h.store.seconds["back"]
                 h.close()
         self.hooks, self.remat_hooks = [], []
+
+
+class Progressing:
+    """Hooks that call ``progress()`` before each unit's parameters are fetched, then do as
+    ``inner`` does: the pipeline's messages progressed from inside the computation."""
+
+    def __init__(self, inner: Any, progress: Callable[[], None]) -> None:
+        self.inner, self.progress = inner, progress
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def fetch(self, unit: Any) -> Any:
+        self.progress()
+        return self.inner.fetch(unit)
