@@ -78,10 +78,8 @@ def test_dualpipe_against_1f1b_and_zb_h1_with_the_hidden_fraction(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``--schedule dualpipe`` (DeepSeek-V3): beside 1F1B and ZB-H1 in the same launch, each
     with the share of its message time hidden behind computing (``hidden_fraction``)."""
-    assert bench_pp.main([*TINY, "--schedule", "dualpipe", "--micro-batches", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "hidden_fraction, dualpipe" in out and "1f1b:" in out and "zb-h1:" in out
-    assert bench_pp.main([*TINY, "--layers", "4", "--schedule", "dualpipev", "--json"]) == 0
+    assert bench_pp.main([*TINY, "--schedule", "dualpipe", "--micro-batches", "4",
+                          "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["chunks"] == 2 and set(row["baselines"]) == {"1f1b", "zb-h1"}
     for h in (row["hidden_fraction"], *(b["hidden_fraction"] for b in row["baselines"].values())):
