@@ -338,3 +338,23 @@ def test_docs_page_lists_every_function():
     functions = [n for n in P.__all__ if callable(getattr(P, n)) and n != "main"]
     assert [n for n in functions if f"`{n}" not in page and f" {n}`" not in page
             and f"{n}(" not in page] == []
+
+
+def test_deepseek_experts_in_the_plan() -> None:
+    """Shared experts and the experts' width counted as the GPT holds them; node-limited
+    routing bounds a token's dispatch bytes across groups by min(k, M) vectors."""
+    from minipar.nn import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, d_model=16,
+                    n_experts=8, top_k=4, shared_experts=2, expert_width=24, moe_every=2)
+    kw = dict(n_experts=8, moe_every=2, shared_experts=2, expert_width=24)
+    assert P.gpt_param_count(2, 16, 256, 32, **kw) == GPT(cfg).n_params()
+    expert = 16 * 24 + 24 + 24 * 16 + 16
+    assert P.gpt_param_breakdown(2, 16, 256, 32, **kw)["shared"] == 2 * expert
+    assert (P.gpt_param_count(2, 16, 256, 32, **kw)
+            - P.gpt_active_param_count(2, 16, 256, 32, top_k=4, **kw)) == 4 * expert
+    b = P.node_limited_dispatch_bytes(10, 16, 8, groups=8, per_token=4, bytes_per_elem=2)
+    assert b == {"per_assignment": 10 * 8 * 32, "per_group": 10 * 4 * 32,
+                 "per_group_unlimited": 10 * 8 * 32}
+    with pytest.raises(ValueError, match="per_token=5 exceeds groups=4"):
+        P.node_limited_dispatch_bytes(10, 16, 8, groups=4, per_token=5)

@@ -67,6 +67,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--d-ff", type=size_t, help="GPT MLP width (default 4·d_model)")
     ap.add_argument("--experts", type=integer(0, MAX_SIZE), default=0,
                     help="GPT: experts per MoE block, 0 = dense (default %(default)s)")
+    ap.add_argument("--shared-experts", type=integer(0, MAX_SIZE), default=0, metavar="S",
+                    help="GPT: shared experts per MoE block, every token's (default 0)")
+    ap.add_argument("--expert-width", type=size_t, metavar="W",
+                    help="GPT: the experts' hidden width (default d_ff)")
+    ap.add_argument("--top-k", type=size_t,
+                    help="GPT: experts per token; with --expert-groups the node-limited "
+                    "dispatch bytes (default 1)")
+    ap.add_argument("--expert-groups", type=size_t, metavar="G",
+                    help="GPT: node-limited routing over G groups of experts (nodes)")
+    ap.add_argument("--groups-per-token", type=size_t, metavar="M",
+                    help="GPT: with --expert-groups, a token's experts in at most M groups "
+                    "(default 1)")
     ap.add_argument("--moe-every", type=size_t, default=1,
                     help="GPT: every k-th block is MoE, 1 .. n_layer (default %(default)s)")
     ap.add_argument("--seq", type=size_t, help="GPT: sequence length s (default n_ctx)")
@@ -124,6 +136,13 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     ]
     if args.experts or args.moe_every != 1:
         gpt_only.append("--experts/--moe-every")
+    moe_only = [f"--{k.replace('_', '-')}" for k in ("expert_width", "top_k", "expert_groups",
+                                                      "groups_per_token")
+                if getattr(args, k) is not None] + (["--shared-experts"] if args.shared_experts
+                                                    else [])
+    if moe_only and not args.experts:
+        raise ValueError(f"{', '.join(moe_only)}: only for a mixture of experts: give "
+                         "--experts E too")
     if args.gpt is None and gpt_only:
         raise ValueError(f"{', '.join(gpt_only)} only appl{'ies' if len(gpt_only) == 1 else 'y'}"
                          " to a GPT: give --gpt L,D,V,T too")
@@ -140,7 +159,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         a = default_heads(d) if args.heads is None else args.heads
         t = 1 if args.tp is None else args.tp
         _check_gpt(L, d, a, t, args)
-        br = gpt_param_breakdown(L, d, V, T, args.d_ff, args.experts, args.moe_every)
+        br = gpt_param_breakdown(L, d, V, T, args.d_ff, args.experts, args.moe_every,
+                                 args.shared_experts, args.expert_width)
         if br["total"] > MAX_PARAMS:
             raise ValueError(f"--gpt {L},{d},{V},{T} has {br['total']:.3g} parameters, more "
                              f"than {MAX_PARAMS:.0e}: give smaller sizes")
@@ -155,6 +175,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "moe_every": args.moe_every,
             "breakdown": br,
         }
+        if args.experts:
+            out["gpt"]["moe"] = _moe_plan(args, s * b, d)
         out["activations"] = {
             "s": s,
             "b": b,
@@ -178,6 +200,22 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     out["zero"] = zero_table(out["params"], args.ranks)
     out["gradient_sync"] = gradient_sync(out["params"], args.ranks)
     return out
+
+
+def _moe_plan(args: Any, tokens: int, d: int) -> dict[str, Any]:
+    """DeepSeek-V3's options of the plan: shared experts and width, and the dispatch bytes a
+    token sends across groups (nodes) with node-limited routing (2-byte activations)."""
+    from minipar.nn.gpt_config import check_moe
+    from minipar.plan.moe import node_limited_dispatch_bytes
+
+    k, g = args.top_k or 1, args.expert_groups or 1
+    m = args.groups_per_token or 1
+    check_moe(args.experts, k, "softmax", "aux", 1e-3, g, m)
+    return {"shared_experts": args.shared_experts,
+            "expert_width": args.expert_width or args.d_ff or 4 * d, "top_k": k,
+            "expert_groups": g, "groups_per_token": m,
+            "dispatch_bytes_per_token": {key: v / tokens for key, v in
+                                         node_limited_dispatch_bytes(tokens, d, k, g, m).items()}}
 
 
 def _check_gpt(L: int, d: int, a: int, t: int, args: argparse.Namespace) -> None:

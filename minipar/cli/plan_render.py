@@ -60,6 +60,15 @@ def render(p: dict[str, Any]) -> str:
         lines.append(
             "  (" + ", ".join(f"{k} {_int(v)}" for k, v in br.items() if k != "total" and v) + ")"
         )
+        if "moe" in g:
+            m, per = g["moe"], g["moe"]["dispatch_bytes_per_token"]
+            lines.append(
+                f"  experts: top-{m['top_k']} of {g['n_experts']} (width {m['expert_width']}), "
+                f"{m['shared_experts']} shared; dispatch bytes per token (2-byte activations): "
+                f"{per['per_assignment']:g} one vector per assignment, at most "
+                f"{per['per_group']:g} across groups with node-limited routing (M = "
+                f"{m['groups_per_token']} of G = {m['expert_groups']}; "
+                f"{per['per_group_unlimited']:g} without the limit)")
     lines += [
         (
             f"mixed-precision Adam: {bp['params']:g} (16-bit params) + {bp['grads']:g} (16-bit grads)"

@@ -95,7 +95,8 @@ from minipar.plan.model import (
     gpt_param_count,
     moe_block_indices,
 )
-from minipar.plan.moe import expert_capacity, load_balancing_loss, moe_alltoall_bytes_per_rank
+from minipar.plan.moe import (expert_capacity, load_balancing_loss, moe_alltoall_bytes_per_rank,
+                              node_limited_dispatch_bytes)
 from minipar.plan.pipeline import (
     bubble_fraction,
     bubble_time_ratio,
@@ -135,7 +136,7 @@ __all__ = [
     "busbw_factor", "check_3d_layout", "checkpoint_memory", "estimate", "expert_capacity",
     "gpipe_activation_bytes", "gpipe_bubble_fraction", "gpt_active_param_count", "gpt_model",
     "gpt_param_breakdown", "gpt_param_count", "gradient_sync", "layout_memory", "layout_space",
-    "load_balancing_loss", "load_cluster", "megatron_sp_elements_per_link",
+    "load_balancing_loss", "load_cluster", "node_limited_dispatch_bytes", "megatron_sp_elements_per_link",
     "minipar_activation_formula", "mixed_precision_bytes_per_param", "model_from_params",
     "model_state_bytes_3d", "moe_alltoall_bytes_per_rank", "moe_block_indices",
     "offload_pcie_bytes_per_step", "optimal_checkpoint_interval",

@@ -16,6 +16,12 @@ GShard (Lepikhin et al. 2020, arXiv 2006.16668): top-2 gating; expert
 parallelism dispatches each token's hidden vector (k times, top_k = k) to
 the rank holding its expert with an all-to-all and combines the outputs
 with a second all-to-all.
+
+DeepSeek-V3 (arXiv 2412.19437, §2.1.2, §3.2.2): node-limited routing, a token's
+k experts in at most M of G groups (nodes), bounds what one token sends across
+groups: :func:`node_limited_dispatch_bytes`.  Shared experts (DeepSeekMoE) need
+no all-to-all: they are replicated with the dense layers (their parameters:
+:func:`minipar.plan.model.gpt_param_breakdown`'s ``shared``).
 """
 
 from __future__ import annotations
@@ -80,3 +86,26 @@ def moe_alltoall_bytes_per_rank(
             raise ValueError(f"n_experts={E} does not split evenly over ep={ep} ranks")
         S = E * expert_capacity(t * k, E, capacity_factor) * d * b
     return (4 if backward else 2) * all_to_all_volume(S, ep)
+
+
+def node_limited_dispatch_bytes(tokens: int, d_model: int, top_k: int, groups: int = 1,
+                                per_token: int = 1, bytes_per_elem: float = 2) -> dict[str, float]:
+    """Upper bounds of the bytes one dispatch all-to-all sends out of a group (a node) for
+    ``tokens`` tokens routed top-``top_k`` over ``groups`` G groups, at most ``per_token`` M
+    groups a token:
+
+    * ``per_assignment``: minipar's dispatch, one d-vector per assignment (k per token),
+      whatever the groups: tokens·k·d·b;
+    * ``per_group``: DeepSeek-V3's, a token's vector sent once to each group it reaches,
+      at most min(k, M) groups (node-limited) — without the limit min(k, G):
+      tokens·min(k, M)·d·b;
+    * ``per_group_unlimited``: the same bound with M = G (no node limit).
+
+    The combine all-to-all sends the same bytes back; backward repeats both."""
+    t, d, k = count("tokens", tokens), count("d_model", d_model), count("top_k", top_k)
+    g, m = count("groups", groups), count("per_token", per_token)
+    if m > g:
+        raise ValueError(f"per_token={m} exceeds groups={g}")
+    b = positive("bytes_per_elem", bytes_per_elem)
+    return {"per_assignment": t * k * d * b, "per_group": t * min(k, m) * d * b,
+            "per_group_unlimited": t * min(k, g) * d * b}
