@@ -157,3 +157,29 @@ def test_loss_free_is_refused_where_the_bias_is_not_kept(tmp_path) -> None:
                                "--load-balance", "loss-free"], tmp_path).stderr.strip()
     assert line.startswith("minipar run: --load-balance loss-free: minipar run dp does not "
                            "keep the expert bias"), line
+
+
+def test_a_loss_free_checkpoint_file_resumes_with_its_bias(tmp_path) -> None:
+    """Saved to disk (kind "buffer"), loaded by another routing layout's serial engine: the
+    bias comes back and the resumed run equals the uninterrupted one (dropless: the routing
+    of a token does not depend on its group)."""
+    from mpi4py import MPI
+
+    from minipar.comm import TracedComm
+    from minipar.parallel import checkpoint
+
+    spec = moe_spec(load_balance="loss-free", bias_update_rate=0.05, router="sigmoid",
+                    capacity_factor=None, routing=(2,))
+    a = serial_build(spec)
+    for k in range(3):
+        a.step(spec.batch_at(k))
+    d = checkpoint.save(a, tmp_path, TracedComm(MPI.COMM_SELF), spec=spec)
+    b = serial_build(spec.with_(routing=(3,)))
+    checkpoint.load(b, d, spec=spec.with_(routing=(3,)))
+    for name, bias in a.bias.arrays.items():
+        np.testing.assert_array_equal(b.bias.arrays[name], bias)
+    assert max(np.abs(v).max() for v in a.bias.arrays.values()) > 0
+    la, lb = a.step(spec.batch_at(3)).loss, b.step(spec.batch_at(3)).loss
+    assert abs(la - lb) <= 1e-12 * abs(la)
+    for name, bias in a.bias.arrays.items():
+        np.testing.assert_array_equal(b.bias.arrays[name], bias)
