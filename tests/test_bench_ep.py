@@ -101,3 +101,18 @@ def test_routing_table_adds_up() -> None:
     assert rates == sorted(rates, reverse=True)
     with pytest.raises(ValueError, match="mixture of experts"):
         routing_table(GPTConfig(), GPT(GPTConfig()).init(0), tokens)
+
+
+def test_the_balance_table_reads_the_study() -> None:
+    """``minipar bench ep --balance``'s table: MaxVio over the first and last tenth of the
+    steps, the drop rate of the assignments, one row per configuration."""
+    from minipar.bench.ep import BALANCE_RUNS, format_balance
+
+    runs = [{"load_balance": lb, "capacity_factor": cf, "max_vio": [2.0] * 10 + [0.5] * 90,
+             "val_loss": 2.5, "dropped": 0 if cf is None else 5, "assignments": 100,
+             "alltoall_bytes_per_step": 1000.0, "step_seconds": 0.1}
+            for lb, cf in BALANCE_RUNS]
+    lines = format_balance({"runs": runs}).splitlines()
+    assert len(lines) == 1 + len(BALANCE_RUNS)
+    assert lines[1].split()[:6] == ["aux", "1.25", "2.000", "0.500", "2.5000", "5.00%"]
+    assert lines[4].split()[:2] == ["aux", "dropless"] and "0.00%" in lines[4]
