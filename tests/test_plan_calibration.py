@@ -119,6 +119,10 @@ def test_cli_layout_table(capsys):
     ("tp=64,pp=1,dp=24", "t = 64 must divide the 96 heads"),
     ("dp=16,tp=8,pp=12,dp=32", "layout: dp given twice ('16', then '32')"),
     ("tp=8,pp=12,zero=-1", "zero must be a whole number ≥ 0, got '-1'"),
+    ("tp=8,pp=12,schedule=zb", "schedule must be one of 1f1b, dualpipe, dualpipev"),
+    ("tp=8,pp=12,vp=2,schedule=dualpipe", "needs pp > 1 and no interleaving"),
+    ("tp=8,pp=6,dp=32,mb=8,schedule=dualpipe", "needs m >= 2·pp = 12 micro-batches, got m = 6"),
+    ("tp=8,pp=32,schedule=dualpipev", "cuts the 96 layers into 2·pp = 64 stages"),
 ])
 def test_cli_bad_layout_one_line_exit_2(capsys, layout, says):
     assert plan_main([*GPT3, "--layout", layout, "--json"]) == 2
@@ -203,3 +207,32 @@ def test_flash_attention_keeps_no_scores_in_the_recomputed_layer_either():
     full, none = (layout_memory(m, parse_layout(lay + r, m, 2304, 16))["activations"]
                   for r in ("full", "none"))
     assert full < none
+
+
+def test_cli_layout_schedule_dualpipe_and_dualpipev(capsys):
+    """``schedule=`` (DeepSeek-V3's DualPipe, DualPipe-V): pp stays the pipeline's ranks;
+    parameters of two stages per GPU (dualpipe: 2x 1F1B's; dualpipev: stages of 2·pp, the
+    same as 1F1B's one of pp), PP + 1 stages' activations, and the table's bubble."""
+    from fractions import Fraction
+
+    got = {}
+    for kind in ("1f1b", "dualpipe", "dualpipev"):
+        assert plan_main([*GPT3, "--layout", f"tp=8,pp=12,zero=1,schedule={kind}",
+                          "--json"]) == 0
+        got[kind] = json.loads(capsys.readouterr().out)["estimate"]
+    one, dual, v = got["1f1b"], got["dualpipe"], got["dualpipev"]
+    m = one["layout"]["m"]
+    assert dual["layout"]["schedule"] == "dualpipe" and m == 96
+    assert dual["memory"]["params"] == pytest.approx(one["memory"]["params"]
+                                                     + one["memory"]["params"], rel=0.02)
+    # (rank 0 of the V holds the embedding and the head: a little more than 1F1B's stage 0)
+    assert v["memory"]["params"] == pytest.approx(one["memory"]["params"], rel=0.05)
+    # activations in flight: 1F1B min(p, m) = 12 stages' on stage 0; DualPipe PP + 1 = 13;
+    # DualPipe-V 2p + 1 = 25 half-stage chunks
+    assert dual["memory"]["activations"] == pytest.approx(one["memory"]["activations"] * 13 / 12)
+    assert v["memory"]["activations"] == pytest.approx(one["memory"]["activations"] * 25 / 24)
+    # the table (PP/2 - 1)(F&B + B - 3W) with F : B : W = 1 : 2 : 1 over the ideal m(F + B)
+    assert dual["bubble_ratio"] == pytest.approx(float(Fraction((12 // 2 - 1) * 2, 3 * m)))
+    assert v["bubble_ratio"] == pytest.approx(float(Fraction((24 // 2 - 1) * 2, 2 * 3 * m)))
+    assert dual["bubble_ratio"] < one["bubble_ratio"] == pytest.approx(11 / 96)
+

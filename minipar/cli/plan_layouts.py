@@ -274,7 +274,8 @@ def render_layout(r: dict[str, Any]) -> str:
         f"{r['gpus']} GPUs of {c['name']}, global batch {r['global_batch']}"),
         (f"layout: dp={lay['d']} tp={lay['t']} pp={lay['p']} cp={lay['c']} vp={lay['v']} "
         f"mb={lay['b']} (m={lay['m']} micro-batches) zero={lay['zero']} remat={lay['remat']} "
-        f"sp={'on' if lay['sp'] else 'off'} {lay['placement']}"),
+        f"sp={'on' if lay['sp'] else 'off'} {lay['placement']}"
+        + (f" schedule={lay['schedule']}" if lay.get("schedule", "1f1b") != "1f1b" else "")),
         "",
         f"step {_s(e['step_s'])} (an estimate), by part:"]
     for key, name in _PART_NAMES:
@@ -286,8 +287,17 @@ def render_layout(r: dict[str, Any]) -> str:
         (f"TFLOP/s per GPU: {e['tflops_per_gpu']:.1f} counting recomputation (PTD-P eq. 3 for "
         f"full), {e['model_tflops_per_gpu']:.1f} model FLOPs; MFU {e['mfu']:.1%}, "
         f"HFU {e['hfu']:.1%} of {c['peak_tflops']:g} TFLOP/s"),
-        (f"tokens/s {e['tokens_per_s']:,.0f}; bubble (p−1)/(v·m) = {e['bubble_ratio']:.1%} "
-        "of the ideal time")]
+        (f"tokens/s {e['tokens_per_s']:,.0f}; bubble "
+         + (f"(PP/2−1)(F&B+B−3W) of DualPipe's table, F : B : W = 1 : 2 : 1, PP = "
+            f"{lay['p'] * (1 if lay['schedule'] == 'dualpipe' else 2)}"
+            if lay.get("schedule", "1f1b") != "1f1b" else "(p−1)/(v·m)")
+         + f" = {e['bubble_ratio']:.1%} of the ideal time")]
+    if lay.get("schedule", "1f1b") != "1f1b":
+        lines.append(f"{lay['schedule']}: each GPU holds two stages' parameters "
+                     + ("(two copies of the model over the pipeline, their gradients summed "
+                        "before the step)" if lay["schedule"] == "dualpipe" else
+                        "(stages s and 2p − 1 − s of 2p)")
+                     + ", and the activations of PP + 1 stages in flight")
     mem = e["memory"]
     lines.append(
         f"memory per GPU (stage {mem['stage']}): {memory_text(mem['total'])} = parameters "

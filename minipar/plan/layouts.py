@@ -158,6 +158,10 @@ class Layout:
     overlap: bool = True
     cp_kind: str = "ring"
     flash: bool = False
+    #: the pipeline schedule: 1f1b (interleaved when v > 1), or DeepSeek-V3's dualpipe
+    #: (p even: two copies of the model, p + 1 stages' activations) or dualpipev (its V:
+    #: p ranks hold 2p stages, 2p + 1 half-stage activations)
+    schedule: str = "1f1b"
 
     @property
     def n(self) -> int:
@@ -196,6 +200,24 @@ def stage_param_count(model: ModelSpec, p: int, t: int, stage: int) -> float:
     if stage == p - 1:
         out += 2 * d + d * V / t
     return out
+
+
+#: the pipeline schedules the planner knows (the layout key ``schedule=``)
+SCHEDULES = ("1f1b", "dualpipe", "dualpipev")
+
+
+def schedule_param_count(model: ModelSpec, lay: Layout, stage: int) -> float:
+    """Parameters one tensor rank of pipeline rank ``stage`` holds under ``lay.schedule``:
+    1F1B its stage's; DualPipe stages s and p − 1 − s (two copies of the model over the
+    ranks); DualPipe-V stages s and 2p − 1 − s of 2p (one copy)."""
+    p, t = lay.p, lay.t
+    if lay.schedule == "dualpipe":
+        return stage_param_count(model, p, t, stage) + stage_param_count(model, p, t,
+                                                                         p - 1 - stage)
+    if lay.schedule == "dualpipev":
+        return stage_param_count(model, 2 * p, t, stage) + stage_param_count(
+            model, 2 * p, t, 2 * p - 1 - stage)
+    return stage_param_count(model, p, t, stage)
 
 
 def activation_mode(remat: str, t: int, sequence_parallel: bool = True) -> str:
@@ -269,9 +291,13 @@ def layout_memory(model: ModelSpec, lay: Layout, itemsize: int = 2, K: float = K
     per_stage = model.n_layer // lay.p
     best: dict[str, float] = {}
     for stage in sorted({0, lay.p - 1}):
-        share = stage_param_count(model, lay.p, lay.t, stage)
+        share = schedule_param_count(model, lay, stage)
         states = zero_model_state_breakdown(share, N, lay.zero, K, itemsize, itemsize)["total"]
-        if lay.v > 1 and stage == 0:  # Megatron's interleaved warm-up on stage 0
+        if lay.schedule == "dualpipe":  # the table's PP + 1 stages' activations, every rank
+            acts = (lay.p + 1) * per_stage * layer
+        elif lay.schedule == "dualpipev":  # 2p + 1 half-stage chunks
+            acts = (2 * lay.p + 1) * per_stage / 2 * layer
+        elif lay.v > 1 and stage == 0:  # Megatron's interleaved warm-up on stage 0
             chunks = min(lay.m * lay.v, (lay.v - 1) * lay.p + 2 * (lay.p - 1) + 1)
             acts = chunks * per_stage / lay.v * layer
         else:
@@ -322,6 +348,22 @@ def check_layout(model: ModelSpec, lay: Layout, n: int | None = None,
                          f"{global_batch}")
     if lay.zero not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {lay.zero!r}")
+    if lay.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got "
+                         f"{lay.schedule!r}")
+    if lay.schedule != "1f1b":
+        if lay.v > 1 or lay.p == 1:
+            raise ValueError(f"schedule={lay.schedule} needs pp > 1 and no interleaving "
+                             f"(vp = 1), got pp = {lay.p}, vp = {lay.v}")
+        if lay.schedule == "dualpipe" and (lay.p % 2 or lay.m % 2):
+            raise ValueError(f"schedule=dualpipe needs pp and m even (m/2 micro-batches from "
+                             f"each end), got pp = {lay.p}, m = {lay.m}")
+        if lay.m < 2 * lay.p:
+            raise ValueError(f"schedule={lay.schedule} needs m >= 2·pp = {2 * lay.p} "
+                             f"micro-batches, got m = {lay.m}")
+        if lay.schedule == "dualpipev" and model.n_layer % (2 * lay.p):
+            raise ValueError(f"schedule=dualpipev cuts the {model.n_layer} layers into "
+                             f"2·pp = {2 * lay.p} stages: they must divide")
     if lay.placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got "
                          f"{lay.placement!r}")

@@ -81,7 +81,7 @@ def load_model(spec: str, seq: int | None = None) -> ModelSpec:
 
 #: the keys of a layout as text, named as minipar names its axes
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vp", "mb", "zero", "remat", "sp", "cpkind", "overlap",
-               "flash", "placement")
+               "flash", "placement", "schedule")
 
 
 def parse_layout(text: str, model: ModelSpec, gpus: int, global_batch: int) -> Layout:
@@ -89,7 +89,9 @@ def parse_layout(text: str, model: ModelSpec, gpus: int, global_batch: int) -> L
 
     Defaults: tp, pp, cp, vp, mb 1; dp = gpus/(tp·pp·cp); zero 0; remat none; sp on
     when tp > 1; cpkind ring (or allgather, Llama 3's); overlap on (the data-parallel
-    reduction behind backward); flash off; placement tp-inner.  m = B/(dp·mb).
+    reduction behind backward); flash off; placement tp-inner; schedule 1f1b (or
+    DeepSeek-V3's dualpipe, dualpipev: pp stays the pipeline's ranks, dualpipev's stages
+    are 2·pp).  m = B/(dp·mb).
     One ValueError line saying what does not divide or fit.
     """
     kv: dict[str, str] = {}
@@ -139,7 +141,7 @@ def parse_layout(text: str, model: ModelSpec, gpus: int, global_batch: int) -> L
                          f"{global_batch}")
     lay = Layout(d, t, p, c, zero, kv.get("remat", "none"), b, global_batch // (d * b),
                  kv.get("placement", "tp-inner"), v, flag("sp", True), flag("overlap", True),
-                 kv.get("cpkind", "ring"), flag("flash", False))
+                 kv.get("cpkind", "ring"), flag("flash", False), kv.get("schedule", "1f1b"))
     from minipar.plan.layouts import check_layout
 
     check_layout(model, lay, global_batch=global_batch)

@@ -109,9 +109,10 @@ from minipar.plan.layouts import (
     ModelSpec,
     check_layout,
     layout_memory,
+    schedule_param_count,
     stage_param_count,
 )
-from minipar.plan.pipeline import bubble_time_ratio, pipeline_p2p_bytes_per_rank
+from minipar.plan.pipeline import bubble_formula, pipeline_p2p_bytes_per_rank
 from minipar.plan.tensor import tp_allreduce_bytes
 from minipar.plan.zero import K_ADAM
 
@@ -417,7 +418,10 @@ def estimate(model: ModelSpec, lay: Layout, cluster: Cluster, global_batch: int,
     slow = max(first, last, key=lambda x: x["total"])
     mean = (first["total"] * (p - 1) + last["total"]) / p
     steady = m * slow["total"]
-    bubble = (p - 1) / v * mean
+    # the schedule's bubble over its ideal time (1F1B: (p - 1)/(v·m); DualPipe's table with
+    # F : B : W = 1 : 2 : 1), times the m micro-batches' mean stage time
+    ratio = bubble_formula(lay.schedule, p, m, v)["ratio"]
+    bubble = float(ratio) * m * mean
     # data parallelism: the gradient reduction after the last micro-batch's backward,
     # hidden behind that backward when overlapped (buckets: one layer's worth exposed)
     N = lay.d * lay.c
@@ -430,7 +434,7 @@ def estimate(model: ModelSpec, lay: Layout, cluster: Cluster, global_batch: int,
         dp_exposed = max(dp_s / L_st, dp_s - (m if lay.zero == 2 else 1) * slow["backward"])
     else:
         dp_exposed = dp_s
-    share = max(stage_param_count(model, p, lay.t, i) for i in {0, p - 1})
+    share = max(schedule_param_count(model, lay, i) for i in {0, p - 1})
     shard = share / N if lay.zero >= 1 else share
     optimizer = (30 * shard + 4 * share) / (cluster.hbm_bw * k["hbm_efficiency"])
     step = steady + bubble + dp_exposed + optimizer
@@ -444,7 +448,7 @@ def estimate(model: ModelSpec, lay: Layout, cluster: Cluster, global_batch: int,
         "fits": mem["total"] <= cluster.memory_bytes,
         "traffic": traffic, "parts_s": parts,
         "compute_s": parts["gemm"], "microbatch_s": slow["total"],
-        "bubble_ratio": bubble_time_ratio(p, m, v), "bubble_s": bubble,
+        "bubble_ratio": float(ratio), "bubble_s": bubble,
         "step_s": step,
         "mfu": mf / peak, "hfu": hw / peak,
         "tflops_per_gpu": hw / step / n / 1e12,
