@@ -21,11 +21,20 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_tp_times_both_and_counts_the_ring_bytes() -> None:
-    proc = _bench(*TINY, "--json")
+    proc = _bench(*TINY, "--sp", "--json")
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)
     assert row["serial_s"] > 0 and row["tp_s"] > 0 and row["speedup"] > 0
     assert row["bytes_per_block_per_rank"] == [row["bytes_formula"]] * 2 == [4 * 2 * 16 * 32 * 4] * 2
+    # blocking and overlapped (--tp-overlap's layers), with and without SP: the same bytes;
+    # the blocking forms hide nothing by construction (no timing asserted beyond that)
+    blocks = row["blocks"]
+    assert set(blocks) == {"TP", "TP overlap", "TP+SP", "TP+SP overlap"}
+    for name, b in blocks.items():
+        assert b["bytes_per_rank"] == row["bytes_per_block_per_rank"], name
+        assert b["seconds"] > 0 and all(p > 0 for p in b["peak_bytes_per_rank"])
+        assert b["hidden_fraction"] == 0.0 if "overlap" not in name else (
+            0.0 <= b["hidden_fraction"] <= 1.0), (name, b)
     text = _bench(*TINY)
     assert text.returncode == 0 and "speed-up" in text.stdout and "16,384" in text.stdout
     assert "ideal 2x on 2 ranks" in text.stdout and "target" not in text.stdout

@@ -22,13 +22,23 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_zero_reports_every_stage_and_the_3_to_2_traffic() -> None:
-    proc = _bench(*TINY, "--json")
+    """And ZeRO-3 prefetching (K = 1, 2; without resharding at K = 2): the blocking form's
+    bytes (one all-gather fewer without resharding), a share hidden (not asserted beyond
+    its range: the machine is shared), the gathered peak growing with K."""
+    proc = _bench(*TINY, "--prefetch", "1,2", "--no-reshard", "--json")
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)["results"]
-    assert set(res) == {"DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3"}
+    assert set(res) == {"DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3 K=1",
+                        "ZeRO-3 K=2", "ZeRO-3 K=2 keep"}
     assert all(r["seconds"] > 0 for r in res.values())
     assert res["ZeRO-0"]["bytes"] == res["ZeRO-1"]["bytes"] == res["ZeRO-2"]["bytes"]
     assert 2 * res["ZeRO-3"]["bytes"] == 3 * res["ZeRO-0"]["bytes"]
+    assert res["ZeRO-3"]["bytes"] == res["ZeRO-3 K=1"]["bytes"] == res["ZeRO-3 K=2"]["bytes"]
+    assert res["ZeRO-3 K=2 keep"]["bytes"] == res["ZeRO-0"]["bytes"]
+    assert res["ZeRO-3"]["hidden_fraction"] == 0.0
+    assert all(0.0 <= res[k]["hidden_fraction"] <= 1.0 for k in ("ZeRO-3 K=1", "ZeRO-3 K=2"))
+    peaks = [res[k]["peak_gathered_bytes"] for k in ("ZeRO-3", "ZeRO-3 K=1", "ZeRO-3 K=2")]
+    assert 0 < peaks[0] < peaks[1] < peaks[2] <= res["ZeRO-3 K=2 keep"]["peak_gathered_bytes"]
 
 
 def test_measure_stages_puts_stage_0_on_the_ring_unless_told() -> None:
@@ -52,6 +62,7 @@ def test_measure_stages_puts_stage_0_on_the_ring_unless_told() -> None:
 
 @pytest.mark.parametrize("args,option", [
     (["--stages", "0,5"], "--stages"), (["--stages", "x"], "--stages"),
+    (["--prefetch", "-1"], "--prefetch"),
     (["-n", "0"], "-n/--ranks"), (["--batch", "1"], "--batch"), (["--heads", "3"], "--heads"),
 ])
 def test_bench_zero_refuses_bad_options_in_one_line(args: list[str], option: str,

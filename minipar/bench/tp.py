@@ -11,7 +11,12 @@ friends) times the forward+backward of one block (default d_model 1024, 16 heads
 * serial: rank 0 runs the whole block (:class:`minipar.nn.gpt.BlockUnit`) while the
   others wait;
 * tensor-parallel: every rank runs its slice
-  (:class:`~minipar.parallel.tensor_parallel.model.TPBlockUnit`).
+  (:class:`~minipar.parallel.tensor_parallel.model.TPBlockUnit`), blocking and
+  overlapped (``--tp-overlap``'s layers,
+  :func:`~minipar.parallel.tensor_parallel.engine.overlap_layers`), and with ``--sp``
+  the same with sequence parallelism.  For each, the share of its communication
+  hidden behind computation (``hidden_fraction``, recorded by :class:`CommClock`) and
+  the peak bytes of one more step under tracemalloc.
 
 The two alternate ``--steps`` times after a warm-up (drift on a shared machine hits both
 alike); each figure is the median of the slowest rank's wall-clock seconds, and
@@ -33,61 +38,164 @@ from minipar.cli.options import ArgumentParser, integer, seconds
 PROG = "minipar bench tp"
 
 
+class CommClock:
+    """When one rank communicates, recorded on its :class:`~minipar.comm.TracedComm` by
+    the benchmark (the layers know nothing of it): every operation scope (a blocking
+    collective, or the posting of a non-blocking one) is a wait and a communication
+    interval; every receive posted is communication from its posting until the first
+    wait or scope that finds it complete; every ``waitall`` is a wait.  The compute
+    intervals of a step are the step minus its waits, so
+    :func:`minipar.overlap.hidden_fraction` of the two is the share of the messages'
+    time the rank spent computing (0 for the blocking form, by construction)."""
+
+    def __init__(self, comm: Any) -> None:
+        import time
+        from contextlib import contextmanager
+
+        self.comm_intervals: list[tuple[float, float]] = []
+        self.waits: list[tuple[float, float]] = []
+        self._open: list[Any] = []
+        now, irecv, waitall, operation = time.perf_counter, comm.Irecv, comm.waitall, \
+            comm.operation
+
+        def _seen(t: float) -> None:
+            self.comm_intervals += [(r.posted, t) for r in self._open if r.done]
+            self._open = [r for r in self._open if not r.done]
+
+        def recorded_irecv(*args: Any, **kwargs: Any) -> Any:
+            req = irecv(*args, **kwargs)
+            req.posted = now()
+            self._open.append(req)
+            return req
+
+        def recorded_waitall(requests: Any) -> None:
+            t0 = now()
+            waitall(requests)
+            t1 = now()
+            self.waits.append((t0, t1))
+            _seen(t1)
+
+        @contextmanager
+        def recorded_operation(name: str) -> Any:
+            t0 = now()
+            _seen(t0)
+            with operation(name) as c:
+                yield c
+            t1 = now()
+            _seen(t1)
+            self.waits.append((t0, t1))
+            self.comm_intervals.append((t0, t1))
+
+        comm.Irecv, comm.waitall, comm.operation = (recorded_irecv, recorded_waitall,
+                                                    recorded_operation)
+
+    def hidden(self, t0: float, t1: float) -> float | None:
+        """The hidden fraction of what was recorded since the step [t0, t1) began."""
+        from minipar.overlap import hidden_fraction, merge
+
+        comm = [c for c in self.comm_intervals if c[0] >= t0]
+        compute, at = [], t0
+        for a, b in merge(w for w in self.waits if w[0] >= t0):
+            compute.append((at, a))
+            at = b
+        compute.append((at, t1))
+        return hidden_fraction(compute, comm)
+
+
 def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
-    """Rank side: time the serial block on rank 0 and the TP block on all; rank 0 reports."""
+    """Rank side: time the serial block on rank 0 and the TP blocks (blocking and
+    overlapped, and with ``sp`` TP+SP's) on all; rank 0 reports."""
+    import time
+
     import numpy as np
 
     from minipar.bench.dp import measure_step_time
     from minipar.comm import TracedComm
+    from minipar.memory import measure
     from minipar.nn import GPT, GPTConfig
     from minipar.nn.gpt import BlockUnit
+    from minipar.parallel.tensor_parallel.engine import overlap_layers
     from minipar.parallel.tensor_parallel.model import TPBlockUnit
-    from minipar.parallel.tensor_parallel.shards import shard_params
+    from minipar.parallel.tensor_parallel.shards import shard_params, split_sequence
 
     comm = TracedComm()
+    clock = CommClock(comm)
     t, r = comm.size, comm.rank
     cfg = GPTConfig(vocab_size=t, block_size=o["seq"], n_layer=1, n_head=o["heads"],
                     d_model=o["d_model"], dtype=o["precision"])
     full = GPT(cfg).init(0)
-    serial, tp = BlockUnit(cfg, 0), TPBlockUnit(cfg, comm, 0)
+    serial = BlockUnit(cfg, 0)
     p_ser = serial.params(full) if r == 0 else None
-    p_tp = tp.params(shard_params(full, cfg, t, r))
-    del full
     rng = np.random.default_rng(1)
     x = rng.standard_normal((o["batch"], o["seq"], o["d_model"])).astype(cfg.dtype)
     dy = rng.standard_normal(x.shape).astype(cfg.dtype)
+    blocks = {}  # name -> (unit, its params, its input, its output gradient)
+    for sp in ((False, True) if o.get("sp") else (False,)):
+        for overlapped in (False, True):
+            unit = TPBlockUnit(cfg, comm, 0, sequence_parallel=sp)
+            if overlapped:
+                overlap_layers([unit])
+            xs, dys = (split_sequence(x, t, r), split_sequence(dy, t, r)) if sp else (x, dy)
+            name = ("TP+SP" if sp else "TP") + (" overlap" if overlapped else "")
+            blocks[name] = (unit, unit.params(shard_params(full, cfg, t, r)), xs, dys)
+    del full
 
     def run_serial(_: int) -> None:
         if r == 0:
             _, s = serial.forward(p_ser, x)
             serial.backward(p_ser, s, dy)
 
-    def run_tp(_: int) -> None:
-        _, s = tp.forward(p_tp, x)
-        tp.backward(p_tp, s, dy)
+    def runner(name: str) -> Any:
+        unit, p, xs, dys = blocks[name]
 
-    times: dict[str, list[float]] = {"serial": [], "tp": []}
+        def run(_: int) -> None:
+            _, s = unit.forward(p, xs)
+            unit.backward(p, s, dys)
+        return run
+
+    runs = {"serial": run_serial, **{name: runner(name) for name in blocks}}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    hidden: dict[str, list[float]] = {k: [] for k in blocks}
+    sent: dict[str, int] = {}
     for k in range(o["steps"] + 1):  # round 0 warms up
-        for name, fn in (("serial", run_serial), ("tp", run_tp)):
+        for name, fn in runs.items():
             comm.stats.reset()
+            t0 = time.perf_counter()
             dt = measure_step_time(fn, 1, comm, warmup=0)
+            h = clock.hidden(t0, time.perf_counter()) if name in blocks else None
             if k:
                 times[name].append(dt)
-    sent = comm.stats.bytes_sent("tp_f") + comm.stats.bytes_sent("tp_g")  # the last TP round
-    everyone = comm.comm.gather(sent, root=0)
-    if r:
-        return None
+                if h is not None:
+                    hidden[name].append(h)
+            sent[name] = sum(comm.stats.bytes_sent(op) for op in ("tp_f", "tp_g", "sp_f", "sp_g"))
+    peaks = {}
+    for name, fn in runs.items():  # one more step each, untimed, under tracemalloc
+        with measure() as region:
+            fn(0)
+        peaks[name] = region.peak_bytes
     from statistics import median
 
+    shares = {k: median(v) if v else None for k, v in hidden.items()}
+    everyone = comm.comm.gather((sent, shares, peaks), root=0)
+    if r:
+        return None
     from minipar.plan.tensor import tp_bytes_per_rank_per_layer
 
-    ts, tt = median(times["serial"]), median(times["tp"])
+    med = {k: median(v) for k, v in times.items()}
     e = np.dtype(cfg.dtype).itemsize
+    rows = {}
+    for name in blocks:
+        fr = [ev[1][name] for ev in everyone if ev[1][name] is not None]
+        rows[name] = {"seconds": med[name], "speedup": med["serial"] / med[name],
+                      "hidden_fraction": sum(fr) / len(fr) if fr else None,
+                      "bytes_per_rank": [ev[0][name] for ev in everyone],
+                      "peak_bytes_per_rank": [ev[2][name] for ev in everyone]}
     return {"t": t, "d_model": o["d_model"], "heads": o["heads"], "batch": o["batch"],
-            "seq": o["seq"], "precision": o["precision"], "serial_s": ts, "tp_s": tt,
-            "speedup": ts / tt, "round_speedups": [a / b for a, b in zip(times["serial"],
-                                                                         times["tp"])],
-            "bytes_per_block_per_rank": everyone,
+            "seq": o["seq"], "precision": o["precision"], "serial_s": med["serial"],
+            "serial_peak_bytes": everyone[0][2]["serial"], "tp_s": med["TP"],
+            "speedup": med["serial"] / med["TP"],
+            "round_speedups": [a / b for a, b in zip(times["serial"], times["TP"])],
+            "bytes_per_block_per_rank": rows["TP"]["bytes_per_rank"], "blocks": rows,
             "bytes_formula": tp_bytes_per_rank_per_layer(o["batch"], o["seq"], o["d_model"], t, e)}
 
 
@@ -104,6 +212,8 @@ def _parser() -> ArgumentParser:
                    help="timed rounds after one warm-up (default %(default)s)")
     p.add_argument("--precision", choices=["float32", "float64"], default="float32",
                    help="block dtype (default %(default)s)")
+    p.add_argument("--sp", action="store_true",
+                   help="also the block with sequence parallelism, blocking and overlapped")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--timeout", type=seconds, default=600.0,
                    help="seconds before every rank is killed (default %(default)s)")
@@ -140,9 +250,18 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"one block, d_model {a.d_model}, {a.heads} heads, b {a.batch} x s {a.seq} = "
           f"{a.batch * a.seq} tokens, {a.precision}, one BLAS thread per rank")
-    print(f"{'':>16} {'s fwd+bwd':>10}")
-    print(f"{'serial':>16} {row['serial_s']:>10.4f}")
-    print(f"{'TP, t = ' + str(a.ranks):>16} {row['tp_s']:>10.4f}")
+    print(f"{'':>16} {'s fwd+bwd':>10} {'speed-up':>9} {'hidden':>7} {'peak B (rank 0)':>16}")
+    print(f"{'serial':>16} {row['serial_s']:>10.4f} {'':>9} {'':>7} "
+          f"{row['serial_peak_bytes']:>16,}")
+    for name, b in row["blocks"].items():
+        h = b["hidden_fraction"]
+        print(f"{name + ', t = ' + str(a.ranks):>16} {b['seconds']:>10.4f} "
+              f"{b['speedup']:>8.2f}x {'-' if h is None else f'{h:.0%}':>7} "
+              f"{b['peak_bytes_per_rank'][0]:>16,}")
+    print("hidden: the share of the messages' time the rank spent computing (the step minus "
+          "its waits; minipar.overlap.hidden_fraction), mean of the ranks; overlap: "
+          "--tp-overlap's layers, the same bytes: "
+          + ", ".join(f"{n} {b['bytes_per_rank'][0]:,}" for n, b in row["blocks"].items()))
     print(f"speed-up {row['speedup']:.2f}x (median of {a.steps}; ideal {a.ranks}x on {a.ranks} "
           f"ranks); per round: {', '.join(f'{x:.2f}' for x in row['round_speedups'])}")
     print("bytes per block per rank (f and g, counted): "

@@ -7,13 +7,17 @@ One launch on N ranks (default 2) trains the same GPT with DDP
 started as backward fills the buckets) and with ZeRO stages 0-3
 (:class:`minipar.parallel.zero.engine.ZeRO`), both with their default all-reduce,
 ``auto``, in interleaved rounds (one step of each,
-repeated, so drift on a shared machine hits all alike), and reports each median
+repeated, so drift on a shared machine hits all alike), ZeRO-3 also prefetching K
+units ahead (``--prefetch K[,K...]``, default 1; ``--no-reshard``: without resharding
+after forward too), and reports each median
 step time (slowest rank, after a warm-up round;
 :func:`minipar.bench.dp.measure_step_time`) as a ratio to DDP's.  What the
 ratios show (Rajbhandari et al. 2019, arXiv 1910.02054): stages 1 and 2 move
 the same 2Ψ as DP, so they cost about what DP costs; stage 3 moves 3Ψ (1.5x)
 and cannot start a unit's forward before its all-gather, so it is slower.
-Bytes sent per rank per step are counted in the same run.  A progress bar
+Bytes sent per rank per step are counted in the same run, and for ZeRO-3 the share
+of its communication hidden behind the units' computation (``hidden_fraction``) and
+the most parameters it held gathered (the price of prefetching).  A progress bar
 on stderr counts the rounds (:mod:`minipar.progress`).
 
 The module also measures memory and traffic for the notebook:
@@ -59,14 +63,26 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.bench.dp import measure_step_time
     from minipar.parallel.data_parallel.engine import DataParallel
 
+    from mpi4py import MPI
+
+    from minipar.overlap import hidden_fraction
+
     dp = DataParallel(grid, spec)
     runners: dict[str, Any] = {"DDP": lambda s: dp.step(spec.batch_at(s))}
-    for stage in o["stages"]:
-        eng = ZeRO(grid, spec, stage=stage)
-        runners[f"ZeRO-{stage}"] = lambda s, eng=eng: eng.step(spec.batch_at(s))
+    engines: dict[str, Any] = {}
+    variants = [(f"ZeRO-{stage}", {"stage": stage}) for stage in o["stages"]]
+    if 3 in o["stages"]:  # ZeRO-3 that prefetches, beside the blocking one
+        variants += [(f"ZeRO-3 K={k}", {"stage": 3, "prefetch": k}) for k in o.get("prefetch", [])]
+        if o.get("no_reshard"):
+            k = max(o.get("prefetch") or [0])
+            variants.append((f"ZeRO-3 K={k} keep", {"stage": 3, "prefetch": k,
+                                                    "reshard_after_forward": False}))
+    for name, kw in variants:
+        eng = engines[name] = ZeRO(grid, spec, timeline=kw["stage"] == 3, **kw)
+        runners[name] = lambda s, eng=eng: eng.step(spec.batch_at(s))
     from minipar.progress import tick
 
-    res: dict[str, Any] = {k: {"times": [], "bytes": 0.0} for k in runners}
+    res: dict[str, Any] = {k: {"times": [], "bytes": 0.0, "hidden": []} for k in runners}
     for r in range(o["steps"] + 1):  # interleaved rounds: drift hits every strategy alike
         for name, fn in runners.items():
             sent = step_bytes(comm.stats)  # not ZeRO's sum of the loss (DDP's is counted)
@@ -74,10 +90,23 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             if r:  # round 0 is the warm-up
                 res[name]["times"].append(t)
                 res[name]["bytes"] = step_bytes(comm.stats) - sent
+                records = getattr(engines.get(name), "records", None) or []
+                h = hidden_fraction([x[2:] for x in records if x[0] != "comm"],
+                                    [x[2:] for x in records if x[0] == "comm"])
+                if h is not None:
+                    res[name]["hidden"].append(h)
         if comm.rank == 0:
             tick(o.get("progress"))
-    for v in res.values():
+    for name, v in res.items():
         v["seconds"] = statistics.median(v.pop("times"))
+        mine = statistics.median(v.pop("hidden")) if v["hidden"] else None
+        every = comm.comm.gather(mine)  # each rank's median share, averaged below
+        peak = engines[name].zero_hooks.peak_gathered_bytes if name in engines else 0
+        peak = comm.comm.allreduce(peak, op=MPI.MAX)
+        if comm.rank == 0:
+            shares = [h for h in every if h is not None]
+            v["hidden_fraction"] = sum(shares) / len(shares) if shares else None
+            v["peak_gathered_bytes"] = peak
     return {"psi": dp.layout.size, "results": res} if comm.rank == 0 else None
 
 
@@ -124,7 +153,25 @@ def _parser() -> ArgumentParser:
     add_bench_arguments(p)
     p.add_argument("--stages", type=stages_option, default=[0, 1, 2, 3],
                    help="ZeRO stages to time, comma-separated (default 0,1,2,3)")
+    p.add_argument("--prefetch", type=prefetch_option, default=[1], metavar="K[,K...]",
+                   help="with stage 3: also ZeRO-3 prefetching K units ahead, for each K "
+                        "(comma-separated; default 1; 0: none)")
+    p.add_argument("--no-reshard", action="store_true",
+                   help="with stage 3: also ZeRO-3 at the largest K without resharding "
+                        "after forward (FSDP2)")
     return p
+
+
+def prefetch_option(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated prefetch depths K >= 0 (0 alone: none)."""
+    try:
+        ks = [int(t) for t in text.split(",")]
+    except ValueError:
+        ks = []
+    if not ks or any(k < 0 for k in ks):
+        raise argparse.ArgumentTypeError(
+            f"must be prefetch depths K >= 0, comma-separated, got {text!r}")
+    return [k for k in ks if k > 0]
 
 
 def main(argv: list[str]) -> int:
@@ -142,7 +189,8 @@ def main(argv: list[str]) -> int:
         with watched(a.steps + 1, "round") as progress:  # the warm-up round, then the timed
             out, _ = launch.run_json(a.ranks, "minipar.bench.zero",
                                      {"mode": "time", "spec": spec.as_dict(), "steps": a.steps,
-                                      "stages": a.stages, "progress": progress},
+                                      "stages": a.stages, "progress": progress,
+                                      "prefetch": a.prefetch, "no_reshard": a.no_reshard},
                                      timeout=a.timeout, check=True)
     except launch.LaunchError as e:  # any failure of the launch
         return launch.report(PROG, e, a.debug)
@@ -153,9 +201,17 @@ def main(argv: list[str]) -> int:
     print(f"GPT d_model {a.d_model}, {a.layers} layers, T {a.seq}, global batch {a.batch}, "
           f"{a.precision}, {a.ranks} ranks: Ψ = {out['psi']:,}; median of {a.steps} steps, "
           "slowest rank")
-    print(f"{'':>8} {'s/step':>8} {'vs DDP':>7} {'bytes sent/rank/step':>22}")
+    print(f"{'':>16} {'s/step':>8} {'vs DDP':>7} {'bytes sent/rank/step':>22} "
+          f"{'hidden':>7} {'gathered peak B':>16}")
     for name, r in res.items():
-        print(f"{name:>8} {r['seconds']:>8.3f} {r['seconds'] / base:>6.2f}x {r['bytes']:>22,.0f}")
+        hidden = r.get("hidden_fraction")
+        peak = r.get("peak_gathered_bytes") or 0
+        print(f"{name:>16} {r['seconds']:>8.3f} {r['seconds'] / base:>6.2f}x "
+              f"{r['bytes']:>22,.0f} {'-' if hidden is None else f'{hidden:.0%}':>7} "
+              f"{f'{peak:,}' if peak else '-':>16}")
+    print("hidden: the share of ZeRO-3's all-gather / reduce-scatter time covered by the "
+          "units' forward and backward (minipar.overlap.hidden_fraction, last steps' median, "
+          "mean of the ranks)")
     return 0
 
 

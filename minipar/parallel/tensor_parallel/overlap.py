@@ -68,19 +68,20 @@ def all_gather_matmul(comm: Any, x: Any, w: Any, op: str) -> Any:
     """AG(x) @ w along the sequence (axis 1), the ring's chunks multiplied as they come."""
     c = traced(comm)
     r, n = c.rank, c.size
-    piece = xp.ascontiguousarray(xp.moveaxis(x, 1, 0))  # (s_r, b, h): my chunk
+    piece = xp.ascontiguousarray(x)  # (b, s_r, h): my chunk
+    b, h = piece.shape[0], piece.shape[2]
     ys, src = [None] * n, r
     for s in range(n):
-        if s < n - 1:  # a chunk has at most one row more than mine (array_split)
-            buf = xp.empty((piece.shape[0] + 1, *piece.shape[1:]), piece.dtype)
+        if s < n - 1:  # a chunk has at most one position more than mine (array_split)
+            buf = xp.empty(b * (piece.shape[1] + 1) * h, piece.dtype)
             with c.operation(op):
                 reqs = [c.Irecv(buf, (r - 1) % n, TAG), c.Isend(piece, (r + 1) % n, TAG)]
         ys[src] = matmul(piece, w)  # the chunk at hand, while the next one moves
         if s < n - 1:
             c.waitall(reqs)
-            rows = reqs[0].status.Get_count(MPI.BYTE) // (buf[0].nbytes or 1)
-            piece, src = buf[:rows], (src - 1) % n
-    return xp.ascontiguousarray(xp.moveaxis(xp.concatenate(ys, axis=0), 0, 1))
+            size = reqs[0].status.Get_count(MPI.BYTE) // buf.itemsize
+            piece, src = buf[:size].reshape(b, -1, h), (src - 1) % n
+    return xp.concatenate(ys, axis=1)
 
 
 def matmul_reduce_scatter(comm: Any, x: Any, w: Any, op: str) -> Any:
@@ -91,20 +92,19 @@ def matmul_reduce_scatter(comm: Any, x: Any, w: Any, op: str) -> Any:
     counts = spans.counts(x.shape[1], n)
     offs = spans.offsets(counts)
 
-    def part(i: int) -> Any:  # my partial product of chunk i, (k_i, b, d)
+    def part(i: int) -> Any:  # my partial product of chunk i, (b, k_i, d)
         i %= n
-        chunk = matmul(x[:, offs[i]:offs[i] + counts[i]], w)
-        return xp.ascontiguousarray(xp.moveaxis(chunk, 1, 0))
+        return matmul(x[:, offs[i]:offs[i] + counts[i]], w)
 
     acc = part(r - 1)
     for s in range(n - 1):
-        buf = xp.empty((counts[(r - s - 2) % n], *acc.shape[1:]), acc.dtype)
+        buf = xp.empty((acc.shape[0], counts[(r - s - 2) % n], acc.shape[2]), acc.dtype)
         with c.operation(op):
             reqs = [c.Irecv(buf, (r - 1) % n, TAG), c.Isend(acc, (r + 1) % n, TAG)]
         mine = part(r - s - 2)  # the chunk arriving, while it moves
         c.waitall(reqs)
         acc = mine + buf  # own partial + received: the blocking ring's sum
-    return xp.ascontiguousarray(xp.moveaxis(acc, 0, 1))
+    return acc
 
 
 class AsyncColumnParallelLinear(ColumnParallelLinear):
