@@ -166,7 +166,7 @@ def test_activation_formulas_against_the_serial_ledger() -> None:
     ring = attention_activation_formula("ring", 1, 32768, 4096, 32, 8, 2, 4)
     uly = attention_activation_formula("ulysses", 1, 32768, 4096, 32, 8, 2, 4)
     assert uly / ring > 50
-    with pytest.raises(ValueError, match="kind must be one of serial, ulysses, ring, allgather; got 'tp'"):
+    with pytest.raises(ValueError, match="kind must be one of serial, ulysses, ring, allgather, usp; got 'tp'"):
         attention_activation_formula("tp", 1, 2, 2, 1, 1, 8)
 
 
@@ -214,6 +214,11 @@ BAD = [
     (["cp", "-n", "2", "--kv-heads", "3", "--heads", "4"], "--kv-heads 3"),
     (["cp", "-n", "2", "--kind", "ulysses", "--heads", "6", "--d-model", "24",
       "--kv-heads", "3"], "--kv-heads 3 and cp = 2"),
+    (["cp", "-n", "4", "--kind", "usp", "--ulysses", "3", "--ring", "2"], "must equal cp = 4"),
+    (["cp", "-n", "8", "--kind", "usp", "--ulysses", "8", "--heads", "4", "--seq", "32"],
+     "--heads 4 is not divisible by --ulysses 8"),
+    (["cp", "-n", "4", "--kind", "usp", "--ulysses", "2", "--seq", "12"], "2·ring·ulysses = 8"),
+    (["cp", "-n", "4", "--kind", "ring", "--ulysses", "2"], "use --kind usp"),
 ]
 
 

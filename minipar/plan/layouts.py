@@ -220,6 +220,10 @@ def schedule_param_count(model: ModelSpec, lay: Layout, stage: int) -> float:
     return stage_param_count(model, p, t, stage)
 
 
+#: context parallelism's kinds the planner models (ring, Ulysses, Llama 3's all-gather, USP)
+CP_KINDS = ("ring", "ulysses", "allgather", "usp")
+
+
 def activation_mode(remat: str, t: int, sequence_parallel: bool = True) -> str:
     """Korthikanti's mode for a remat choice: SP with TP (t > 1) unless told otherwise."""
     if remat not in REMATS:
@@ -258,12 +262,16 @@ def _layer_bytes(model: ModelSpec, t: int, c: int, b: int, remat: str, itemsize:
             raise ValueError("minipar's activation formula covers remat 'none' only")
         scores = b * model.heads * s_loc * s_loc * itemsize / t  # the A array
         base = minipar_activation_formula(*args, mode, itemsize)
-        if cp_kind not in ("ring", "ulysses"):
-            raise ValueError(f"cp_kind must be 'ring' or 'ulysses', got {cp_kind!r}")
+        if cp_kind not in CP_KINDS:
+            raise ValueError(f"cp_kind must be one of {', '.join(CP_KINDS)}, got {cp_kind!r}")
         if c == 1 or cp_kind == "ulysses":
             return base + (c - 1) * scores
         lse = 8 if itemsize == 8 else 4  # the compute dtype
-        return base - scores + b * model.heads * s_loc * lse / t  # lse for A; o is kept anyway
+        ring = base - scores + b * model.heads * s_loc * lse / t  # lse for A; o is kept anyway
+        if cp_kind == "allgather":  # and the whole sequence's K and V, kept for backward
+            kv = max(model.groups // t, 1) * model.head_dim
+            ring += 2 * b * model.seq * kv * itemsize
+        return ring  # USP: ring attention on s/c gathered positions of H/U heads, the same
     if formula != "paper":
         raise ValueError(f"formula must be 'paper' or 'minipar', got {formula!r}")
     full = activation_bytes_per_layer(*args, mode)

@@ -30,18 +30,29 @@ import argparse
 from typing import Any
 
 #: minipar.parallel.context_parallel.options.KINDS (a test checks they agree)
-KINDS = ("ulysses", "ring", "allgather")
+KINDS = ("ulysses", "ring", "allgather", "usp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("context parallelism")
     g.add_argument("--kind", choices=KINDS, default="ring",
-                   help="ring (ring attention, default), ulysses (DeepSpeed-Ulysses) or "
-                   "allgather (Llama 3: K, V all-gathered per layer)")
+                   help="ring (ring attention, default), ulysses (DeepSpeed-Ulysses), "
+                   "allgather (Llama 3: K, V all-gathered per layer) or usp (Ulysses inside "
+                   "groups of --ulysses ranks, ring attention across --ring groups)")
+    add_usp_arguments(g)
     g.add_argument("--zigzag", action=argparse.BooleanOptionalAction, default=None,
                    help="ring, allgather: rank r holds chunks r and 2cp-1-r to balance "
                         "causal work (default on for them; Ulysses has no chunks to zigzag and "
                         "refuses --zigzag)")
+
+
+def add_usp_arguments(g: Any) -> None:
+    """``--ulysses U`` and ``--ring R``: USP's 2-D context grid, U·R = cp (shared with
+    ``minipar run hybrid``)."""
+    g.add_argument("--ulysses", type=int, default=None, metavar="U",
+                   help="usp: Ulysses ranks per group (default: cp / --ring)")
+    g.add_argument("--ring", type=int, default=None, metavar="R",
+                   help="usp: ring groups, U·R = cp (default: cp / --ulysses)")
 
 
 def zigzag(options: dict[str, Any]) -> bool:
@@ -55,7 +66,8 @@ def check(options: dict[str, Any], spec: Any) -> None:
     from minipar.parallel.context_parallel.options import check as cp_check
 
     cp_check(spec.seq, spec.heads, options["ranks"], options.get("kind", "ring"),
-             zigzag(options), spec.experts, spec.kv_heads)
+             zigzag(options), spec.experts, spec.kv_heads, options.get("ulysses"),
+             options.get("ring"))
 
 
 def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
@@ -64,8 +76,11 @@ def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
 
 
 def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """The engine's ``kind`` and ``zigzag``."""
-    return {"kind": options.get("kind", "ring"), "zigzag": zigzag(options)}
+    """The engine's ``kind`` and ``zigzag`` (and USP's ``ulysses``, ``ring``)."""
+    out = {"kind": options.get("kind", "ring"), "zigzag": zigzag(options)}
+    if out["kind"] == "usp":
+        out.update(ulysses=options.get("ulysses"), ring=options.get("ring"))
+    return out
 
 
 def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
@@ -86,7 +101,9 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     att_f = rows[0]["attention_bytes_per_layer_formula"]
     paper = rows[0]["attention_paper_bytes_per_layer"]
     chunks = ("zigzag" if m["zigzag"] else "contiguous") + " chunks"
+    U = getattr(engine.layout, "U", 1)
     name = {"ulysses": "DeepSpeed-Ulysses", "allgather": "all-gather of K and V (Llama 3), "
+            + chunks, "usp": f"USP, Ulysses over {U} x ring attention over {n // U} groups, "
             + chunks}.get(kind, "ring attention, " + chunks)
     fwd = ", ".join(f"{r['attention_forward_bytes_per_layer']:,}" for r in rows)
     act = ", ".join(f"{r['activation_per_layer'][0]:,}" for r in rows)
@@ -97,7 +114,8 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
         "ulysses": "(b·s·(d + 2K·d_h) + b·H·s²)·i/P",
         "allgather": ("(b·s·(d + 2K·d_h) [q, k, v] + b·s·d [o])·i/P + b·s·2K·d_h·i "
                       "[the whole K, V] + b·H·s·i_c/P [lse]")}.get(
-        kind, "(b·s·(d + 2K·d_h) [q, k, v] + b·s·d [o] + b·H·s [lse])·i/P, no s² term")
+        kind, "(b·s·(d + 2K·d_h) [q, k, v] + b·s·d [o] + b·H·s [lse])·i/P, no s² term"
+        + (" (K = max(K, U))" if kind == "usp" else ""))
     work = ", ".join(f"{r['score_elements']:,}" for r in rows)
     H, sq = spec.heads, spec.seq
     causal = H * sq * (sq + 1) // 2  # the serial layer's causal scores q·k, key j <= query i
@@ -105,12 +123,14 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
         work_text = (f"H·s²/P: H/P heads each over the whole sequence, the masked scores "
                      f"included; the serial layer's H·s² = {H * sq * sq:,} (causal: {causal:,})")
     else:  # chunk pairs below the diagonal, the diagonal ones whole (masked inside)
-        c = sq // (2 * n if m["zigzag"] else n)
+        groups = n // U  # the ring's ranks (USP: its groups)
+        c = sq // (2 * groups if m["zigzag"] else groups)
         work_text = (f"together {sum(r['score_elements'] for r in rows):,} = H·s(s+c)/2 with "
                      f"chunks of c = {c} (a diagonal chunk pair is computed whole, masked "
                      f"inside); the serial layer's causal count H·s(s+1)/2 = {causal:,} "
                      f"(H·s² = {H * sq * sq:,} with the masked scores)")
     paper_text = {"ulysses": "4Nh/P per link (N = b·s)",
+                  "usp": "4Nh/U per link on a group (N = b·s/R) + the ring's 2(R-1)·b·s·h/(R·U)",
                   "allgather": "(P-1)/P·2·b·s·h per rank (multi-head attention)"}.get(
         kind, "2(P-1)·b·s·h/P per rank")
     paper_line = f"the paper's {paper_text} = {paper:,.0f}"
@@ -123,6 +143,7 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
     return {
         "ranks": n, "data_parallel_ranks": 1,
         "kind": kind, "zigzag": m["zigzag"], "cp": n,
+        **({"ulysses": U, "ring": n // U} if kind == "usp" else {}),
         "bytes_sent_per_rank": per, "bytes_exact_per_rank": exact,
         "bytes_exact_text": "attention exchange + ring all-reduce of the gradients and the loss",
         "bytes_by_op_per_rank": [r["bytes_by_op"] for r in rows],

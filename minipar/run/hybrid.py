@@ -54,8 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        ("ep", "expert-parallel size over the dp·cp ranks (default 1)")):
         g.add_argument(f"--{axis}", type=integer(1), default=None if axis == "dp" else 1,
                        metavar=axis.upper(), help=what)
-    g.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
-                   help="context parallelism: ring attention (zigzag) or Ulysses (default ring)")
+    g.add_argument("--cp-kind", choices=("ring", "ulysses", "allgather", "usp"), default="ring",
+                   help="context parallelism: ring attention (zigzag), Ulysses, allgather "
+                   "(Llama 3's all-gather of K, V; zigzag) or usp (--ulysses x --ring) "
+                   "(default ring)")
+    from minipar.run.cp import add_usp_arguments
+
+    add_usp_arguments(g)
     g.add_argument("--zero", type=integer(0, 3), default=0, metavar="S",
                    help="ZeRO stage over the dp·cp ranks: 0 (all-reduce), 1, 2 (gradients "
                         "reduce-scattered after the flush) or 3 (parameters gathered per "
@@ -104,8 +109,20 @@ def check(options: dict[str, Any], spec: Any) -> None:
     check_hybrid(options["ranks"], spec, z["dp"], z["pp"], z["tp"], z["cp"], z["ep"],
                  options.get("zero", 0), options.get("schedule", "1f1b"), z["m"],
                  _chunks(options), None, True if remat == 0 else remat,
-                 options.get("cp_kind", "ring"), options.get("sequence_parallel", False))
+                 options.get("cp_kind", "ring"), options.get("sequence_parallel", False),
+                 _cp_ulysses(options, z["cp"]))
     remat_offload.check(options, spec)
+
+
+def _cp_ulysses(options: dict[str, Any], cp: int) -> int:
+    """USP's Ulysses degree from ``--ulysses`` / ``--ring`` (0 unless ``--cp-kind usp``)."""
+    from minipar.parallel.context_parallel.options import usp_sizes
+
+    if options.get("cp_kind", "ring") != "usp":
+        if options.get("ulysses") or options.get("ring"):
+            raise ValueError("--ulysses and --ring are USP's degrees: use --cp-kind usp")
+        return 0
+    return usp_sizes(cp, options.get("ulysses"), options.get("ring"))[0]
 
 
 def grid_sizes(options: dict[str, Any], spec: Any) -> dict[str, int]:
@@ -123,6 +140,7 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
             "offload_dir": options.get("offload_dir") if options.get("offload") == "disk"
             else None,
             "zero": options.get("zero", 0), "cp_kind": options.get("cp_kind", "ring"),
+            "cp_ulysses": _cp_ulysses(options, sizes(options, spec)["cp"]),
             "scatter_gather": not options.get("no_scatter_gather", False),
             "sequence_parallel": options.get("sequence_parallel", False)}
 

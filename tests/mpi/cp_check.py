@@ -81,9 +81,12 @@ def _arrays(tree: object) -> list[np.ndarray]:
     return [a for t in items for a in _arrays(t)]
 
 
-#: (kind, zigzag, key/value heads: 0 = all 4 heads; 1 multi-query, 2 grouped)
-CONFIGS = [("ulysses", False, 0), ("ring", False, 0), ("ring", True, 0), ("allgather", True, 0),
-           ("ring", True, 1), ("ulysses", False, 1), ("allgather", True, 2)]
+#: (kind, zigzag, key/value heads: 0 = all 4 heads; 1 multi-query, 2 grouped; USP's ulysses)
+CONFIGS = [("ulysses", False, 0, 0), ("ring", False, 0, 0), ("ring", True, 0, 0),
+           ("allgather", True, 0, 0), ("ring", True, 1, 0), ("ulysses", False, 1, 0),
+           ("allgather", True, 2, 0)]
+if N >= 2:  # USP: U = 2 Ulysses ranks x R = N/2 ring groups (K = 1: copied to both)
+    CONFIGS += [("usp", True, 0, 2)] + ([("usp", True, 1, 2)] if N == 4 else [])
 BIG = (2, 256, 64, 4)  # b, s, d, H of the layer whose tracemalloc must be within 2% of the ledger
 # tracemalloc also sees the Python objects around the saved arrays (the saved tuple, the
 # ndarray headers with their shape and strides, the traced communicator's counters):
@@ -137,13 +140,14 @@ def refs(kv: int) -> tuple:
 
 
 REFS[0] = (spec, params, serial_logits, serial_loss, serial_grads, serial, serial_act)
-for kind, zz, kv in CONFIGS:
-    name = f"{kind}{' zigzag' if zz else ''}{f' K={kv}' if kv else ''}"
+for kind, zz, kv, U in CONFIGS:
+    name = (f"{kind}{' zigzag' if zz else ''}{f' K={kv}' if kv else ''}"
+            f"{f' U={U} R={N // U}' if U else ''}")
     run, params, serial_logits, serial_loss, serial_grads, serial, serial_act = refs(kv)
     initial = FlatParams.like(params).flatten(params)
     K, dkv = kv or run.heads, (kv or run.heads) * run.d_model // run.heads
     # 2. one forward/backward of the CP GPT against the serial GPT
-    cp = ContextParallel(grid, run, kind, zz)
+    cp = ContextParallel(grid, run, kind, zz, U or None)
     logits, kept = cp.forward(params, tokens)
     c.close(logits, serial_logits[:, cp.positions], f"{name}: logits at my positions",
             tol=1e-14, rtol=1e-11)
@@ -158,7 +162,7 @@ for kind, zz, kv in CONFIGS:
                 tol=1e-13 * float(np.abs(serial_grads[p]).max()))
     cp.close()
     # 3.-6. training, counted bytes, activation ledger, work
-    m = measure(comm, run, kind, zz)
+    m = measure(comm, run, kind, zz, U or None)
     v = compare(m["losses"], serial["losses"], m["params"], serial["params"], initial)
     c.check(v.status == "equal", f"{name}: verdict {v.status}: {v.line}")
     for op, want in m["bytes_by_op_formula"].items():
@@ -172,6 +176,13 @@ for kind, zz, kv in CONFIGS:
         want = ring_forward_bytes(spec.batch, s, spec.d_model, N, 8, dkv)
         plan = want if kv else ring_attention_bytes_per_rank(s, spec.batch, spec.d_model, N, 8)
         c.check(fwd == want == plan, f"{name}: one layer forward sent {fwd}, formula {want}")
+    elif kind == "usp":  # the group's all-to-alls + the ring's hops on H/U heads
+        want = m["attention_bytes_per_layer_formula"]["forward"]
+        paper = (ulysses_alltoall_elements_per_link(spec.batch * s // (N // U), spec.d_model, U)
+                 * (U - 1) / U + ring_attention_bytes_per_rank(s, spec.batch,
+                                                               spec.d_model // U, N // U, 1))
+        c.check(fwd == want and (kv or fwd == round(paper * 8)),
+                f"{name}: one layer forward sent {fwd}, formula {want}, paper {paper * 8}")
     elif kind == "allgather":  # (P−1)/P of the whole sequence's K and V
         want = (N - 1) * spec.batch * (s // N) * 2 * dkv * 8
         c.check(fwd == want == m["attention_bytes_per_layer_formula"]["forward"],
@@ -183,13 +194,13 @@ for kind, zz, kv in CONFIGS:
                 f"4Nh/P·(P−1)/P = {per_link * (N - 1) / N}")
     act = m["activation_per_layer"]
     f = attention_activation_formula(kind, spec.batch, s, spec.d_model, spec.heads, N, 8,
-                                     n_kv_head=K)
+                                     n_kv_head=K, ulysses=U or 1)
     c.check(act == [f] * spec.layers, f"{name}: attention activations {act}, formula {f}")
     tm = m["activation_tracemalloc"]
     c.check(tm["ledger"] == tm["formula"] == f and f <= tm["tracemalloc"] <= f + SLACK,
             f"{name}: tracemalloc {tm}, the run's ledger {act}, formula {f}")
-    big = attention_activation_tracemalloc(comm, kind, zz, *BIG, n_kv_head=K)
-    fb = attention_activation_formula(kind, *BIG, N, 8, n_kv_head=K)
+    big = attention_activation_tracemalloc(comm, kind, zz, *BIG, n_kv_head=K, ulysses=U or None)
+    fb = attention_activation_formula(kind, *BIG, N, 8, n_kv_head=K, ulysses=U or 1)
     c.check(big["ledger"] == fb <= big["tracemalloc"] <= 1.02 * fb,
             f"{name}: tracemalloc {big['tracemalloc']} not within 2% of the ledger "
             f"{big['ledger']} (formula {fb}), b, s, d, H = {BIG}")
@@ -203,7 +214,11 @@ for kind, zz, kv in CONFIGS:
         c.check(N == 1 or all(a < sa for a, sa in zip(act, serial_act)),
                 f"{name}: activations {act} not below the serial {serial_act}")
     work = comm.comm.allgather(m["score_elements"])
-    if kind != "ulysses" and zz:  # ring and all-gather alike: (2P+1)·c² per head
+    if kind == "usp":  # the ring's zigzag over R groups, H/U heads: equal on every rank
+        chunk = s // (2 * (N // U))
+        c.check(work == [(2 * (N // U) + 1) * chunk * chunk * spec.heads // U] * N,
+                f"{name}: USP work {work}")
+    elif kind != "ulysses" and zz:  # ring and all-gather alike: (2P+1)·c² per head
         chunk = s // (2 * N)
         c.check(work == [(2 * N + 1) * chunk * chunk * spec.heads] * N,
                 f"{name}: zigzag work {work}")
@@ -226,11 +241,17 @@ for kind, zz, bad, word in [("ring", True, spec.with_(seq=2 * N + 2), "2·cp"),
         c.check(False, f"{kind} zigzag={zz}: no error for seq {bad.seq}, heads {bad.heads}")
     except ValueError as e:
         c.check(word in str(e), f"{kind}: {e}")
+for U, rr, word in [(N + 1, 1, "must equal cp"), (8, N // 8 or 1, "--ulysses 8")]:
+    try:  # U·R ≠ cp; more Ulysses ranks than the 4 heads
+        ContextParallel(grid, spec, "usp", True, U, rr)
+        c.check(N == 8 and U == 8, f"usp --ulysses {U} --ring {rr}: no error")
+    except ValueError as e:
+        c.check(word in str(e) or (U == 8 and N != 8), f"usp: {e}")
 c.check(comm.stats.bytes_sent() == before, "bytes were sent before a bad configuration was refused")
 
 # 8. the state: whole tensors, serial names, replica = cp rank; any layout resumes it
 spec, model, params = REFS[0][0], GPT(spec.config()), REFS[0][1]
-for kind, zz, _ in CONFIGS[:4]:
+for kind, zz, _, _ in CONFIGS[:4]:
     name = f"{kind}{' zigzag' if zz else ''}"
     cp = ContextParallel(grid, spec, kind, zz)
     cp.step(spec.batch_at(0))

@@ -83,6 +83,9 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
         check(tp_sum == f["tp"], f"{what}: tp bytes {tp_sum} != {f['tp']}")
         for axis in ("pp_p2p", "dp", "edp", "cp"):
             check(counted[axis] == f[axis], f"{what}: {axis} bytes {counted[axis]} != {f[axis]}")
+        if spec.kv_heads:  # grouped-query attention: the plan's GPT has K = H; bytes above
+            grid.free()
+            return
         model = gpt_model(spec.layers, spec.d_model, spec.vocab, spec.seq, spec.heads)
         share = stage_param_count(model, pp, tp, grid.coord("pp"))
         psi = h.stage_layout.size
@@ -190,6 +193,12 @@ def run_all() -> list[str]:
         trial(dense, 2, 2, 1, cp=2, m=2)
         trial(dense, 1, 2, 2, cp=2)  # cp x tp: ring zigzag on each tp rank's 4 heads
         trial(dense, 2, 1, 2, cp=2, cp_kind="ulysses")  # Ulysses: heads/t = 4 over cp 2
+        # grouped-query attention: K = 2 key/value heads, one per tp rank, all-gathered over cp;
+        # K = 1 under tp 2: replicated on both tp ranks, its gradient summed (tp_kv_grads)
+        trial(dense.with_(kv_heads=2), 2, 1, 2, cp=2, cp_kind="allgather")
+        trial(dense.with_(kv_heads=1), 2, 2, 2, zero=1)
+        # USP: U = 2 Ulysses ranks x R = 2 ring groups on each tp rank's 4 heads, K = 4 / t
+        trial(dense.with_(kv_heads=4), 1, 1, 2, cp=4, cp_kind="usp", cp_ulysses=2)
         # zero bubble (Qi et al. 2023): B and W with tp inside the stage, SP's W, ZeRO-1
         trial(dense, 2, 2, 2, kind="zb-h1", m=4)
         trial(dense, 2, 2, 2, kind="zb-h1", m=2, sequence_parallel=True)
@@ -198,7 +207,10 @@ def run_all() -> list[str]:
     if N == 4:
         trial(dense, 1, 2, 1, cp=2)
         trial(dense, 2, 1, 1, cp=2, cp_kind="ulysses")
+        trial(dense.with_(kv_heads=2), 1, 2, 1, cp=2, cp_kind="allgather")
+        trial(dense.with_(kv_heads=1), 2, 1, 1, cp=2, cp_kind="ulysses")  # K copied to 2
         trial(dense, 1, 1, 1, cp=4, kind="gpipe", m=2)
+        trial(dense, 1, 1, 1, cp=4, cp_kind="usp", cp_ulysses=2)  # 2 Ulysses x 2 ring
         trial(dense, 1, 2, 2, kind="interleaved", m=2, v=2, remat=True)
         trial(dense, 2, 2, 1, kind="gpipe", m=2, offload="host")
         trial(dense.with_(layers=8), 1, 2, 1, cp=2, remat=2)  # recomputed: the ring again

@@ -4,13 +4,15 @@ The technique: read ``layout.py`` (28 code lines),
 ``minipar/nn/blockwise_attention.py`` (65 code lines) and
 ``ring_attention.py`` (81 code lines) for ring attention: which positions a rank
 holds (zigzag included), the online-softmax merge of two partial results, the K/V
-blocks around the ring, forward and backward.  ``ulysses.py`` (43 code lines) with
+blocks around the ring, forward and backward.  ``ulysses.py`` (44 code lines) with
 ``minipar/nn/attention.py`` (77 code lines) for DeepSpeed-Ulysses: one all-to-all
 from sequence to heads, the serial attention core, one all-to-all back.  For Llama 3's
 all-gather context parallelism: ``layout.py``, ``blockwise_attention.py`` and
 ``allgather_attention.py`` (49 code lines): K and V of the whole sequence all-gathered,
-each query chunk against the keys before it, dK and dV reduce-scattered.  With
-grouped-query attention (``--kv-heads K``) every kind moves only the K key/value heads.
+each query chunk against the keys before it, dK and dV reduce-scattered.  USP:
+``usp.py`` (34 code lines) with ``ulysses.py`` and ``ring_attention.py``: Ulysses inside
+groups of U ranks, ring attention across the R groups.  With grouped-query attention
+(``--kv-heads K``) every kind moves only the K key/value heads.
 
 Then the shell: ``model.py`` (the CP GPT: the serial units with the attention core
 swapped), ``engine.py`` (``ContextParallel``, the Engine interface: the loss over

@@ -78,18 +78,20 @@ __all__ = ["OPTIONS", "OP_GRADS", "OP_LOSS", "ContextParallel", "build"]
 OP_GRADS, OP_LOSS = "cp_grad_allreduce", "cp_loss_allreduce"
 
 #: the engine's options: which route attention takes, and the ring's chunk order
-OPTIONS = ("kind", "zigzag")
+OPTIONS = ("kind", "zigzag", "ulysses", "ring")
 
 
 class ContextParallel:
     """One rank of a context-parallel run of ``spec``'s GPT over the ``cp`` axis of ``grid``.
 
-    ``kind``: "ulysses", "ring" or "allgather"; ``zigzag`` (ring and all-gather; default on).
+    ``kind``: "ulysses", "ring", "allgather" or "usp" (``ulysses`` × ``ring`` ranks);
+    ``zigzag`` (ring, all-gather, USP's ring; default on).
     The grid must be all cp (no other axis larger than 1).  Bad sizes raise ValueError
     on every rank before any message."""
 
     def __init__(self, grid: Grid, spec: RunSpec, kind: str = "ring",
-                 zigzag: bool | None = None) -> None:
+                 zigzag: bool | None = None, ulysses: int | None = None,
+                 ring: int | None = None) -> None:
         require_grid(grid, "context parallelism", ("cp",))
         zigzag = (kind != "ulysses") if zigzag is None else zigzag
         if not isinstance(zigzag, (bool, np.bool_)):
@@ -97,12 +99,12 @@ class ContextParallel:
         zigzag = bool(zigzag)
         P = grid.size("cp")
         check(spec.seq, spec.heads, P, kind, zigzag, spec.experts,
-              spec.kv_heads)  # before any message
+              spec.kv_heads, ulysses, ring)  # before any message
         self.spec, self.kind, self.zigzag = spec, kind, zigzag
         self.grid = grid
         self.comm = grid.comm("cp")
         self.rank, self.world = self.comm.rank, P
-        self.layout = sharding(spec.seq, P, kind, zigzag)
+        self.layout = sharding(spec.seq, P, kind, zigzag, ulysses, ring)
         self.positions = self.layout.positions(self.rank)
         self.index = to_device(self.positions)  # to index device arrays with, moved once
         self.cfg = spec.config()
@@ -183,6 +185,6 @@ class ContextParallel:
 
 def build(spec: RunSpec, grid: Grid, **options: Any) -> ContextParallel:
     """The context-parallel engine (:mod:`minipar.parallel.strategies`' row "cp"):
-    ``kind`` ("ring" or "ulysses") and ``zigzag`` (ring's chunk order)."""
+    ``kind`` ("ring", "ulysses", "allgather" or "usp"), ``zigzag``, USP's ``ulysses``, ``ring``."""
     checks.known("context parallelism", options, OPTIONS)
     return ContextParallel(grid, spec, **options)

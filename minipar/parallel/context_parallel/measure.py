@@ -78,7 +78,8 @@ from minipar.plan.activations import (
     ulysses_alltoall_elements_per_link,
 )
 
-__all__ = ["allgather_bytes_per_rank", "attention_activation_formula", "attention_op", "attention_activation_tracemalloc",
+__all__ = ["allgather_bytes_per_rank", "attention_activation_formula", "attention_bytes_by_op",
+           "usp_bytes_per_rank", "attention_activation_tracemalloc",
            "attention_bytes_per_layer", "figures", "measure",
            "measured_attention_activation", "op_counters", "paper_attention_bytes",
            "ring_backward_bytes", "ring_forward_bytes", "score_elements",
@@ -138,11 +139,14 @@ def score_elements(layout: Sharding, rank: int) -> int:
 
 def attention_activation_formula(kind: str, b: int, s: int, d: int, H: int, P: int,
                                  itemsize: int, compute_itemsize: int | None = None,
-                                 n_kv_head: int | None = None) -> int:
+                                 n_kv_head: int | None = None, ulysses: int = 1) -> int:
     """Bytes the attention core of one layer saves on one rank (``kind`` "serial" too);
-    ``n_kv_head`` K key/value heads (K·d_h = dkv columns each of k and v)."""
-    checks.one_of("kind", kind, ("serial", "ulysses", "ring", "allgather"))
+    ``n_kv_head`` K key/value heads (K·d_h = dkv columns each of k and v); USP: ring
+    attention's on the gathered positions of H/U heads, K' = max(K, U)."""
+    checks.one_of("kind", kind, ("serial", "ulysses", "ring", "allgather", "usp"))
     ic, kv = compute_itemsize or itemsize, n_kv_head or H
+    if kind == "usp":
+        kv = max(kv, ulysses)
     dkv = kv * (d // H)
     if kind == "serial":
         return (b * s * (d + 2 * dkv) + b * H * s * s) * itemsize
@@ -157,8 +161,8 @@ def attention_activation_formula(kind: str, b: int, s: int, d: int, H: int, P: i
 
 def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int, s: int,
                                     d: int, H: int, dtype: str = "float64",
-                                    seed: int = 0, n_kv_head: int | None = None
-                                    ) -> dict[str, int]:
+                                    seed: int = 0, n_kv_head: int | None = None,
+                                    ulysses: int | None = None) -> dict[str, int]:
     """What one attention core's forward keeps alive for backward on this rank, measured.
 
     Collective over ``comm`` (the cp group: every rank calls it).  A random fused qkv of
@@ -170,7 +174,7 @@ def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int,
     ``formula`` (:func:`attention_activation_formula`), bytes on this rank."""
     c = traced(comm)
     P, kv = c.size, n_kv_head or H
-    layout = sharding(s, P, kind, zigzag)
+    layout = sharding(s, P, kind, zigzag, ulysses)
     core = CPAttention(c, kind, layout, H, kv)
     width = (H + 2 * kv) * (d // H)
     full = np.random.default_rng(seed).standard_normal((b, s, width)).astype(dtype)
@@ -189,7 +193,8 @@ def attention_activation_tracemalloc(comm: Any, kind: str, zigzag: bool, b: int,
     i, ic = np.dtype(dtype).itemsize, compute_dtype(np.dtype(dtype)).itemsize
     return {"tracemalloc": int(region.current_bytes), "peak": int(region.peak_bytes),
             "ledger": book,
-            "formula": attention_activation_formula(kind, b, s, d, H, P, i, ic, kv)}
+            "formula": attention_activation_formula(kind, b, s, d, H, P, i, ic, kv,
+                                                    ulysses or 1)}
 
 
 def measured_attention_activation(kept: list[Any]) -> list[int]:
@@ -204,40 +209,66 @@ def serial_attention_activation(spec: Any, tokens: Any) -> list[int]:
     return measured_attention_activation(kept)
 
 
-def attention_bytes_per_layer(cp: ContextParallel) -> dict[str, int]:
-    """Exact bytes this rank sends per layer for attention: forward and backward."""
+def usp_bytes_per_rank(b: int, s: int, d: int, n_head: int, n_kv_head: int, U: int, R: int,
+                       rank: int, itemsize: int, acc_itemsize: int | None = None
+                       ) -> dict[str, dict[str, int]]:
+    """Bytes ``rank`` (= g·U + u) sends in one layer of USP, by part: ``ulysses_a2a`` (the
+    all-to-alls of a sequence of s/R over U ranks) and ``ring_attention`` (over R ranks,
+    K'/U key/value heads of s/R positions), each ``{"forward", "backward"}``."""
+    a2a = ulysses_bytes_per_rank(b, s // R, d, n_head, U, rank % U, itemsize, n_kv_head)
+    dkv = max(n_kv_head, U) * (d // n_head) // U
+    return {ulysses.OP: {"forward": a2a, "backward": a2a},
+            RING_OP: {"forward": ring_forward_bytes(b, s, d, R, itemsize, dkv),
+                      "backward": ring_backward_bytes(b, s, d, R, itemsize, acc_itemsize, dkv)}}
+
+
+def attention_bytes_by_op(cp: ContextParallel) -> dict[str, dict[str, int]]:
+    """Exact bytes this rank sends per layer for attention, by operation: forward and
+    backward."""
     spec, P, i = cp.spec, cp.world, np.dtype(cp.cfg.dtype).itemsize
     ic, kv = compute_dtype(cp.cfg.dtype).itemsize, cp.cfg.n_kv_head
     dkv = kv * (spec.d_model // spec.heads)
+    if cp.kind == "usp":
+        U = cp.layout.U
+        return usp_bytes_per_rank(spec.batch, spec.seq, spec.d_model, spec.heads, kv, U, P // U,
+                                  cp.rank, i, ic)
     if cp.kind == "ulysses":
         f = ulysses_bytes_per_rank(spec.batch, spec.seq, spec.d_model, spec.heads, P, cp.rank,
                                    i, kv)
-        return {"forward": f, "backward": f}
+        return {ulysses.OP: {"forward": f, "backward": f}}
     if cp.kind == "allgather":
-        return allgather_bytes_per_rank(spec.batch, spec.seq, dkv, P, cp.rank, i, ic)
-    return {"forward": ring_forward_bytes(spec.batch, spec.seq, spec.d_model, P, i, dkv),
-            "backward": ring_backward_bytes(spec.batch, spec.seq, spec.d_model, P, i, ic,
-                                            dkv)}
+        return {ALLGATHER_OP: allgather_bytes_per_rank(spec.batch, spec.seq, dkv, P, cp.rank, i,
+                                                       ic)}
+    return {RING_OP: {"forward": ring_forward_bytes(spec.batch, spec.seq, spec.d_model, P, i,
+                                                    dkv),
+                      "backward": ring_backward_bytes(spec.batch, spec.seq, spec.d_model, P, i,
+                                                      ic, dkv)}}
 
 
-def attention_op(kind: str) -> str:
-    """The traced operation a kind's attention messages are counted under."""
-    return {"ulysses": ulysses.OP, "allgather": ALLGATHER_OP}.get(kind, RING_OP)
+def attention_bytes_per_layer(cp: ContextParallel) -> dict[str, int]:
+    """Exact bytes this rank sends per layer for attention: forward and backward."""
+    parts = attention_bytes_by_op(cp).values()
+    return {w: sum(p[w] for p in parts) for w in ("forward", "backward")}
 
 
 def step_bytes_formula(cp: ContextParallel) -> dict[str, int]:
     """Exact bytes per operation this rank sends in one training step."""
-    per_layer = attention_bytes_per_layer(cp)
     psi, gi = cp.states.layout.size, cp.states.grads.dtype.itemsize
-    return {attention_op(cp.kind): cp.spec.layers * (per_layer["forward"]
-                                                     + per_layer["backward"]),
-            OP_GRADS: allreduce_bytes_sent(psi, gi, cp.world, cp.rank, "ring"),
+    out = {op: cp.spec.layers * (f["forward"] + f["backward"])
+           for op, f in attention_bytes_by_op(cp).items()}
+    return {**out, OP_GRADS: allreduce_bytes_sent(psi, gi, cp.world, cp.rank, "ring"),
             OP_LOSS: allreduce_bytes_sent(1, 8, cp.world, cp.rank, "ring")}
 
 
-def paper_attention_bytes(kind: str, b: int, s: int, d: int, P: int, itemsize: int) -> float:
+def paper_attention_bytes(kind: str, b: int, s: int, d: int, P: int, itemsize: int,
+                          ulysses: int = 1) -> float:
     """The paper's per-layer forward figure: Ulysses 4Nh/P per link, ring 2(P−1)·b·s·h/P,
-    all-gather (P−1)/P·2·b·s·h (multi-head attention)."""
+    all-gather (P−1)/P·2·b·s·h (multi-head attention); USP (U·R = P): Ulysses' 4Nh/U on a
+    group's N = b·s/R, plus the ring's 2(R−1)·b·s·(h/U)/R."""
+    if kind == "usp":
+        r = P // ulysses
+        return (ulysses_alltoall_elements_per_link(b * s // r, d, ulysses) * itemsize
+                + ring_attention_bytes_per_rank(s, b, d // ulysses, r, itemsize))
     if kind == "allgather":
         return (P - 1) * 2 * b * s * d * itemsize / P
     if kind == "ulysses":
@@ -266,18 +297,20 @@ def figures(cp: ContextParallel, steps: int, before: dict[str, int] | None = Non
     axes = {a: v // steps for a, v in traffic.items() if v}
     # one more forward, counted alone: a layer's attention forward bytes
     tokens, _ = spec.global_batch(0)
-    op = attention_op(kind)
-    b0 = stats.bytes_sent(op)
+    ops = list(attention_bytes_by_op(cp))
+    b0 = sum(stats.bytes_sent(op) for op in ops)
     _, kept = cp.forward(cp.states.param_views(), tokens)
-    fwd_layer = (stats.bytes_sent(op) - b0) // spec.layers
+    fwd_layer = (sum(stats.bytes_sent(op) for op in ops) - b0) // spec.layers
     measured = measured_attention_activation(kept)
     del kept
     traced_mem = attention_activation_tracemalloc(cp.comm, kind, cp.zigzag, spec.batch, spec.seq,
                                                   spec.d_model, spec.heads, cp.cfg.dtype,
-                                                  n_kv_head=cp.cfg.n_kv_head)
+                                                  n_kv_head=cp.cfg.n_kv_head,
+                                                  ulysses=getattr(cp.layout, "U", None))
     i = np.dtype(cp.cfg.dtype).itemsize
     ic = compute_dtype(cp.cfg.dtype).itemsize
-    args = (spec.batch, spec.seq, spec.d_model, spec.heads, cp.world, i, ic, cp.cfg.n_kv_head)
+    args = (spec.batch, spec.seq, spec.d_model, spec.heads, cp.world, i, ic, cp.cfg.n_kv_head,
+            getattr(cp.layout, "U", 1))
     return {
         "kind": kind, "zigzag": cp.zigzag,
         "positions": [int(p) for p in cp.positions],
@@ -286,12 +319,14 @@ def figures(cp: ContextParallel, steps: int, before: dict[str, int] | None = Non
         "attention_forward_bytes_per_layer": fwd_layer,
         "attention_bytes_per_layer_formula": attention_bytes_per_layer(cp),
         "attention_paper_bytes_per_layer": paper_attention_bytes(
-            kind, spec.batch, spec.seq, spec.d_model, cp.world, i),
+            kind, spec.batch, spec.seq, spec.d_model, cp.world, i, getattr(cp.layout, "U", 1)),
         "activation_per_layer": measured,
         "activation_tracemalloc": traced_mem,
         "activation_formula": attention_activation_formula(kind, *args),
         "serial_activation_formula": attention_activation_formula("serial", *args),
         "score_elements": (score_elements(cp.layout, cp.rank) * spec.heads if kind == "ring"
+                           else score_elements(cp.layout.ring, cp.rank // cp.layout.U)
+                           * spec.heads // cp.layout.U if kind == "usp"
                            else sum(n * (a + n) for a, n in cp.layout.chunks(cp.rank))
                            * spec.heads if kind == "allgather"
                            else spec.heads // cp.world * spec.seq * spec.seq),
@@ -304,7 +339,8 @@ def op_counters(cp: ContextParallel) -> dict[str, int]:
     return {op: stats.bytes_sent(op) for op in step_bytes_formula(cp)}
 
 
-def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict[str, Any]:
+def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None,
+            ulysses: int | None = None) -> dict[str, Any]:
     """Train ``spec`` with context parallelism on all of ``comm``'s ranks; this rank's figures.
 
     A grid of cp ranks, the engine, ``spec.steps`` steps on the global batches
@@ -312,7 +348,7 @@ def measure(comm: Any, spec: Any, kind: str, zigzag: bool | None = None) -> dict
     ``losses`` and ``params`` (final flat).  The grid is freed after."""
     grid = Grid(comm, cp=traced(comm).size)
     try:
-        cp = ContextParallel(grid, spec, kind, zigzag)
+        cp = ContextParallel(grid, spec, kind, zigzag, ulysses)
         before = op_counters(cp)
         cp.traffic()
         losses = [cp.step(spec.batch_at(s)).loss for s in range(spec.steps)]

@@ -44,7 +44,7 @@ from minipar.nn.layers import (
     linear_forward,
 )
 from minipar.nn.units import Unit
-from minipar.parallel.context_parallel import ulysses
+from minipar.parallel.context_parallel import ulysses, usp
 from minipar.parallel.context_parallel.allgather_attention import (
     allgather_attention_backward,
     allgather_attention_forward,
@@ -56,7 +56,7 @@ from minipar.parallel.context_parallel.ring_attention import (
 )
 
 __all__ = ["CPAttention", "CPBlockUnit", "CPEmbedUnit", "attention_backward",
-           "attention_forward", "cp_units"]
+           "attention_forward", "context_grid", "cp_units"]
 
 
 class CPAttention:
@@ -70,8 +70,13 @@ class CPAttention:
                              f"communicator has {traced(comm).size}")
         self.comm, self.kind, self.layout, self.n_head = comm, kind, layout, n_head
         self.n_kv_head = n_kv_head or n_head
+        if kind == "usp":  # the 2-D context grid: my Ulysses group, my ring
+            self.groups = context_grid(comm, layout.U)
 
     def forward(self, qkv: Any) -> tuple[Any, Any]:
+        if self.kind == "usp":
+            return usp.usp_attention_forward(self.groups, qkv, self.n_head, self.n_kv_head,
+                                             self.layout.ring)
         if self.kind == "ulysses":
             return ulysses.ulysses_attention_forward(self.comm, qkv, self.n_head,
                                                      self.n_kv_head)
@@ -86,11 +91,23 @@ class CPAttention:
         return o, (*saved[:3], split_heads(o, self.n_head), *saved[4:])  # o saved as a view
 
     def backward(self, saved: Any, do: Any) -> Any:
+        if self.kind == "usp":
+            return usp.usp_attention_backward(self.groups, saved, do)
         if self.kind == "ulysses":
             return ulysses.ulysses_attention_backward(self.comm, saved, do)
         back = (allgather_attention_backward if self.kind == "allgather"
                 else ring_attention_backward)
         return merge_qkv(*back(self.comm, saved, split_heads(do, self.n_head)))
+
+
+def context_grid(comm: Any, U: int) -> tuple[Any, Any]:
+    """USP's 2-D grid of the cp ranks, R = P/U groups of U: rank g·U + u's Ulysses group
+    (the U ranks g·U … g·U + U − 1, consecutive: inside a node when ranks fill nodes in
+    order) and its ring (the R ranks u, U + u, …).  Both named like ``comm``, so their bytes
+    count on its axis."""
+    c = traced(comm)
+    return (c.Split(c.rank // U, c.rank % U, name=c.name),
+            c.Split(c.rank % U, c.rank // U, name=c.name))
 
 
 def attention_forward(p: dict[str, Any], x: Any, core: CPAttention) -> tuple[Any, tuple]:

@@ -17,19 +17,50 @@ from __future__ import annotations
 
 from minipar import checks
 from minipar.parallel.context_parallel.layout import Sharding
+from minipar.parallel.context_parallel.usp import USPSharding
 
-__all__ = ["KINDS", "check", "sharding"]
+__all__ = ["KINDS", "check", "sharding", "usp_sizes"]
 
 #: the routes for attention's keys and values
-KINDS = ("ulysses", "ring", "allgather")
+KINDS = ("ulysses", "ring", "allgather", "usp")
+
+
+def usp_sizes(cp: int, ulysses: int | None, ring: int | None) -> tuple[int, int]:
+    """USP's (U, R) from ``--ulysses`` and ``--ring`` (either may be left out: cp / the
+    other); ValueError unless U·R = cp."""
+    u = ulysses or (cp // ring if ring and cp % ring == 0 else None)
+    r = ring or (cp // u if u and cp % u == 0 else None)
+    if u is None or r is None or u * r != cp:
+        raise ValueError(f"USP: --ulysses {ulysses} x --ring {ring} must equal cp = {cp} "
+                         f"(a 2-D grid of U·R ranks); e.g. --ulysses {min(2, cp)} --ring "
+                         f"{cp // min(2, cp)}")
+    return u, r
 
 
 def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int = 0,
-          kv_heads: int = 0) -> None:
+          kv_heads: int = 0, ulysses: int | None = None, ring: int | None = None) -> None:
     """ValueError naming the numbers unless a CP run of this kind can be cut as asked
-    (``kv_heads``: grouped-query attention's key/value heads, 0 = ``heads``)."""
+    (``kv_heads``: grouped-query attention's key/value heads, 0 = ``heads``; ``ulysses``,
+    ``ring``: USP's degrees, U·R = cp)."""
     checks.one_of("--kind", kind, KINDS)
     kv = kv_heads or heads
+    if kind != "usp" and (ulysses or ring):
+        raise ValueError(f"--ulysses and --ring are USP's degrees: use --kind usp (got --kind "
+                         f"{kind})")
+    if kind == "usp":
+        u, r = usp_sizes(cp, ulysses, ring)
+        if heads % u:
+            raise ValueError(f"USP: --heads {heads} is not divisible by --ulysses {u}: each "
+                             f"rank of a Ulysses group takes whole heads; take --ulysses a "
+                             f"divisor of {heads} and a larger --ring")
+        if kv % u and u % kv:
+            raise ValueError(f"USP: --kv-heads {kv} and --ulysses {u}: one must divide the "
+                             f"other")
+        parts = (2 * r if zigzag else r) * u
+        if seq % parts:
+            raise ValueError(f"USP: --seq {seq} is not divisible by {'2·' if zigzag else ''}"
+                             f"ring·ulysses = {parts}: every rank needs equal chunks")
+        kind, zigzag = "ring", False  # the remaining checks: experts
     if experts:
         raise ValueError(f"context parallelism runs a dense GPT here; got --experts {experts} "
                          "(an MoE would route each rank's tokens as a group of its own)")
@@ -52,6 +83,11 @@ def check(seq: int, heads: int, cp: int, kind: str, zigzag: bool, experts: int =
     Sharding(seq, cp, zigzag)
 
 
-def sharding(seq: int, cp: int, kind: str, zigzag: bool) -> Sharding:
-    """Which positions each rank holds (Ulysses: contiguous chunks)."""
+def sharding(seq: int, cp: int, kind: str, zigzag: bool, ulysses: int | None = None,
+             ring: int | None = None) -> Sharding | USPSharding:
+    """Which positions each rank holds (Ulysses: contiguous chunks; USP: the ring's cut over
+    R groups, each group's over its U ranks)."""
+    if kind == "usp":
+        u, r = usp_sizes(cp, ulysses, ring)
+        return USPSharding(Sharding(seq, r, zigzag), u)
     return Sharding(seq, cp, zigzag and kind != "ulysses")

@@ -67,10 +67,11 @@ def _heads(n_head: int, n_kv_head: int, P: int) -> tuple[int, int]:
     return n_kv_head * copies, copies
 
 
-def ulysses_attention_forward(comm: Any, qkv: Any, n_head: int,
-                              n_kv_head: int | None = None) -> tuple[Any, tuple]:
+def ulysses_attention_forward(comm: Any, qkv: Any, n_head: int, n_kv_head: int | None = None,
+                              attend: Any = attention_core_forward) -> tuple[Any, tuple]:
     """Causal attention of my positions' fused ``qkv`` (b, t, (H + 2K)·d_h) ->
-    ``(o (b, t, H·d_h), saved)``."""
+    ``(o (b, t, H·d_h), saved)``.  ``attend(q, k, v) -> (o, saved)``: the attention of the
+    gathered positions, my heads (default the serial core; USP: ring attention)."""
     P, kv = traced(comm).size, n_kv_head or n_head
     b, t, width = qkv.shape
     dh = width // (n_head + 2 * kv)
@@ -80,21 +81,23 @@ def ulysses_attention_forward(comm: Any, qkv: Any, n_head: int,
     x = xp.concatenate([a.reshape(b, t, P, -1) for a in (q, k, v)], axis=-1)  # rank p's heads
     full = all_to_all.forward(comm, x, split_axis=2, concat_axis=1, op=OP)[:, :, 0]
     q, k, v = xp.split(full, [n_head // P * dh, (n_head + kvp) // P * dh], axis=-1)
-    o, s_core = attention_core_forward(*(split_heads(a, a.shape[-1] // dh) for a in (q, k, v)))
+    o, s_core = attend(*(split_heads(a, a.shape[-1] // dh) for a in (q, k, v)))
     mine = all_to_all.backward(comm, o.transpose(0, 2, 1, 3), split_axis=2, concat_axis=1,
                                op=OP)  # (b, t, H, dh): my positions, every head
     return mine.reshape(b, t, n_head * dh), (s_core, (b, t, n_head, kv, copies, dh))
 
 
-def ulysses_attention_backward(comm: Any, saved: tuple, do: Any) -> Any:
+def ulysses_attention_backward(comm: Any, saved: tuple, do: Any,
+                               attend_backward: Any = attention_core_backward) -> Any:
     """d(qkv) (b, t, (H + 2K)·d_h) for the output gradient ``do`` (b, t, H·d_h): the two
-    all-to-alls' adjoints, in reverse order, around the serial core's backward; a copied
-    key/value head's gradient summed over its copies."""
+    all-to-alls' adjoints, in reverse order, around the core's backward (``attend``'s:
+    ``attend_backward(saved, do) -> (dq, dk, dv)``); a copied key/value head's gradient
+    summed over its copies."""
     s_core, (b, t, n_head, kv, copies, dh) = saved
     P = traced(comm).size
     do_full = all_to_all.forward(comm, do.reshape(b, t, n_head, dh), split_axis=2,
                                  concat_axis=1, op=OP)  # (b, s, H/P, dh)
-    grads = attention_core_backward(s_core, do_full.transpose(0, 2, 1, 3))
+    grads = attend_backward(s_core, do_full.transpose(0, 2, 1, 3))
     d_full = xp.concatenate([merge_heads(g) for g in grads], axis=-1)[:, :, None]
     dx = all_to_all.backward(comm, d_full, split_axis=2, concat_axis=1, op=OP)  # (b, t, P, w)
     w = [n_head // P * dh, (n_head // P + kv * copies // P) * dh]

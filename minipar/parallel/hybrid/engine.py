@@ -75,7 +75,7 @@ __all__ = ["OPTIONS", "build"]
 #: the keyword options of :func:`build`: the pipeline's (but a learner's instruction list)
 #: and the hybrid's own
 OPTIONS = tuple(o for o in PIPELINE_OPTIONS if o != "instructions") + (
-    "zero", "cp_kind", "scatter_gather", "sequence_parallel")
+    "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel")
 
 
 def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
@@ -83,7 +83,8 @@ def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
     "hybrid"): ``options`` are :data:`OPTIONS`; an unknown one is a ValueError.
 
     The pipeline options are :class:`PipelineParallel`'s; ``zero``: 0 (all-reduce) or
-    1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring" (zigzag) or "ulysses";
+    1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring", "allgather" (zigzag), "ulysses" or "usp" (``cp_ulysses`` U
+    Ulysses ranks × cp/U ring groups);
     ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1).  Bad sizes
     raise ``ValueError`` on every rank before any message (:func:`check_hybrid`)."""
     checks.known("the hybrid engine", options, OPTIONS)
@@ -96,12 +97,13 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
              chunks: int = 1, balance: Any = None, remat: Any = None,
              offload: str | None = None, offload_dir: str | None = None, zero: int = 0,
              cp_kind: str = "ring", scatter_gather: bool = True,
-             sequence_parallel: bool = False) -> PipelineParallel:
+             sequence_parallel: bool = False, cp_ulysses: int = 0) -> PipelineParallel:
     """The checks, the three parts, the pipeline engine given them."""
     lay = grid.layout
     check_hybrid(grid.world.size, spec, lay.dp, lay.pp, lay.tp, lay.cp, lay.ep, zero,
-                 schedule, micro_batches, chunks, balance, remat, cp_kind, sequence_parallel)
-    stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel)
+                 schedule, micro_batches, chunks, balance, remat, cp_kind, sequence_parallel,
+                 cp_ulysses)
+    stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel, cp_ulysses)
     wire: Any = Whole()
     if stage.sp:
         wire = SequenceShard(lay.tp)

@@ -29,7 +29,8 @@ ZERO_STAGES = (0, 1, 2, 3)
 def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1,
                  ep: int = 1, zero: int = 0, schedule: str = "1f1b", micro_batches: int = 1,
                  chunks: int = 1, balance: Any = None, remat: Any = None,
-                 cp_kind: str = "ring", sequence_parallel: bool = False) -> None:
+                 cp_kind: str = "ring", sequence_parallel: bool = False,
+                 cp_ulysses: int = 0) -> None:
     """One ``ValueError`` naming the numbers unless the run can be cut as asked (no MPI:
     the launcher and every rank call it alike; the sentences of ``Grid`` and ``check_tp``)."""
     from minipar.parallel.common import check_world
@@ -48,7 +49,7 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
     cfg = spec.config()
     sp = sequence_parallel and tp > 1
     check_tp_sizes(tp, cfg.n_head, cfg.d_ff, cfg.vocab_size, spec.seq if sp else None,
-                   sequence_parallel=sp, experts=spec.experts)
+                   sequence_parallel=sp, experts=spec.experts, kv_heads=cfg.n_kv_head)
     check_world(spec.batch, dp)
     check_pipeline(spec.layers, pp, micro_batches, schedule, chunks, balance,
                    spans.counts(spec.batch, dp)[-1], remat)
@@ -62,7 +63,8 @@ def check_hybrid(world: int, spec: Any, dp: int = 1, pp: int = 1, tp: int = 1, c
             raise ValueError(f"DeepSpeed-Ulysses under tp: heads/t = {spec.heads}/{tp} = "
                              f"{spec.heads // tp} is not divisible by cp = {cp}: each cp rank "
                              "takes a whole number of its tensor slice's heads")
-        check(spec.seq, spec.heads // tp, cp, cp_kind, cp_kind == "ring", spec.experts)
+        check(spec.seq, spec.heads // tp, cp, cp_kind, cp_kind != "ulysses", spec.experts,
+              max(cfg.n_kv_head // tp, 1), cp_ulysses or None)
     if ep > 1:
         from minipar.parallel.expert_parallel.options import check_ep
 

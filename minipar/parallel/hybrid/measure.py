@@ -45,7 +45,7 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
                   sends: int, psi_stage: int, itemsize: int, zero: int = 0,
                   cp_kind: str = "ring", gathers: int = 0,
                   sequence_parallel: bool = False, recomputed: int = 0,
-                  units: Any = None) -> dict[str, int]:
+                  units: Any = None, cp_ulysses: int = 0) -> dict[str, int]:
     """Exact bytes per step rank ``coords`` sends on tp, pp_p2p, dp/edp and cp (module doc).
 
     ``lay``: the grid's :class:`~minipar.comm.topology.Layout` (sizes dp, pp, cp, tp).
@@ -81,23 +81,26 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
             out["tp"] += gathers * all_gather_bytes([act // t] * t, itemsize, coords["tp"])[0]
         else:
             out["pp_p2p"] += sends * act * itemsize
-        if P > 1 and cp_kind == "ring":
-            from minipar.parallel.context_parallel.measure import (
-                ring_backward_bytes as backward_bytes,
-            )
-            from minipar.parallel.context_parallel.measure import (
-                ring_forward_bytes as forward_bytes,
-            )
+        if P > 1:
+            from minipar.parallel.context_parallel import measure as cpm
 
-            out["cp"] += ((blocks + recomputed) * forward_bytes(b, s, h // t, P, itemsize)
-                          + blocks * backward_bytes(b, s, h // t, P, itemsize))
-        elif P > 1:
-            from minipar.parallel.context_parallel.measure import (
-                ulysses_bytes_per_rank as bytes_per_rank,
-            )
-
-            out["cp"] += (2 * blocks + recomputed) * bytes_per_rank(
-                b, s, h // t, spec.heads // t, P, coords["cp"], itemsize)
+            kv = max(spec.config().n_kv_head // t, 1)  # my tensor slice's key/value heads
+            dkv = kv * (h // spec.heads)
+            if cp_kind == "ring":
+                out["cp"] += ((blocks + recomputed) * cpm.ring_forward_bytes(
+                    b, s, h // t, P, itemsize, dkv)
+                    + blocks * cpm.ring_backward_bytes(b, s, h // t, P, itemsize, dkv=dkv))
+            elif cp_kind == "usp":
+                parts = cpm.usp_bytes_per_rank(b, s, h // t, spec.heads // t, kv, cp_ulysses,
+                                               P // cp_ulysses, coords["cp"], itemsize).values()
+                out["cp"] += sum((blocks + recomputed) * f["forward"] + blocks * f["backward"]
+                                 for f in parts)
+            elif cp_kind == "allgather":
+                ag = cpm.allgather_bytes_per_rank(b, s, dkv, P, coords["cp"], itemsize)
+                out["cp"] += (blocks + recomputed) * ag["forward"] + blocks * ag["backward"]
+            else:
+                out["cp"] += (2 * blocks + recomputed) * cpm.ulysses_bytes_per_rank(
+                    b, s, h // t, spec.heads // t, P, coords["cp"], itemsize, kv)
     n = lay.dp * lay.cp
     axis = "dp" if lay.cp == 1 else "edp"
     rank = coords["dp"] * lay.cp + coords["cp"]
@@ -159,4 +162,4 @@ def engine_bytes(engine: Any) -> dict[str, int]:
     return bytes_formula(h.spec, h.grid.layout, coords, h.m, blocks, sends,
                          h.stage_layout.size, h.states.params.itemsize, zero, model.cp_kind,
                          gathers, model.sp, sum(u.name.startswith("block") for u in again),
-                         (list(at.values()), [at[u.name] for u in again]))
+                         (list(at.values()), [at[u.name] for u in again]), model.cp_ulysses)

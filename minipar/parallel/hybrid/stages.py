@@ -50,7 +50,8 @@ def grid_units(cfg: Any, grid: Any, model: Any, sequence_parallel: bool, cp_kind
         from minipar.parallel.context_parallel.model import CPAttention
         from minipar.parallel.tensor_parallel.model import tp_gpt_units
 
-        core = CPAttention(grid.comm("cp"), cp_kind, cp_layout, cfg.n_head // t)
+        core = CPAttention(grid.comm("cp"), cp_kind, cp_layout, cfg.n_head // t,
+                           max(cfg.n_kv_head // t, 1))  # my tensor slice's heads
         return tp_gpt_units(cfg, grid.comm("tp"), core=core,
                             positions=cp_layout.positions(grid.coord("cp")))
     if t > 1:
@@ -72,15 +73,17 @@ def grid_units(cfg: Any, grid: Any, model: Any, sequence_parallel: bool, cp_kind
 
 class HybridStage:
     """The stage model of this rank of ``grid`` for ``spec``'s GPT, ``micro_batches`` m a
-    step (EP's capacities), ``cp_kind`` "ring" (zigzag) or "ulysses", ``sequence_parallel``
+    step (EP's capacities), ``cp_kind`` "ring", "allgather" (zigzag), "ulysses" or "usp" (``cp_ulysses``),
+    ``sequence_parallel``
     (with tp > 1)."""
 
     axes = ("dp", "pp", "cp", "tp", "ep")  #: the grid axes it handles
 
     def __init__(self, grid: Any, spec: Any, micro_batches: int, cp_kind: str = "ring",
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, cp_ulysses: int = 0) -> None:
         lay = grid.layout
         self.grid, self.spec, self.m, self.cp_kind = grid, spec, micro_batches, cp_kind
+        self.cp_ulysses = cp_ulysses
         self.t, self.cp, self.ep = lay.tp, lay.cp, lay.ep
         self.sp = bool(sequence_parallel) and self.t > 1
         self.cfg, self.model = spec.config(), spec.model()
@@ -89,7 +92,8 @@ class HybridStage:
         if self.cp > 1:
             from minipar.parallel.context_parallel.options import sharding
 
-            self.cp_layout = sharding(spec.seq, self.cp, cp_kind, cp_kind == "ring")
+            self.cp_layout = sharding(spec.seq, self.cp, cp_kind, cp_kind != "ulysses",
+                                      cp_ulysses or None)
             self.positions = self.cp_layout.positions(grid.coord("cp"))
             self._columns = to_device(self.positions)  # indexes the batch: moved once
         #: each micro-batch's loss weight is w_i·s_c/s (the pipeline engine's ``loss_weight``)
