@@ -44,6 +44,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "glossary": ("minipar.bench.glossary", "glossary lookup latency and process start time"),
     "plan": ("minipar.bench.plan", "minipar plan --layout --json: process time per layout"),
     "tp": ("minipar.bench.tp", "one block forward+backward: serial vs tensor-parallel on 2 ranks"),
+    "cp": ("minipar.bench.cp",
+           "context parallelism: ring, all-gather, Ulysses, USP; step time, bytes, memory"),
     "ep": ("minipar.bench.ep", "MoE step time: 1 rank vs expert parallel, vs dense; drops vs capacity"),
     "pp": ("minipar.bench.pp", "pipeline (2 stages, m = 8) vs serial throughput; the bubble measured"),
     "remat": ("minipar.bench.remat",

@@ -262,3 +262,39 @@ def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None
             per_rank = s["attention_bytes_per_layer_formula"]["forward"]
             assert f"x (P-1)/P = {per_rank:,} per rank" in s["notes"][1]
     assert s["zigzag"] and s["positions_per_rank"] == [[0, 1, 6, 7], [2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("K", [8, 2, 1])
+def test_the_planner_counts_every_kind_as_the_code_does(K: int) -> None:
+    """minipar.plan's closed forms (cp_bytes_per_layer) = the exact byte counts of the code's
+    formulas (themselves checked against the traced counters on 2 and 4 ranks)."""
+    from minipar.parallel.context_parallel import measure as m
+    from minipar.plan.activations import cp_bytes_per_layer
+
+    b, s, d, H = 2, 64, 32, 8
+    dh = d // H
+    for c in (2, 4, 8):
+        ring = (m.ring_forward_bytes(b, s, d, c, 8, K * dh),
+                m.ring_backward_bytes(b, s, d, c, 8, 8, K * dh))
+        assert cp_bytes_per_layer("ring", b, s, H, K, dh, c, 1, 8) == ring
+        ag = m.allgather_bytes_per_rank(b, s, K * dh, c, 0, 8)
+        assert cp_bytes_per_layer("allgather", b, s, H, K, dh, c, 1, 8) == (ag["forward"],
+                                                                            ag["backward"])
+        uly = m.ulysses_bytes_per_rank(b, s, d, H, c, 0, 8, K)
+        assert cp_bytes_per_layer("ulysses", b, s, H, K, dh, c, 1, 8) == (uly, uly)
+        for U in (u for u in (2, 4) if u < c):
+            parts = m.usp_bytes_per_rank(b, s, d, H, K, U, c // U, 0, 8).values()
+            want = tuple(sum(p[w] for p in parts) for w in ("forward", "backward"))
+            assert cp_bytes_per_layer("usp", b, s, H, K, dh, c, U, 8) == want
+
+
+def test_the_planner_takes_usp_with_its_degree() -> None:
+    from minipar.plan.presets import load_model, parse_layout
+
+    model = load_model("llama3-8b")
+    lay = parse_layout("tp=2,cp=16,cpkind=usp,ulysses=4", model, 128, 8)
+    assert (lay.cp_kind, lay.ulysses, lay.c) == ("usp", 4, 16)
+    for text, says in (("tp=2,cp=16,cpkind=usp,ulysses=3", "ulysses = 3 must divide"),
+                       ("tp=2,cp=16,ulysses=4", "give cpkind=usp")):
+        with pytest.raises(ValueError, match=says):
+            parse_layout(text, model, 128, 8)

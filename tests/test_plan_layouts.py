@@ -428,5 +428,5 @@ def test_ring_cp_activations_keep_no_scores():
     b, a, s_c, layers_in_flight = 2, 4, 4, 2 * 2  # min(p, m) micro-batches x L/p layers
     assert uly - ring == layers_in_flight * (b * a * s_c * 8 * 8 - b * a * s_c * 8)
     assert ring == 83_456 and abs(83_712 / ring - 1) < 0.005
-    with pytest.raises(ValueError, match="cp_kind must be 'ring' or 'ulysses'"):
+    with pytest.raises(ValueError, match="cp_kind must be one of ring, ulysses, allgather, usp"):
         layout_memory(model, lay, cp_kind="zigzag", **kw)

@@ -164,3 +164,40 @@ def ring_attention_bytes_per_rank(
     """
     s, b, h, P = count("s", s), count("b", b), count("h", h), count("P", P)
     return (P - 1) * 2.0 * b * s * h / P * positive("bytes_per_elem", bytes_per_elem)
+
+
+#: the kinds of context parallelism :func:`cp_bytes_per_layer` knows
+CP_KINDS = ("ring", "allgather", "ulysses", "usp")
+
+
+def cp_bytes_per_layer(kind: str, b: int, s: int, heads: int, kv_heads: int, head_dim: int,
+                       c: int, ulysses: int = 1, bytes_per_elem: float = 2,
+                       acc_bytes: float | None = None) -> tuple[float, float]:
+    """(forward, backward) bytes one rank sends per layer for attention under context
+    parallelism of size c — the closed forms of what minipar's code counts
+    (:mod:`minipar.parallel.context_parallel.measure`), P dividing everything.
+
+    ``heads`` H and ``kv_heads`` K are those of the rank's tensor slice; E = b·(s/c)·d_h:
+    ring 2(c−1)·K·E forward, the same plus 2c·K·E (dK, dV, ``acc_bytes``) backward;
+    all-gather (c−1)·2K·E each way (Llama 3); Ulysses (2H + 2K')·E·(c−1)/c each way,
+    K' = max(K, c); USP (U = ``ulysses``, R = c/U, K' = max(K, U)): Ulysses over U on
+    s/R positions plus the ring over R on K'/U heads (Fang & Zhao 2024)."""
+    if kind not in CP_KINDS:
+        raise ValueError(f"cp kind must be one of {', '.join(CP_KINDS)}, got {kind!r}")
+    b, s, c = count("b", b), count("s", s), count("c", c)
+    e = positive("bytes_per_elem", bytes_per_elem)
+    acc = e if acc_bytes is None else acc_bytes
+    E = b * s / c * head_dim
+    if kind == "ring":
+        return 2 * (c - 1) * kv_heads * E * e, 2 * (c - 1) * kv_heads * E * e + (
+            2 * c * kv_heads * E * acc if c > 1 else 0)
+    if kind == "allgather":
+        return (c - 1) * 2 * kv_heads * E * e, (c - 1) * 2 * kv_heads * E * acc
+    u = count("ulysses", ulysses) if kind == "usp" else c
+    kvp = max(kv_heads, u)
+    a2a = (2 * heads + 2 * kvp) * E * (u - 1) / u * e
+    if kind == "ulysses":
+        return a2a, a2a
+    ring_f, ring_b = cp_bytes_per_layer("ring", b, s, heads, kvp / u, head_dim, c // u, 1, e,
+                                        acc)  # R = c/U ranks of s/R positions, K'/U heads
+    return a2a + ring_f, a2a + ring_b

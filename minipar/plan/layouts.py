@@ -162,6 +162,7 @@ class Layout:
     #: (p even: two copies of the model, p + 1 stages' activations) or dualpipev (its V:
     #: p ranks hold 2p stages, 2p + 1 half-stage activations)
     schedule: str = "1f1b"
+    ulysses: int = 1  # USP (cp_kind "usp"): Ulysses ranks per group, c/ulysses ring groups
 
     @property
     def n(self) -> int:
@@ -347,8 +348,13 @@ def check_layout(model: ModelSpec, lay: Layout, n: int | None = None,
     if model.groups % lay.t and lay.t % model.groups:  # K < t: each replicated on t/K ranks
         raise ValueError(f"t = {lay.t} must divide the {model.groups} key/value heads or be "
                          "a multiple of them")
-    if lay.cp_kind not in ("ring", "allgather"):
-        raise ValueError(f"cp kind must be ring or allgather, got {lay.cp_kind!r}")
+    if lay.cp_kind not in ("ring", "allgather", "usp"):
+        raise ValueError(f"cp kind must be ring, allgather or usp, got {lay.cp_kind!r}")
+    if lay.cp_kind != "usp" and lay.ulysses != 1:
+        raise ValueError(f"ulysses = {lay.ulysses} is USP's degree: give cpkind=usp")
+    if lay.cp_kind == "usp" and (lay.c % lay.ulysses or (model.heads // lay.t) % lay.ulysses):
+        raise ValueError(f"usp: ulysses = {lay.ulysses} must divide c = {lay.c} and the "
+                         f"{model.heads // lay.t} heads of a tensor slice")
     if model.seq % lay.c:
         raise ValueError(f"c = {lay.c} must divide the sequence length {model.seq}")
     if global_batch is not None and lay.d * lay.b * lay.m != global_batch:

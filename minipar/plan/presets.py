@@ -80,15 +80,16 @@ def load_model(spec: str, seq: int | None = None) -> ModelSpec:
 
 
 #: the keys of a layout as text, named as minipar names its axes
-LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vp", "mb", "zero", "remat", "sp", "cpkind", "overlap",
-               "flash", "placement", "schedule")
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vp", "mb", "zero", "remat", "sp", "cpkind", "ulysses",
+               "overlap", "flash", "placement", "schedule")
 
 
 def parse_layout(text: str, model: ModelSpec, gpus: int, global_batch: int) -> Layout:
     """``dp=16,tp=8,pp=12,vp=2,mb=1,zero=1,remat=selective,sp=on`` -> a checked Layout.
 
     Defaults: tp, pp, cp, vp, mb 1; dp = gpus/(tp·pp·cp); zero 0; remat none; sp on
-    when tp > 1; cpkind ring (or allgather, Llama 3's); overlap on (the data-parallel
+    when tp > 1; cpkind ring (or allgather, Llama 3's, or usp with ``ulysses=U``: U
+    Ulysses ranks x cp/U ring groups); overlap on (the data-parallel
     reduction behind backward); flash off; placement tp-inner; schedule 1f1b (or
     DeepSeek-V3's dualpipe, dualpipev: pp stays the pipeline's ranks, dualpipev's stages
     are 2·pp).  m = B/(dp·mb).
@@ -141,7 +142,8 @@ def parse_layout(text: str, model: ModelSpec, gpus: int, global_batch: int) -> L
                          f"{global_batch}")
     lay = Layout(d, t, p, c, zero, kv.get("remat", "none"), b, global_batch // (d * b),
                  kv.get("placement", "tp-inner"), v, flag("sp", True), flag("overlap", True),
-                 kv.get("cpkind", "ring"), flag("flash", False), kv.get("schedule", "1f1b"))
+                 kv.get("cpkind", "ring"), flag("flash", False), kv.get("schedule", "1f1b"),
+                 whole("ulysses", 1))
     from minipar.plan.layouts import check_layout
 
     check_layout(model, lay, global_batch=global_batch)

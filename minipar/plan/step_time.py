@@ -76,7 +76,9 @@ node — tensor parallelism placed across servers — gets one NIC's worth):
   with them and take one hop more to come home: c·2·b·(s/c)·(h/t) elements in
   the compute dtype (fp32 for 16-bit storage), c messages (what
   :func:`minipar.parallel.context_parallel.measure.ring_backward_bytes` counts);
-  full remat + 1 forward;
+  full remat + 1 forward; with grouped-query attention only the K key/value heads
+  travel; the other kinds by :func:`~minipar.plan.activations.cp_bytes_per_layer`
+  (all-gather, Ulysses, USP: the closed forms of what the code counts);
 - pp: per micro-batch and model chunk (v of them, interleaved) the activation forward
   and its gradient backward, b·(s/c)·h/t each (PTD-P's scatter/gather: each tensor
   rank sends its 1/t;
@@ -95,7 +97,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minipar.plan.activations import ring_attention_bytes_per_rank
+from minipar.plan.activations import cp_bytes_per_layer
 from minipar.plan.calibration import CONSTANTS
 from minipar.plan.cluster import Cluster
 from minipar.plan.collectives import (
@@ -251,10 +253,11 @@ def axis_traffic(model: ModelSpec, lay: Layout, cluster: Cluster | None, itemsiz
     put("tp", n_ar * vol, n_ar, n_ar * ring_allreduce_steps(t), True)
     layers_mb = m * L_st if c > 1 else 0  # one ring backward per layer and micro-batch
     fwd = (2 if full else 1) * layers_mb  # forwards: the recomputed one too
-    ring = ring_attention_bytes_per_rank(model.seq, b, h // t, c, e)
     acc = 4 if e == 2 else e  # dK, dV in the compute dtype: fp32 for 16-bit storage
-    grads = 2.0 * b * model.seq * (h // t) * acc  # dK, dV: c hops of b·(s/c)·(h/t) each
-    put("cp", (fwd + layers_mb) * ring + layers_mb * grads, fwd + layers_mb,
+    f_cp, b_cp = cp_bytes_per_layer(lay.cp_kind, b, model.seq, model.heads // t,
+                                    max(model.groups // t, 1), model.head_dim, c, lay.ulysses,
+                                    e, acc) if c > 1 else (0.0, 0.0)
+    put("cp", fwd * f_cp + layers_mb * b_cp, fwd + layers_mb,
         fwd * (c - 1) + layers_mb * c, True)
     p2p = 2 * m * lay.v if lay.p > 1 else 0
     pp_bytes = pipeline_p2p_bytes_per_rank(b, s_loc, h // t, m, lay.v, e) if lay.p > 1 else 0.0
@@ -323,11 +326,20 @@ def microbatch_parts(model: ModelSpec, lay: Layout, cluster: Cluster, last_stage
     if c > 1:
         kv = 2.0 * b * model.seq / c * model.groups * model.head_dim / t * e  # K and V chunk
         attn_f = fwd_g["scores"] + fwd_g["av"]
-        if lay.cp_kind == "ring":  # c − 1 hops, each hidden behind one block of attention
-            hop = _collective(cluster, groups["cp"], kv, 1, k)
-            cp_f = (c - 1) * max(0.0, hop - attn_f / c)
-            hop_b = _collective(cluster, groups["cp"], kv * (1 + (4 if e == 2 else e) / e), 1, k)
-            cp_b = c * max(0.0, hop_b - 2 * attn_f / c)
+        if lay.cp_kind in ("ring", "usp"):  # hops, each hidden behind one block of attention
+            u = lay.ulysses if lay.cp_kind == "usp" else 1
+            r, g = c // u, max(model.groups // t, 1)
+            kv_r = kv * max(g, u) / g  # USP: the ring's chunk, s/R positions of K'/U heads
+            hop = _collective(cluster, groups["cp"], kv_r, 1, k)
+            cp_f = (r - 1) * max(0.0, hop - attn_f / r)
+            hop_b = _collective(cluster, groups["cp"], kv_r * (1 + (4 if e == 2 else e) / e), 1,
+                                k)
+            cp_b = r * max(0.0, hop_b - 2 * attn_f / r) if r > 1 else 0.0
+            if u > 1:  # USP: the group's all-to-alls, exposed, each way
+                a2a = cp_bytes_per_layer("ulysses", b, model.seq // r, model.heads // t, g,
+                                         model.head_dim, u, 1, e)[0]
+                cp_f += _collective(cluster, groups["cp"], a2a, u - 1, k)
+                cp_b += _collective(cluster, groups["cp"], a2a, u - 1, k)
         else:  # Llama 3: all-gather K, V before attention, reduce-scatter dK, dV; exposed
             cp_f = _collective(cluster, groups["cp"], (c - 1) * kv, c - 1, k)
             cp_b = cp_f

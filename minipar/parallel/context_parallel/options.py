@@ -16,8 +16,12 @@ message.  :func:`sharding` turns the options into the positions each rank holds
 from __future__ import annotations
 
 from minipar import checks
+from typing import TYPE_CHECKING
+
 from minipar.parallel.context_parallel.layout import Sharding
-from minipar.parallel.context_parallel.usp import USPSharding
+
+if TYPE_CHECKING:  # usp imports the ring, which starts MPI: not in the launching process
+    from minipar.parallel.context_parallel.usp import USPSharding
 
 __all__ = ["KINDS", "check", "sharding", "usp_sizes"]
 
@@ -88,6 +92,8 @@ def sharding(seq: int, cp: int, kind: str, zigzag: bool, ulysses: int | None = N
     """Which positions each rank holds (Ulysses: contiguous chunks; USP: the ring's cut over
     R groups, each group's over its U ranks)."""
     if kind == "usp":
+        from minipar.parallel.context_parallel.usp import USPSharding
+
         u, r = usp_sizes(cp, ulysses, ring)
         return USPSharding(Sharding(seq, r, zigzag), u)
     return Sharding(seq, cp, zigzag and kind != "ulysses")
