@@ -166,7 +166,8 @@ def test_activation_formulas_against_the_serial_ledger() -> None:
     ring = attention_activation_formula("ring", 1, 32768, 4096, 32, 8, 2, 4)
     uly = attention_activation_formula("ulysses", 1, 32768, 4096, 32, 8, 2, 4)
     assert uly / ring > 50
-    with pytest.raises(ValueError, match="kind must be one of serial, ulysses, ring, allgather, usp; got 'tp'"):
+    with pytest.raises(ValueError,
+                       match="kind must be one of serial, ulysses, ring, allgather, usp; got 'tp'"):
         attention_activation_formula("tp", 1, 2, 2, 1, 1, 8)
 
 

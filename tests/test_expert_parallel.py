@@ -35,7 +35,7 @@ from minipar.parallel.expert_parallel.options import check_ep
 SCRIPT = str(Path(__file__).parent / "mpi" / "ep_check.py")
 
 
-@pytest.mark.parametrize("n,cases", [(1, 6), (2, 8), (4, 10)])
+@pytest.mark.parametrize("n,cases", [(1, 7), (2, 9), (4, 11)])
 def test_parity_with_drops_bytes_and_bad_input(n: int, cases: int) -> None:
     proc = launch.run(n, SCRIPT, timeout=180, env={"MINIPAR_WATCHDOG_S": "60"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -256,6 +256,17 @@ def test_parity_on_a_mixture_of_experts(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", WORLDS)
+def test_parity_with_grouped_query_attention(n: int) -> None:
+    """4 query heads sharing 1 key/value head (--kv-heads 1): plain data parallelism (stage
+    0) and stages 1 and 3 equal the serial run of the same model."""
+    res = zero_check(n)["gqa_parity"]
+    assert sorted(res) == ["0", "1", "3"]
+    for stage, r in res.items():
+        assert r["ok"], f"GQA ZeRO-{stage} on {n} ranks differs from serial: {r}"
+        assert r["max_param_diff"] < 1e-12 and r["max_loss_diff"] < 1e-12
+
+
+@pytest.mark.parametrize("n", WORLDS)
 def test_stage3_frees_the_parameters_it_gathers(n: int) -> None:
     """Stage 3 holds one unit's gathered parameters at a time (the largest unit, 16-bit),
     none after a step; stages 0-2 never gather.  tracemalloc agrees (held_after_steps in

@@ -96,7 +96,7 @@ def _parser() -> ArgumentParser:
     p.add_argument("-n", "--ranks", type=integer(2), default=4,
                    help="ranks = the context-parallel size cp (default %(default)s)")
     p.add_argument("--seqs", type=integer(2), nargs="+", default=[128, 256, 512],
-                   help="sequence lengths, growing (default %(default)s)")
+                   help="sequence lengths, growing (default 128 256 512)")
     p.add_argument("--d-model", type=integer(1), default=64, help="width (default %(default)s)")
     p.add_argument("--heads", type=integer(1), default=8, help="heads (default %(default)s)")
     p.add_argument("--kv-heads", type=integer(0), default=0,

@@ -91,6 +91,7 @@ CASES = [  # (name, ep, experts, top_k, capacity factor, global batch rows, more
      {**V3, "expert_groups": min(N, 2), "groups_per_token": 1 if N > 1 else 1}),
     ("E8 top2 sigmoid shared2 cf1.0", N, 8, 2, 1.0, 8,
      {"shared_experts": 2, "router": "sigmoid"}),
+    ("E4 top1 cf1.0 multi-query attention (K=1)", N, 4, 1, 1.0, 8, {"kv_heads": 1}),
 ]
 if N == 2:
     CASES += [("E4 top2 cf1.25 ep1 (pure DP)", 1, 4, 2, 1.25, 8, {}),

@@ -35,9 +35,12 @@ MEMORY = RunSpec(vocab=16, seq=8, d_model=32, layers=4, heads=2, batch=8, steps=
 
 comm = TracedComm(MPI.COMM_WORLD)
 grid = Grid(comm, dp=comm.size)
-out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "memory": {}, "auto": [],
-             "refused": [], "prefetch": {}}
-for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2, 3))):
+out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "gqa_parity": {}, "memory": {},
+             "auto": [], "refused": [], "prefetch": {}}
+#: grouped-query attention (4 heads, 1 key/value head): ZeRO shards the smaller w_qkv alike
+GQA = PARITY.with_(heads=4, kv_heads=1)
+for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2, 3)),
+                          (GQA, "gqa_parity", (0, 1, 3))):
     serial = serial_reference(spec, comm.size) if comm.rank == 0 else None
     for stage in stages:
         m = measure_stage(grid, spec, stage)

@@ -83,8 +83,8 @@ def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
     "hybrid"): ``options`` are :data:`OPTIONS`; an unknown one is a ValueError.
 
     The pipeline options are :class:`PipelineParallel`'s; ``zero``: 0 (all-reduce) or
-    1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring", "allgather" (zigzag), "ulysses" or "usp" (``cp_ulysses`` U
-    Ulysses ranks × cp/U ring groups);
+    1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring", "allgather" (zigzag), "ulysses"
+    or "usp" (``cp_ulysses`` U Ulysses ranks × cp/U ring groups);
     ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1).  Bad sizes
     raise ``ValueError`` on every rank before any message (:func:`check_hybrid`)."""
     checks.known("the hybrid engine", options, OPTIONS)

@@ -73,9 +73,8 @@ def grid_units(cfg: Any, grid: Any, model: Any, sequence_parallel: bool, cp_kind
 
 class HybridStage:
     """The stage model of this rank of ``grid`` for ``spec``'s GPT, ``micro_batches`` m a
-    step (EP's capacities), ``cp_kind`` "ring", "allgather" (zigzag), "ulysses" or "usp" (``cp_ulysses``),
-    ``sequence_parallel``
-    (with tp > 1)."""
+    step (EP's capacities), ``cp_kind`` "ring", "allgather" (zigzag), "ulysses" or "usp"
+    (``cp_ulysses``), ``sequence_parallel`` (with tp > 1)."""
 
     axes = ("dp", "pp", "cp", "tp", "ep")  #: the grid axes it handles
 
