@@ -174,6 +174,9 @@ def test_a_loss_free_checkpoint_file_resumes_with_its_bias(tmp_path) -> None:
     for k in range(3):
         a.step(spec.batch_at(k))
     d = checkpoint.save(a, tmp_path, TracedComm(MPI.COMM_SELF), spec=spec)
+    _, _, whole = checkpoint.full_tensors(d)  # what sample and export read: the bias too
+    for name, bias in a.bias.arrays.items():
+        np.testing.assert_array_equal(whole[name], bias)
     b = serial_build(spec.with_(routing=(3,)))
     checkpoint.load(b, d, spec=spec.with_(routing=(3,)))
     for name, bias in a.bias.arrays.items():

@@ -565,7 +565,8 @@ def full_tensors(path: str | os.PathLike[str], kind: str | None = None
     (:func:`~minipar.parallel.engine.assemble`), in the manifest's order (the serial
     model's when saved with its spec).  ``kind=None``: the precise copy, the fp32
     master weights under mixed precision (the 16-bit parameters are their
-    rounding), the parameters otherwise."""
+    rounding), the parameters otherwise.  A tensor held only as a ``buffer`` (the loss-free
+    expert bias) is given whole too, whatever ``kind``."""
     d, m = read_manifest(path)
     if kind is None:
         kind = "master" if "master" in m["dtypes"] else "param"
@@ -573,7 +574,11 @@ def full_tensors(path: str | os.PathLike[str], kind: str | None = None
         raise CheckpointError(f"{d} holds no {kind} arrays (it holds "
                               f"{', '.join(sorted(m['dtypes']))})")
     sources = [_read_file(d, f, m["scalars"]) for f in m["files"]]
-    return d, m, {n: assemble(sources, kind, n, tuple(s)) for n, s in m["tensors"].items()}
+    # state that is not a parameter (the loss-free expert bias, kind "buffer") comes along:
+    # the model routes with it
+    buffers = {n for s in sources for k, n in s.arrays if k == "buffer"}
+    return d, m, {n: assemble(sources, "buffer" if n in buffers else kind, n, tuple(s))
+                  for n, s in m["tensors"].items()}
 
 
 def consolidate(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
