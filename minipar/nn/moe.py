@@ -62,6 +62,13 @@ function, so its gradient is 0: f_i is a constant, and gradients reach the
 router only through the gates g and through P_i.  tests/test_nn_moe.py and
 tests/test_moe_split.py check every gradient by finite differences at
 points where no token is near a routing tie.
+
+DeepSeek-V3's experts (``minipar/nn/moe_routing.py``, every option composable with the
+above, tests/test_moe_routing.py): ``n_shared`` shared experts added to every token's
+output, top-k beyond 2 with normalised gates, ``scoring="sigmoid"``, the loss-free bias
+``p["expert_bias"]`` (selection only, not a parameter), the sequence-wise balance loss,
+``capacity_factor=None`` (dropless: C = the largest load) and ``groups=(G, M)``
+(node-limited routing).
 """
 
 from __future__ import annotations

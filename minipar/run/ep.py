@@ -4,11 +4,13 @@ EN expert parallelism · RU параллелизм экспертов · ZH 专�
 
     minipar run ep -n 4 --experts 4 --top-k 2 --capacity-factor 1.0 [--ep 2] [--json]
     minipar run ep          # the defaults: 4 ranks, E = 4 experts per block, top-1
+    minipar run ep -n 4 --experts 8 --top-k 2 --router sigmoid --load-balance loss-free \
+        --capacity-factor none --shared-experts 1 --expert-groups 4 --groups-per-token 2
 
 Launcher side: ``--ep`` (ranks per expert-parallel group, default ``-n``)
 and :func:`minipar.parallel.expert_parallel.options.check_ep` (a mixture of experts,
-E divisible by ep, top-k 1 or 2 and at most E, capacity factor > 0, ep
-dividing the ranks), before MPI starts.  Rank side (:mod:`minipar.run.worker`):
+E divisible by ep, top-k at most E, capacity factor > 0 or none, ep
+dividing the ranks, expert groups on whole ranks), before MPI starts.  Rank side (:mod:`minipar.run.worker`):
 the grid dp = -n x ep (:func:`grid_sizes`), the engine
 :class:`minipar.parallel.expert_parallel.engine.ExpertParallel` trained ``--steps``
 steps by the one loop (GShard, arXiv 2006.16668: tokens to their experts' ranks by
@@ -20,7 +22,9 @@ bytes each rank sent per step on each grid axis (ep: the all-to-alls, edp:
 expert gradients, dp: dense gradients), counted, next to the exact formula
 and to ``minipar.plan.moe``'s padded all-to-all figure, and the model-state
 bytes each rank holds (the dense parameters and its E/ep experts), measured,
-next to the formula and to a full replica's.
+next to the formula and to a full replica's; and the balance (:func:`balance_report`, also
+in ``run pp`` and ``run hybrid``): MaxVio per step and MoE layer, the loads of the last
+step, the largest load, the loss-free bias, and dropless, each rank's largest buffer.
 """
 
 from __future__ import annotations

@@ -59,9 +59,19 @@ counts); on ``dp`` one all-reduce of the dense gradients, on ``edp`` one of
 this rank's experts' gradients, each the exact figure of the algorithm auto
 picks (:func:`minipar.collectives.cost.allreduce_bytes_sent`).
 
+**DeepSeek-V3's experts** (:mod:`minipar.nn.moe_routing`): the shared experts are dense
+(replicated, their gradients all-reduced over dp); dropless sends the counts first and
+then only the tokens (:mod:`~minipar.parallel.expert_parallel.layer`), its bytes
+(:func:`~minipar.parallel.expert_parallel.measure.rows_bytes`) the rows that went, mean
+over the steps; the loss-free bias (:class:`~minipar.parallel.expert_bias.ExpertBias`) is
+updated after each step from the loads summed over all N ranks (the step's global
+batch), identical everywhere, saved by rank 0 (kind ``buffer``); node-limited groups
+map onto whole ranks.
+
 Bad input (:func:`~minipar.parallel.expert_parallel.options.check_ep`): no
-experts, E not divisible by ep, top-k outside 1..min(2, E), capacity factor
-<= 0, ep not dividing the N data-parallel ranks, a grid with a pp, cp or tp axis,
+experts, E not divisible by ep, top-k outside 1..E, capacity factor
+<= 0, ep not dividing the N data-parallel ranks, expert groups that are not whole ranks,
+a grid with a pp, cp or tp axis,
 routing groups that are not ``(N,)``, any option: one ``ValueError`` on every rank
 before any message.
 """
