@@ -7,7 +7,8 @@ Auxiliary-loss-free balancing (Wang et al. 2024, arXiv 2408.15664; DeepSeek-V3, 
 2412.19437, §2.1.2) keeps one bias b (E,) per MoE layer, ``blocks.{i}.moe.expert_bias``:
 it steers which experts a token chooses, never the gates.  It is **state, not a
 parameter**: no gradient, no optimizer, but in ``state_dict``, checkpoints and resume
-(kind ``"buffer"``, replica 0 saved: :func:`minipar.parallel.engine.with_buffers`), and the same on every rank that runs the layer.
+(kind ``"buffer"``, replica 0 saved: :func:`minipar.parallel.engine.with_buffers`), and
+the same on every rank that runs the layer.
 
 The shell around :func:`minipar.nn.moe_routing.update_bias` (the rule itself):
 :class:`ExpertBias` holds the biases of the MoE blocks a rank runs, hands them to the

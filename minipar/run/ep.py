@@ -10,7 +10,8 @@ EN expert parallelism · RU параллелизм экспертов · ZH 专�
 Launcher side: ``--ep`` (ranks per expert-parallel group, default ``-n``)
 and :func:`minipar.parallel.expert_parallel.options.check_ep` (a mixture of experts,
 E divisible by ep, top-k at most E, capacity factor > 0 or none, ep
-dividing the ranks, expert groups on whole ranks), before MPI starts.  Rank side (:mod:`minipar.run.worker`):
+dividing the ranks, expert groups on whole ranks), before MPI starts.  Rank side
+(:mod:`minipar.run.worker`):
 the grid dp = -n x ep (:func:`grid_sizes`), the engine
 :class:`minipar.parallel.expert_parallel.engine.ExpertParallel` trained ``--steps``
 steps by the one loop (GShard, arXiv 2006.16668: tokens to their experts' ranks by

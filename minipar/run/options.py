@@ -132,7 +132,8 @@ def check(options: dict[str, Any]) -> Any:
     return spec
 
 
-#: the strategies that keep the loss-free expert bias as state (:mod:`minipar.parallel.expert_bias`)
+#: the strategies that keep the loss-free expert bias as state
+#: (:mod:`minipar.parallel.expert_bias`)
 LOSS_FREE = ("ep", "pp", "hybrid")
 
 
