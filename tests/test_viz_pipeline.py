@@ -70,7 +70,8 @@ def test_gantt_of_interleaved_marks_the_odd_chunks_and_shows_its_bubble():
     hatched = [b for b in ax.patches[4:] if b.get_hatch() == ".."]
     assert len(hatched) == 4 * 8 * 2  # chunk 1: one forward and one backward per micro-batch
     assert f"{float(Fraction(3, 19)):.1%}" in ax.get_title()  # (p − 1)/(v·m + p − 1)
-    assert "dotted, f/b: odd chunk (dualpipe: going up)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "dotted, f/b: odd chunk (dualpipe: going up)" in [
+        t.get_text() for t in ax.get_legend().get_texts()]
 
 
 @pytest.mark.parametrize("p", [1, 2, 8])

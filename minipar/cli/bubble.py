@@ -245,6 +245,18 @@ def dualpipe_summary(kind: str, p: int, m: int, costs: tuple, idle: Sequence,
             "in_flight_holds": max(peaks) == t["in_flight"]}
 
 
+def measured_costs(records: Sequence) -> tuple:
+    """(F, B, W, F&B) of a recorded DualPipe step, per chunk: the medians of its forwards,
+    whole backwards and W's (seconds); F&B = F + B, as the pairs ran on one core."""
+    import statistics
+
+    def med(what: str) -> float:
+        xs = [r.end - r.start for r in records if r.what == what]
+        return float(statistics.median(xs)) if xs else 0.0
+    f, b, w = med("forward"), med("backward"), med("backward_weight")
+    return f, b, w, f + b
+
+
 def _chart(records: Sequence) -> str:
     from minipar.parallel.pipeline.measure import chart
     from minipar.parallel.pipeline.simulate import COMPUTE_WHAT, Record
@@ -300,7 +312,8 @@ def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> 
                   f"costs (stalls removed): {s['bubble_fraction_fastest']:.1%} of the step")]
     if kind in DUAL:
         idle = " ".join(f"{x:g}" for x in s["idle_per_rank"])
-        lines.append(f"idle per rank (span − work, cost units): {idle}; the table's bubble "
+        unit = "cost units" if wall is None else "seconds, the table with the measured costs"
+        lines.append(f"idle per rank (span − work, {unit}): {idle}; the table's bubble "
                      f"{s['formula']} = {s['formula_value']:g}" + (
                          " = the largest, as the table says" if s["formula_holds"] and
                          s["formula_gap"] == 0 else
@@ -419,6 +432,8 @@ def main(argv: list[str]) -> int:
             from minipar.parallel.pipeline.measure import rebuild
 
             records = rebuild(wall, kind, p, m, v)
+            if kind in DUAL:
+                costs = measured_costs(wall)
         s = summary(kind, p, m, v, records, wall, costs)
     except ValueError as e:
         return error_line(PROG, e)
