@@ -41,6 +41,7 @@ BAD = [
     (["zero", "--stage", "2", "--no-reshard-after-forward"], "--no-reshard-after-forward"),
     (["tp", "-n", "2", "--tp", "1", "--tp-overlap"], "--tp-overlap needs tensor parallelism"),
     (["sp", "-n", "1", "--tp-overlap"], "--tp-overlap"),
+    (["hybrid", "-n", "4", "--pp", "2", "--tp-overlap"], "--tp-overlap needs tensor"),
     (["dp", "--algorithm", "tree"], "--algorithm"),
     (["dp", "--steps", "x"], "--steps"),
     (["dp", "--frobnicate"], "--frobnicate"),

@@ -75,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (Korthikanti et al.): LayerNorms on a "
                         "sequence shard, which is what travels between stages")
+    g.add_argument("--tp-overlap", action="store_true",
+                   help="with --tp: f's backward all-reduce behind the weight gradient, SP's "
+                        "all-gather and reduce-scatter decomposed into the GEMMs (the same "
+                        "bytes and sums)")
     g.add_argument("--no-scatter-gather", action="store_true",
                    help="send whole activations between stages on every tp rank (default: "
                         "each sends 1/t, the next stage all-gathers: PTD-P §4.1)")
@@ -111,6 +115,9 @@ def check(options: dict[str, Any], spec: Any) -> None:
                  _chunks(options), None, True if remat == 0 else remat,
                  options.get("cp_kind", "ring"), options.get("sequence_parallel", False),
                  _cp_ulysses(options, z["cp"]))
+    if options.get("tp_overlap") and z["tp"] == 1:
+        raise ValueError("--tp-overlap needs tensor parallelism, and this grid has tp 1: "
+                         "give --tp 2 or more")
     remat_offload.check(options, spec)
 
 
@@ -142,7 +149,8 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
             "zero": options.get("zero", 0), "cp_kind": options.get("cp_kind", "ring"),
             "cp_ulysses": _cp_ulysses(options, sizes(options, spec)["cp"]),
             "scatter_gather": not options.get("no_scatter_gather", False),
-            "sequence_parallel": options.get("sequence_parallel", False)}
+            "sequence_parallel": options.get("sequence_parallel", False),
+            "tp_overlap": options.get("tp_overlap", False)}
 
 
 def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,

@@ -204,7 +204,9 @@ def run_all() -> list[str]:
         trial(dense, 2, 2, 2, kind="zb-h1", m=2, sequence_parallel=True)
         trial(dense, 2, 2, 2, kind="zb-h2", m=4, zero=1)
         trial(dense, 2, 2, 2, kind="zb-v", m=4, v=2, zero=1)
-    if N == 4:
+    if N == 4:  # --tp-overlap inside a pipeline stage, with and without SP
+        trial(dense, 1, 2, 2, tp_overlap=True)
+        trial(dense, 1, 2, 2, sequence_parallel=True, tp_overlap=True)
         trial(dense, 1, 2, 1, cp=2)
         trial(dense, 2, 1, 1, cp=2, cp_kind="ulysses")
         trial(dense.with_(kv_heads=2), 1, 2, 1, cp=2, cp_kind="allgather")

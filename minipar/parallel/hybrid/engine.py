@@ -75,7 +75,7 @@ __all__ = ["OPTIONS", "build"]
 #: the keyword options of :func:`build`: the pipeline's (but a learner's instruction list)
 #: and the hybrid's own
 OPTIONS = tuple(o for o in PIPELINE_OPTIONS if o != "instructions") + (
-    "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel")
+    "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel", "tp_overlap")
 
 
 def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
@@ -97,13 +97,17 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
              chunks: int = 1, balance: Any = None, remat: Any = None,
              offload: str | None = None, offload_dir: str | None = None, zero: int = 0,
              cp_kind: str = "ring", scatter_gather: bool = True,
-             sequence_parallel: bool = False, cp_ulysses: int = 0) -> PipelineParallel:
+             sequence_parallel: bool = False, cp_ulysses: int = 0,
+             tp_overlap: bool = False) -> PipelineParallel:
     """The checks, the three parts, the pipeline engine given them."""
     lay = grid.layout
     check_hybrid(grid.world.size, spec, lay.dp, lay.pp, lay.tp, lay.cp, lay.ep, zero,
                  schedule, micro_batches, chunks, balance, remat, cp_kind, sequence_parallel,
                  cp_ulysses)
-    stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel, cp_ulysses)
+    if tp_overlap and lay.tp == 1:
+        raise ValueError("tp_overlap needs tensor parallelism: tp = 1 here; give tp >= 2")
+    stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel, cp_ulysses,
+                        tp_overlap)
     wire: Any = Whole()
     if stage.sp:
         wire = SequenceShard(lay.tp)

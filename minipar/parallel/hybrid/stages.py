@@ -74,13 +74,16 @@ def grid_units(cfg: Any, grid: Any, model: Any, sequence_parallel: bool, cp_kind
 class HybridStage:
     """The stage model of this rank of ``grid`` for ``spec``'s GPT, ``micro_batches`` m a
     step (EP's capacities), ``cp_kind`` "ring", "allgather" (zigzag), "ulysses" or "usp"
-    (``cp_ulysses``), ``sequence_parallel`` (with tp > 1)."""
+    (``cp_ulysses``), ``sequence_parallel`` (with tp > 1), ``tp_overlap`` (with tp > 1:
+    the layers of :mod:`minipar.parallel.tensor_parallel.overlap`)."""
 
     axes = ("dp", "pp", "cp", "tp", "ep")  #: the grid axes it handles
 
     def __init__(self, grid: Any, spec: Any, micro_batches: int, cp_kind: str = "ring",
-                 sequence_parallel: bool = False, cp_ulysses: int = 0) -> None:
+                 sequence_parallel: bool = False, cp_ulysses: int = 0,
+                 tp_overlap: bool = False) -> None:
         lay = grid.layout
+        self.tp_overlap = bool(tp_overlap)  # the TP layers overlapped with their GEMMs
         self.grid, self.spec, self.m, self.cp_kind = grid, spec, micro_batches, cp_kind
         self.cp_ulysses = cp_ulysses
         self.t, self.cp, self.ep = lay.tp, lay.cp, lay.ep
@@ -103,8 +106,13 @@ class HybridStage:
     def units(self) -> Any:
         """The whole model's units (:func:`grid_units`)."""
         tokens = self.spec.batch // (self.grid.size("dp") * self.m) * self.spec.seq
-        return grid_units(self.cfg, self.grid, self.model, self.sp, self.cp_kind,
-                          self.cp_layout, tokens)
+        units = grid_units(self.cfg, self.grid, self.model, self.sp, self.cp_kind,
+                           self.cp_layout, tokens)
+        if self.tp_overlap:  # --tp-overlap: the async forms of the TP layers
+            from minipar.parallel.tensor_parallel.engine import overlap_layers
+
+            overlap_layers(units)
+        return units
 
     def params(self, names: list[str]) -> dict[str, Any]:
         """My tp rank's shard of the initial tensors ``names``; with ep, the experts' after
