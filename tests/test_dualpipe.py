@@ -55,10 +55,12 @@ def test_the_schedule_is_correct_holds_pp_plus_1_and_overlaps(kind: str, p: int,
                                                              pair.backward.chunk)
 
 
-@pytest.mark.parametrize("kind,p,m", [c for c in CASES if c[1] > 1])
-@pytest.mark.parametrize("costs", [(1, 2, 1, None), (2, 3, 1, None), (1, 1, 0, None),
-                                   (3, 5, 2, None), (1, 2, 1, 2), (1, 3, 1, None),
-                                   (2, 2, 1, Fraction(5, 2))])
+@pytest.mark.parametrize("kind,p,m", [("dualpipe", 2, 4), ("dualpipe", 4, 10),
+                                      ("dualpipe", 6, 14), ("dualpipe", 8, 16),
+                                      ("dualpipev", 2, 5), ("dualpipev", 3, 6),
+                                      ("dualpipev", 4, 9)])
+@pytest.mark.parametrize("costs", [(1, 2, 1, None), (2, 3, 1, None), (3, 5, 2, None),
+                                   (1, 2, 1, 2), (2, 2, 1, Fraction(5, 2))])
 def test_the_idle_is_the_tables_bubble_wherever_it_holds(kind: str, p: int, m: int, costs,
                                                          capsys) -> None:
     f, b, w, fb = costs

@@ -148,15 +148,17 @@ def dualpipes(base: RunSpec) -> None:
     """DeepSeek-V3's schedules on p = N ranks (N even for dualpipe), and on 4 ranks dp 2."""
     g = Grid(world, pp=N)
     v_spec = base.with_(layers=2 * N, batch=max(12, 2 * N + 3))
-    runs = [("dualpipev", v_spec, 2 * N, {}), ("dualpipev", v_spec, 2 * N + 1, {}),
-            ("dualpipev", v_spec, 2 * N, {"remat": True}),
+    runs = [("dualpipev", v_spec, 2 * N + 1, {}),
             ("dualpipev", v_spec.with_(experts=2, top_k=1, batch=4 * N), 2 * N, {})]
+    if N == 2:  # the smallest m, and remat, once
+        runs += [("dualpipev", v_spec, 2 * N, {"remat": True})]
     if N % 2 == 0:
         d_spec = base.with_(batch=max(12, 4 * N))
-        runs += [("dualpipe", d_spec, 2 * N, {}), ("dualpipe", d_spec, 2 * N + 2, {}),
+        runs += [("dualpipe", d_spec, 2 * N, {}),
                  ("dualpipe", d_spec, 2 * N, {"remat": 1, "offload": "host"}),
                  ("dualpipe", d_spec.with_(experts=2, top_k=1, batch=4 * N), 2 * N, {}),
                  ("dualpipe", V3.with_(batch=4 * N), 2 * N, {})]  # loads of both copies
+        runs += [("dualpipe", d_spec, 2 * N + 2, {})] if N == 2 else []
     for kind, spec, m, kw in runs:
         trial(g, spec, kind, m, 2, **kw).close()
     g.free()
@@ -165,7 +167,7 @@ def dualpipes(base: RunSpec) -> None:
         trial(g, base.with_(batch=8), "dualpipe", 4, 2).close()
         trial(g, base.with_(batch=8), "dualpipev", 4, 2).close()
         g.free()
-    if N % 2 == 0:
+    if N == 4:  # ranks 0 and 3, 1 and 2 hold the two copies
         dualpipe_resume(base.with_(batch=4 * N))
 
 
