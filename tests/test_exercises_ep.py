@@ -107,3 +107,52 @@ def test_diagnose_names_each_mistake_and_is_silent_otherwise():
     noise = right.copy()
     noise[0, 0, 0] += 1
     assert said(noise) == ""
+
+
+# -- loss_free_balancing: DeepSeek-V3's routing step (issue 34) -----------------------------
+def test_loss_free_reference_passes_and_one_ranks_loads_are_named():
+    from minipar.exercises.loss_free_balancing import grader as lf
+
+    report = check("loss_free_balancing", get("loss_free_balancing").solution_path, 3,
+                   timeout=90)
+    assert report.passed, report.text()
+    (b,) = [c for c in report.checks if c.name.startswith("exactly 1 all-reduce")]
+    e = lf.cases(3)[-1]["E"]
+    assert f"2(N-1)·S = {2 * 2 * 8 * e} bytes" in b.detail
+    report = check("loss_free_balancing", MPI_DIR / "ex_wrong_lf_local_loads.py", 2,
+                   timeout=60)
+    assert_caught(report, "result equals the serial routing",
+                  ["comes from THIS rank's loads only", "summed over every rank's tokens"])
+
+
+def test_loss_free_diagnose_names_each_mistake_and_is_silent_otherwise():
+    from minipar.exercises.loss_free_balancing import grader as lf
+    from minipar.nn.moe_routing import choose, update_bias
+
+    n, rank = 3, 1
+    case = lf.cases(n)[1]
+    scores, bias = lf._full(case["tokens"], case["E"], case["step"])
+    mine = scores[lf._rows(case, rank)]
+    k, u, e = case["k"], case["rate"], case["E"]
+    right = lf.serial(case, rank)
+    m = mine.shape[0] * k
+
+    def said(out):
+        return lf.diagnose(case, rank, n, mine, out, right) or ""
+
+    order = right[:m].reshape(-1, k).astype(np.int64)
+    biased = np.take_along_axis(mine + bias, order, axis=1)
+    wrong = right.copy()
+    wrong[m:2 * m] = (biased / biased.sum(axis=1, keepdims=True)).ravel()
+    assert "the gates hold the bias" in said(wrong)
+    plain = choose(mine, k)
+    chosen = np.take_along_axis(mine, plain, axis=1)
+    wrong = np.concatenate([plain.ravel().astype(np.float64),
+                            (chosen / chosen.sum(axis=1, keepdims=True)).ravel(), right[2 * m:]])
+    assert "chosen by s alone" in said(wrong)
+    loads = np.bincount(choose(scores, k, bias).reshape(-1), minlength=e).astype(np.float64)
+    wrong = np.concatenate([right[:2 * m], update_bias(bias, loads, -u)])
+    assert "the sign is reversed" in said(wrong)
+    noise = right.copy()
+    noise[-1] += 1.0
+    assert said(noise) == ""

@@ -139,6 +139,13 @@ EXERCISES: dict[str, Exercise] = {
             "★★☆",
         ),
         Exercise(
+            "loss_free_balancing",
+            "loss_free_step",
+            "DeepSeek-V3's routing: top-k by s + b, gates without the bias, the loss-free bias "
+            "update from the whole step's loads",
+            "★☆☆",
+        ),
+        Exercise(
             "gpipe_schedule",
             "run_stage",
             "pipeline parallelism: write GPipe's schedule (all forwards, then all backwards)",
