@@ -4,6 +4,7 @@ model and — for the memory explorer — a measured run on real ranks; the thin
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -17,6 +18,7 @@ from minipar.viz.explore import (
     experts,
     memory,
     predict,
+    problems,
     schedule,
     step,
     tensor,
@@ -93,6 +95,7 @@ def test_judge_says_right_or_names_the_usual_mistake():
     wrong = predict.judge(48_000, 36_000, 36_000, 0.01, "MISTAKE", "B")
     assert right[-1].endswith("right.") and "MISTAKE" in wrong[-1]
     assert "36,000 B" in right[0] and "no prediction" in predict.judge(None, 1, 1, 0, "")[-1]
+    assert predict.parse_number("56,320") == 56320 and predict.parse_number("") is None
 
 
 @pytest.mark.parametrize("kind", ["naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2",
@@ -196,3 +199,16 @@ def test_the_widget_redraws_when_a_control_moves(monkeypatch):
     first.controls["kind"].value = "interleaved"  # v = 1: one line, no traceback
     assert shown[-1] == "not a valid choice: interleaved needs v ≥ 2 chunks per rank"
     assert vw.widget_for("x", range(1, 5), 2).max == 4
+
+
+@pytest.mark.parametrize("nb", sorted(problems.PROBLEMS))
+def test_worked_problems_state_minipar_plans_answers(nb):
+    for p in problems.PROBLEMS[nb]:
+        assert p.answer == pytest.approx(p.check(), rel=p.rel_tol), p.question
+
+
+@pytest.mark.parametrize("family", ["data_parallel", "zero", "tensor_parallel", "pipeline",
+                                    "expert_parallel"])
+def test_read_first_names_the_core_and_its_lines(family):
+    assert re.search(r"The technique: read ``[\w/.]+`` \(\d+ code lines\)",
+                     problems.read_first(family))

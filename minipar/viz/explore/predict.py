@@ -146,7 +146,16 @@ def judge(prediction: float | None, measured: float, formula: float, rel_tol: fl
     return lines
 
 
-def ask(key: str, default: float = 0.0) -> Question:
+def parse_number(text: str) -> float | None:
+    """A typed prediction: ``56320``, ``56,320``, ``5.6e4``, ``0.2``; None when empty or not
+    a number."""
+    try:
+        return float(str(text).replace(",", "").replace("_", "").strip())
+    except ValueError:
+        return None
+
+
+def ask(key: str) -> Question:
     """Show question ``key``; with ipywidgets a prediction box and a measure button."""
     from IPython.display import Markdown, Pretty, display
 
@@ -157,8 +166,9 @@ def ask(key: str, default: float = 0.0) -> Question:
     except ImportError:
         display(Pretty("(install the notebooks extra for the prediction box and the button)"))
         return q
-    box = w.FloatText(value=default, description=f"prediction {q.unit}".strip())
-    button = w.Button(description="measure on real ranks", button_style="primary")
+    box = w.Text(placeholder="your number", description=f"prediction {q.unit}".strip())
+    button = w.Button(description="measure on real ranks", button_style="primary",
+                      layout=w.Layout(width="auto"))
     box.add_class(f"minipar-predict-{key}")
     button.add_class(f"minipar-measure-{key}")
     display(w.HBox([box, button]))
@@ -171,8 +181,8 @@ def ask(key: str, default: float = 0.0) -> Question:
         except Exception as e:  # a failed launch: say it in one line, keep the notebook
             out.update(Pretty(f"the run failed: {str(e).splitlines()[0] if str(e) else e!r}"))
             return
-        out.update(Pretty("\n".join(judge(box.value, measured, q.formula(), q.rel_tol,
-                                          q.mistake, q.unit, q.measured_note))))
+        out.update(Pretty("\n".join(judge(parse_number(box.value), measured, q.formula(),
+                                          q.rel_tol, q.mistake, q.unit, q.measured_note))))
 
     button.on_click(run)
     return q
