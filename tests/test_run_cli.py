@@ -42,6 +42,7 @@ BAD = [
     (["tp", "-n", "2", "--tp", "1", "--tp-overlap"], "--tp-overlap needs tensor parallelism"),
     (["sp", "-n", "1", "--tp-overlap"], "--tp-overlap"),
     (["hybrid", "-n", "4", "--pp", "2", "--tp-overlap"], "--tp-overlap needs tensor"),
+    (["hybrid", "-n", "4", "--pp", "2", "--zero", "1", "--prefetch", "1"], "--prefetch"),
     (["dp", "--algorithm", "tree"], "--algorithm"),
     (["dp", "--steps", "x"], "--steps"),
     (["dp", "--frobnicate"], "--frobnicate"),

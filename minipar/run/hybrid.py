@@ -75,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (Korthikanti et al.): LayerNorms on a "
                         "sequence shard, which is what travels between stages")
+    g.add_argument("--prefetch", type=integer(0), default=0, metavar="K",
+                   help="with --zero 3: all-gather the next K units of the stage's walk (learnt "
+                        "in the first step) while one computes, reduce-scatter non-blocking "
+                        "(default 0: blocking)")
     g.add_argument("--tp-overlap", action="store_true",
                    help="with --tp: f's backward all-reduce behind the weight gradient, SP's "
                         "all-gather and reduce-scatter decomposed into the GEMMs (the same "
@@ -118,6 +122,9 @@ def check(options: dict[str, Any], spec: Any) -> None:
     if options.get("tp_overlap") and z["tp"] == 1:
         raise ValueError("--tp-overlap needs tensor parallelism, and this grid has tp 1: "
                          "give --tp 2 or more")
+    if options.get("prefetch") and options.get("zero", 0) != 3:
+        raise ValueError(f"--prefetch is ZeRO-3's (parameters gathered unit by unit); got "
+                         f"--zero {options.get('zero', 0)}: add --zero 3")
     remat_offload.check(options, spec)
 
 
@@ -150,7 +157,8 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
             "cp_ulysses": _cp_ulysses(options, sizes(options, spec)["cp"]),
             "scatter_gather": not options.get("no_scatter_gather", False),
             "sequence_parallel": options.get("sequence_parallel", False),
-            "tp_overlap": options.get("tp_overlap", False)}
+            "tp_overlap": options.get("tp_overlap", False),
+            "prefetch": options.get("prefetch", 0)}
 
 
 def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,

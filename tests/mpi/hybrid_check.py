@@ -221,6 +221,8 @@ def run_all() -> list[str]:
         trial(dense, 2, 1, 1, cp=2, zero=1)
         trial(dense, 2, 2, 1, zero=2)
         trial(dense, 2, 2, 1, kind="gpipe", zero=3, remat=True)
+        trial(dense, 2, 2, 1, zero=3, prefetch=1)  # the stage's walk learnt, then prefetched
+        trial(dense, 2, 1, 2, kind="gpipe", zero=3, remat=True, prefetch=2, tp_overlap=True)
         trial(dense, 1, 2, 1, cp=2, zero=3)
         moe = dense.with_(experts=4, top_k=1)
         trial(moe, 2, 2, 1, ep=2, m=2)

@@ -75,7 +75,8 @@ __all__ = ["OPTIONS", "build"]
 #: the keyword options of :func:`build`: the pipeline's (but a learner's instruction list)
 #: and the hybrid's own
 OPTIONS = tuple(o for o in PIPELINE_OPTIONS if o != "instructions") + (
-    "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel", "tp_overlap")
+    "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel", "tp_overlap",
+    "prefetch")
 
 
 def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
@@ -98,7 +99,7 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
              offload: str | None = None, offload_dir: str | None = None, zero: int = 0,
              cp_kind: str = "ring", scatter_gather: bool = True,
              sequence_parallel: bool = False, cp_ulysses: int = 0,
-             tp_overlap: bool = False) -> PipelineParallel:
+             tp_overlap: bool = False, prefetch: int = 0) -> PipelineParallel:
     """The checks, the three parts, the pipeline engine given them."""
     lay = grid.layout
     check_hybrid(grid.world.size, spec, lay.dp, lay.pp, lay.tp, lay.cp, lay.ep, zero,
@@ -106,6 +107,10 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
                  cp_ulysses)
     if tp_overlap and lay.tp == 1:
         raise ValueError("tp_overlap needs tensor parallelism: tp = 1 here; give tp >= 2")
+    checks.integer("prefetch", prefetch, 0, None)
+    if prefetch and zero != 3:
+        raise ValueError(f"prefetch is ZeRO-3's (parameters gathered unit by unit); got zero "
+                         f"{zero}: use zero=3")
     stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel, cp_ulysses,
                         tp_overlap)
     wire: Any = Whole()
@@ -116,7 +121,7 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
     # the ranks that hold the same shard of the same stage: dp·cp of them
     shard_comm = grid.comm("dp" if lay.cp == 1 else "edp")
     if zero:
-        sync: Any = ZeroSync(zero, shard_comm, grid.world)
+        sync: Any = ZeroSync(zero, shard_comm, grid.world, prefetch)
     elif lay.ep > 1:  # dense over dp, experts over their replicas (edp)
         sync = AllReduceSync(grid.world, expert_reduce(grid))
     else:

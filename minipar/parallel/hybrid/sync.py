@@ -26,7 +26,9 @@ Parameter Models", arXiv 1910.02054) on one pipeline stage: the N ranks partitio
   reduce-scatters, never a full gradient buffer): here one reduce-scatter per step
   (m−1 fewer), at the price of Ψ_p gradient bytes held from the first backward to
   the flush (``grad_accumulation_bytes``);
-* ZeRO-3: only the 1/N shard of the parameters is held; ZeRO's own hooks
+* ZeRO-3 (``prefetch`` K: the hooks learn the stage's walk in the first step and post the
+  all-gathers of the next K fetches of it, the reduce-scatters non-blocking, from the
+  second step on): only the 1/N shard of the parameters is held; ZeRO's own hooks
   (:class:`~minipar.parallel.zero.hooks.ZeroHooks` over the stage's units) all-gather
   a unit's parameters before its forward and again before its backward, *for every
   micro-batch*, and drop them after, and reduce-scatter its gradients, added to the
@@ -67,6 +69,28 @@ OP_GRADS, OP_EXPERT_GRADS = "hybrid_grad_allreduce", "hybrid_expert_allreduce"
 OP_ZERO_RS, OP_ZERO_AG = "hybrid_zero_reduce_scatter", "hybrid_zero_all_gather"
 
 
+def _learning_hooks() -> type:
+    """ZeRO's hooks that learn a pipeline stage's walk: the fetches of the first step, in
+    order (its instruction list: each micro-batch's forward and backward through the
+    stage's units, recomputations included), become the plan of every later step, along
+    which ``prefetch`` K posts the all-gathers ahead.  FSDP does the same: it records the
+    execution order in the first iteration and prefetches along it afterwards."""
+    from minipar.parallel.zero.hooks import ZeroHooks
+
+    class LearningZeroHooks(ZeroHooks):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.learned: list[str] = []  # the walk of the first step (empty until it ends)
+            self.walk: list[str] = []  # the fetches of this step while no plan is set
+
+        def fetch(self, unit: Any) -> dict[str, Any]:
+            if not self.order:
+                self.walk.append(unit.name)
+            return super().fetch(unit)
+
+    return LearningZeroHooks
+
+
 def expert_reduce(grid: Any) -> Callable[[Any, Any], None]:
     """The gradient reduction with ep: the dense tensors (first in the stage's flat buffer)
     over ``dp``, the experts' over ``edp`` (ring all-reduces,
@@ -88,8 +112,8 @@ class ZeroSync:
     flat), ``zero_range`` (my [lo, hi) of it), ``zero_hooks`` (ZeRO-3's),
     ``grad_accumulation_bytes`` (ZeRO-2's full gradient buffer of the step)."""
 
-    def __init__(self, stage: int, comm: Any, world: Any) -> None:
-        self.stage, self.comm, self.world = stage, comm, world
+    def __init__(self, stage: int, comm: Any, world: Any, prefetch: int = 0) -> None:
+        self.stage, self.comm, self.world, self.prefetch = stage, comm, world, prefetch
         self.full_buf: Any = None  # ZeRO-2: the full parameters
         self.zero_hooks: Any = None
         self.grad_accumulation_bytes = 0
@@ -114,12 +138,12 @@ class ZeroSync:
             self.full_buf = full.copy()
             self.states.params = self.full_buf[lo:hi]
             return self.states
-        from minipar.parallel.zero.hooks import ZeroHooks
         from minipar.parallel.zero.shard import units_table
 
-        self.zero_hooks = ZeroHooks(3, comm, self.layout.size, (lo, hi), self.states,
-                                    units_table(units, self.layout),
-                                    dtype=self.states.policy.param_dtype, accumulate=True)
+        self.zero_hooks = _learning_hooks()(3, comm, self.layout.size, (lo, hi), self.states,
+                                            units_table(units, self.layout),
+                                            dtype=self.states.policy.param_dtype,
+                                            accumulate=True, prefetch=self.prefetch)
         return self.states
 
     def step_hooks(self) -> Any:
@@ -132,6 +156,10 @@ class ZeroSync:
             self._acc = xp.zeros(lay.size, self.full_buf.dtype)
             self.grad_accumulation_bytes = int(self._acc.nbytes)
             return StageHooks(lay.unflatten(self.full_buf), lay.unflatten(self._acc))
+        if self.stage == 3 and self.prefetch:  # the first step learns the walk, later ones
+            hooks = self.zero_hooks            # prefetch along it
+            hooks.plan(hooks.learned or [])
+            hooks.walk = []
         return self.zero_hooks
 
     def eval_hooks(self) -> Any:
@@ -139,6 +167,7 @@ class ZeroSync:
         if self.stage == 2:
             return executor.Hooks(self.layout.unflatten(self.full_buf))
         if self.stage == 3:
+            self.zero_hooks.plan([])  # a forward-only walk: blocking, not the step's plan
             return self.zero_hooks
         return executor.Hooks(self.states.param_views())
 
@@ -147,6 +176,9 @@ class ZeroSync:
         shard, all-gather the parameters (ZeRO-1/2); False when a 16-bit overflow skipped
         the update."""
         st, comm = self.states, self.comm
+        if self.stage == 3:  # the reduce-scatters still in flight (prefetch), completed
+            self.zero_hooks.finish()
+            self.zero_hooks.learned = self.zero_hooks.learned or self.zero_hooks.walk
         if self.stage in (1, 2):
             with comm.operation(OP_ZERO_RS):
                 if self.stage == 1:

@@ -123,7 +123,7 @@ class ZeroHooks(executor.Hooks):
                              f"{self.order[k]} at position {k}")
         for q in range(k, min(k + 1 + self.prefetch, len(self.order))):
             self._post(q)
-        if unit.name not in self.gathered:
+        if k in self.inflight:  # (a unit fetched twice, remat's, is gathered twice)
             self.gathered[unit.name] = self.inflight.pop(k).wait()
         self.progress()
         return self.gathered[unit.name]
