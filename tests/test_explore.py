@@ -69,6 +69,10 @@ def test_memory_offload_experts_and_bad_layouts():
         with pytest.raises(ValueError, match=word):
             memory.memory(**bad)
     assert memory.memory("Llama 3 405B", dp=1, tp=1, pp=1).numbers["fits"] is False
+    ring, gather = (memory.memory(dp=4, cp=2, cp_kind=k).numbers["buffers"]
+                    for k in ("ring", "allgather"))
+    kv = 8 * 128 / 8 * 2  # Llama 3 70B: 8 KV heads of 128 over tp 8, 2 bytes
+    assert ring - 25e6 == 2 * 2 * 4096 * kv and gather - 25e6 == 2 * 8192 * kv
 
 
 def test_memory_explorer_against_a_measured_run():
@@ -212,3 +216,23 @@ def test_worked_problems_state_minipar_plans_answers(nb):
 def test_read_first_names_the_core_and_its_lines(family):
     assert re.search(r"The technique: read ``[\w/.]+`` \(\d+ code lines\)",
                      problems.read_first(family))
+
+
+def test_measure_this_says_the_explorers_number_without_widgets(monkeypatch):
+    import builtins
+
+    import IPython.display
+
+    shown: list[str] = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **k: shown.append(obj.data))
+
+    real = builtins.__import__
+
+    def no_widgets(name, *a, **k):
+        if name == "ipywidgets":
+            raise ImportError(name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_widgets)
+    predict.measure_this(dp=4, zero=2)
+    out = "".join(shown)
+    assert f"{8 * 7040 + 24 * 7040 // 4:,} B per rank" in out and "dp 4, ZeRO-2" in out and "minipar run zero --stage 2 -n 4" in out

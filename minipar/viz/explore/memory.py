@@ -20,7 +20,11 @@ Assumptions the planner does not make, named where they enter: a data-parallel
 gradient bucket of 25 MB (PyTorch DDP's ``bucket_cap_mb``) as the communication buffer
 of ZeRO 0–2, two layers of gathered parameters (the current and the prefetched) for
 ZeRO-3; the experts of a mixture split over ep ranks and their states over the d·c/ep
-replicas of each expert; embeddings' and workspace buffers are not counted.
+replicas of each expert; context parallelism's key/value buffers of one layer's attention
+(:data:`CP_KINDS`: ``ring`` the block received beside the one held, 2 × 2·b·(s/c)·g·d_h/t
+elements; ``allgather``, Llama 3's, the whole sequence's K and V gathered,
+2·b·s·g·d_h/t; g the key/value heads, d_h the head width); embeddings' and workspace
+buffers are not counted.
 """
 
 from __future__ import annotations
@@ -90,7 +94,10 @@ DEVICES: dict[str, float] = {"H100 80 GB": CLUSTERS["h100"]["memory_gb"] * GB,
                              "A100 80 GB": CLUSTERS["a100-80gb"]["memory_gb"] * GB,
                              "A100 40 GB": CLUSTERS["a100-40gb"]["memory_gb"] * GB}
 #: context-parallel kinds the planner knows
-CP_KINDS = ("ring", "allgather")
+CP_KINDS: dict[str, Any] = {  # kind -> K, V elements one layer's attention gathers
+    "ring": lambda b, s, c, kv: 2 * 2 * b * (s // c) * kv,
+    "allgather": lambda b, s, c, kv: 2 * b * s * kv,
+}
 #: the chunks per rank a schedule needs (None: the vp control decides)
 SCHEDULE_V = {"zb-v": 2, "interleaved": None, "dualpipe": 2, "dualpipev": 2}
 #: where a schedule puts each rank's layers: "dual" (DualPipe: stages s and p − 1 − s of p,
@@ -105,7 +112,7 @@ CONTROLS: dict[str, Any] = {
     "vp": (1, 2, 3, 4), "cp": (1, 2, 4, 8, 16), "ep": (1, 2, 4, 8, 16, 32, 64),
     "zero": (0, 1, 2, 3), "sp": True, "remat": REMATS, "offload": False,
     "precision": tuple(PRECISIONS), "micro_batches": range(1, 65), "mb": (1, 2, 4, 8),
-    "schedule": tuple(k for k in KINDS if k != "naive"), "cp_kind": CP_KINDS,
+    "schedule": tuple(k for k in KINDS if k != "naive"), "cp_kind": tuple(CP_KINDS),
     "device": tuple(DEVICES),
 }
 
@@ -164,6 +171,8 @@ def memory(model: str = "Llama 3 70B", dp: int = 8, tp: int = 8, pp: int = 4, vp
         recomputed = activation_bytes_layer(spec, replace(lay, remat="none"), item, "paper",
                                             seq_par, cp_kind)
     per_chunk = spec.n_layer // pp / v
+    kv = spec.groups * spec.head_dim / tp if spec.groups >= tp else spec.head_dim
+    cp_buffer = CP_KINDS[cp_kind](mb, spec.seq, cp, kv) * item if cp > 1 else 0.0
     N = dp * cp
     best: dict[str, Any] = {}
     for stage in sorted({0, pp - 1}):
@@ -190,7 +199,7 @@ def memory(model: str = "Llama 3 70B", dp: int = 8, tp: int = 8, pp: int = 4, vp
             buffers = min(DDP_BUCKET, (dense + experts) * item) if N > 1 else 0.0
         row = {"params": kinds["params"], "grads": kinds["grads"],
                "optimizer": 0.0 if offload else kinds["optimizer"], "activations": acts,
-               "buffers": buffers, "offloaded": kinds["optimizer"] if offload else 0.0,
+               "buffers": buffers + cp_buffer, "offloaded": kinds["optimizer"] if offload else 0.0,
                "in_flight": held, "stage": stage, "params_per_rank": dense + experts}
         row["device_total"] = sum(row[k] for k in KINDS_SHOWN if k != "offloaded")
         if row["device_total"] > best.get("device_total", -1.0):

@@ -186,3 +186,44 @@ def ask(key: str) -> Question:
 
     button.on_click(run)
     return q
+
+
+def measure_this(dp: int = 2, zero: int = 1) -> None:
+    """The memory explorer's "measure this": for minipar run's small GPT (float64), the
+    explorer's model states per rank at ``dp`` ranks and ZeRO stage ``zero``; with
+    ipywidgets, controls and a button that runs ``minipar run zero`` and shows both."""
+    from IPython.display import Pretty, display
+
+    def said(n: int, z: int) -> str:
+        return (f"memory explorer, {SMALL}, dp {n}, ZeRO-{z}: model states "
+                f"{predicted_model_states(z, n):,.0f} B per rank; measure: minipar run zero "
+                f"--stage {z} -n {n} --steps 1")
+    try:
+        import ipywidgets as w
+    except ImportError:
+        display(Pretty(said(dp, zero)))
+        return
+    n_box = w.Dropdown(options=[2, 3, 4], value=dp, description="dp")
+    z_box = w.Dropdown(options=[0, 1, 2, 3], value=zero, description="zero")
+    button = w.Button(description="measure this", button_style="primary",
+                      layout=w.Layout(width="auto"))
+    button.add_class("minipar-measure-this")
+    display(w.HBox([n_box, z_box, button]))
+    out = display(Pretty(said(dp, zero)), display_id=True)
+    n_box.observe(lambda _c: out.update(Pretty(said(n_box.value, z_box.value))), "value")
+    z_box.observe(lambda _c: out.update(Pretty(said(n_box.value, z_box.value))), "value")
+
+    def run(_b: Any) -> None:
+        n, z = n_box.value, z_box.value
+        out.update(Pretty(said(n, z) + "\nrunning ..."))
+        try:
+            got = measure_model_states(z, n)
+        except Exception as e:  # a failed launch: one line
+            out.update(Pretty(f"the run failed: {str(e).splitlines()[0] if str(e) else e!r}"))
+            return
+        want = predicted_model_states(z, n)
+        out.update(Pretty(said(n, z) + f"\nmeasured on {n} real ranks: {got:,.0f} B per rank "
+                          + ("= the explorer's" if got == want else f"≠ the explorer's "
+                             f"{want:,.0f} B")))
+
+    button.on_click(run)
