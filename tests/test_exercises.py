@@ -67,7 +67,8 @@ def test_bad_arguments_are_refused(tmp_path):
     + [("tree_broadcast", n) for n in (2, 3, 4, 5)]
     + [("ps_sync", n) for n in (2, 3, 5)]
     + [("layernorm_backward", n) for n in (2, 3)]
-    + [("remat_budget", n) for n in (1, 2)],
+    + [("remat_budget", n) for n in (1, 2)]
+    + [("allgather_mask", 1)],
 )
 def test_reference_solution_passes(name, n):
     report = check(name, get(name).solution_path, n, timeout=90)
@@ -172,6 +173,13 @@ WRONG = [
       "A larger k is not always fewer recomputed forwards"]),
     ("ex_wrong_remat_keep_all.py", "remat_budget", 1, "measured peak <= budget",
      ["your plan's measured peak is", "bytes, over the budget of", "keep less"]),
+    # all-gather CP's load-balanced causal mask (notebook 07's second exercise)
+    ("ex_wrong_agmask_off_by_one.py", "allgather_mask", 1, "load-balanced causal mask",
+     ["a chunk off by one", "you used chunk 2 where chunk 3 belongs"]),
+    ("ex_wrong_agmask_contiguous.py", "allgather_mask", 1, "load-balanced causal mask",
+     ["contiguous positions 0…3: an unbalanced split", "chunks r and 2P-1-r"]),
+    ("ex_wrong_agmask_future.py", "allgather_mask", 1, "load-balanced causal mask",
+     ["a query sees the future", "(position 0) sees the key at position 1"]),
     # the parameter server's mistakes
     ("ex_wrong_ps_pull_first.py", "ps_sync", 4, "result equals the synchronous step",
      ["rank 1 returned the parameters from before the update", "pulled before"]),

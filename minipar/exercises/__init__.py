@@ -133,6 +133,15 @@ EXERCISES: dict[str, Exercise] = {
             "★★☆",
         ),
         Exercise(
+            "allgather_mask",
+            "mask_step",
+            "all-gather context parallelism (Llama 3): the load-balanced causal mask of rank r",
+            "★☆☆",
+            min_ranks=1,  # arithmetic on each rank: no message to get wrong
+            writes_communication=False,
+            writes="causal_mask",
+        ),
+        Exercise(
             "moe_dispatch",
             "moe_dispatch_combine",
             "expert parallelism: all-to-all tokens to their experts' ranks, and back (combine)",

@@ -1,0 +1,1 @@
+"""Exercise: the load-balanced causal mask of all-gather context parallelism (notebook 07)."""
