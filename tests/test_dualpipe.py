@@ -164,3 +164,19 @@ def test_bubble_bad_costs_is_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         assert bubble.main(["--schedule", "dualpipe", "--costs", costs]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--costs" in err[0], err
+
+
+def test_bubble_from_a_recorded_dualpipe_step(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``minipar bubble --from-run``: a recorded dualpipe step (here a replay in seconds, as
+    the executor records it: each pair as its forward's and its backward's records) is
+    rebuilt, and the table is set against it with the step's own median costs."""
+    from minipar.parallel.pipeline.measure import write_timeline
+
+    recs = replay(schedules("dualpipe", 4, 8, 2), split_cost(0.001, 0.001, 0.001),
+                  placement="dual")
+    write_timeline(tmp_path / "t.json", recs, "dualpipe", 4, 8, 2)
+    s = bubble_json("--from-run", str(tmp_path / "t.json"), capsys=capsys)
+    assert s["source"] == "run" and s["schedule"] == "dualpipe" and s["pp"] == 4
+    assert s["costs"]["F"] == pytest.approx(0.001) and s["costs"]["B"] == pytest.approx(0.002)
+    assert max(s["idle_per_rank"]) == pytest.approx(s["formula_value"]) == pytest.approx(0.002)
