@@ -28,6 +28,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "sample": ("minipar.cli.sample", "continue a prompt with a model trained on text (a checkpoint)"),
     "checkpoint": ("minipar.cli.checkpoint",
                    "a saved checkpoint: info DIR | export DIR OUT.safetensors"),
+    "notebooks": ("minipar.cli.notebooks",
+                  "every notebook executed, written as HTML pages with an index: --html DIR"),
     "doctor": ("minipar.cli.doctor",
                "this machine: Python, NumPy, MPI, backend, GPU, CUDA-aware MPI; what to fix"),
 }

@@ -1,0 +1,55 @@
+"""``minipar notebooks --html DIR``: notebooks executed and written as HTML, with an index in
+the learning path's order; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minipar.cli import main
+from minipar.cli import notebooks as verb
+
+
+def _notebook(path, heading, code):
+    cells = [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": heading},
+             {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": None,
+              "outputs": [], "source": code}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}), encoding="utf-8")
+
+
+def test_pages_with_figures_and_an_index_in_order(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("nbconvert")
+    src = tmp_path / "notebooks"
+    src.mkdir()
+    _notebook(src / "01_b.ipynb", "# 01 · second", "import matplotlib.pyplot as plt\n"
+              "%matplotlib inline\nplt.plot([1, 2]);")
+    _notebook(src / "00_a.ipynb", "# 00 · first", "print(6 * 7)")
+    _notebook(src / "02_c.ipynb", "# 02 · broken", "raise ValueError('on purpose')")
+    monkeypatch.setattr(verb, "NOTEBOOKS", src)
+    out = tmp_path / "book"
+    assert main(["notebooks", "--html", str(out), "--quick"]) == 1  # one notebook failed
+    page = (out / "01_b.html").read_text(encoding="utf-8")
+    assert "data:image/png;base64" in page and "42" in (out / "00_a.html").read_text()
+    idx = (out / "index.html").read_text(encoding="utf-8")
+    assert idx.index("00_a.html") < idx.index("01_b.html") < idx.index("02_c.html")
+    assert "00 · first" in idx and "failed: ValueError: on purpose" in idx
+    assert "FAILED: ValueError: on purpose" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--only", "99_nothing"], "--only '99_nothing': no such notebook; one of 00_overview"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
+])
+def test_bad_input_is_one_line(args, words, tmp_path, capsys):
+    assert main(["notebooks", "--html", str(tmp_path / "x"), *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+def test_a_file_where_the_folder_goes_is_refused(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert main(["notebooks", "--html", str(f)]) == 2
+    assert "a file is there; give a folder" in capsys.readouterr().err
