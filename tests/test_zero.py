@@ -209,10 +209,15 @@ def test_prefetching_equals_blocking_with_its_bytes_and_its_memory_formula(n: in
     forward); the most it holds gathered (in flight included) is the formula's; nothing
     gathered, in flight or pending after the steps."""
     res = zero_check(n)["prefetch"]
-    assert sorted(res) == ["0,False", "1,False", "1,True", "2,True"]
+    assert sorted(res) == ["0,False", "1,False", "1,True", "2,True", "2,True,remat"]
     for case, r in res.items():
         assert r["ok"] and r["as_blocking"], f"prefetch {case} on {n} ranks: {r}"
         assert r["max_param_diff"] < 1e-12
+        if case.endswith("remat"):  # recomputed units gathered again: more than the formula
+            assert all(row["bytes_sent_per_step"] > row["bytes_exact_per_step"]
+                       for row in r["ranks"]) or n == 1
+            assert all((row["inflight"], row["pending"]) == (0, 0) for row in r["ranks"])
+            continue
         for row in r["ranks"]:
             assert row["bytes_sent_per_step"] == row["bytes_exact_per_step"], (case, row)
             if case.endswith("True"):

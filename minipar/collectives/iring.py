@@ -47,8 +47,12 @@ class _RingRequest:
                              f"non-negative chunk sizes summing to {buf.size}")
         self.counts, self.offs = list(counts), B.offsets_of(list(counts))
         self.step, self.reqs = 0, []
-        self.t_start, self.t_end = time.perf_counter(), None
-        self._post() if self.comm.size > 1 else self._finished()
+        self.t_start: float = time.perf_counter()
+        self.t_end: float | None = None
+        if self.comm.size > 1:
+            self._post()
+        else:
+            self._finished()
 
     @property
     def done(self) -> bool:
@@ -71,7 +75,10 @@ class _RingRequest:
     def _advance(self) -> None:
         self._received()
         self.step += 1
-        self._post() if self.step < self.comm.size - 1 else self._finished()
+        if self.step < self.comm.size - 1:
+            self._post()
+        else:
+            self._finished()
 
     def progress(self) -> bool:
         """Finish every step whose messages arrived and post the next; True when done."""

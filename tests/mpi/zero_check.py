@@ -64,8 +64,10 @@ for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2,
 # ZeRO-3 prefetching K units ahead, resharding after forward or not: parity, the bytes of
 # the blocking form (each rank: sent and exact), the gathered peak against its formula
 serial = serial_reference(PARITY, comm.size) if comm.rank == 0 else None
-for k, reshard in ((1, True), (2, True), (1, False), (0, False)):
-    m = measure_stage(grid, PARITY, 3, prefetch=k, reshard_after_forward=reshard)
+for k, reshard, remat in ((1, True, None), (2, True, None), (1, False, None),
+                          (0, False, None), (2, True, 1)):
+    extra = {} if remat is None else {"remat": remat}  # remat: a unit fetched twice
+    m = measure_stage(grid, PARITY, 3, prefetch=k, reshard_after_forward=reshard, **extra)
     eng = m["engine"]
     final = eng.layout.flatten(eng.full_params())
     blocking = exact_bytes_sent(eng.layout.size, comm.size, comm.rank, 3,
@@ -77,7 +79,7 @@ for k, reshard in ((1, True), (2, True), (1, False), (0, False)):
                             | {"blocking_exact": blocking, "inflight": len(hooks.inflight),
                                "pending": len(hooks.pending)})
     if comm.rank == 0:
-        out["prefetch"][f"{k},{reshard}"] = {
+        out["prefetch"][f"{k},{reshard}" + (",remat" if remat else "")] = {
             "ok": parity(m["losses"], serial["losses"], final, serial["params"]),
             "max_param_diff": max_abs_diff(final, serial["params"]), "ranks": rows,
             "as_blocking": final.tobytes() == blocking_final.tobytes()}

@@ -140,6 +140,7 @@ class MeteredZeroHooks(ZeroHooks):
         super().__init__(*args, **kwargs)
         self.peak_gathered_bytes = 0
         self.records = records
+        self.walk: list[str] = []  # the units fetched while no plan is set, in order
         self._watched: list[Any] = []  # non-blocking requests posted, not yet seen done
 
     def plan(self, order: list[str]) -> None:
@@ -161,6 +162,8 @@ class MeteredZeroHooks(ZeroHooks):
         self._watched = [r for r in self._watched if not r.done]
 
     def fetch(self, unit: Any) -> dict[str, Any]:
+        if not self.order:
+            self.walk.append(unit.name)
         before, t0 = list(self.inflight.values()), time.perf_counter()
         params = super().fetch(unit)
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.held_gathered_bytes())
@@ -243,6 +246,7 @@ class ZeRO:
             raise ValueError(f"prefetch and reshard_after_forward are stage 3's (parameters "
                              f"gathered per unit); got stage {self.stage}: use stage 3")
         self.reshard = bool(reshard_after_forward)
+        self._learned: list[str] = []  # under remat: the first step's walk (the plan after)
         # the last step's compute and communication intervals (stage 3, when asked)
         self.records: list[Any] | None = [] if timeline and self.stage == 3 else None
         self.allreduce = check_allreduce(allreduce)
@@ -315,11 +319,16 @@ class ZeRO:
         if self.records is not None:
             self.records.clear()
         names = [u.name for u in self.units]
-        self._plan(names + names[::-1])
+        # the walk: forward, then backward in reverse; under remat (recomputations fetch
+        # again) the walk of the first step, learnt as it runs (blocking), as FSDP does
+        walk = names + names[::-1] if self.memory_wrap is None else self._learned
+        self.zero_hooks.walk = []
+        self._plan(walk)
         loss, done = zero_step(self.stage, self.comm, self.units, self.hooks, x, y,
                                self.weight * self.states.loss_scale, self.states, self.params,
                                self.grads, self.offload, self.allreduce, self.zero_hooks,
                                self.records)
+        self._learned = self._learned or list(self.zero_hooks.walk)
         self.steps_done += 1
         return StepResult(self._global_loss(loss, OP_LOSS), skipped=not done)
 
