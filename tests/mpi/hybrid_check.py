@@ -199,6 +199,7 @@ def run_all() -> list[str]:
         trial(dense.with_(kv_heads=1), 2, 2, 2, zero=1)
         # USP: U = 2 Ulysses ranks x R = 2 ring groups on each tp rank's 4 heads, K = 4 / t
         trial(dense.with_(kv_heads=4), 1, 1, 2, cp=4, cp_kind="usp", cp_ulysses=2)
+        trial(dense.with_(kv_heads=2), 2, 1, 1, cp=4, cp_kind="usp", cp_ulysses=2)  # x dp 2
         # zero bubble (Qi et al. 2023): B and W with tp inside the stage, SP's W, ZeRO-1
         trial(dense, 2, 2, 2, kind="zb-h1", m=4)
         trial(dense, 2, 2, 2, kind="zb-h1", m=2, sequence_parallel=True)
