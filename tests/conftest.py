@@ -13,6 +13,14 @@ from minipar import launch
 
 MPI_DIR = Path(__file__).parent / "mpi"
 
+#: the browser tests' Chromium (Debian's chromium, chromium-driver: .ci/run installs them),
+#: its flags on a closed network, and where screenshots are kept (git-ignored build/)
+CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--window-size=1400,1800")
+SHOTS = Path(__file__).resolve().parent.parent / "build" / "browser-test"
+
 #: what the stand-in of :func:`fake_mpiexec` leaves in its folder when it is started
 STARTED = "mpiexec-was-started"
 

@@ -22,19 +22,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import CHROMIUM, DRIVER, FLAGS, SHOTS
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-SHOTS = ROOT / "build" / "browser-test"
 #: explorer cell id -> (the control to move: its ipywidgets class suffix, the choice to pick)
 MOVES = {"x37-01-explore": ("algorithm", "tree"), "x37-03-explore": ("zero", "3"),
          "x37-04-explore": ("precision", "fp32"), "x37-05-explore": ("t", "2"),
          "x37-06-explore": ("kind", "gpipe"), "x37-08-explore": ("top_k", "1"),
          "x37-10-explore": ("tp", "4"), "x37-10-memory": ("zero", "3")}
 PRESS = "dp-bytes"  # the predict-then-measure button pressed (minipar run dp -n 2)
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1400,1800")
 
 #: in CI (.ci/run sets up Chromium) the browser must be there: no skip
 pytestmark = pytest.mark.skipif(

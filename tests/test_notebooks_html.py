@@ -1,11 +1,14 @@
 """``minipar notebooks --html DIR``: notebooks executed and written as HTML, with an index in
-the learning path's order; bad input is one line and exit 2."""
+the learning path's order, read in headless Chromium where it is installed (always in CI);
+bad input is one line and exit 2."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from conftest import CHROMIUM, DRIVER, FLAGS, SHOTS
 
 from minipar.cli import main
 from minipar.cli import notebooks as verb
@@ -36,6 +39,30 @@ def test_pages_with_figures_and_an_index_in_order(tmp_path, monkeypatch, capsys)
     assert idx.index("00_a.html") < idx.index("01_b.html") < idx.index("02_c.html")
     assert "00 · first" in idx and "failed: ValueError: on purpose" in idx
     assert "FAILED: ValueError: on purpose" in capsys.readouterr().out
+    if CHROMIUM.exists() or os.environ.get("CI"):  # the book in a real browser, as a reader
+        read_in_chromium(out, tmp_path)
+
+
+def read_in_chromium(book, tmp_path):
+    """Open the book's index in headless Chromium, follow the second link, see its figure."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for f in (*FLAGS, f"--user-data-dir={tmp_path / 'chromium'}"):
+        opts.add_argument(f)
+    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=opts)
+    try:
+        driver.get((book / "index.html").as_uri())
+        driver.find_element(By.LINK_TEXT, "01_b").click()
+        img = driver.find_element(By.CSS_SELECTOR, "img[src^='data:image/png']")
+        assert driver.execute_script("return arguments[0].naturalWidth", img) > 100
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "04-rendered-book-page.png"))
+    finally:
+        driver.quit()
 
 
 @pytest.mark.parametrize(("args", "words"), [
