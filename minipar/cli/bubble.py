@@ -313,10 +313,10 @@ def text(s: dict[str, Any], records: Sequence, wall: Sequence | None = None) -> 
     if kind in DUAL:
         idle = " ".join(f"{x:g}" for x in s["idle_per_rank"])
         unit = "cost units" if wall is None else "seconds, the table with the measured costs"
+        expr, pp_is = s["formula"].split(", ", 1)
         lines.append(f"idle per rank (span − work, {unit}): {idle}; the table's bubble "
-                     f"{s['formula']} = {s['formula_value']:g}" + (
-                         " = the largest, as the table says" if s["formula_holds"] and
-                         s["formula_gap"] == 0 else
+                     f"{expr} = {s['formula_value']:g} ({pp_is} = {s['pp']})" + (
+                         " = the largest, as the table says" if s["formula_gap"] == 0 else
                          f"; the largest idle differs by {s['formula_gap']:+g}: the table "
                          f"holds for F = B − W and F&B = F + B (the warm-up's and cool-down's "
                          f"waits grow with F and B − W apart, and an F&B below F + B shortens "
