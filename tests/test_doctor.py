@@ -124,3 +124,27 @@ def test_gpus_text() -> None:
             {"name": "NVIDIA H200", "memory": 2**30}]
     assert doctor.gpus_text(gpus[:1]) == "1 GPU: 0 NVIDIA H200 (150.0 GiB)"
     assert doctor.gpus_text(gpus) == "2 GPUs: 0 NVIDIA H200 (150.0 GiB), 1 NVIDIA H200 (1.0 GiB)"
+
+
+def test_a_hostfile_that_is_not_there_is_refused_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["doctor", "--hostfile", "/no/such/hosts"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("minipar doctor: ") and "--hostfile" in err[0]
+
+
+def test_the_hosts_of_a_hostfile(tmp_path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# the cluster\nnode1:4\nnode2 # the second\n\n10.0.0.3:2\n")
+    assert doctor.read_hosts(str(hosts)) == ["node1", "node2", "10.0.0.3"]
+
+
+def test_a_bad_heartbeat_setting_is_one_launch_error(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path) -> None:
+    from minipar import launch
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\n")
+    monkeypatch.setenv("MINIPAR_HEARTBEAT_S", "soon")
+    with pytest.raises(launch.LaunchError, match=r"^MINIPAR_HEARTBEAT_S='soon': seconds"):
+        launch.run(1, "minipar.cli.demo", timeout=30, hostfile=hosts)

@@ -48,6 +48,8 @@ BAD = [
     (["dp", "--frobnicate"], "--frobnicate"),
     (["dp", "--hostfile", "/no/such/hostfile"], "--hostfile"),
     (["dp", "--hostfile", "/tmp"], "is a folder, not a file"),
+    (["dp", "-n", "4", "--node", "3"], "--node 3 does not divide -n 4"),
+    (["dp", "--node", "0"], "--node"),
     (["warp"], "strategy"),
     (["hybrid", "-n", "8", "--dp", "3", "--tp", "2", "--pp", "2"], "number of ranks, 8"),
     (["hybrid", "-n", "8", "--tp", "8"], "heads"),

@@ -205,7 +205,7 @@ def run(n: int, target: str, *args: str, timeout: float = DEFAULT_TIMEOUT,
     with sigterm_as_interrupt():  # `kill`, `timeout`, a scheduler: stop the ranks as Ctrl-C does
         folder = tempfile.mkdtemp(prefix="minipar-launch-")
         order = failure.ExitOrder(folder)
-        beats = heartbeat.Heartbeats(silence) if remote else None  # ranks on other hosts
+        beats = heartbeat.listen(silence) if remote else None  # ranks on other hosts
         guard = heartbeat.start_guard(folder) if remote else None  # mpiexec, if we are killed
         try:
             order.start()  # waits for the ranks to connect

@@ -225,6 +225,15 @@ class Heartbeats(threading.Thread):
                 return
 
 
+def listen(silence: float) -> Heartbeats | None:
+    """The launcher's :class:`Heartbeats`, or None where this machine cannot listen on TCP
+    (the remote ranks then run unwatched, as a rank that cannot connect does)."""
+    try:
+        return Heartbeats(silence)
+    except OSError:
+        return None
+
+
 def lost_line(lost: dict[str, Any], silence: float) -> str:
     """The one line of a host cut off: which, since when, and what could not be done."""
     since = time.strftime("%H:%M:%S", time.gmtime(lost["since"]))
