@@ -154,6 +154,12 @@ class Cluster:
                               cwd=self.shared, env=self.env(env), timeout=timeout,
                               stdin=subprocess.DEVNULL, check=False)
 
+    def python(self, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``python -c CODE`` on the login namespace, in the shared folder."""
+        return subprocess.run(["ip", "netns", "exec", self.login, sys.executable, "-c", code],
+                              capture_output=True, text=True, cwd=self.shared, env=self.env(),
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+
     def start(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """Start ``minipar ARGV`` on the login namespace (its pid is minipar's own:
         ``ip netns exec`` execs it)."""

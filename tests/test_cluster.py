@@ -24,7 +24,6 @@ from minipar.parallel import checkpoint
 from minipar.parallel.checkpoint import MANIFEST, step_dir
 
 REFUSED = refusal()
-pytestmark = pytest.mark.skipif(REFUSED is not None, reason=REFUSED or "")
 
 #: one model every layout here can cut (hybrid's own defaults differ: given in full)
 TINY = ["--layers", "1", "--d-model", "8", "--heads", "2", "--batch", "8", "--vocab", "8",
@@ -33,12 +32,26 @@ TINY = ["--layers", "1", "--d-model", "8", "--heads", "2", "--batch", "8", "--vo
 
 @pytest.fixture(scope="module")
 def cluster():
+    """Two hosts of two ranks; every test that uses it is skipped, with the one-line reason,
+    where the machine cannot host it."""
+    if REFUSED is not None:
+        pytest.skip(REFUSED)
     c = Cluster(hosts=2, slots=2)
     try:
         yield c
     finally:
         c.close()
     assert c.gone() == [], f"the cluster left {c.gone()}"
+
+
+def test_a_machine_that_cannot_host_the_cluster_says_why_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import cluster as simulated
+
+    monkeypatch.setattr(simulated.os, "geteuid", lambda: 1000)
+    assert simulated.refusal() == "a simulated cluster needs root (ip netns add)"
+    monkeypatch.setattr(simulated.sys, "platform", "darwin")
+    assert simulated.refusal() == "a simulated cluster needs Linux network namespaces"
 
 
 def across(cluster: Cluster, *argv: str) -> dict:
@@ -174,10 +187,23 @@ def test_a_rank_killed_on_another_host_is_named_with_its_host(cluster: Cluster,
         took.append(time.monotonic() - t0)
         assert code == 1 and err.splitlines()[-1] == (
             f"[minipar] rank {victim_rank} of 4 (pid {pid} on {host}) ended first, before "
-            "finishing and without an error message: killed (kill -9, the kernel's OOM killer) "
-            "or crashed"), err
+            "finishing and without an error message: killed (kill -9, the kernel's OOM killer), "
+            "crashed or exited early"), err
         d.nothing_left()
     print(f"remote rank SIGKILL: named, ended after {', '.join(f'{t:.2f}' for t in took)} s")
+
+
+def test_a_rank_that_raises_on_another_host_is_named_by_its_own_line(cluster: Cluster) -> None:
+    """Rank 2 (on h2) raises; its peers are then killed by MPI_Abort and end before it may:
+    the line is still the raising rank's own (MPICH prints no bad termination for an
+    abort, so the order of ends does not decide)."""
+    script = Path(__file__).parent / "mpi" / "comm_raise.py"
+    proc = cluster.python(f"from minipar import launch\np = launch.run(4, {str(script)!r}, "
+                          f"timeout=60, hostfile={str(cluster.hostfile)!r})\nprint(p.failure)")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "[minipar] rank 2 of 4 failed: RuntimeError: deliberate failure on one rank"], proc.stdout
+    assert cluster.wait_empty(GONE_DEADLINE_S), cluster.leftovers()
 
 
 def test_the_launcher_killed_outright_leaves_nothing_on_any_host(cluster: Cluster,

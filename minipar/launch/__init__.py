@@ -233,8 +233,7 @@ def run(n: int, target: str, *args: str, timeout: float = DEFAULT_TIMEOUT,
                     beats.stop.set()
                     beats.join()
                     ranks.update(beats.ranks)
-                    seen = [*zip(order.at, order.order),
-                            *((t, k) for t, k in beats.ended if k in beats.died_first())]
+                    seen = [*zip(order.at, order.order), *beats.ended]
                     ended = [k for _, k in sorted(seen, key=lambda e: e[0])]
                 if beats is not None and beats.lost is not None:
                     result.failure = heartbeat.lost_line(beats.lost, silence)

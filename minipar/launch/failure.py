@@ -24,6 +24,10 @@ every survivor.  A learner needs one sentence: which rank, and what happened.
    to the dead rank gets an MPI error ("Other MPI error ... process_vm_readv
    failed") before the process manager ends it, and raises in its turn, but the
    kill is the cause;
+   A rank on another host is ordered the same way, by the end of its heartbeat
+   connection (:mod:`minipar.launch.heartbeat`); there MPICH names whichever
+   process it looked at first, so when MPICH says a process ended badly the
+   first to end is named, with its host, whatever MPICH's words;
 4. a rank ended early without an error message (``os._exit(3)``, a crash in C
    code that MPI does not report): the first rank to end without finishing,
    from the same exit order, with mpiexec's exit status;
@@ -69,6 +73,7 @@ MPIEXEC_PID = "mpiexec.pid"  # the launcher notes mpiexec's process id here (its
 _RAISED = re.compile(r"^\[minipar\] rank (\d+) of \d+ failed: .*$", re.MULTILINE)
 _ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm 0\)")
 _KILLED = re.compile(r"PID (\d+) RUNNING AT (\S+).*?(?:signal (\d+)|SIGNAL: (\d+))", re.DOTALL)
+_BAD = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES")
 #: one line of MPICH's call stack: ``[mpiexec@host] function (file.c:LINE): message``
 _MPICH_STACK = re.compile(r"^\[[^\]]+\] \S+ \([^()]*:\d+\): (.*)$")
 
@@ -193,10 +198,13 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     output = stdout + "\n" + stderr
     first = next((p for p in order or [] if p in ranks and not ranks[p]["done"]), None)
     killed = _KILLED.search(output)
-    # on another host (its record came by heartbeat): its end is known, not MPICH's words
+    # on another host (its record came by heartbeat): its end is known, not how (MPICH
+    # names whichever process it looked at first there, and its words vary)
     remote = first is not None and "address" in ranks[first]
-    # the rank that ended first, killed by a signal: a survivor's error came after it
-    dead = ranks[first].get("rank") if (killed or remote) and first is not None else None
+    # the rank that ended first, killed by a signal (on another host: MPICH saw a process
+    # end badly, which MPI_Abort alone does not print): a survivor's error came after it
+    bad = killed or (remote and _BAD.search(output))
+    dead = ranks[first].get("rank") if bad and first is not None else None
     if m := _RAISED.search(output):
         raised: tuple[int, str] | None = (int(m.group(1)), m.group(0))
     else:  # the line was lost as the job was killed: the rank's own record has it
@@ -211,11 +219,11 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     if aborted and dead in (None, aborted[0]):
         return (f"[minipar] rank {aborted[0]} ended the job with exit status {aborted[1]} "
                 "(MPI_Abort)")
-    if remote:  # MPICH names whichever process it looked at first there: not trusted
+    if remote:
         r = ranks[first]
         return (f"[minipar] {_who(r)} (pid {r['pid']} on {r.get('host')}) ended first, before "
                 "finishing and without an error message: killed (kill -9, the kernel's OOM "
-                "killer) or crashed")
+                "killer), crashed or exited early")
     if m := killed:
         pid, host, sig = int(m.group(1)), m.group(2), int(m.group(3) or m.group(4))
         # the first rank to end without finishing: MPICH killed the others after it

@@ -57,7 +57,6 @@ DEFAULT_SILENCE_S = 10.0
 BEATS = 4  # beats per silence: a side is lost after missing four
 PROXY = "hydra_pmi_proxy"  # MPICH's process manager on each host: a rank's parent
 _CONTROL = re.compile(r"^(.+):\d+$")
-_SOCKET: list[socket.socket] = []  # the rank's connection to the launcher
 
 #: the guard (``python -c GUARD FOLDER``, stdin a pipe from the launcher): mpiexec's process
 #: id arrives first; the pipe's end without ``done`` means the launcher died
@@ -105,8 +104,6 @@ class Heartbeats(threading.Thread):
         self.ranks: dict[str, dict[str, Any]] = {}
         self.ended: list[tuple[float, str]] = []
         self.lost: dict[str, Any] | None = None
-        #: when a rank first said it raised or aborted (monotonic): ends after it follow it
-        self.raised_at: float | None = None
         self.on_lost: Any = None
         self.stop = threading.Event()
 
@@ -199,14 +196,7 @@ class Heartbeats(threading.Thread):
         r["heard"], r["heard_at"] = now, time.time()
         if b"done" in chunk:
             r["done"] = True
-        if b"raised" in chunk and self.raised_at is None:
-            self.raised_at = now
         return False
-
-    def died_first(self) -> list[str]:
-        """The ranks whose connection ended before they finished, earliest first, and before
-        any rank said it raised (a rank that died makes its peers' MPI calls fail after)."""
-        return [k for t, k in self.ended if self.raised_at is None or t < self.raised_at]
 
     def _check(self, now: float) -> None:
         """A host none of whose running ranks was heard for ``silence`` seconds is lost."""
@@ -286,18 +276,10 @@ def watch(rank: int, size: int) -> bool:
     s.close()
     s = socket.socket(fileno=high)
     s.setblocking(False)
-    _SOCKET.append(s)
     atexit.register(_done, s)
     threading.Thread(target=_beat, args=(s, silence, f"rank {rank} of {size} on {me}"),
                      daemon=True, name="minipar-heartbeat").start()
     return True
-
-
-def say(word: str) -> None:
-    """Tell the launcher how this rank is about to end (``raised``: before MPI_Abort)."""
-    for s in _SOCKET:
-        with contextlib.suppress(OSError):
-            s.send(f"{word}\n".encode(), socket.MSG_DONTWAIT)
 
 
 def _done(s: socket.socket) -> None:

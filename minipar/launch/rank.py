@@ -231,8 +231,6 @@ def main(argv: list[str]) -> None:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if status and noted:
             _ended(*noted, aborted=status)
-        if status:
-            heartbeat.say("raised")  # a remote rank: it ends the job, it was not killed
         raise
     except Exception as e:  # the "[minipar] rank R of N failed: ..." line above the traceback
         from minipar.comm import install_excepthook
@@ -240,7 +238,6 @@ def main(argv: list[str]) -> None:
 
         if noted:
             _ended(*noted, raised=failed_line(e))
-        heartbeat.say("raised")
         install_excepthook()
         raise
 
