@@ -219,7 +219,7 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
     if aborted and dead in (None, aborted[0]):
         return (f"[minipar] rank {aborted[0]} ended the job with exit status {aborted[1]} "
                 "(MPI_Abort)")
-    if remote:
+    if remote and bad:
         r = ranks[first]
         return (f"[minipar] {_who(r)} (pid {r['pid']} on {r.get('host')}) ended first, before "
                 "finishing and without an error message: killed (kill -9, the kernel's OOM "
@@ -240,7 +240,7 @@ def describe(code: int, stdout: str, stderr: str, ranks: dict[int, dict[str, Any
                 f"{sig} ({name}){why}")
     if code < 0:
         return f"[minipar] mpiexec was killed by signal {-code}"
-    if first is not None:
+    if first is not None and not remote:  # remote, no bad termination: MPI's own error
         r = ranks[first]
         return (f"[minipar] {_who(r)} (pid {r['pid']} on {r.get('host')}) ended before finishing, "
                 f"with no error message (mpiexec exit status {code})")
