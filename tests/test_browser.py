@@ -82,6 +82,10 @@ def lab(tmp_path):
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "MINIPAR_NOTEBOOK_QUICK": "1", "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
         "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"), "TMPDIR": str(tmp_path)}
+    labconfig = tmp_path / "cfg" / "labconfig"  # no "news?" pop-up over the screenshots
+    labconfig.mkdir(parents=True)
+    (labconfig / "page_config.json").write_text(json.dumps({"disabledExtensions": {
+        "@jupyterlab/apputils-extension:announcements": True}}), encoding="utf-8")
     log = (tmp_path / "lab.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
