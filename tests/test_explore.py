@@ -174,6 +174,17 @@ def test_experts_load_capacity_and_dropped():
     assert even["dropped"] == 0 and even["aux_loss"] == pytest.approx(0.01, rel=0.05)
 
 
+def test_loss_free_balancing_evens_the_load():
+    """DeepSeek-V3's bias: after its updates the favoured experts are chosen less, fewer
+    assignments are dropped, and the bias is what update_bias made of the loads."""
+    plain = experts.experts(skew=2.0, capacity_factor=1.0).numbers
+    free = experts.experts(balancing="loss-free (DeepSeek-V3)", skew=2.0,
+                           capacity_factor=1.0).numbers
+    assert max(free["load"]) < max(plain["load"]) and free["dropped"] < plain["dropped"]
+    assert free["bias"][0] < 0 < free["bias"][-1]  # the favoured expert pushed down
+    assert plain["bias"] is None
+
+
 def test_step_is_the_planners_estimate():
     from minipar.plan.cluster import load_cluster
     from minipar.plan.step_time import estimate
