@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from minipar.plan.activations import activation_bytes_per_layer
 from minipar.plan.collectives import all_gather_volume, ring_allreduce_volume
+from minipar.plan.layouts import stage_param_count
 from minipar.plan.moe import expert_capacity
 from minipar.plan.pipeline import bubble_formula
 from minipar.plan.presets import load_model
@@ -106,6 +107,22 @@ PROBLEMS: dict[str, list[Problem]] = {
         Problem("At capacity factor 1.0, one expert receives 1,500 assignments: how many are "
                 "dropped?", "C = 2 × 4096 / 8 = 1,024; 1,500 − 1,024 = 476 pass the residual "
                 "unchanged.", 476, lambda: 1500 - expert_capacity(2 * 4096, 8, 1.0)),
+    ],
+    "10": [
+        Problem("GPT-3 175B (96 layers, h = 12288) on pp = 16 stages and t = 8: how many "
+                "parameters does one GPU of a middle stage hold?", "6 layers of 12h² each, "
+                "cut 8 ways: 6 × 12 × 12288² / 8 ≈ 1.36 B (the LayerNorms and biases add "
+                "0.01 %; the first and last stages add the vocabulary's V·h/t).", 1.36e9,
+                lambda: stage_param_count(load_model("gpt3-175b"), 16, 8, 1)),
+        Problem("Its model states per GPU with ZeRO-1 over d = 8 (mixed-precision Adam)?",
+                "4Ψ + 12Ψ/d = (4 + 1.5) × 1.36 B ≈ 7.5 GB: the layout fits its states with "
+                "room for activations — what pp and t bought.", 7.5e9,
+                lambda: zero_model_state_bytes(stage_param_count(load_model("gpt3-175b"), 16,
+                                                                 8, 1), 8, 1)),
+        Problem("The 1F1B bubble over the ideal time at m = 192 micro-batches (B = 1536, "
+                "d = 8), and with v = 2 chunks?", "(p − 1)/m = 15/192 ≈ 0.078; interleaved "
+                "halves it: 0.039.", 0.039,
+                lambda: float(bubble_formula("interleaved", 16, 192, 2)["ratio"])),
     ],
 }
 
