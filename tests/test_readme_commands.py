@@ -58,6 +58,9 @@ SHORTER = {
     # validation still save the checkpoint that `minipar sample ckpt/` and `minipar
     # checkpoint info/export ckpt/` read next
     "minipar train --text --save ckpt/": ["--steps", "2", "--eval-every", "0"],
+    # minutes: every notebook executed in full; one notebook in its quick mode runs the same
+    # code path (execute, render, index)
+    "minipar notebooks --html book/": ["--quick", "--only", "05_tensor_parallel"],
     # 8 s: 13 sizes from 8 B to 64 MiB, 20 calls each; two sizes, 3 calls
     "minipar bench collectives -n 4": ["--sizes", "8", "1024", "--iters", "3"],
     # 6 s: 50 steps on each side; 2 steps, one validation
