@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -59,9 +60,31 @@ ns, name = HOSTS[host]
 os.closerange(3, 1 << 16)
 os.execvp("ip", ["ip", "netns", "exec", ns, "unshare", "--uts", "--ipc", "--mount", "--pid",
                  "--fork", "--mount-proc", "sh", "-c",
-                 'hostname "$1" && mount -t tmpfs tmpfs /tmp && exec sh -c "$2"', "sh", name,
+                 'hostname "$1" && ' + {private_tmp!r} + ' && exec sh -c "$2"', "sh", name,
                  command])
 """
+
+
+def private_tmp(keep: list[str]) -> str:
+    """The shell line that gives a host its own empty /tmp, the paths of ``keep`` (this
+    checkout and its interpreter, when they live under /tmp, as a fresh CI clone may) bound
+    back into it at the same place: a cluster's hosts share the home folder that holds the
+    installation; only the rest of /tmp is each host's own.  The old /tmp is reached through
+    /mnt, a mount point of the host's private mount namespace only."""
+    if not keep:
+        return "mount -t tmpfs tmpfs /tmp"
+    back = " && ".join(f"mkdir -p {shlex.quote(p)} && mount --bind "
+                       f"{shlex.quote('/mnt' + p[len('/tmp'):])} {shlex.quote(p)}" for p in keep)
+    return f"mount --bind /tmp /mnt && mount -t tmpfs tmpfs /tmp && {back}"
+
+
+def under_tmp() -> list[str]:
+    """This checkout and the interpreter's prefix, where they live under /tmp (outermost
+    first, each once)."""
+    root = os.path.realpath(Path(__file__).resolve().parents[1])
+    found = sorted({p for p in (root, os.path.realpath(sys.prefix))
+                    if p.startswith("/tmp/")})
+    return [p for p in found if not any(p.startswith(q + "/") for q in found if q != p)]
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -132,7 +155,8 @@ class Cluster:
             _ip("-n", ns, "link", "set", "lo", "up")
         hosts = {k: (self.namespaces[h], h) for h in self.names for k in (h, self.addresses[h])}
         self.ssh = self.shared / "ssh"
-        self.ssh.write_text(SSH.format(python=sys.executable, hosts=hosts))
+        self.ssh.write_text(SSH.format(python=sys.executable, hosts=hosts,
+                                       private_tmp=private_tmp(under_tmp())))
         self.ssh.chmod(0o755)
         self.hostfile = self.shared / "hosts"
         self.hostfile.write_text("".join(f"{self.addresses[h]}:{slots}\n" for h in self.names))
