@@ -31,7 +31,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     1: ("minipar.comm",),
     2: ("minipar.collectives",),
     3: ("minipar.nn", "minipar.nn.decoding",  # decoding: KV cache and sampling, forward only
-        "minipar.optim", "minipar.precision", "minipar.memory",
+        "minipar.optim", "minipar.precision", "minipar.quantize", "minipar.memory",
         "minipar.data",  # the package: batches, synthetic, tokenizer, text, corpus
         "minipar.plan"),
     4: ("minipar.parallel", "minipar.parallel.engine", "minipar.parallel.mappings",
