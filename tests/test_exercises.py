@@ -68,7 +68,7 @@ def test_bad_arguments_are_refused(tmp_path):
     + [("ps_sync", n) for n in (2, 3, 5)]
     + [("layernorm_backward", n) for n in (2, 3)]
     + [("remat_budget", n) for n in (1, 2)]
-    + [("allgather_mask", 1)],
+    + [("allgather_mask", 1), ("block_quantize", 1)],
 )
 def test_reference_solution_passes(name, n):
     report = check(name, get(name).solution_path, n, timeout=90)
@@ -180,6 +180,10 @@ WRONG = [
      ["contiguous positions 0…3: an unbalanced split", "chunks r and 2P-1-r"]),
     ("ex_wrong_agmask_future.py", "allgather_mask", 1, "load-balanced causal mask",
      ["a query sees the future", "(position 0) sees the key at position 1"]),
+    # FP8 with a scale per tile (notebook 12's exercise; the other mistakes, in process:
+    # tests/test_exercises_quantize.py)
+    ("ex_wrong_bq_per_tensor.py", "block_quantize", 1, "a scale per tile",
+     ["one scale for the whole tensor", "instead of one per tile", "DeepSeek-V3's 1x128 tiles"]),
     # the parameter server's mistakes
     ("ex_wrong_ps_pull_first.py", "ps_sync", 4, "result equals the synchronous step",
      ["rank 1 returned the parameters from before the update", "pulled before"]),

@@ -195,6 +195,16 @@ EXERCISES: dict[str, Exercise] = {
             "★★☆",
             writes="grid_groups",
         ),
+        Exercise(
+            "block_quantize",
+            "quant_step",
+            "FP8 (E4M3) with a scale per tile: round to nearest even, saturate, keep the tail "
+            "tile (DeepSeek-V3's block scaling, notebook 12)",
+            "★★☆",
+            min_ranks=1,  # arithmetic on each rank: no message to get wrong
+            writes_communication=False,
+            writes="quantize",
+        ),
     )
 }
 

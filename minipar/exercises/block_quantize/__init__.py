@@ -1,0 +1,1 @@
+"""Exercise: block-wise FP8 (E4M3) quantization with a scale per tile, and back (notebook 12)."""
