@@ -1,18 +1,17 @@
 """Reference solution of block_quantize: minipar's own quantizer (minipar/quantize.py), the
-core the FP8 policy runs; the rounding by ml_dtypes after the clip (saturation)."""
+core the FP8 policy runs; the cast is its clip (saturation) and its storage dtype."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from minipar import quantize as Q
 
-E4M3_MAX = 448.0
+E4M3_MAX = Q.FORMATS["e4m3"]
 
 
 def to_e4m3(v: np.ndarray) -> np.ndarray:
-    return np.clip(v, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return np.clip(v, -E4M3_MAX, E4M3_MAX).astype(Q.storage_dtype("e4m3"))
 
 
 def quantize(x: np.ndarray, block: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
