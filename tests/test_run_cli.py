@@ -43,6 +43,8 @@ BAD = [
     (["sp", "-n", "1", "--tp-overlap"], "--tp-overlap"),
     (["hybrid", "-n", "4", "--pp", "2", "--tp-overlap"], "--tp-overlap needs tensor"),
     (["hybrid", "-n", "4", "--pp", "2", "--zero", "1", "--prefetch", "1"], "--prefetch"),
+    (["hybrid", "-n", "4", "--pp", "2", "--zero", "2", "--no-reshard-after-forward"],
+     "--no-reshard-after-forward is ZeRO-3's"),
     (["dp", "--algorithm", "tree"], "--algorithm"),
     (["dp", "--steps", "x"], "--steps"),
     (["dp", "--frobnicate"], "--frobnicate"),

@@ -79,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --zero 3: all-gather the next K units of the stage's walk (learnt "
                         "in the first step) while one computes, reduce-scatter non-blocking "
                         "(default 0: blocking)")
+    g.add_argument("--no-reshard-after-forward", dest="reshard_after_forward",
+                   action="store_false", default=True,
+                   help="with --zero 3: keep each unit gathered from its first fetch of the "
+                        "step to its last (FSDP2's reshard_after_forward=False: one "
+                        "all-gather per unit and step, the stage's parameters held whole)")
     g.add_argument("--tp-overlap", action="store_true",
                    help="with --tp: f's backward all-reduce behind the weight gradient, SP's "
                         "all-gather and reduce-scatter decomposed into the GEMMs (the same "
@@ -125,6 +130,9 @@ def check(options: dict[str, Any], spec: Any) -> None:
     if options.get("prefetch") and options.get("zero", 0) != 3:
         raise ValueError(f"--prefetch is ZeRO-3's (parameters gathered unit by unit); got "
                          f"--zero {options.get('zero', 0)}: add --zero 3")
+    if not options.get("reshard_after_forward", True) and options.get("zero", 0) != 3:
+        raise ValueError(f"--no-reshard-after-forward is ZeRO-3's (parameters gathered unit "
+                         f"by unit); got --zero {options.get('zero', 0)}: add --zero 3")
     remat_offload.check(options, spec)
 
 
@@ -158,7 +166,8 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
             "scatter_gather": not options.get("no_scatter_gather", False),
             "sequence_parallel": options.get("sequence_parallel", False),
             "tp_overlap": options.get("tp_overlap", False),
-            "prefetch": options.get("prefetch", 0)}
+            "prefetch": options.get("prefetch", 0),
+            "reshard_after_forward": options.get("reshard_after_forward", True)}
 
 
 def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
@@ -167,8 +176,11 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
     from minipar.parallel.hybrid.measure import engine_bytes
     from minipar.run.ep import balance_of
 
+    from minipar.parallel.hybrid.sync import ZeroSync
+
     z = sizes(options, spec)
     steps = len(history.losses)
+    zero3 = isinstance(h.sync, ZeroSync) and h.sync.stage == 3
     counted = {a: b / steps for a, b in h.traffic().items()}
     ops = {op: st.bytes_sent / steps for op, st in grid.world.stats.ops.items()}
     mine = {"rank": grid.rank, "coords": {a: grid.coord(a) for a in ("dp", "pp", "cp", "tp",
@@ -177,7 +189,12 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
             "tp_ops": {op: ops.get(op, 0) for op in TP_OPS},
             "formula": None if spec.experts else engine_bytes(h),
             "states": sum(h.model_state_bytes().values()), "params": h.stage_layout.size,
-            "act": h.activation_peak_bytes, "balance": balance_of(h.bias)}
+            "act": h.activation_peak_bytes, "balance": balance_of(h.bias),
+            "gathered": None}
+    if zero3:  # the formula: none for remat's segments when resharding (fetched in a backward)
+        peak, want = h.sync.gathered_peak()
+        keep = not options.get("reshard_after_forward", True)
+        mine["gathered"] = (peak, want if keep or options.get("remat") is None else None)
     everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather
     if grid.rank != 0:
         return None
@@ -220,6 +237,17 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
                      + (", ".join(cells) or "nothing"))
     notes.append("memory per rank (bytes): model states + activation peak = "
                  + ", ".join(f"{r['states']:,} + {r['act']:,}" for r in everyone))
+    if zero == 3:
+        keep = not options.get("reshard_after_forward", True)
+        notes.append(f"ZeRO-3, prefetch {options.get('prefetch', 0)}, reshard after forward "
+                     f"{'off' if keep else 'on'}: held gathered at most (bytes per rank) "
+                     + ", ".join(f"{r['gathered'][0]:,}" + (
+                                     "" if r["gathered"][1] is None
+                                     else f" [{r['gathered'][1]:,}]") for r in everyone)
+                     + (" [the stage's parameters, kept from their first fetch to their last]"
+                        if keep else " [the largest K + 1 fetches in a row of the walk]"
+                        if options.get("remat") is None else
+                        " (remat: a recomputed segment is fetched inside a backward)"))
     if plan is None and not spec.experts:
         notes.append(f"planner: its layouts cut the batch evenly; --batch {spec.batch} is not "
                      f"divisible by dp·m = {dp * m} (or --layers by pp): no comparison")
@@ -264,4 +292,8 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
             "model_state_bytes_per_rank": [r["states"] for r in everyone],
             "params_per_rank": [r["params"] for r in everyone],
             "activation_peak_bytes_per_rank": [r["act"] for r in everyone],
+            "gathered_peak_bytes_per_rank": [r["gathered"] and r["gathered"][0]
+                                             for r in everyone],
+            "gathered_peak_formula_per_rank": [r["gathered"] and r["gathered"][1]
+                                               for r in everyone],
             "plan_memory": plan, "notes": notes}

@@ -106,6 +106,13 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
                   f"{what}: model states {held} vs ZeRO-{zero}'s {want}")
             check(zero != 2 or h.sync.grad_accumulation_bytes == psi * 8,
                   f"{what}: ZeRO-2 accumulates {h.sync.grad_accumulation_bytes} bytes, not Ψ_p·8")
+            if zero == 3 and not ("remat" in kw and kw.get("reshard_after_forward", True)):
+                # the most held gathered, to the byte (no reshard: Ψ_p; remat's recomputed
+                # segment is fetched inside a backward: more than the window's formula)
+                peak, want = h.sync.gathered_peak()
+                check(peak == want and (kw.get("reshard_after_forward", True) or
+                                        want == psi * 8),
+                      f"{what}: held gathered {peak} bytes, formula {want} (Ψ_p·8 {psi * 8})")
         if grid.coord("pp") == plan["stage"] and kind != "dualpipe":
             check(abs(held - plan["states"]) <= 0.05 * plan["states"],
                   f"{what}: model states {held} vs plan {plan['states']}")
@@ -123,9 +130,10 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
         held_here = stage_param_count(model, pp, tp, grid.coord("pp"))
         if not v_shape and held_here == max(stage_param_count(model, pp, tp, i)
                                             for i in {0, pp - 1}) and (
-                held_here % (dp * cp) == 0) and zero != 2 and not (zero == 3 and "remat" in kw):
+                held_here % (dp * cp) == 0) and zero != 2 and not (zero == 3 and "remat" in kw) and (
+                kw.get("reshard_after_forward", True)):
             # the plan: the fuller end stage, even ring chunks; its ZeRO-2 is DeepSpeed's (m
-            # reduce-scatters), its ZeRO-3 gathers nothing again for remat
+            # reduce-scatters), its ZeRO-3 gathers nothing again for remat and reshards
             red = counted["dp" if cp == 1 else "edp"]
             check(red == traffic["dp"]["bytes"],
                   f"{what}: dp bytes {red} vs plan {traffic['dp']['bytes']}")
@@ -224,6 +232,9 @@ def run_all() -> list[str]:
         trial(dense, 2, 2, 1, kind="gpipe", zero=3, remat=True)
         trial(dense, 2, 2, 1, zero=3, prefetch=1)  # the stage's walk learnt, then prefetched
         trial(dense, 2, 1, 2, kind="gpipe", zero=3, remat=True, prefetch=2, tp_overlap=True)
+        trial(dense, 2, 2, 1, zero=3, reshard_after_forward=False)  # FSDP2's switch
+        trial(dense, 2, 1, 2, kind="gpipe", zero=3, remat=True, prefetch=1,
+              reshard_after_forward=False)
         trial(dense, 1, 2, 1, cp=2, zero=3)
         moe = dense.with_(experts=4, top_k=1)
         trial(moe, 2, 2, 1, ep=2, m=2)

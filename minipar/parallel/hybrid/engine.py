@@ -76,7 +76,7 @@ __all__ = ["OPTIONS", "build"]
 #: and the hybrid's own
 OPTIONS = tuple(o for o in PIPELINE_OPTIONS if o != "instructions") + (
     "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel", "tp_overlap",
-    "prefetch")
+    "prefetch", "reshard_after_forward")
 
 
 def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
@@ -86,7 +86,9 @@ def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
     The pipeline options are :class:`PipelineParallel`'s; ``zero``: 0 (all-reduce) or
     1-3 (ZeRO over the dp·cp ranks); ``cp_kind``: "ring", "allgather" (zigzag), "ulysses"
     or "usp" (``cp_ulysses`` U Ulysses ranks × cp/U ring groups);
-    ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1).  Bad sizes
+    ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1);
+    ``tp_overlap`` (tp > 1), ``prefetch`` K and ``reshard_after_forward`` (zero 3:
+    :class:`~minipar.parallel.hybrid.sync.ZeroSync`).  Bad sizes
     raise ``ValueError`` on every rank before any message (:func:`check_hybrid`)."""
     checks.known("the hybrid engine", options, OPTIONS)
     if grid is None:
@@ -99,7 +101,8 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
              offload: str | None = None, offload_dir: str | None = None, zero: int = 0,
              cp_kind: str = "ring", scatter_gather: bool = True,
              sequence_parallel: bool = False, cp_ulysses: int = 0,
-             tp_overlap: bool = False, prefetch: int = 0) -> PipelineParallel:
+             tp_overlap: bool = False, prefetch: int = 0,
+             reshard_after_forward: bool = True) -> PipelineParallel:
     """The checks, the three parts, the pipeline engine given them."""
     lay = grid.layout
     check_hybrid(grid.world.size, spec, lay.dp, lay.pp, lay.tp, lay.cp, lay.ep, zero,
@@ -108,9 +111,9 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
     if tp_overlap and lay.tp == 1:
         raise ValueError("tp_overlap needs tensor parallelism: tp = 1 here; give tp >= 2")
     checks.integer("prefetch", prefetch, 0, None)
-    if prefetch and zero != 3:
-        raise ValueError(f"prefetch is ZeRO-3's (parameters gathered unit by unit); got zero "
-                         f"{zero}: use zero=3")
+    if (prefetch or not reshard_after_forward) and zero != 3:
+        raise ValueError(f"prefetch and reshard_after_forward are ZeRO-3's (parameters "
+                         f"gathered unit by unit); got zero {zero}: use zero=3")
     stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel, cp_ulysses,
                         tp_overlap)
     wire: Any = Whole()
@@ -121,7 +124,8 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
     # the ranks that hold the same shard of the same stage: dp·cp of them
     shard_comm = grid.comm("dp" if lay.cp == 1 else "edp")
     if zero:
-        sync: Any = ZeroSync(zero, shard_comm, grid.world, prefetch)
+        sync: Any = ZeroSync(zero, shard_comm, grid.world, prefetch,
+                             bool(reshard_after_forward))
     elif lay.ep > 1:  # dense over dp, experts over their replicas (edp)
         sync = AllReduceSync(grid.world, expert_reduce(grid))
     else:

@@ -27,6 +27,8 @@ tokens of each, h = d_model, e bytes per element, L_p my stage's blocks,
   bytes; C_r: rank r's shard, the array_split rule); ZeRO-3 per micro-batch two
   all-gathers (forward, backward) and a reduce-scatter of every unit of the stage,
   m·(3Ψ_p − C_r − 2C_{r+1})·e, plus one all-gather more per unit remat recomputes;
+  without resharding after forward (``reshard=False``) one all-gather of every unit per
+  step and m reduce-scatters, (Ψ_p − C_{r+1})·e + m·(Ψ_p − C_r)·e;
 * ``cp``: ring attention, per micro-batch and block, 2(P−1)·b_i·s_c·h·e forward and
   2(P−1)·E·e + 2P·E·e backward (E = b_i·s_c·h); Ulysses 4·b_i·s·h·(P−1)/P²·e each way;
   with tp > 1 the cp ranks exchange only their n_head/t heads: h/t in place of h.
@@ -45,7 +47,8 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
                   sends: int, psi_stage: int, itemsize: int, zero: int = 0,
                   cp_kind: str = "ring", gathers: int = 0,
                   sequence_parallel: bool = False, recomputed: int = 0,
-                  units: Any = None, cp_ulysses: int = 0) -> dict[str, int]:
+                  units: Any = None, cp_ulysses: int = 0,
+                  reshard: bool = True) -> dict[str, int]:
     """Exact bytes per step rank ``coords`` sends on tp, pp_p2p, dp/edp and cp (module doc).
 
     ``lay``: the grid's :class:`~minipar.comm.topology.Layout` (sizes dp, pp, cp, tp).
@@ -56,6 +59,7 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
     then carries b_i·s_c·h/t elements, and each receive costs one all-gather on tp;
     ``sequence_parallel``: each send is my sequence shard, b_i·(s/t)·h, nothing gathered (the
     blocks' all-gathers and reduce-scatters send what f and g's all-reduces would);
+    ``reshard``: ZeRO-3 reshards after forward (False: each unit gathered once a step);
     ``recomputed``: blocks whose forward runs again in backward (remat), each again
     sending its forward traffic: 2 more all-reduces on tp, the forward ring on cp;
     ``units`` (ZeRO-3): ([lo, hi) of each unit of my stage in its flat buffer, those of
@@ -112,9 +116,12 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
             cut = [max(0, min(b, hi) - max(a, lo)) for lo, hi in shards]
             return all_gather_bytes(cut, itemsize, rank)[0]
 
-        per_mb = (2 * sum(gathered(a, b) for a, b in every) + sum(gathered(a, b) for a, b
-                  in again) + reduce_scatter_bytes(psi_stage, itemsize, n, rank)[0])
-        out[axis] = m * per_mb
+        rs = reduce_scatter_bytes(psi_stage, itemsize, n, rank)[0]
+        if reshard:
+            out[axis] = m * (2 * sum(gathered(a, b) for a, b in every)
+                             + sum(gathered(a, b) for a, b in again) + rs)
+        else:  # each unit gathered once a step, kept until its last fetch
+            out[axis] = sum(gathered(a, b) for a, b in every) + m * rs
     elif zero:
         out[axis] = (reduce_scatter_bytes(psi_stage, itemsize, n, rank)[0]
                      + all_gather_bytes(chunk_counts(psi_stage, n), itemsize, rank)[0])
@@ -162,4 +169,5 @@ def engine_bytes(engine: Any) -> dict[str, int]:
     return bytes_formula(h.spec, h.grid.layout, coords, h.m, blocks, sends,
                          h.stage_layout.size, h.states.params.itemsize, zero, model.cp_kind,
                          gathers, model.sp, sum(u.name.startswith("block") for u in again),
-                         (list(at.values()), [at[u.name] for u in again]), model.cp_ulysses)
+                         (list(at.values()), [at[u.name] for u in again]), model.cp_ulysses,
+                         getattr(h.sync, "reshard", True))

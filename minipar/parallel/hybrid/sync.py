@@ -28,7 +28,8 @@ Parameter Models", arXiv 1910.02054) on one pipeline stage: the N ranks partitio
   the flush (``grad_accumulation_bytes``);
 * ZeRO-3 (``prefetch`` K: the hooks learn the stage's walk in the first step and post the
   all-gathers of the next K fetches of it, the reduce-scatters non-blocking, from the
-  second step on): only the 1/N shard of the parameters is held; ZeRO's own hooks
+  second step on; ``reshard=False``, FSDP2's switch: a unit gathered stays gathered until
+  its last fetch of the step, one all-gather per unit and step, Ψ_p held gathered): only the 1/N shard of the parameters is held; ZeRO's own hooks
   (:class:`~minipar.parallel.zero.hooks.ZeroHooks` over the stage's units) all-gather
   a unit's parameters before its forward and again before its backward, *for every
   micro-batch*, and drop them after, and reduce-scatter its gradients, added to the
@@ -74,19 +75,28 @@ def _learning_hooks() -> type:
     order (its instruction list: each micro-batch's forward and backward through the
     stage's units, recomputations included), become the plan of every later step, along
     which ``prefetch`` K posts the all-gathers ahead.  FSDP does the same: it records the
-    execution order in the first iteration and prefetches along it afterwards."""
-    from minipar.parallel.zero.hooks import ZeroHooks
+    execution order in the first iteration and prefetches along it afterwards.  Without
+    resharding after forward (``keep``, the learning step) a unit fetched stays gathered
+    until the step ends, as the plan keeps it later; ``peak_gathered_bytes`` is measured
+    (:class:`~minipar.parallel.zero.engine.MeteredZeroHooks`)."""
+    from minipar.parallel.zero.engine import MeteredZeroHooks
 
-    class LearningZeroHooks(ZeroHooks):
+    class LearningZeroHooks(MeteredZeroHooks):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.learned: list[str] = []  # the walk of the first step (empty until it ends)
-            self.walk: list[str] = []  # the fetches of this step while no plan is set
+            self.keep = False  # no reshard, no plan yet: every unit fetched stays gathered
 
         def fetch(self, unit: Any) -> dict[str, Any]:
-            if not self.order:
+            if self.keep and unit.name in self.gathered:
                 self.walk.append(unit.name)
+                return self.table[unit.name][2].unflatten(self.gathered[unit.name])
             return super().fetch(unit)
+
+        def release(self, unit: Any, params: dict[str, Any]) -> None:
+            if self.keep:
+                return self.progress()
+            return super().release(unit, params)
 
     return LearningZeroHooks
 
@@ -112,8 +122,10 @@ class ZeroSync:
     flat), ``zero_range`` (my [lo, hi) of it), ``zero_hooks`` (ZeRO-3's),
     ``grad_accumulation_bytes`` (ZeRO-2's full gradient buffer of the step)."""
 
-    def __init__(self, stage: int, comm: Any, world: Any, prefetch: int = 0) -> None:
+    def __init__(self, stage: int, comm: Any, world: Any, prefetch: int = 0,
+                 reshard: bool = True) -> None:
         self.stage, self.comm, self.world, self.prefetch = stage, comm, world, prefetch
+        self.reshard = reshard
         self.full_buf: Any = None  # ZeRO-2: the full parameters
         self.zero_hooks: Any = None
         self.grad_accumulation_bytes = 0
@@ -143,7 +155,8 @@ class ZeroSync:
         self.zero_hooks = _learning_hooks()(3, comm, self.layout.size, (lo, hi), self.states,
                                             units_table(units, self.layout),
                                             dtype=self.states.policy.param_dtype,
-                                            accumulate=True, prefetch=self.prefetch)
+                                            accumulate=True, prefetch=self.prefetch,
+                                            reshard=self.reshard)
         return self.states
 
     def step_hooks(self) -> Any:
@@ -156,10 +169,10 @@ class ZeroSync:
             self._acc = xp.zeros(lay.size, self.full_buf.dtype)
             self.grad_accumulation_bytes = int(self._acc.nbytes)
             return StageHooks(lay.unflatten(self.full_buf), lay.unflatten(self._acc))
-        if self.stage == 3 and self.prefetch:  # the first step learns the walk, later ones
-            hooks = self.zero_hooks            # prefetch along it
+        if self.stage == 3 and (self.prefetch or not self.reshard):  # the first step learns
+            hooks = self.zero_hooks  # the walk, later ones prefetch / keep along it
             hooks.plan(hooks.learned or [])
-            hooks.walk = []
+            hooks.walk, hooks.keep = [], not (self.reshard or hooks.learned)
         return self.zero_hooks
 
     def eval_hooks(self) -> Any:
@@ -168,6 +181,7 @@ class ZeroSync:
             return executor.Hooks(self.layout.unflatten(self.full_buf))
         if self.stage == 3:
             self.zero_hooks.plan([])  # a forward-only walk: blocking, not the step's plan
+            self.zero_hooks.keep = False
             return self.zero_hooks
         return executor.Hooks(self.states.param_views())
 
@@ -177,8 +191,11 @@ class ZeroSync:
         the update."""
         st, comm = self.states, self.comm
         if self.stage == 3:  # the reduce-scatters still in flight (prefetch), completed
-            self.zero_hooks.finish()
-            self.zero_hooks.learned = self.zero_hooks.learned or self.zero_hooks.walk
+            hooks = self.zero_hooks
+            hooks.finish()
+            hooks.learned, hooks.walk = hooks.learned or hooks.walk, []
+            hooks.keep = False
+            hooks.gathered.clear()  # (kept, without resharding: the walk has ended)
         if self.stage in (1, 2):
             with comm.operation(OP_ZERO_RS):
                 if self.stage == 1:
@@ -192,6 +209,17 @@ class ZeroSync:
             with comm.operation(OP_ZERO_AG):
                 full[...] = all_gather(comm, st.params[st.lo:st.hi])
         return done
+
+    def gathered_peak(self) -> tuple[int, int]:
+        """ZeRO-3: the most bytes held all-gathered at once (measured) and its formula along
+        the learnt walk (:func:`~minipar.parallel.zero.measure.walk_peak_elements`)."""
+        from minipar.parallel.zero.measure import walk_peak_elements
+
+        hooks = self.zero_hooks
+        walk = [(n, hooks.table[n][1] - hooks.table[n][0]) for n in hooks.learned]
+        e = self.states.params.itemsize
+        return (hooks.peak_gathered_bytes,
+                walk_peak_elements(walk, self.prefetch, self.reshard) * e if walk else 0)
 
     def ranged(self, kind: str) -> bool:
         """Whether I hold only my range of ``kind``: ZeRO-3 every kind, else all but the

@@ -134,6 +134,19 @@ def prefetch_peak_elements(unit_sizes: list[int], prefetch: int, reshard: bool =
     return max(sum(order[k:k + prefetch + 1]) for k in range(len(order)))
 
 
+def walk_peak_elements(walk: list[tuple[str, int]], prefetch: int, reshard: bool = True) -> int:
+    """:func:`prefetch_peak_elements` along any walk of ``(unit, size)`` fetches (a pipeline
+    stage's: every micro-batch's forward and backward, recomputations included): with
+    resharding the largest window of K + 1 consecutive fetches (a unit fetched twice in
+    one window is held twice: one buffer per fetch posted); without, every unit the walk
+    fetches, once (Ψ_p: each stays gathered until its last fetch, and in a pipeline every
+    unit's first forward comes before any last backward)."""
+    if not reshard:
+        return sum(dict(walk).values())
+    sizes = [n for _, n in walk]
+    return max(sum(sizes[k:k + prefetch + 1]) for k in range(len(sizes)))
+
+
 def exact_bytes_sent(psi: int, n: int, rank: int, stage: int, itemsize: int,
                      allreduce: str = "auto", found_inf: bool = False,
                      reshard: bool = True) -> int:
