@@ -91,10 +91,12 @@ def test_bad_input_is_one_clear_error():
         trace.pipeline_events(broken)
 
 
-@pytest.mark.parametrize("argv", [["dp", "-n", "2"], ["pp", "-n", "2", "--micro-batches", "2"]],
-                         ids=["dp", "pp"])
+@pytest.mark.parametrize("argv", [["dp", "-n", "2"], ["pp", "-n", "2", "--micro-batches", "2"],
+                                  ["sp", "-n", "2", "--tp-overlap", "--json"]],
+                         ids=["dp", "pp", "sp-overlap"])
 def test_minipar_run_writes_a_chrome_trace(argv, tmp_path, capsys):
-    """``minipar run dp|pp --trace FILE``: a well-formed trace of the last step's timeline."""
+    """``minipar run dp|pp|sp --trace FILE``: a well-formed trace of the last step's timeline
+    (TP's: its compute and its f / g messages, with the share hidden in the summary)."""
     from minipar import run
 
     path = tmp_path / "trace.json"
@@ -102,5 +104,11 @@ def test_minipar_run_writes_a_chrome_trace(argv, tmp_path, capsys):
     written = json.loads(path.read_text())
     assert trace.problems(written) == []
     lanes = {e["cat"] for e in written["traceEvents"] if e["ph"] == "X"}
-    assert lanes >= ({"compute", "comm"} if argv[0] == "dp" else {"forward", "backward"})
-    assert f"trace written to {path}" in capsys.readouterr().out
+    assert lanes >= ({"forward", "backward"} if argv[0] == "pp" else {"compute", "comm"})
+    out = capsys.readouterr().out
+    assert f"trace written to {path}" in out
+    if argv[0] == "sp":  # the decomposed rings' messages move while chunks multiply
+        s = json.loads(out)
+        assert 0 < s["hidden_fraction"] <= 1 and len(s["hidden_fraction_per_rank"]) == 2
+        names = {e["name"] for e in written["traceEvents"] if e.get("cat") == "comm"}
+        assert names >= {"sp_f", "sp_g"}, names

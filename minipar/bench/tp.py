@@ -15,7 +15,8 @@ friends) times the forward+backward of one block (default d_model 1024, 16 heads
   overlapped (``--tp-overlap``'s layers,
   :func:`~minipar.parallel.tensor_parallel.engine.overlap_layers`), and with ``--sp``
   the same with sequence parallelism.  For each, the share of its communication
-  hidden behind computation (``hidden_fraction``, recorded by :class:`CommClock`) and
+  hidden behind computation (``hidden_fraction``, recorded by
+  :class:`~minipar.parallel.tensor_parallel.measure.CommClock`) and
   the peak bytes of one more step under tracemalloc.
 
 The two alternate ``--steps`` times after a warm-up (drift on a shared machine hits both
@@ -34,72 +35,11 @@ import sys
 from typing import Any
 
 from minipar.cli.options import ArgumentParser, integer, seconds
+from minipar.parallel.tensor_parallel.measure import CommClock
+
+__all__ = ["CommClock", "main"]
 
 PROG = "minipar bench tp"
-
-
-class CommClock:
-    """When one rank communicates, recorded on its :class:`~minipar.comm.TracedComm` by
-    the benchmark (the layers know nothing of it): every operation scope (a blocking
-    collective, or the posting of a non-blocking one) is a wait and a communication
-    interval; every receive posted is communication from its posting until the first
-    wait or scope that finds it complete; every ``waitall`` is a wait.  The compute
-    intervals of a step are the step minus its waits, so
-    :func:`minipar.overlap.hidden_fraction` of the two is the share of the messages'
-    time the rank spent computing (0 for the blocking form, by construction)."""
-
-    def __init__(self, comm: Any) -> None:
-        import time
-        from contextlib import contextmanager
-
-        self.comm_intervals: list[tuple[float, float]] = []
-        self.waits: list[tuple[float, float]] = []
-        self._open: list[Any] = []
-        now, irecv, waitall, operation = time.perf_counter, comm.Irecv, comm.waitall, \
-            comm.operation
-
-        def _seen(t: float) -> None:
-            self.comm_intervals += [(r.posted, t) for r in self._open if r.done]
-            self._open = [r for r in self._open if not r.done]
-
-        def recorded_irecv(*args: Any, **kwargs: Any) -> Any:
-            req = irecv(*args, **kwargs)
-            req.posted = now()
-            self._open.append(req)
-            return req
-
-        def recorded_waitall(requests: Any) -> None:
-            t0 = now()
-            waitall(requests)
-            t1 = now()
-            self.waits.append((t0, t1))
-            _seen(t1)
-
-        @contextmanager
-        def recorded_operation(name: str) -> Any:
-            t0 = now()
-            _seen(t0)
-            with operation(name) as c:
-                yield c
-            t1 = now()
-            _seen(t1)
-            self.waits.append((t0, t1))
-            self.comm_intervals.append((t0, t1))
-
-        comm.Irecv, comm.waitall, comm.operation = (recorded_irecv, recorded_waitall,
-                                                    recorded_operation)
-
-    def hidden(self, t0: float, t1: float) -> float | None:
-        """The hidden fraction of what was recorded since the step [t0, t1) began."""
-        from minipar.overlap import hidden_fraction, merge
-
-        comm = [c for c in self.comm_intervals if c[0] >= t0]
-        compute, at = [], t0
-        for a, b in merge(w for w in self.waits if w[0] >= t0):
-            compute.append((at, a))
-            at = b
-        compute.append((at, t1))
-        return hidden_fraction(compute, comm)
 
 
 def _worker(o: dict[str, Any]) -> dict[str, Any] | None:

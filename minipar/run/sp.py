@@ -16,9 +16,9 @@ import argparse
 from typing import Any
 
 from minipar.run import tp
-from minipar.run.tp import check_sizes, engine_options, report_grid
+from minipar.run.tp import check_sizes, engine_options, report_grid, trace_events
 
-__all__ = ["add_arguments", "check", "engine_options", "grid_sizes", "report"]
+__all__ = ["add_arguments", "check", "engine_options", "grid_sizes", "report", "trace_events"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

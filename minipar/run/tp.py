@@ -17,7 +17,9 @@ on b·s·h elements (2 all-reduces forward + 2 backward per block:
 figures (:func:`~minipar.parallel.tensor_parallel.measure.tp_axis_bytes_formula`,
 the dp ring all-reduce of Ψ/t), and the activations one
 block saved (a ledger of its ``saved`` arrays) next to minipar's formula and the paper's
-(:func:`minipar.plan.activations.minipar_activation_formula`).  ``minipar run sp``
+(:func:`minipar.plan.activations.minipar_activation_formula`), and the share of the tp
+axis's communication hidden behind computation in the last step (``hidden_fraction``;
+``--tp-overlap``'s layers; ``--trace FILE.json`` draws the intervals).  ``minipar run sp``
 (:mod:`minipar.run.sp`) is the same run with sequence parallelism.
 """
 
@@ -127,10 +129,25 @@ def check_overlap(options: dict[str, Any], spec: Any, sequence_parallel: bool) -
 
 def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
     """The engine's keywords: a ledger of each block's saved bytes (:func:`report` reads it),
-    ``overlap`` from ``--tp-overlap``."""
+    ``overlap`` from ``--tp-overlap``, the last step's timeline (:func:`overlap_row`)."""
     from minipar.parallel.tensor_parallel.measure import BlockLedger
 
-    return {"hooks": BlockLedger(), "overlap": bool(options.get("tp_overlap"))}
+    return {"hooks": BlockLedger(), "overlap": bool(options.get("tp_overlap")),
+            "timeline": True}
+
+
+def overlap_row(engine: Any, rank: int) -> dict[str, Any]:
+    """This rank's last step on the tp axis: its compute and communication intervals (the
+    timeline of :func:`minipar.trace.ddp_events`), the share of communication hidden
+    (:func:`minipar.overlap.hidden_fraction`: 0 for the blocking layers, by construction),
+    the communication's seconds."""
+    from minipar.overlap import hidden_fraction, total
+
+    tl = engine.records or {"compute": [], "comm": []}
+    spans = [c[1:] for c in tl["comm"]]
+    return {"timeline": {"rank": rank, **tl},
+            "hidden_fraction": hidden_fraction([c[1:] for c in tl["compute"]], spans),
+            "comm_seconds": total(spans)}
 
 
 def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
@@ -160,7 +177,8 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
     dense = [b for i, b in enumerate(book.blocks) if not run.cfg.is_moe_block(i)]
     sizes = (run.cfg, run.rows(), spec.seq, t, run.tp.rank, run.states.params.itemsize)
     mine = (blocks, block_bytes_formula(*sizes), axes, by_op, run.rows(),
-            dense[0] if dense else None, None if sp else tp_axis_bytes_formula(*sizes))
+            dense[0] if dense else None, None if sp else tp_axis_bytes_formula(*sizes),
+            overlap_row(run, grid.rank))
     rows = grid.world.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
     if grid.rank != 0:
         return None
@@ -213,6 +231,20 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
                      f"{minipar_activation_formula(s, b, h, spec.heads, t, mode):,.0f} vs the "
                      f"paper's (with dropout) "
                      f"{activation_bytes_per_layer(s, b, h, spec.heads, t, mode):,.0f}")
+    over = [r[7] for r in rows]
+    shares = [o["hidden_fraction"] for o in over if o["hidden_fraction"] is not None]
+    hidden = sum(shares) / len(shares) if shares else None
+    if t > 1:
+        notes.append(("tp-overlap" if run.overlap else "blocking") + ": communication hidden "
+                     "behind computation on the tp axis (last step, mean of the ranks) "
+                     + ("none sent" if hidden is None else f"{hidden:.0%}")
+                     + "; per rank " + ", ".join("-" if o["hidden_fraction"] is None else
+                                                 f"{o['hidden_fraction']:.0%}" for o in over)
+                     + ", of " + ", ".join(f"{o['comm_seconds'] * 1e3:.1f}" for o in over)
+                     + " ms in messages" + (
+                         " (the overlapped layers' messages; the embedding's, head's and "
+                         "loss's all-reduces still block)" if run.overlap else
+                         " (blocking: the rank waits for each)"))
     if spec.experts:
         notes.append("MoE blocks: the MLP's f and g carry the expert buffers (E x C x h), not "
                      "b·s·h: the exact figure counts them, the paper's counts dense blocks only")
@@ -231,4 +263,22 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
             "tp_axis_bytes_exact_per_rank": [r[6] for r in rows],
             "activation_bytes_per_rank": [r[5] for r in rows],
             "activation_formula": act_formula, "activation_mode": mode,
+            "hidden_fraction": hidden,
+            "hidden_fraction_per_rank": [o["hidden_fraction"] for o in over],
+            "comm_seconds_per_rank": [o["comm_seconds"] for o in over],
+            "timeline": [o["timeline"] for o in over],
             "notes": notes}
+
+
+def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--trace FILE.json``: every rank's last-step timeline on the tp axis (its compute,
+    the step minus its waits; f, g and SP's messages, posted to seen done) as Chrome trace
+    events."""
+    from minipar.trace import ddp_events
+
+    if not any(tl["comm"] for tl in summary.get("timeline", [])):
+        return []
+    name = "TP+SP" if summary.get("sequence_parallel") else "TP"
+    return ddp_events(summary["timeline"], name=name + (" overlap" if summary.get("tp_overlap")
+                                                        else ""),
+                      comm_lane="f / g messages", comm_label="{}")

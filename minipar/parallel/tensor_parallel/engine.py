@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+import time
+
 from minipar import checks
 from minipar.collectives import allreduce
 from minipar.nn import executor
@@ -127,12 +129,17 @@ class TensorParallel:
     ``hooks(params) -> executor.Hooks`` builds each step's executor hooks from this
     rank's parameter views (default: the serial ones;
     :class:`~minipar.parallel.tensor_parallel.measure.BlockLedger` notes each block's
-    saved bytes).  Every argument is checked on every rank before any message."""
+    saved bytes).  ``timeline=True``: a
+    :class:`~minipar.parallel.tensor_parallel.measure.CommClock` on the tp communicator
+    keeps the last step's compute and communication intervals in ``records`` (``compute``,
+    ``comm``: ``(name, t0, t1)``).  Every argument is checked on every rank before any
+    message."""
 
     def __init__(self, grid: Any, spec: RunSpec, sequence_parallel: bool = False,
                  hooks: Callable[[dict[str, Any]], executor.Hooks] = executor.Hooks,
-                 overlap: bool = False) -> None:
-        for name, flag in (("sequence_parallel", sequence_parallel), ("overlap", overlap)):
+                 overlap: bool = False, timeline: bool = False) -> None:
+        for name, flag in (("sequence_parallel", sequence_parallel), ("overlap", overlap),
+                           ("timeline", timeline)):
             if not isinstance(flag, bool):
                 raise ValueError(  # noqa: TRY004 (the one-line ValueError of every option)
                     f"{name} must be True or False, got {flag!r}")
@@ -162,6 +169,12 @@ class TensorParallel:
         self.placements = placements(self.cfg, t, self.tp.rank)
         self.steps_done = 0
         self._traffic = AxisTraffic(grid)
+        self.records: dict[str, Any] | None = None  # the last step's intervals (timeline)
+        self._clock = None
+        if timeline:
+            from minipar.parallel.tensor_parallel.measure import CommClock
+
+            self._clock = CommClock(self.tp)
 
     # -- the batch -------------------------------------------------------------------
     def _mine(self, batch: Batch) -> tuple[Any, Any, float]:
@@ -180,6 +193,15 @@ class TensorParallel:
 
     # -- the engine ------------------------------------------------------------------
     def step(self, batch: Batch) -> StepResult:
+        if self._clock is None:
+            return self._step(batch)
+        t0 = time.perf_counter()
+        self._clock.forget(t0)
+        out = self._step(batch)
+        self.records = self._clock.timeline(t0, time.perf_counter())
+        return out
+
+    def _step(self, batch: Batch) -> StepResult:
         st, dp = self.states, self.dp
         x, y, weight = self._mine(batch)
         hooks = self.hooks(st.param_views())
@@ -246,6 +268,7 @@ def overlap_layers(units: Any) -> int:
 
 def build(spec: RunSpec, grid: Any, **options: Any) -> TensorParallel:
     """The engine of strategies "tp" and "sp" (``sequence_parallel=``; ``hooks=``;
-    ``overlap=``)."""
-    checks.known("tensor parallelism", options, ("sequence_parallel", "hooks", "overlap"))
+    ``overlap=``; ``timeline=``)."""
+    checks.known("tensor parallelism", options, ("sequence_parallel", "hooks", "overlap",
+                                                 "timeline"))
     return TensorParallel(grid, spec, **options)

@@ -60,7 +60,7 @@ from minipar.parallel.tensor_parallel.shards import shard_params, split_sequence
 from minipar.plan.activations import activation_bytes_per_layer, minipar_activation_formula
 from minipar.trees import arrays, owner
 
-__all__ = ["BLOCK_OPS", "MODES", "BlockLedger", "activation_bytes_per_block",
+__all__ = ["BLOCK_OPS", "MODES", "BlockLedger", "CommClock", "activation_bytes_per_block",
            "block_bytes_formula", "bytes_by_op", "calls_by_op", "ledger", "saved_arrays",
            "tp_axis_bytes_formula", "tp_block_bytes_formula"]
 
@@ -221,3 +221,85 @@ def activation_bytes_per_block(comm: Any, cfg: GPTConfig, batch: int,
                                                   np.dtype(one.dtype).itemsize),
             "paper": activation_bytes_per_layer(s, batch, h, a, tt, mode),
             "s": s, "b": batch, "h": h, "a": a, "t": tt, "mode": mode}
+
+
+class CommClock:
+    """When one rank communicates, recorded on its :class:`~minipar.comm.TracedComm` from
+    outside (the layers know nothing of it; ``minipar bench tp`` and ``TensorParallel(...,
+    timeline=True)`` install it): every operation scope (a blocking collective, or the
+    posting of a non-blocking one) is a wait and a communication interval; every receive
+    posted is communication from its posting until the first wait or scope that finds it
+    complete; every ``waitall`` is a wait.  The compute intervals of a step are the step
+    minus its waits, so :func:`minipar.overlap.hidden_fraction` of the two is the share of
+    the messages' time the rank spent computing (0 for the blocking form, by construction).
+    ``comm_named`` keeps each communication interval with its operation's name."""
+
+    def __init__(self, comm: Any) -> None:
+        import time
+        from contextlib import contextmanager
+
+        self.comm_named: list[tuple[str, float, float]] = []
+        self.waits: list[tuple[float, float]] = []
+        self._open: list[Any] = []
+        now, irecv, waitall, operation = time.perf_counter, comm.Irecv, comm.waitall, \
+            comm.operation
+
+        def _seen(t: float) -> None:
+            self.comm_named += [(str(getattr(r, "op", None) or "recv"), r.posted, t)
+                                for r in self._open if r.done]
+            self._open = [r for r in self._open if not r.done]
+
+        def recorded_irecv(*args: Any, **kwargs: Any) -> Any:
+            req = irecv(*args, **kwargs)
+            req.posted = now()
+            self._open.append(req)
+            return req
+
+        def recorded_waitall(requests: Any) -> None:
+            t0 = now()
+            waitall(requests)
+            t1 = now()
+            self.waits.append((t0, t1))
+            _seen(t1)
+
+        @contextmanager
+        def recorded_operation(name: str) -> Any:
+            t0 = now()
+            _seen(t0)
+            with operation(name) as c:
+                yield c
+            t1 = now()
+            _seen(t1)
+            self.waits.append((t0, t1))
+            self.comm_named.append((name, t0, t1))
+
+        comm.Irecv, comm.waitall, comm.operation = (recorded_irecv, recorded_waitall,
+                                                    recorded_operation)
+
+    @property
+    def comm_intervals(self) -> list[tuple[float, float]]:
+        return [(a, b) for _, a, b in self.comm_named]
+
+    def timeline(self, t0: float, t1: float) -> dict[str, list[tuple[str, float, float]]]:
+        """What was recorded since the step [t0, t1) began: ``compute`` (the step minus
+        its waits) and ``comm`` (named intervals)."""
+        from minipar.overlap import merge
+
+        compute, at = [], t0
+        for a, b in merge(w for w in self.waits if w[0] >= t0):
+            compute.append(("compute", at, a))
+            at = b
+        compute.append(("compute", at, t1))
+        return {"compute": compute, "comm": [c for c in self.comm_named if c[1] >= t0]}
+
+    def hidden(self, t0: float, t1: float) -> float | None:
+        """The hidden fraction of what was recorded since the step [t0, t1) began."""
+        from minipar.overlap import hidden_fraction
+
+        tl = self.timeline(t0, t1)
+        return hidden_fraction([c[1:] for c in tl["compute"]], [c[1:] for c in tl["comm"]])
+
+    def forget(self, before: float) -> None:
+        """Drop what ended before ``before`` (a long run keeps its last step only)."""
+        self.comm_named = [c for c in self.comm_named if c[2] >= before]
+        self.waits = [w for w in self.waits if w[1] >= before]
