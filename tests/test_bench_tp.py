@@ -35,9 +35,20 @@ def test_bench_tp_times_both_and_counts_the_ring_bytes() -> None:
         assert b["seconds"] > 0 and all(p > 0 for p in b["peak_bytes_per_rank"])
         assert b["hidden_fraction"] == 0.0 if "overlap" not in name else (
             0.0 <= b["hidden_fraction"] <= 1.0), (name, b)
+    # the planner's minipar-on-this-machine term beside each overlapped row: the blocking
+    # row's step minus the recorded share of its seconds in messages
+    from minipar.plan.here import HERE_OVERLAP
+
+    for name, kind in (("TP", "tp"), ("TP+SP", "tp_sp")):
+        block = blocks[name]
+        assert block["comm_seconds"] > 0 and "plan_seconds" not in block
+        want = block["seconds"] - HERE_OVERLAP[kind] * min(block["comm_seconds"],
+                                                          block["seconds"])
+        assert blocks[name + " overlap"]["plan_seconds"] == pytest.approx(want, rel=1e-12)
     text = _bench(*TINY)
     assert text.returncode == 0 and "speed-up" in text.stdout and "16,384" in text.stdout
     assert "ideal 2x on 2 ranks" in text.stdout and "target" not in text.stdout
+    assert "plan s: the planner's minipar-on-this-machine term" in text.stdout
 
 
 @pytest.mark.parametrize("args,option", [

@@ -39,6 +39,17 @@ def test_bench_zero_reports_every_stage_and_the_3_to_2_traffic() -> None:
     assert all(0.0 <= res[k]["hidden_fraction"] <= 1.0 for k in ("ZeRO-3 K=1", "ZeRO-3 K=2"))
     peaks = [res[k]["peak_gathered_bytes"] for k in ("ZeRO-3", "ZeRO-3 K=1", "ZeRO-3 K=2")]
     assert 0 < peaks[0] < peaks[1] < peaks[2] <= res["ZeRO-3 K=2 keep"]["peak_gathered_bytes"]
+    # the planner's minipar-on-this-machine term beside each prefetching row: blocking
+    # ZeRO-3's step minus the recorded share of its seconds in messages
+    from minipar.plan.here import HERE_OVERLAP
+
+    block = res["ZeRO-3"]
+    assert 0 < block["comm_seconds"]
+    for k in ("ZeRO-3 K=1", "ZeRO-3 K=2"):
+        want = block["seconds"] - HERE_OVERLAP["zero3"] * min(block["comm_seconds"],
+                                                             block["seconds"])
+        assert res[k]["plan_seconds"] == pytest.approx(want, rel=1e-12)
+    assert "plan_seconds" not in res["ZeRO-3 K=2 keep"] and "plan_seconds" not in block
 
 
 def test_measure_stages_puts_stage_0_on_the_ring_unless_told() -> None:

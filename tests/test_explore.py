@@ -83,6 +83,16 @@ def test_memory_explorer_against_a_measured_run():
     assert predict.QUESTIONS["zero-memory"].formula() == measured
 
 
+def test_measure_this_on_tensor_and_pipeline_layouts():
+    """"measure this" beyond dp/ZeRO: the same small GPT on dp 1 · tp 2 · pp 2 with ZeRO-3
+    (minipar run hybrid, 4 ranks): the model states of the explorer's stage, measured, are
+    the explorer's to the byte."""
+    assert predict.measure_command(3, 1, 2, 2).startswith(
+        "minipar run hybrid -n 4 --dp 1 --tp 2 --pp 2 --zero 3 --layers 2")
+    measured = predict.measure_model_states(3, 1, tp=2, pp=2)
+    assert measured == predict.predicted_model_states(3, 1, tp=2, pp=2) == 60_672
+
+
 def test_question_formulas_are_the_counted_numbers():
     """Each question's formula, as minipar run counts the same configuration (its summaries'
     exact counts; tests of each family check those against the runs)."""
@@ -246,4 +256,11 @@ def test_measure_this_says_the_explorers_number_without_widgets(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_widgets)
     predict.measure_this(dp=4, zero=2)
     out = "".join(shown)
-    assert f"{8 * 7040 + 24 * 7040 // 4:,} B per rank" in out and "dp 4, ZeRO-2" in out and "minipar run zero --stage 2 -n 4" in out
+    assert f"{8 * 7040 + 24 * 7040 // 4:,} B per rank" in out
+    assert "dp 4 · tp 1 · pp 1, ZeRO-2" in out and "minipar run zero -n 4 --stage 2" in out
+    shown.clear()
+    predict.measure_this(dp=1, zero=3, tp=2, pp=2)
+    predict.measure_this(dp=4, zero=0, tp=2)
+    tp_pp, too_many = shown
+    assert "60,672 B per rank (stage " in tp_pp and "minipar run hybrid -n 4 --dp 1" in tp_pp
+    assert too_many.startswith("dp 4 · tp 2 · pp 1 = 8 ranks: at most 4 here")

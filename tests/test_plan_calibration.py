@@ -236,3 +236,29 @@ def test_cli_layout_schedule_dualpipe_and_dualpipev(capsys):
     assert v["bubble_ratio"] == pytest.approx(float(Fraction((24 // 2 - 1) * 2, 2 * 3 * m)))
     assert dual["bubble_ratio"] < one["bubble_ratio"] == pytest.approx(11 / 96)
 
+
+
+def test_minipar_on_this_machine_is_a_term_apart_from_the_published_systems() -> None:
+    """issue 35: the published ZeRO-3 constant stays 0; minipar's own overlap here is a
+    separate term, recorded from ``bench zero`` / ``bench tp`` (docs/PERFORMANCE.md), and
+    plans an overlapped step from the blocking one: T_block − h · C."""
+    from pathlib import Path
+
+    from minipar.plan.calibration import CONSTANTS
+    from minipar.plan.here import HERE_OVERLAP, MEASURED, overlap_term, overlapped_step
+
+    assert CONSTANTS["zero3_overlap"] == 0.0
+    assert set(HERE_OVERLAP) == set(MEASURED) == {"zero3", "tp", "tp_sp"}
+    perf = " ".join((Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md")
+                    .read_text().split())
+    # the recorded shares are the quiet machine's measured ones
+    assert "K=1 0.284 (1.01x, hidden 94%" in perf and HERE_OVERLAP["zero3"] == 0.94
+    assert "TP overlap 0.347 (hidden 95%)" in perf and HERE_OVERLAP["tp"] == 0.95
+    assert "TP+SP overlap 0.349 (hidden 73%)" in perf and HERE_OVERLAP["tp_sp"] == 0.73
+    assert overlapped_step(0.5, 0.2, "tp") == pytest.approx(0.5 - 0.95 * 0.2)
+    assert overlapped_step(0.5, 0.2, "zero3", hidden=0.0) == 0.5
+    for bad, says in ((lambda: overlap_term("dp"), "no overlap term 'dp'"),
+                      (lambda: overlapped_step(0.1, 0.2, "tp"), "cannot exceed"),
+                      (lambda: overlapped_step(0.1, 0.05, "tp", hidden=1.5), "from 0 to 1")):
+        with pytest.raises(ValueError, match=says):
+            bad()

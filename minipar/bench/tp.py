@@ -54,6 +54,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from minipar.memory import measure
     from minipar.nn import GPT, GPTConfig
     from minipar.nn.gpt import BlockUnit
+    from minipar.overlap import total
     from minipar.parallel.tensor_parallel.engine import overlap_layers
     from minipar.parallel.tensor_parallel.model import TPBlockUnit
     from minipar.parallel.tensor_parallel.shards import shard_params, split_sequence
@@ -96,17 +97,20 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     runs = {"serial": run_serial, **{name: runner(name) for name in blocks}}
     times: dict[str, list[float]] = {k: [] for k in runs}
     hidden: dict[str, list[float]] = {k: [] for k in blocks}
+    in_msgs: dict[str, list[float]] = {k: [] for k in blocks}  # seconds in messages, a step
     sent: dict[str, int] = {}
     for k in range(o["steps"] + 1):  # round 0 warms up
         for name, fn in runs.items():
             comm.stats.reset()
             t0 = time.perf_counter()
             dt = measure_step_time(fn, 1, comm, warmup=0)
-            h = clock.hidden(t0, time.perf_counter()) if name in blocks else None
+            t1 = time.perf_counter()
+            h = clock.hidden(t0, t1) if name in blocks else None
             if k:
                 times[name].append(dt)
                 if h is not None:
                     hidden[name].append(h)
+                    in_msgs[name].append(total(c[1:] for c in clock.timeline(t0, t1)["comm"]))
             sent[name] = sum(comm.stats.bytes_sent(op) for op in ("tp_f", "tp_g", "sp_f", "sp_g"))
     peaks = {}
     for name, fn in runs.items():  # one more step each, untimed, under tracemalloc
@@ -116,7 +120,8 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     from statistics import median
 
     shares = {k: median(v) if v else None for k, v in hidden.items()}
-    everyone = comm.comm.gather((sent, shares, peaks), root=0)
+    secs = {k: median(v) if v else None for k, v in in_msgs.items()}
+    everyone = comm.comm.gather((sent, shares, peaks, secs), root=0)
     if r:
         return None
     from minipar.plan.tensor import tp_bytes_per_rank_per_layer
@@ -126,10 +131,13 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
     rows = {}
     for name in blocks:
         fr = [ev[1][name] for ev in everyone if ev[1][name] is not None]
+        cs = [ev[3][name] for ev in everyone if ev[3][name] is not None]
         rows[name] = {"seconds": med[name], "speedup": med["serial"] / med[name],
                       "hidden_fraction": sum(fr) / len(fr) if fr else None,
+                      "comm_seconds": sum(cs) / len(cs) if cs else None,
                       "bytes_per_rank": [ev[0][name] for ev in everyone],
                       "peak_bytes_per_rank": [ev[2][name] for ev in everyone]}
+    plan_here(rows)
     return {"t": t, "d_model": o["d_model"], "heads": o["heads"], "batch": o["batch"],
             "seq": o["seq"], "precision": o["precision"], "serial_s": med["serial"],
             "serial_peak_bytes": everyone[0][2]["serial"], "tp_s": med["TP"],
@@ -137,6 +145,19 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             "round_speedups": [a / b for a, b in zip(times["serial"], times["TP"])],
             "bytes_per_block_per_rank": rows["TP"]["bytes_per_rank"], "blocks": rows,
             "bytes_formula": tp_bytes_per_rank_per_layer(o["batch"], o["seq"], o["d_model"], t, e)}
+
+
+def plan_here(rows: dict[str, Any]) -> None:
+    """The planner's "minipar on this machine" term (:mod:`minipar.plan.here`): each
+    overlapped row gets ``plan_seconds``, its blocking row's step minus the recorded hidden
+    share (``tp``, ``tp_sp``) of the seconds the blocking row spent in its messages."""
+    from minipar.plan.here import overlapped_step
+
+    for name, kind in (("TP", "tp"), ("TP+SP", "tp_sp")):
+        block, over = rows.get(name), rows.get(name + " overlap")
+        if block and over and block["comm_seconds"] is not None:
+            over["plan_seconds"] = overlapped_step(
+                block["seconds"], min(block["comm_seconds"], block["seconds"]), kind)
 
 
 def _parser() -> ArgumentParser:
@@ -190,18 +211,28 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"one block, d_model {a.d_model}, {a.heads} heads, b {a.batch} x s {a.seq} = "
           f"{a.batch * a.seq} tokens, {a.precision}, one BLAS thread per rank")
-    print(f"{'':>16} {'s fwd+bwd':>10} {'speed-up':>9} {'hidden':>7} {'peak B (rank 0)':>16}")
+    print(f"{'':>16} {'s fwd+bwd':>10} {'speed-up':>9} {'hidden':>7} {'peak B (rank 0)':>16} "
+          f"{'plan s':>8}")
     print(f"{'serial':>16} {row['serial_s']:>10.4f} {'':>9} {'':>7} "
           f"{row['serial_peak_bytes']:>16,}")
     for name, b in row["blocks"].items():
-        h = b["hidden_fraction"]
+        h, plan = b["hidden_fraction"], b.get("plan_seconds")
         print(f"{name + ', t = ' + str(a.ranks):>16} {b['seconds']:>10.4f} "
               f"{b['speedup']:>8.2f}x {'-' if h is None else f'{h:.0%}':>7} "
-              f"{b['peak_bytes_per_rank'][0]:>16,}")
+              f"{b['peak_bytes_per_rank'][0]:>16,} {'-' if plan is None else f'{plan:.4f}':>8}")
     print("hidden: the share of the messages' time the rank spent computing (the step minus "
           "its waits; minipar.overlap.hidden_fraction), mean of the ranks; overlap: "
           "--tp-overlap's layers, the same bytes: "
           + ", ".join(f"{n} {b['bytes_per_rank'][0]:,}" for n, b in row["blocks"].items()))
+    from minipar.plan.here import HERE_OVERLAP
+
+    print("plan s: the planner's minipar-on-this-machine term (minipar.plan.here): the "
+          "blocking row's step minus the recorded hidden share (TP "
+          f"{HERE_OVERLAP['tp']:.0%}, TP+SP {HERE_OVERLAP['tp_sp']:.0%}) of its seconds in "
+          "messages ("
+          + ", ".join(f"{n} {b['comm_seconds']:.4f} s" for n, b in row["blocks"].items()
+                      if "overlap" not in n and b["comm_seconds"] is not None)
+          + "); beside the measured s fwd+bwd")
     print(f"speed-up {row['speedup']:.2f}x (median of {a.steps}; ideal {a.ranks}x on {a.ranks} "
           f"ranks); per round: {', '.join(f'{x:.2f}' for x in row['round_speedups'])}")
     print("bytes per block per rank (f and g, counted): "

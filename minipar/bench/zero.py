@@ -82,7 +82,10 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
         runners[name] = lambda s, eng=eng: eng.step(spec.batch_at(s))
     from minipar.progress import tick
 
-    res: dict[str, Any] = {k: {"times": [], "bytes": 0.0, "hidden": []} for k in runners}
+    from minipar.overlap import total
+
+    res: dict[str, Any] = {k: {"times": [], "bytes": 0.0, "hidden": [], "comm": []}
+                           for k in runners}
     for r in range(o["steps"] + 1):  # interleaved rounds: drift hits every strategy alike
         for name, fn in runners.items():
             sent = step_bytes(comm.stats)  # not ZeRO's sum of the loss (DDP's is counted)
@@ -95,19 +98,42 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
                                     [x[2:] for x in records if x[0] == "comm"])
                 if h is not None:
                     res[name]["hidden"].append(h)
+                    res[name]["comm"].append(total(x[2:] for x in records if x[0] == "comm"))
         if comm.rank == 0:
             tick(o.get("progress"))
     for name, v in res.items():
         v["seconds"] = statistics.median(v.pop("times"))
         mine = statistics.median(v.pop("hidden")) if v["hidden"] else None
+        secs = statistics.median(v.pop("comm")) if v["comm"] else None
         every = comm.comm.gather(mine)  # each rank's median share, averaged below
+        in_msgs = comm.comm.gather(secs)
         peak = engines[name].zero_hooks.peak_gathered_bytes if name in engines else 0
         peak = comm.comm.allreduce(peak, op=MPI.MAX)
         if comm.rank == 0:
             shares = [h for h in every if h is not None]
             v["hidden_fraction"] = sum(shares) / len(shares) if shares else None
             v["peak_gathered_bytes"] = peak
-    return {"psi": dp.layout.size, "results": res} if comm.rank == 0 else None
+            got = [c for c in in_msgs if c is not None]
+            v["comm_seconds"] = sum(got) / len(got) if got else None
+    if comm.rank:
+        return None
+    plan_here(res)
+    return {"psi": dp.layout.size, "results": res}
+
+
+def plan_here(res: dict[str, Any]) -> None:
+    """The planner's "minipar on this machine" term (:mod:`minipar.plan.here`): each ZeRO-3
+    row that prefetches and reshards gets ``plan_seconds``, blocking ZeRO-3's step minus
+    the recorded hidden share of the seconds blocking ZeRO-3 spent in its messages."""
+    from minipar.plan.here import overlapped_step
+
+    block = res.get("ZeRO-3")
+    if not block or block.get("comm_seconds") is None:
+        return
+    for name, v in res.items():
+        if name.startswith("ZeRO-3 K=") and not name.endswith("keep"):
+            v["plan_seconds"] = overlapped_step(
+                block["seconds"], min(block["comm_seconds"], block["seconds"]), "zero3")
 
 
 def measure_stages(n: int, stages: tuple[int, ...] = (0, 1, 2, 3), timeout: float = 120.0,
@@ -202,16 +228,25 @@ def main(argv: list[str]) -> int:
           f"{a.precision}, {a.ranks} ranks: Ψ = {out['psi']:,}; median of {a.steps} steps, "
           "slowest rank")
     print(f"{'':>16} {'s/step':>8} {'vs DDP':>7} {'bytes sent/rank/step':>22} "
-          f"{'hidden':>7} {'gathered peak B':>16}")
+          f"{'hidden':>7} {'gathered peak B':>16} {'plan s':>7}")
     for name, r in res.items():
         hidden = r.get("hidden_fraction")
         peak = r.get("peak_gathered_bytes") or 0
+        plan = r.get("plan_seconds")
         print(f"{name:>16} {r['seconds']:>8.3f} {r['seconds'] / base:>6.2f}x "
               f"{r['bytes']:>22,.0f} {'-' if hidden is None else f'{hidden:.0%}':>7} "
-              f"{f'{peak:,}' if peak else '-':>16}")
+              f"{f'{peak:,}' if peak else '-':>16} {'-' if plan is None else f'{plan:.3f}':>7}")
     print("hidden: the share of ZeRO-3's all-gather / reduce-scatter time covered by the "
           "units' forward and backward (minipar.overlap.hidden_fraction, last steps' median, "
           "mean of the ranks)")
+    if "ZeRO-3" in res and res["ZeRO-3"].get("comm_seconds") is not None:
+        from minipar.plan.here import HERE_OVERLAP
+
+        print(f"plan s: the planner's minipar-on-this-machine term (minipar.plan.here): "
+              f"blocking ZeRO-3's {res['ZeRO-3']['seconds']:.3f} s minus "
+              f"{HERE_OVERLAP['zero3']:.0%} (hidden as recorded) of the "
+              f"{res['ZeRO-3']['comm_seconds']:.3f} s it spent in messages; beside the "
+              "measured s/step")
     return 0
 
 

@@ -44,7 +44,9 @@ One file per family, every formula importable from here:
   :mod:`~minipar.plan.presets` (GPT-3, PTD-P Table 1 and Llama 3 models; layouts as
   ``dp=16,tp=8,...`` text), :mod:`~minipar.plan.calibration` (the step model's three
   fitted constants and PTD-P Table 1) and :mod:`~minipar.plan.fit` (the fit and its
-  leave-one-out residuals, docs/plan-calibration.md).
+  leave-one-out residuals, docs/plan-calibration.md); :mod:`~minipar.plan.here` (minipar on
+  this machine: the overlap its ZeRO-3 prefetch and ``--tp-overlap`` reach here, recorded
+  from ``bench zero`` / ``bench tp``, apart from the published systems' constants).
 - :mod:`~minipar.plan.human` — sizes as people read them (15.0 GB, 7.50 B).
 
 The ``minipar plan`` verb is the front end :mod:`minipar.cli.plan`; this

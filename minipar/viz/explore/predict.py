@@ -9,7 +9,8 @@ sentence on the usual mistake.  :func:`judge` is the verdict as text (tested);
 :func:`ask` shows the question, and — with ipywidgets — a box for the prediction and a
 button that runs the configuration and shows measured, predicted and formula side by
 side.  Headless (nbconvert, the test suite) it shows the question and the command, and
-runs nothing.  :func:`measure_model_states` is the memory explorer's "measure this".
+runs nothing.  :func:`measure_model_states` is the memory explorer's "measure this"
+(:func:`measure_this`: dp, tp, pp and ZeRO of the small GPT on up to 4 local ranks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from minipar.viz.explore.memory import memory
 
 TIMEOUT = 120.0
 SMALL = "minipar run's GPT (2 × 16, float64)"
+#: the same GPT in ``minipar run hybrid`` (whose own defaults are 4 layers, 4 heads, vocab 8)
+HYBRID_SMALL = ("--layers", "2", "--heads", "2", "--vocab", "10", "--d-model", "16", "--seq",
+                "8")
 
 
 def run_summary(strategy: str, n: int, *options: str) -> dict[str, Any]:
@@ -38,17 +42,43 @@ def run_summary(strategy: str, n: int, *options: str) -> dict[str, Any]:
     return summary
 
 
-def measure_model_states(zero: int, n: int = 2) -> float:
-    """Model-state bytes one rank holds in ``minipar run zero --stage ZERO -n N`` (float64):
-    what :func:`minipar.viz.explore.memory.memory` predicts for the small GPT."""
-    s = run_summary("zero", n, "--stage", str(zero), "--steps", "1")
-    return float(s["model_state_bytes_per_rank"][0])
+def measure_model_states(zero: int, n: int = 2, tp: int = 1, pp: int = 1) -> float:
+    """Model-state bytes one rank holds in a run of minipar run's GPT (float64), ``n``
+    data-parallel ranks (ZeRO-``zero`` over them) × ``tp`` × ``pp``: ``minipar run zero``
+    when tp = pp = 1, else ``minipar run hybrid`` (the most any rank of the explorer's stage
+    holds): what :func:`minipar.viz.explore.memory.memory` predicts for the small GPT."""
+    if tp == pp == 1:
+        s = run_summary("zero", n, "--stage", str(zero), "--steps", "1")
+        return float(s["model_state_bytes_per_rank"][0])
+    s = run_summary("hybrid", n * tp * pp, *measure_options(zero, n, tp, pp))
+    stage = _explorer(zero, n, tp, pp).numbers["stage"]
+    return float(max(b for b, c in zip(s["model_state_bytes_per_rank"], s["coords_per_rank"])
+                     if c["pp"] == stage))
 
 
-def predicted_model_states(zero: int, n: int = 2) -> float:
-    """The memory explorer's params + grads + optimizer for the same run."""
-    v = memory(SMALL, dp=n, tp=1, pp=1, zero=zero, remat="none", precision="float64",
-               micro_batches=1)
+def measure_options(zero: int, n: int, tp: int, pp: int) -> list[str]:
+    """The options of the run that measures a layout (:func:`measure_command`)."""
+    if tp == pp == 1:
+        return ["--stage", str(zero), "--steps", "1"]
+    return ["--dp", str(n), "--tp", str(tp), "--pp", str(pp), "--zero", str(zero),
+            *HYBRID_SMALL, "--steps", "1"]
+
+
+def measure_command(zero: int, n: int = 2, tp: int = 1, pp: int = 1) -> str:
+    """``minipar run zero|hybrid ...``: the command :func:`measure_model_states` runs."""
+    what = "zero" if tp == pp == 1 else "hybrid"
+    return f"minipar run {what} -n {n * tp * pp} " + " ".join(measure_options(zero, n, tp, pp))
+
+
+def _explorer(zero: int, n: int, tp: int, pp: int) -> Any:
+    return memory(SMALL, dp=n, tp=tp, pp=pp, zero=zero, remat="none", precision="float64",
+                  micro_batches=1)
+
+
+def predicted_model_states(zero: int, n: int = 2, tp: int = 1, pp: int = 1) -> float:
+    """The memory explorer's params + grads + optimizer for the same run (per device, on
+    the fuller of the first and last pipeline stage)."""
+    v = _explorer(zero, n, tp, pp)
     return v.numbers["params"] + v.numbers["grads"] + v.numbers["optimizer"]
 
 
@@ -188,42 +218,61 @@ def ask(key: str) -> Question:
     return q
 
 
-def measure_this(dp: int = 2, zero: int = 1) -> None:
+#: the most local ranks "measure this" launches (a few seconds on 2 cores)
+MEASURE_RANKS = 4
+
+
+def measure_this(dp: int = 2, zero: int = 1, tp: int = 1, pp: int = 1) -> None:
     """The memory explorer's "measure this": for minipar run's small GPT (float64), the
-    explorer's model states per rank at ``dp`` ranks and ZeRO stage ``zero``; with
-    ipywidgets, controls and a button that runs ``minipar run zero`` and shows both."""
+    explorer's model states per rank at ``dp`` × ``tp`` × ``pp`` ranks (at most
+    :data:`MEASURE_RANKS`) and ZeRO stage ``zero`` over dp; with ipywidgets, controls and a
+    button that runs ``minipar run zero`` (tp = pp = 1) or ``minipar run hybrid`` and shows
+    both."""
     from IPython.display import Pretty, display
 
-    def said(n: int, z: int) -> str:
-        return (f"memory explorer, {SMALL}, dp {n}, ZeRO-{z}: model states "
-                f"{predicted_model_states(z, n):,.0f} B per rank; measure: minipar run zero "
-                f"--stage {z} -n {n} --steps 1")
+    def said(n: int, z: int, t: int, p: int) -> str:
+        if n * t * p > MEASURE_RANKS:
+            return (f"dp {n} · tp {t} · pp {p} = {n * t * p} ranks: at most {MEASURE_RANKS} "
+                    "here; lower one of them")
+        v = _explorer(z, n, t, p)
+        where = f" (stage {v.numbers['stage']})" if p > 1 else ""
+        return (f"memory explorer, {SMALL}, dp {n} · tp {t} · pp {p}, ZeRO-{z}: model states "
+                f"{predicted_model_states(z, n, t, p):,.0f} B per rank{where}; measure: "
+                f"{measure_command(z, n, t, p)}")
     try:
         import ipywidgets as w
     except ImportError:
-        display(Pretty(said(dp, zero)))
+        display(Pretty(said(dp, zero, tp, pp)))
         return
-    n_box = w.Dropdown(options=[2, 3, 4], value=dp, description="dp")
+    n_box = w.Dropdown(options=[1, 2, 3, 4], value=dp, description="dp")
+    t_box = w.Dropdown(options=[1, 2], value=tp, description="tp")
+    p_box = w.Dropdown(options=[1, 2], value=pp, description="pp")
     z_box = w.Dropdown(options=[0, 1, 2, 3], value=zero, description="zero")
     button = w.Button(description="measure this", button_style="primary",
                       layout=w.Layout(width="auto"))
     button.add_class("minipar-measure-this")
-    display(w.HBox([n_box, z_box, button]))
-    out = display(Pretty(said(dp, zero)), display_id=True)
-    n_box.observe(lambda _c: out.update(Pretty(said(n_box.value, z_box.value))), "value")
-    z_box.observe(lambda _c: out.update(Pretty(said(n_box.value, z_box.value))), "value")
+    display(w.HBox([n_box, t_box, p_box, z_box, button]))
+    out = display(Pretty(said(dp, zero, tp, pp)), display_id=True)
+
+    def values() -> tuple[int, int, int, int]:
+        return n_box.value, z_box.value, t_box.value, p_box.value
+    for box in (n_box, t_box, p_box, z_box):
+        box.observe(lambda _c: out.update(Pretty(said(*values()))), "value")
 
     def run(_b: Any) -> None:
-        n, z = n_box.value, z_box.value
-        out.update(Pretty(said(n, z) + "\nrunning ..."))
+        n, z, t, p = values()
+        if n * t * p > MEASURE_RANKS:
+            return out.update(Pretty(said(n, z, t, p)))
+        out.update(Pretty(said(n, z, t, p) + "\nrunning ..."))
         try:
-            got = measure_model_states(z, n)
+            got = measure_model_states(z, n, t, p)
         except Exception as e:  # a failed launch: one line
             out.update(Pretty(f"the run failed: {str(e).splitlines()[0] if str(e) else e!r}"))
             return
-        want = predicted_model_states(z, n)
-        out.update(Pretty(said(n, z) + f"\nmeasured on {n} real ranks: {got:,.0f} B per rank "
-                          + ("= the explorer's" if got == want else f"≠ the explorer's "
-                             f"{want:,.0f} B")))
+        want = predicted_model_states(z, n, t, p)
+        out.update(Pretty(said(n, z, t, p) + f"\nmeasured on {n * t * p} real ranks: "
+                          f"{got:,.0f} B per rank " + (
+                              "= the explorer's" if got == want else f"≠ the explorer's "
+                              f"{want:,.0f} B ({got / want - 1:+.2%})")))
 
     button.on_click(run)
