@@ -19,6 +19,7 @@ policy         params/acts  grads        master weights  Adam m, v
 ``float32``    float32      float32      (the params)    float32
 ``mixed``      bfloat16     bfloat16     float32         float32
 ``mixed-fp16`` float16      float16      float32         float32, + dynamic loss scaling
+``fp8``        float32      float32      (the params)    float32; the blocks' GEMMs in FP8
 =============  ===========  ===========  ==============  ============
 
 Why bfloat16 for ``mixed``: it keeps float32's 8-bit exponent (range
@@ -31,6 +32,20 @@ inf/nan, double it after ``growth_interval`` clean steps).  Both are 2
 bytes, so the 16-bytes-per-parameter count is the same.  NumPy has no
 16-bit BLAS: layers store 16-bit and compute matmuls in float32
 (``minipar.nn.dtypes``).  bfloat16 comes from ``ml_dtypes`` (NumPy only).
+
+``fp8`` (DeepSeek-V3, arXiv 2412.19437, §3.3): every linear layer of a transformer
+block runs its three GEMMs with FP8 inputs (``minipar.nn.fp8``: E4M3 in 1×128 tiles
+and 128×128 blocks, FP32 accumulation promoted every 128; ``--fp8-scaling tensor``
+the per-tensor recipe of Micikevicius et al. 2022).  The parameters *are* the FP32
+master weights — quantized on the fly for each GEMM, never stored in FP8 — and
+AdamW's moments are FP32: DeepSeek-V3 keeps its moments in BF16, FP32 is minipar's
+choice (one fewer rounding to explain).  The embedding, the output head, the
+LayerNorms, attention's scores and softmax and the MoE router stay in FP32, as the
+paper keeps them in higher precision.  So a replica holds 4 + 4 + 4 + 4 = 16 bytes
+per parameter (params = master, grads, m, v), where DeepSeek-V3 holds about
+1 (FP8 weights for the GEMM) + 4 (FP32 master) + 4 (FP32 grads) + 2 + 2 (BF16
+moments) = 13; a GEMM's inputs are 1 byte per element plus one FP32 scale per 128
+(tile) or 128² (block) elements.
 """
 
 from __future__ import annotations
@@ -55,6 +70,7 @@ class Policy:
     master: str | None     # None: the optimizer updates the params themselves
     state: str
     loss_scaling: bool = False
+    fp8: bool = False      # the blocks' linear layers run FP8 GEMMs (minipar.nn.fp8)
 
     @property
     def param_dtype(self) -> np.dtype:
@@ -79,11 +95,12 @@ POLICIES: dict[str, Policy] = {
     "float32": Policy("float32", "float32", None, "float32"),
     "mixed": Policy("mixed", "bfloat16", "float32", "float32"),
     "mixed-fp16": Policy("mixed-fp16", "float16", "float32", "float32", loss_scaling=True),
+    "fp8": Policy("fp8", "float32", None, "float32", fp8=True),
 }
 
 
 def get(name: str) -> Policy:
-    """The policy called ``name`` (float64, float32, mixed, mixed-fp16)."""
+    """The policy called ``name`` (float64, float32, mixed, mixed-fp16, fp8)."""
     return POLICIES[checks.one_of("precision", name, POLICIES)]
 
 

@@ -36,10 +36,14 @@ from typing import Any
 import numpy as np  # dtype names only; array math goes through xp
 
 from minipar.backend import xp
-from minipar.nn.dtypes import compute_dtype
 
 #: format name -> largest finite value
 FORMATS: dict[str, float] = {"e4m3": 448.0, "e5m2": 57344.0, "int8": 127.0, "int4": 7.0}
+
+
+def _wide(dtype: Any) -> np.dtype:
+    """The dtype scales and sums use: float32 for a 16-bit input, else its own."""
+    return np.dtype(dtype) if np.dtype(dtype).itemsize >= 4 else np.dtype(np.float32)
 
 
 def storage_dtype(fmt: str) -> np.dtype:
@@ -63,7 +67,7 @@ def block_amax(x: Any, block: tuple[int, ...]) -> Any:
     """max |x| of every block (shape ``ceil(n_i / b_i)``): zeros pad the tails."""
     nb = _blocks(x.shape, block)
     pad = [(0, k * b - n) for n, b, k in zip(x.shape, block, nb)]
-    a = xp.pad(xp.abs(x.astype(compute_dtype(x.dtype))), pad)
+    a = xp.pad(xp.abs(x.astype(_wide(x.dtype))), pad)
     a = a.reshape([d for k, b in zip(nb, block) for d in (k, b)])
     return a.max(axis=tuple(range(1, 2 * len(nb), 2))) if a.size else a.reshape(nb)
 
@@ -83,7 +87,7 @@ def quantize(x: Any, fmt: str, block: tuple[int, ...], amax: Any = None) -> tupl
     as the whole block would be."""
     dt, top = storage_dtype(fmt), FORMATS[fmt]
     amax = block_amax(x, block) if amax is None else amax
-    scales = xp.where(amax > 0, amax / top, 1.0).astype(compute_dtype(x.dtype))
+    scales = xp.where(amax > 0, amax / top, 1.0).astype(_wide(x.dtype))
     v = xp.clip(x / expand(scales, block, x.shape), -top, top)  # saturate: no inf
     q = xp.rint(v).astype(dt) if fmt.startswith("int") else v.astype(dt)
     return q, scales

@@ -331,6 +331,17 @@ __all__ = [
 ]
 
 
+def add_fp8_arguments(p: Any) -> None:
+    """``--fp8-scaling`` and ``--fp8-block``: the recipe of ``--precision fp8``."""
+    p.add_argument("--fp8-scaling", choices=("block", "tensor"), default="block",
+                   help="--precision fp8: block (DeepSeek-V3: 1x128 tiles, 128x128 blocks, "
+                   "E4M3) or tensor (one scale per tensor, E5M2 gradients; current scaling); "
+                   "default %(default)s")
+    p.add_argument("--fp8-block", type=integer(1), default=128, metavar="B",
+                   help="--precision fp8 block: the tile length B (1xB tiles, BxB blocks; "
+                   "default %(default)s)")
+
+
 def add_json_options(p: argparse.ArgumentParser, what: str) -> None:
     """The one meaning of ``--json`` across verbs: ``--json`` prints ``what`` as JSON on
     stdout (instead of the text), ``--json-out FILE`` also writes it into FILE (a folder

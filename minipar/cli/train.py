@@ -30,7 +30,8 @@ import json
 import os
 import sys
 
-from minipar.cli.options import ArgumentParser, add_json_options, integer, number, output_file
+from minipar.cli.options import (ArgumentParser, add_fp8_arguments, add_json_options, integer,
+                                 number, output_file)
 from minipar.data import synthetic
 from minipar.data.tokenizer import VOCAB_SIZE
 from minipar.nn import MLP, MLPConfig
@@ -76,10 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=number(minimum=0), default=0.0,
                    help="AdamW's decoupled weight decay (default %(default)s; minipar run's is "
                    "0.01: give it to continue a run's checkpoint the same way)")
-    p.add_argument("--precision", choices=("float64", "float32", "mixed", "mixed-fp16"),
+    p.add_argument("--precision", choices=("float64", "float32", "mixed", "mixed-fp16", "fp8"),
                    default="float32",
-                   help="float64, float32, mixed (bf16 + fp32 master weights) or mixed-fp16 "
-                   "(fp16 with loss scaling); default %(default)s")
+                   help="float64, float32, mixed (bf16 + fp32 master weights), mixed-fp16 "
+                   "(fp16 with loss scaling) or fp8 (GPT: the blocks' GEMMs in FP8, fp32 "
+                   "master weights); default %(default)s")
+    add_fp8_arguments(p)
     p.add_argument("--seed", type=integer(0), default=0,
                    help="initialisation seed (default %(default)s)")
     p.add_argument("--diverge", type=number(greater_than=1), default=DIVERGENCE_FACTOR,
@@ -119,6 +122,9 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if stray:
         p.error(f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to "
                 f"--model {'mlp' if a.model == 'gpt' else 'gpt'}, not --model {a.model}")
+    if a.model == "mlp" and a.precision == "fp8":
+        p.error("--precision fp8 serves --model gpt (the FP8 GEMMs are a transformer block's "
+                "linear layers); the MLP trains in float64, float32, mixed or mixed-fp16")
     if a.model == "gpt" and a.top_k is not None and not a.experts:
         p.error("--top-k only applies to a mixture of experts: give --experts E (E >= 1) too")
     if a.model == "gpt" and a.text is not None:
@@ -156,6 +162,7 @@ def _spec(a: argparse.Namespace) -> RunSpec:
     return RunSpec(vocab=a.vocab, seq=a.seq, d_model=a.d_model, layers=a.layers, heads=a.heads,
                    kv_heads=a.kv_heads, batch=a.batch, steps=a.steps, seed=a.seed, data_seed=a.data_seed, lr=a.lr,
                    weight_decay=a.weight_decay, optimizer=a.optimizer, precision=a.precision,
+                   fp8_scaling=a.fp8_scaling, fp8_block=a.fp8_block,
                    experts=a.experts, top_k=a.top_k, text=a.text, **extra)
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn import executor
+from minipar.nn import executor, fp8
 from minipar.nn import init as _init
 from minipar.nn.attention import attention_backward, attention_forward
 from minipar.nn.dtypes import up
@@ -167,12 +167,15 @@ def block_forward(p: dict[str, Any], x: Any, cfg: GPTConfig, attn: Step | None =
     (the LayerNorms, the residuals, the order of every sum) unchanged."""
     serial = serial_steps(cfg)
     attn, ffn = attn or serial[0], ffn or serial[1]
-    a, s_ln1 = layernorm_forward(x, p["ln1.gamma"], p["ln1.beta"])
-    a, s_attn = attn[0](sub(p, "attn."), a)
-    x1 = x + a
-    h, s_ln2 = layernorm_forward(x1, p["ln2.gamma"], p["ln2.beta"])
-    h, s_ffn = ffn[0](sub(p, _ffn_prefix(p)), h)
-    return x1 + h, {"ln1": s_ln1, "attn": s_attn, "ln2": s_ln2, "ffn": s_ffn}
+    recipe = cfg.fp8_recipe()  # FP8 GEMMs in the block's linear layers, if any
+    with fp8.gemms(recipe):
+        a, s_ln1 = layernorm_forward(x, p["ln1.gamma"], p["ln1.beta"])
+        a, s_attn = attn[0](sub(p, "attn."), a)
+        x1 = x + a
+        h, s_ln2 = layernorm_forward(x1, p["ln2.gamma"], p["ln2.beta"])
+        h, s_ffn = ffn[0](sub(p, _ffn_prefix(p)), h)
+    saved = {"ln1": s_ln1, "attn": s_attn, "ln2": s_ln2, "ffn": s_ffn}
+    return x1 + h, (saved if recipe is None else {**saved, "fp8": recipe})
 
 
 def block_aux_loss(saved: dict[str, Any]) -> float:
@@ -206,12 +209,14 @@ def block_backward(
     """Return ``(dx, grads)``, grads keyed like ``p``.  ``daux`` = d(loss)/d(aux_loss).
     ``attn`` / ``ffn``: the steps the forward was given (default: the serial ones)."""
     pre = _ffn_prefix(p)
-    dh, gf = (ffn[1] if ffn else _ffn_backward)(sub(p, pre), saved["ffn"], dy, daux)
-    dx1, g2, b2 = layernorm_backward(p["ln2.gamma"], saved["ln2"], dh)
-    dx1 += dy
-    da, ga = (attn[1] if attn else attention_backward)(sub(p, "attn."), saved["attn"], dx1)
-    dx, g1, b1 = layernorm_backward(p["ln1.gamma"], saved["ln1"], da)
-    dx += dx1
+    with fp8.gemms(saved.get("fp8")):  # the forward's recipe
+        dh, gf = (ffn[1] if ffn else _ffn_backward)(sub(p, pre), saved["ffn"], dy, daux)
+        dx1, g2, b2 = layernorm_backward(p["ln2.gamma"], saved["ln2"], dh)
+        dx1 += dy
+        da, ga = (attn[1] if attn else attention_backward)(sub(p, "attn."), saved["attn"],
+                                                            dx1)
+        dx, g1, b1 = layernorm_backward(p["ln1.gamma"], saved["ln1"], da)
+        dx += dx1
     return dx, {"ln1.gamma": g1, "ln1.beta": b1, **{"attn." + k: v for k, v in ga.items()},
                 "ln2.gamma": g2, "ln2.beta": b2, **{pre + k: v for k, v in gf.items()}}
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from minipar import checks
 from minipar.nn.dtypes import check_model_dtype
+from minipar.nn.fp8 import SCALINGS, Recipe
 
 
 ROUTERS = ("softmax", "sigmoid")
@@ -88,6 +89,10 @@ class GPTConfig:
     init_std: float = 0.02
     dtype: str = "float64"
     n_kv_head: int = 0
+    #: FP8 GEMMs in the blocks' linear layers (:mod:`minipar.nn.fp8`): "" none, "block"
+    #: (DeepSeek-V3's tiles and blocks of ``fp8_block``) or "tensor" (one scale per tensor)
+    fp8: str = ""
+    fp8_block: int = 128
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
@@ -120,7 +125,13 @@ class GPTConfig:
                            why=f"n_layer = {self.n_layer}")
             checks.real("aux_loss_coef", self.aux_loss_coef, at_least=0)
         check_model_dtype(self.dtype)
+        checks.one_of("fp8", self.fp8, ("", *SCALINGS))
+        checks.integer("fp8_block", self.fp8_block, 1)
         checks.real("init_std", self.init_std, greater_than=0)
+
+    def fp8_recipe(self) -> Recipe | None:
+        """The FP8 recipe of the blocks' GEMMs (None: they run in ``dtype``)."""
+        return Recipe(self.fp8, self.fp8_block) if self.fp8 else None
 
     def moe_options(self) -> dict[str, Any]:
         """The keywords :func:`minipar.nn.moe.moe_forward` (after n_experts, top_k) and

@@ -38,7 +38,8 @@ import math
 from typing import Any
 
 from minipar.backend import xp
-from minipar.nn.dtypes import compute_dtype, down, matmul, up
+from minipar.nn import fp8
+from minipar.nn.dtypes import compute_dtype, down, up
 from minipar.nn.weight_grad import weight_grad
 
 LN_EPS = 1e-5
@@ -48,14 +49,15 @@ _GELU_A = 0.044715
 
 # --------------------------------------------------------------------- linear
 def linear_forward(x: Any, w: Any) -> tuple[Any, tuple]:
-    """y = x @ w for ``x`` of shape (..., d_in), ``w`` (d_in, d_out); saves ``(x,)``."""
-    return matmul(x, w), (x,)
+    """y = x @ w for ``x`` of shape (..., d_in), ``w`` (d_in, d_out); saves ``(x,)``.
+    Under an FP8 recipe (:func:`minipar.nn.fp8.gemms`) each GEMM takes FP8 inputs."""
+    return fp8.forward(x, w), (x,)
 
 
 def linear_backward(w: Any, saved: tuple, dy: Any) -> tuple[Any, Any]:
     """Return ``(dx, dw)``: dx = dy wᵀ, dw = xᵀ dy (``w`` is the forward's weight)."""
     (x,) = saved
-    dx = matmul(dy, w.T)
+    dx = fp8.dgrad(dy, w)
     dw = weight_grad(linear_weight_grad, x, dy)  # inside a B (zero bubble): deferred to W
     return dx, dw
 
@@ -64,7 +66,7 @@ def linear_weight_grad(x: Any, dy: Any) -> Any:
     """W of a linear layer: dw = xᵀ dy over every row (x (..., d_in), dy (..., d_out)).
     :func:`linear_backward` calls it at once, or — inside
     :func:`minipar.nn.weight_grad.deferred`, a zero-bubble B — hands it to W."""
-    return matmul(x.reshape(-1, x.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
+    return fp8.wgrad(x, dy)
 
 
 def bias_forward(y: Any, b: Any) -> Any:

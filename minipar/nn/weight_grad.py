@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from minipar.nn import fp8
+
 __all__ = ["Deferred", "deferred", "deferring", "kept_bytes", "resolve", "weight_grad"]
 
 _STATE = threading.local()
@@ -106,8 +108,9 @@ def deferred() -> Iterator[None]:
 
 
 def weight_grad(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` now, or a :class:`Deferred` of it inside :func:`deferred` (B)."""
-    return Deferred(fn, *args) if deferring() else fn(*args)
+    """``fn(*args)`` now, or a :class:`Deferred` of it inside :func:`deferred` (B); a
+    deferred one runs under the FP8 recipe of its B (:func:`minipar.nn.fp8.bound`)."""
+    return Deferred(fp8.bound(fn), *args) if deferring() else fn(*args)
 
 
 def resolve(pending: Any) -> Any:

@@ -43,6 +43,7 @@ from minipar.nn.gpt_config import check_moe
 from minipar.parallel.engine import Batch
 from minipar.parallel.engine import build as engine_build
 from minipar.parallel.parity import PARITY_ATOL, PARITY_RTOL  # noqa: F401 (tests' bounds)
+from minipar.nn.fp8 import SCALINGS
 from minipar.precision import POLICIES
 from minipar.precision import get as get_policy
 
@@ -106,6 +107,9 @@ class RunSpec:
     weight_decay: float = 0.01
     optimizer: str = "adamw"
     precision: str = "float64"
+    #: ``--precision fp8``'s recipe (:mod:`minipar.nn.fp8`): block | tensor, and the tile
+    fp8_scaling: str = "block"
+    fp8_block: int = 128
     experts: int = 0
     top_k: int = 1
     capacity_factor: float | None = 1.25
@@ -143,6 +147,11 @@ class RunSpec:
                              f"each key/value head serves heads / kv-heads query heads; use one "
                              f"of {ok}")
         checks.one_of("--precision", self.precision, POLICIES)
+        checks.one_of("--fp8-scaling", self.fp8_scaling, SCALINGS)
+        checks.integer("--fp8-block", self.fp8_block, 1)
+        if get_policy(self.precision).fp8 and self.optimizer != "adamw":
+            raise ValueError(f"--precision fp8 trains with --optimizer adamw (its FP32 master "
+                             f"weights and moments), not {self.optimizer}")
         checks.one_of("--optimizer", self.optimizer, ("adamw", "sgd"))
         checks.real("--lr", self.lr, greater_than=0)
         checks.real("--weight-decay", self.weight_decay, at_least=0)
@@ -198,7 +207,9 @@ class RunSpec:
                          seq_aux_loss_coef=self.seq_aux_loss_coef,
                          expert_groups=self.expert_groups,
                          groups_per_token=self.groups_per_token,
-                         dtype=dtype or get_policy(self.precision).model_dtype)
+                         dtype=dtype or get_policy(self.precision).model_dtype,
+                         fp8=self.fp8_scaling if get_policy(self.precision).fp8 and dtype is None
+                         else "", fp8_block=self.fp8_block)
 
     def model(self) -> GPT:
         """The GPT in the precision's parameter dtype."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from minipar.cli.options import (ArgumentParser, add_json_options, integer, number, output_file,
+from minipar.cli.options import (ArgumentParser, add_fp8_arguments, add_json_options, integer, number, output_file,
                                  seconds)
 from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
 
@@ -67,8 +67,9 @@ def parser(strategy: str | None = None) -> ArgumentParser:
     g.add_argument("--steps", type=integer(1), default=5, help="training steps (default 5)")
     g.add_argument("--seed", type=integer(0), default=0, help="initialisation seed (default 0)")
     g.add_argument("--precision", choices=list(POLICIES), default="float64",
-                   help="float64 (parity), float32, mixed (bf16 + fp32 master), mixed-fp16 "
-                   "(default %(default)s)")
+                   help="float64 (parity), float32, mixed (bf16 + fp32 master), mixed-fp16, "
+                   "fp8 (the blocks' GEMMs in FP8; default %(default)s)")
+    add_fp8_arguments(g)
     add_json_options(g, "the summary")
     g.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT,
                    help=f"seconds before every rank is killed (default {DEFAULT_TIMEOUT:g})")

@@ -77,7 +77,11 @@ def not_comparable_reason(options: dict[str, Any]) -> str | None:
     if precision == "float32":
         return ("float32 sums across ranks round in another order than the serial sum "
                 "(parity is defined in float64)")
-    if precision != "float64":
+    if precision == "fp8" and options.get("fp8_scaling") == "tensor":
+        return ("fp8 per-tensor current scaling takes the amax of the tensor each rank and "
+                "micro-batch holds, the serial run that of the whole batch: other scales by "
+                "design (--fp8-scaling block equals the serial run)")
+    if precision not in ("float64", "fp8"):  # fp8: its own tolerance (parallel.parity)
         return (f"{precision} keeps 16-bit gradients, and 16-bit sums across ranks round in "
                 "another order than the serial sum (parity is defined in float64)")
     module = importlib.import_module(STRATEGIES[options["strategy"]][0])
@@ -113,7 +117,8 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
         initial = serial["initial"]
     reason = not_comparable_reason(options)
     if reason is None:
-        v = parity.compare(losses, serial["losses"], params, serial["params"], initial)
+        v = parity.compare(losses, serial["losses"], params, serial["params"], initial,
+                           fp8=options.get("precision") == "fp8")
     else:
         v = parity.not_comparable(reason, losses, serial["losses"], params, serial["params"])
     verdict = v.as_dict()

@@ -114,6 +114,16 @@ CASES["pp"].append(({"pp": 2}, {"schedule": "1f1b", "micro_batches": 2}, TEXT))
 CASES["ep"].append(({"dp": 2, "ep": 2}, {}, {**TEXT, "experts": 4, "routing": (2,)}))
 CASES["hybrid"].append(({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2},
                         {**TEXT, "batch": 8}))
+#: every family once more in FP8 (DeepSeek-V3's block scaling, minipar.nn.fp8) with tiles
+#: of 6: d_model 16 = 6 + 6 + a tail of 4, shards of 8 (tp 2) or 4 (cp 2) cut tiles, whose
+#: amax the ranks reduce; held to the FP8 tolerance (minipar.parallel.parity)
+FP8 = {"precision": "fp8", "fp8_block": 6}
+CASES["dp"].append(({"dp": 2}, {}, FP8))
+CASES["zero"].append(({"dp": 4}, {"stage": 3}, FP8))
+CASES["pp"].append(({"pp": 2}, {"schedule": "1f1b", "micro_batches": 2}, FP8))
+CASES["ep"].append(({"dp": 2, "ep": 2}, {}, {**FP8, "experts": 4, "routing": (2,)}))
+CASES["hybrid"].append(({"dp": 2, "pp": 2}, {"micro_batches": 2, "zero": 1},
+                        {**FP8, "layers": 4}))
 
 
 def digest(params: dict) -> str:
@@ -189,8 +199,9 @@ def run(name: str, sizes: dict, options: dict, changes: dict) -> None:
     c.check(list(params) == list(sp), f"{what}: full_params names/order differ from serial")
     init = spec.initial_params()
     flat = lambda d: np.concatenate([to_host(d[k]).astype(np.float64).ravel() for k in sp])
-    if spec.precision == "float64":  # parity is defined in float64 (16-bit sums round apart)
-        v = compare(losses, ref, flat(params), flat(sp), flat(init))
+    if spec.precision in ("float64", "fp8"):  # 16-bit sums round apart; FP8 its own bound
+        v = compare(losses, ref, flat(params), flat(sp), flat(init),
+                    fp8=spec.precision == "fp8")
         c.check(v.status == "equal", f"{what}: parity {v.status}: {v}")
     ev, ev_ref = eng.evaluate(spec.batch_at(9)), serial.evaluate(spec.batch_at(9))
     c.check(abs(ev - ev_ref) <= 1e-12 * abs(ev_ref) or (spec.precision != "float64"

@@ -51,7 +51,8 @@ from minipar.backend import xp
 from minipar.collectives import allreduce
 from minipar.collectives.ring import all_gather
 from minipar.comm.traced import traced
-from minipar.nn.dtypes import down, matmul, up
+from minipar.nn import fp8
+from minipar.nn.dtypes import down, up
 from minipar.nn.layers import bias_backward, bias_forward, embedding_backward
 from minipar.nn.weight_grad import weight_grad
 from minipar.parallel.mappings import (
@@ -66,7 +67,7 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
 
 
 def _dw(x: Any, dy: Any) -> Any:
-    return matmul(x.reshape(-1, x.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
+    return fp8.wgrad(x, dy)  # xᵀ dy; FP8 under a recipe (minipar.nn.fp8)
 
 
 def _regathered_dw(comm: Any, x: Any, dy: Any) -> Any:
@@ -101,7 +102,7 @@ class ColumnParallelLinear:
                   else copy_to_tensor_model_parallel_region)  # f
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
-        y = matmul(self.f.forward(self.comm, x, op=self.op), p["w"])
+        y = fp8.forward(self.f.forward(self.comm, x, op=self.op), p["w"])
         if p.get("b") is not None:
             y = bias_forward(y, p["b"])
         if self.gather_output:
@@ -115,7 +116,7 @@ class ColumnParallelLinear:
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
         grads["w"] = (weight_grad(_regathered_dw, self.comm, x, dy) if self.sp
                       else weight_grad(_dw, x, dy))
-        return self.f.backward(self.comm, matmul(dy, p["w"].T), op=self.op), grads
+        return self.f.backward(self.comm, fp8.dgrad(dy, p["w"]), op=self.op), grads
 
 
 class RowParallelLinear:
@@ -132,7 +133,7 @@ class RowParallelLinear:
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
         if not self.input_is_parallel:
             x = _mine_last(self.comm, x)
-        partial = matmul(x, p["w"])
+        partial = fp8.forward(x, p["w"])
         y = self.g.forward(self.comm, partial, op=self.op)
         del partial
         if p.get("b") is not None:
@@ -144,7 +145,7 @@ class RowParallelLinear:
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
         dy = self.g.backward(self.comm, dy, op=self.op)
         grads["w"] = weight_grad(_dw, x, dy)
-        dx = matmul(dy, p["w"].T)
+        dx = fp8.dgrad(dy, p["w"])
         return (dx if self.input_is_parallel else _gather_last(self.comm, dx)), grads
 
 

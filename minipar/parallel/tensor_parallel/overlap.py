@@ -42,7 +42,7 @@ from minipar.backend import xp
 from minipar.collectives.nonblocking import RingAllreduceRequest
 from minipar.comm.tags import nonblocking_tag
 from minipar.comm.traced import traced
-from minipar.nn.dtypes import matmul
+from minipar.nn import fp8
 from minipar.nn.layers import bias_backward, bias_forward
 from minipar.nn.weight_grad import weight_grad
 from minipar.parallel.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -55,11 +55,10 @@ DW_BLOCKS = 4
 
 def _dw_progressing(x: Any, dy: Any, request: Any) -> Any:
     """dW = xᵀ dy by blocks of columns, advancing ``request`` between them."""
-    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     blocks = []
-    parts = min(DW_BLOCKS, dy2.shape[1])
-    for lo, hi in (spans.span(dy2.shape[1], parts, i) for i in range(parts)):
-        blocks.append(matmul(x2.T, dy2[:, lo:hi]))
+    parts = min(DW_BLOCKS, dy.shape[-1])
+    for lo, hi in (spans.span(dy.shape[-1], parts, i) for i in range(parts)):
+        blocks.append(fp8.wgrad(x, dy[..., lo:hi]))
         request.progress()
     return xp.concatenate(blocks, axis=1)
 
@@ -76,7 +75,7 @@ def all_gather_matmul(comm: Any, x: Any, w: Any, op: str) -> Any:
             buf = xp.empty(b * (piece.shape[1] + 1) * h, piece.dtype)
             with c.operation(op):
                 reqs = [c.Irecv(buf, (r - 1) % n, TAG), c.Isend(piece, (r + 1) % n, TAG)]
-        ys[src] = matmul(piece, w)  # the chunk at hand, while the next one moves
+        ys[src] = fp8.forward(piece, w)  # the chunk at hand, while the next one moves
         if s < n - 1:
             c.waitall(reqs)
             size = reqs[0].status.Get_count(MPI.BYTE) // buf.itemsize
@@ -94,7 +93,7 @@ def matmul_reduce_scatter(comm: Any, x: Any, w: Any, op: str) -> Any:
 
     def part(i: int) -> Any:  # my partial product of chunk i, (b, k_i, d)
         i %= n
-        return matmul(x[:, offs[i]:offs[i] + counts[i]], w)
+        return fp8.forward(x[:, offs[i]:offs[i] + counts[i]], w)
 
     acc = part(r - 1)
     for s in range(n - 1):
@@ -124,7 +123,7 @@ class AsyncColumnParallelLinear(ColumnParallelLinear):
             return super().backward(p, saved, dy)
         (x,) = saved
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
-        dx = xp.ascontiguousarray(matmul(dy, p["w"].T))  # a partial sum: f's backward sums it
+        dx = xp.ascontiguousarray(fp8.dgrad(dy, p["w"]))  # a partial sum: f's backward sums it
         request = RingAllreduceRequest(self.comm, dx.reshape(-1), TAG,
                                        name=self.op or self.f.name)
         grads["w"] = weight_grad(_dw_progressing, x, dy, request)
