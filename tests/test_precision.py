@@ -94,8 +94,10 @@ def test_fp16_scaled_gradients_are_unscaled_before_the_update() -> None:
 
 
 def test_bad_policy_and_slice() -> None:
-    with pytest.raises(ValueError, match="precision must be one of float64, float32, mixed, mixed-fp16; got .fp8."):
-        get("fp8")
+    with pytest.raises(ValueError,
+                       match="precision must be one of float64, float32, mixed, mixed-fp16, fp8; "
+                             "got .fp4."):
+        get("fp4")
     with pytest.raises(ValueError, match="outside"):
         ModelStates("float64", {"w": np.zeros(3)}, lo=2, hi=5)
     assert math.isclose(get("mixed").param_dtype.itemsize, 2)
