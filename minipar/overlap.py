@@ -18,7 +18,10 @@ reports overlap uses this function and this key, ``hidden_fraction``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 Interval = tuple[float, float]
 
@@ -66,3 +69,144 @@ def hidden_fraction(compute: Iterable[Sequence[float]],
     if spent == 0.0:
         return None
     return overlap(compute, comm) / spent
+
+
+def minus(xs: Iterable[Sequence[float]], holes: Iterable[Sequence[float]]) -> list[Interval]:
+    """``xs`` without ``holes`` (both merged first): e.g. computing time less the waits
+    for a message that ran inside it."""
+    out, hs = [], merge(holes)
+    for a, b in merge(xs):
+        for h0, h1 in hs:
+            if h1 <= a or h0 >= b:
+                continue
+            if h0 > a:
+                out.append((a, h0))
+            a = max(a, h1)
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+# -- DualPipe's overlapped pair on one core: two computations that hand over to each other
+
+class Pair:
+    """Two computations, ``first`` and ``second``, run as coroutines: one at a time, the
+    running one handing over (:func:`handoff`) when it has started a message and has
+    nothing to do until it arrives — DeepSeek-V3's F&B (arXiv 2412.19437, §3.2.1: one
+    micro-batch's all-to-all travels while the other computes).  ``second`` starts at
+    ``first``'s first handoff (on a thread of its own: a coroutine the code deep inside a
+    layer can yield from; never two running at once); without a handoff it runs after
+    ``first``, as a plain call.  ``seconds[i]``, ``cpu[i]``: the wall and CPU seconds
+    computation i held the core (its own computing, whatever it waited for in between)."""
+
+    def __init__(self, first: Callable[[], Any], second: Callable[[], Any]) -> None:
+        self.fns, self.turn, self.done = (first, second), 0, [False, False]
+        self.cv = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.seconds, self.cpu = [0.0, 0.0], [0.0, 0.0]
+        self._since = (0.0, 0.0)
+
+    @property
+    def interleaved(self) -> bool:
+        """Did the two computations take turns (a handoff happened)?"""
+        return self.thread is not None
+
+    def run(self) -> None:
+        """Both computations, to their ends; the first error raised here."""
+        self._go(0)
+        if self.error is None and self.thread is None:
+            self._go(1)
+        elif self.error is None:
+            self._hand(0, 1)
+            self.thread.join()
+        if self.error is not None:  # (a second half left waiting: the job ends with it)
+            raise self.error
+
+    def _go(self, i: int) -> None:
+        """Run computation i on this thread, in the pair, its time counted."""
+        _here.pair, _here.i = self, i
+        self._since = (time.perf_counter(), time.process_time())
+        try:
+            self.fns[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised by run() on the calling thread
+            self.error = self.error or e
+        finally:
+            self._count(i)
+            _here.pair = None
+            self.done[i] = True
+
+    def _count(self, i: int) -> None:
+        self.seconds[i] += time.perf_counter() - self._since[0]
+        self.cpu[i] += time.process_time() - self._since[1]
+
+    def _thread(self) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.turn == 1)
+        self._go(1)
+        self._hand(1, 0)
+
+    def _hand(self, i: int, j: int, wait: bool = False) -> None:
+        """Computation i gives the core to j (and, ``wait``, takes it back when j hands over
+        or ends)."""
+        with self.cv:
+            self.turn = j
+            self.cv.notify_all()
+            if wait:
+                self.cv.wait_for(lambda: self.turn == i)
+
+    def handoff(self, i: int) -> None:
+        other = 1 - i
+        if self.done[other] or self.error is not None:
+            return
+        self._count(i)
+        if other == 1 and self.thread is None:
+            self.thread = threading.Thread(target=self._thread, daemon=True,
+                                           name="overlapped pair, second half")
+            self.thread.start()
+        self._hand(i, other, wait=True)
+        self._since = (time.perf_counter(), time.process_time())
+        if self.error is not None:
+            raise RuntimeError("the other computation of the overlapped pair failed")
+
+
+_here = threading.local()
+_flights: list[Any] | None = None
+
+
+def handoff() -> None:
+    """Inside a :class:`Pair`: let the other computation run until it hands back (or ends);
+    anywhere else nothing (the caller then simply waits for its message)."""
+    pair = getattr(_here, "pair", None)
+    if pair is not None:
+        pair.handoff(_here.i)
+
+
+def in_flight(request: Any) -> None:
+    """A message was started (``request``: ``progress()``, ``t_start``, ``t_end``,
+    ``blocked``): noted for whoever records this step (:func:`record`), then
+    :func:`handoff`."""
+    if _flights is not None:
+        _flights.append(request)
+    handoff()
+
+
+def record() -> None:
+    """From now on note every request :func:`in_flight` sees (a step's start)."""
+    global _flights
+    _flights = []
+
+
+def recorded() -> list[Any]:
+    """The requests noted since :func:`record`; noting stops."""
+    global _flights
+    out, _flights = _flights or [], None
+    return out
+
+
+def progress() -> None:
+    """Test the noted requests still in flight (called between units, as DDP's buckets are
+    progressed): the ones that arrived get their end time there."""
+    for r in _flights or ():
+        if r.t_end is None:
+            r.progress()

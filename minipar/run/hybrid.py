@@ -190,15 +190,27 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
             "formula": None if spec.experts else engine_bytes(h),
             "states": sum(h.model_state_bytes().values()), "params": h.stage_layout.size,
             "act": h.activation_peak_bytes, "balance": balance_of(h.bias),
-            "gathered": None}
+            "gathered": None, **_overlap(h)}
     if zero3:  # the formula: none for remat's segments when resharding (fetched in a backward)
         peak, want = h.sync.gathered_peak()
         keep = not options.get("reshard_after_forward", True)
         mine["gathered"] = (peak, want if keep or options.get("remat") is None else None)
+    records = h.gather_records()  # every stage of replica 0, for --trace
     everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather
     if grid.rank != 0:
         return None
-    return _summary(options, spec, z, h, everyone)
+    return {**_summary(options, spec, z, h, everyone), "records": [list(r) for r in records]}
+
+
+def _overlap(h: Any) -> dict[str, Any]:
+    """This rank's last step: the share of its messages hidden behind its computing (all,
+    and the experts' all-to-alls alone), DualPipe's pairs that took turns, the messages in
+    flight (``[kind, start, end]``, kind "p2p" or "a2a")."""
+    a2a = h.a2a_intervals[-1]
+    p2p = h.comm_intervals[-1][:len(h.comm_intervals[-1]) - len(a2a)]
+    return {"hidden": h.hidden_fraction(), "hidden_a2a": h.hidden_fraction(a2a=True),
+            "pairs": h.overlapped_pairs[-1],
+            "flights": [["p2p", a, b] for a, b in p2p] + [["a2a", a, b] for a, b in a2a]}
 
 
 def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
@@ -274,6 +286,17 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
                      + (f"; with cp the tokens are each rank's s/cp = {spec.seq // cp} and "
                         "the cp ranks exchange only their n_head/t heads (h/t)"
                         if cp > 1 else ""))
+    hidden = [r["hidden"] for r in everyone]
+    if any(x is not None for x in hidden):
+        a2a = [r["hidden_a2a"] for r in everyone]
+        notes.append("messages hidden behind computing, last step (hidden_fraction, per rank): "
+                     + ", ".join("-" if x is None else f"{x:.2f}" for x in hidden)
+                     + ("; the experts' all-to-alls alone: " + ", ".join(
+                         "-" if x is None else f"{x:.2f}" for x in a2a)
+                        if any(x is not None for x in a2a) else "")
+                     + (f"; overlapped pairs that took turns (one micro-batch's all-to-all in "
+                        f"flight while the other computed): {everyone[0]['pairs']} per step"
+                        if any(r["pairs"] for r in everyone) else ""))
     balance: dict[str, Any] = {}
     if spec.experts:
         notes.append("mixture of experts: every micro-batch routes its rows as one group, so "
@@ -296,4 +319,32 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
                                              for r in everyone],
             "gathered_peak_formula_per_rank": [r["gathered"] and r["gathered"][1]
                                                for r in everyone],
+            "hidden_fraction_per_rank": hidden,
+            "hidden_fraction": _mean(hidden),
+            "hidden_fraction_a2a": _mean([r["hidden_a2a"] for r in everyone]),
+            "overlapped_pairs_per_rank": [r["pairs"] for r in everyone],
+            "messages_in_flight": [[r["coords"]["pp"], k, a, b] for r in everyone
+                                   if not any(r["coords"][x] for x in ("dp", "cp", "tp"))
+                                   for k, a, b in r["flights"]],
             "plan_memory": plan, "notes": notes}
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    got = [x for x in xs if x is not None]
+    return sum(got) / len(got) if got else None
+
+
+def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--trace FILE.json``: the last step's records (every stage of replica 0) and the
+    messages in flight on replica 0's ranks (the pipeline's, the experts' all-to-alls) as
+    Chrome trace events (:mod:`minipar.trace`)."""
+    from minipar.trace import pipeline_events
+
+    events = pipeline_events(summary["records"], name=f"pipeline {summary['schedule']}")
+    t0 = min(r[4] for r in summary["records"])
+    label = {"p2p": "pipeline message", "a2a": "experts' all-to-all"}
+    flights = [(st, "step start", None, None, t0, t0) for st in range(summary["pp"])] + \
+        [(st, label[k], None, None, a, b) for st, k, a, b in summary["messages_in_flight"]]
+    return events + pipeline_events(flights, pid=1, name="messages in flight (pipeline "
+                                    "sends and receives, experts' all-to-alls: post to "
+                                    "completion; hidden_fraction)")

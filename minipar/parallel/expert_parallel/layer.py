@@ -16,9 +16,11 @@ of the group: experts c·E/ep … (c+1)·E/ep − 1,
     a2a #2     combine      (E/ep, Σ_j C_j, d) → (E, C_r, d)   the reverse all-to-all
     combine    (local)      y[n] = Σ_j kept · g_j · out[e_j, slot_j]
 
-The all-to-all is :data:`minipar.parallel.mappings.all_to_all` with the expert axis
+The all-to-all is :func:`minipar.parallel.mappings.all_to_all_rows` with the expert axis
 split and the capacity axis concatenated (the (E_local, G·C, d) layout of
-GShard's einsums): :func:`to_experts` (a2a #0 and #1); the way back is that
+GShard's einsums), posted non-blocking: inside DualPipe's overlapped pair the other
+micro-batch computes while it travels (:mod:`minipar.overlap`), elsewhere the layer
+waits for it at once.  :func:`to_experts` (a2a #0 and #1); the way back is that
 pair's backward, the reverse permutation: :func:`from_experts` (a2a #2).
 Backward mirrors it: d(out) (E, C_r, d) goes to the experts' ranks by
 :func:`to_experts` (a2a #3), d(buffers) comes back by :func:`from_experts` (a2a #4).
@@ -71,7 +73,7 @@ from minipar.nn.moe_routing import (pack, shared_backward, shared_forward, split
 from minipar.nn.moe_steps import (combine_backward, combine_forward, dispatch_backward,
                                   dispatch_forward, experts_backward, experts_forward)
 from minipar.parallel.expert_parallel.layout import expert_ids
-from minipar.parallel.mappings import all_to_all
+from minipar.parallel.mappings import all_to_all_rows
 
 __all__ = ["EPMoE", "from_experts", "to_experts"]
 
@@ -80,10 +82,8 @@ def to_experts(comm: Any, rows: Any, sent: Any, got: Any, op: str) -> Any:
     """All-to-all to the experts' ranks: my rows packed by expert (``sent`` (E,) rows each,
     experts c·E/ep … (c+1)·E/ep − 1 to rank c) -> the rows of my experts, source by source
     (``got`` (E/ep, ep): the rows source j sends each of my experts)."""
-    ep = comm.size
-    return all_to_all.forward(comm, rows, split_axis=0, concat_axis=0, op=op,
-                              split_sizes=[int(v) for v in sent.reshape(ep, -1).sum(axis=1)],
-                              output_sizes=[int(v) for v in got.sum(axis=0)])
+    return all_to_all_rows(comm, rows, op, [int(v) for v in sent.reshape(comm.size, -1).sum(1)],
+                           [int(v) for v in got.sum(axis=0)])
 
 
 def from_experts(comm: Any, rows: Any, sent: Any, got: Any, op: str) -> Any:

@@ -34,6 +34,16 @@ the measured timeline as they read a simulated one; every compute runs inside
 ``StageMemory.measured`` (the activation peak, what offload moved); after each B the
 bytes kept only for W (``w_peak_bytes``).
 
+**DualPipe's pairs, overlapped** (DeepSeek-V3, arXiv 2412.19437, §3.2.1).  A
+:class:`~.stage_loop.ForwardBackward` runs as a :class:`minipar.overlap.Pair`: its forward
+computes until it starts an experts' all-to-all (non-blocking:
+:func:`minipar.parallel.mappings.all_to_all_rows`) and hands the core to its backward, which
+computes until it starts one of its own and hands back; each waits for its message only
+when it resumes.  The pair's pipeline receives are posted before it, its forward's send
+started before its backward (``_overlap_plan``); every message in flight, sends, receives
+and all-to-alls, is ``Test``ed before each unit (``progress``, as DDP's buckets).  An
+interleaved pair is recorded as its F then its B, each as long as it held the core.
+
 **The engine interface** (:class:`minipar.parallel.engine.Engine`, built by
 ``strategies.build("pp", spec, grid, **options)``): ``step(batch)`` cuts this replica's
 rows of the GLOBAL batch and runs the instruction list; the global loss.
@@ -50,7 +60,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from minipar import checks, spans
+from minipar import checks, overlap, spans
 from minipar.comm.topology import require_grid
 from minipar.nn import weight_grad
 from minipar.nn.dtypes import check_model_dtype
@@ -169,6 +179,11 @@ class PipelineParallel:
         self.records: list[list[Record]] = []  # per step: wall-clock seconds from its start
         #: per step: this rank's messages in flight, (start, end) seconds from its start
         self.comm_intervals: list[list[tuple[float, float]]] = []
+        #: per step: the experts' all-to-alls (post to completion; also in comm_intervals),
+        #: the waits for them inside a compute (not computing), the pairs that took turns
+        self.a2a_intervals: list[list[tuple[float, float]]] = []
+        self.blocked_intervals: list[list[tuple[float, float]]] = []
+        self.overlapped_pairs: list[int] = []
         self._overlap_plan()
         self.cpu_records: list[list[Record]] = []  # per step: CPU seconds (process_time)
         self.steps_done = 0
@@ -196,7 +211,10 @@ class PipelineParallel:
         self.world.Barrier()  # align the ranks' clocks: records are seconds from here
         t0 = time.perf_counter()
         st.grads[...] = 0
-        mem.start_step(st, self._with_bias(self.sync.step_hooks()), self.link.progress)
+        overlap.record()  # the experts' all-to-alls of this step (started inside layers)
+        self.overlapped_pairs.append(0)
+        mem.start_step(st, self._with_bias(self.sync.step_hooks()),
+                       lambda: (self.link.progress(), overlap.progress()))
         early: dict[Instruction, tuple[float, float, float, float]] = {}
         wall: list[Record] = []
         cpu: list[Record] = []  # the same instructions timed in this process's CPU seconds
@@ -206,7 +224,13 @@ class PipelineParallel:
             """One instruction, timed; a compute's activation peak measured; after a B,
             the bytes kept only for W."""
             if isinstance(ins, ForwardBackward):  # its forward and backward are timed
-                dispatch(ins)
+                n = len(wall)
+                pair = overlap.Pair(lambda: self.loop.do(ins.forward),
+                                    lambda: self.loop.do(ins.backward))
+                pair.run()  # the two take turns where an all-to-all is in flight
+                if pair.interleaved:
+                    _as_computed(ins, n, pair)
+                    self.overlapped_pairs[-1] += 1
                 return
             if ins in self._wait_first:  # the pair's pre-posted receive, waited for now
                 r = self._wait_first[ins]
@@ -230,6 +254,18 @@ class PipelineParallel:
                 self.loop.table[type(s)](s)
                 early[s] = (a2, ca2, time.perf_counter(), time.process_time())
 
+        def _as_computed(ins: ForwardBackward, n: int, pair: overlap.Pair) -> None:
+            """An interleaved pair's two records (each spanning the other's turns) redrawn
+            as its F then its B, each as long as it held the core (wall and CPU)."""
+            for recs, spent in ((wall, pair.seconds), (cpu, pair.cpu)):
+                mine = [i for i in range(n, len(recs)) if recs[i].what in COMPUTE_WHAT]
+                t = min(recs[i].start for i in mine)
+                for part, took in zip((ins.forward, ins.backward), spent):
+                    i = next(i for i in mine if recs[i].what == WHAT[type(part)]
+                             and (recs[i].micro_batch, recs[i].chunk) == (part.mb, part.chunk))
+                    recs[i] = recs[i]._replace(start=t, end=t + took)
+                    t += took
+
         def _record(ins: Instruction, a: float, b: float, ca: float, cb: float) -> None:
             if isinstance(ins, BackwardInput):
                 self.w_peak_bytes = max(self.w_peak_bytes, weight_grad.kept_bytes(
@@ -242,7 +278,12 @@ class PipelineParallel:
         loss = self.loop.run(self.instructions, x, y, batch.size, self.m, mem.hooks,
                              self._step, st.loss_scale, around=timed)
         self.records.append(wall)
-        self.comm_intervals.append([(s - t0, e - t0) for s, e, _ in self.link.in_flight])
+        a2a = overlap.recorded()
+        self.a2a_intervals.append([(r.t_start - t0, r.t_end - t0) for r in a2a])
+        self.comm_intervals.append([(s - t0, e - t0) for s, e, _ in self.link.in_flight]
+                                   + self.a2a_intervals[-1])
+        self.blocked_intervals.append([(r.blocked[0] - t0, r.blocked[1] - t0) for r in a2a
+                                       if r.blocked is not None])
         self.cpu_records.append(cpu)
         mem.end_step()
         # once, after the step: the loads of DualPipe's two copies, then of the dp replicas
@@ -275,13 +316,14 @@ class PipelineParallel:
         lo, hi = self.loop.cuts[ins.mb, ins.chunk]
         return hi - lo, self.loop.x.shape[1]
 
-    def hidden_fraction(self, step: int = -1) -> float | None:
-        """The share of this rank's message time (every send and receive in flight) that
-        its computing covered, in step ``step`` (:func:`minipar.overlap.hidden_fraction`)."""
-        from minipar.overlap import hidden_fraction
-
+    def hidden_fraction(self, step: int = -1, a2a: bool = False) -> float | None:
+        """The share of this rank's message time (every send and receive in flight, and the
+        experts' all-to-alls) that its computing covered, in step ``step``
+        (:func:`minipar.overlap.hidden_fraction`); a compute's waits for its own all-to-all
+        are not computing.  ``a2a``: of the experts' all-to-alls alone."""
         compute = [(r.start, r.end) for r in self.records[step] if r.what in COMPUTE_WHAT]
-        return hidden_fraction(compute, self.comm_intervals[step])
+        return overlap.hidden_fraction(overlap.minus(compute, self.blocked_intervals[step]),
+                                       (self.a2a_intervals if a2a else self.comm_intervals)[step])
 
     def _step(self) -> bool:
         """After the flush: DualPipe sums its two copies' gradients (ranks s and p − 1 − s),
