@@ -1,6 +1,6 @@
 import pytest
 
-from minipar.overlap import hidden_fraction, merge, overlap, total
+from minipar.overlap import Pair, handoff, hidden_fraction, merge, minus, overlap, total
 
 
 def test_merge_joins_touching_and_nested_intervals():
@@ -30,3 +30,41 @@ def test_hidden_fraction(compute, comm, want):
 
 def test_hidden_fraction_without_communication_is_none():
     assert hidden_fraction([(0, 1)], []) is None
+
+
+def test_minus_cuts_the_waits_out_of_the_computing():
+    assert minus([(0, 10)], [(2, 3), (5, 6), (9, 12)]) == [(0, 2), (3, 5), (6, 9)]
+    assert minus([(0, 1), (4, 5)], [(0.5, 4.5)]) == [(0, 0.5), (4.5, 5)]
+
+
+def test_a_pair_takes_turns_at_each_handoff_and_raises_the_first_error():
+    """DualPipe's F&B: the forward runs until it starts a message, the backward until it
+    starts one, and so on; a half that never hands over runs as a plain call."""
+    seen = []
+
+    def forward():
+        for i in range(3):
+            seen.append(f"F{i}")
+            handoff()
+
+    def backward():
+        for i in range(2):
+            seen.append(f"B{i}")
+            handoff()
+
+    pair = Pair(forward, backward)
+    pair.run()
+    assert seen == ["F0", "B0", "F1", "B1", "F2"] and pair.interleaved
+    assert all(s >= 0 for s in pair.seconds + pair.cpu)
+    seen.clear()
+    alone = Pair(lambda: seen.append("F"), backward)
+    alone.run()
+    assert seen == ["F", "B0", "B1"] and not alone.interleaved
+    handoff()  # outside a pair: nothing
+
+    def failing():
+        handoff()
+        raise ValueError("the backward failed")
+
+    with pytest.raises(ValueError, match="the backward failed"):
+        Pair(forward, failing).run()

@@ -235,6 +235,14 @@ def test_cli_layout_schedule_dualpipe_and_dualpipev(capsys):
     assert dual["bubble_ratio"] == pytest.approx(float(Fraction((12 // 2 - 1) * 2, 3 * m)))
     assert v["bubble_ratio"] == pytest.approx(float(Fraction((24 // 2 - 1) * 2, 2 * 3 * m)))
     assert dual["bubble_ratio"] < one["bubble_ratio"] == pytest.approx(11 / 96)
+    # the dp reduction sums both stages' gradients; DualPipe first sums its two copies over
+    # ranks s and p - 1 - s (a 2-rank ring all-reduce: the stages' bytes once)
+    t1, t2, tv = one["traffic"], dual["traffic"], v["traffic"]
+    assert t2["dp"]["bytes"] == pytest.approx(2 * t1["dp"]["bytes"], rel=0.02)
+    n = dual["layout"]["d"] * dual["layout"]["c"]
+    assert t2["pp_mirror"]["bytes"] * 2 * (n - 1) / n == pytest.approx(t2["dp"]["bytes"])
+    assert "pp_mirror" not in t1 and "pp_mirror" not in tv
+    assert tv["dp"]["bytes"] == pytest.approx(t1["dp"]["bytes"], rel=0.05)
 
 
 

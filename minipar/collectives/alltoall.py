@@ -34,7 +34,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from minipar import backend
+from minipar import backend, overlap
+from minipar.spans import offsets
 from minipar.collectives import _base as B
 from minipar.comm import tags as T
 
@@ -158,3 +159,22 @@ class AllToAllRequest:
                     "disagree on the row counts")
         self.arrs = []
         return [g.reshape(-1, *self.trailing) for g in self.got]
+
+
+def all_to_all_rows(comm: Any, x: Any, op: str, split_sizes: Sequence[int],
+                    output_sizes: Sequence[int]) -> Any:
+    """The experts' all-to-all of rows (axis 0 cut by ``split_sizes``, part i to rank i;
+    ``output_sizes[j]`` rows arrive from rank j, concatenated in rank order), counted under
+    ``op``: what :func:`all_to_all` gives, but **non-blocking** — posted
+    (:class:`AllToAllRequest`), then :func:`minipar.overlap.in_flight`: inside DualPipe's
+    overlapped pair the other micro-batch computes while it travels — then waited for."""
+    c, am = B.traced(comm), backend.array_module(x)
+    sizes, expect = [int(k) for k in split_sizes], [int(k) for k in output_sizes]
+    if len(sizes) != c.size or min(sizes) < 0 or sum(sizes) != len(x):
+        raise ValueError(f"{op}: split sizes {sizes} must be {c.size} counts adding up to "
+                         f"the {len(x)} rows")
+    with c.operation(op):
+        req = AllToAllRequest(c, [x[o: o + k] for o, k in zip(offsets(sizes), sizes)],
+                              expect)
+    overlap.in_flight(req)
+    return am.concatenate(req.wait())

@@ -64,13 +64,13 @@ from typing import Any
 
 import numpy as np
 
-from minipar import backend, checks, overlap, spans
+from minipar import backend, checks, spans
 from minipar.collectives import allreduce, alltoall
 from minipar.collectives.ring import all_gather, reduce_scatter
 from minipar.comm.tags import dtype_code
 from minipar.comm.traced import traced
 
-__all__ = ["PAIRS", "PER_RANK", "REPLICATED", "Pair", "all_to_all", "all_to_all_rows",
+__all__ = ["PAIRS", "PER_RANK", "REPLICATED", "Pair", "all_to_all",
            "copy_to_tensor_model_parallel_region", "gather_from_sequence_parallel_region",
            "reduce_from_tensor_model_parallel_region",
            "reduce_scatter_to_sequence_parallel_region"]
@@ -197,26 +197,6 @@ def _all_to_all_reverse(comm: Any, dy: Any, op: str, split_axis: int = 2,
     """The forward's all-to-all undone (axes and sizes swapped): a permutation's inverse
     is its transpose.  Takes the forward's keywords unchanged."""
     return _all_to_all(comm, dy, op, concat_axis, split_axis, output_sizes, split_sizes)
-
-
-def all_to_all_rows(comm: Any, x: Any, op: str, split_sizes: Sequence[int],
-                    output_sizes: Sequence[int]) -> Any:
-    """The experts' all-to-all of rows (axis 0 split by ``split_sizes``, part i to rank i;
-    ``output_sizes[j]`` rows arrive from rank j, concatenated in rank order): the blocking
-    :data:`all_to_all`'s result, but **non-blocking** — posted
-    (:class:`~minipar.collectives.alltoall.AllToAllRequest`), then
-    :func:`minipar.overlap.in_flight`: inside DualPipe's overlapped pair the other
-    micro-batch computes while it travels — then waited for."""
-    c, am = traced(comm), backend.array_module(x)
-    sizes = _sizes(split_sizes, c.size, f"{op} split sizes")
-    expect = _sizes(output_sizes, c.size, f"{op} output sizes")
-    if sizes is None or expect is None or sum(sizes) != len(x):
-        raise ValueError(f"{op}: split sizes {split_sizes} must add up to the {len(x)} rows")
-    with c.operation(op):
-        req = alltoall.AllToAllRequest(c, [x[o: o + k] for o, k in
-                                           zip(spans.offsets(sizes), sizes)], expect)
-    overlap.in_flight(req)
-    return am.concatenate(req.wait())
 
 
 def _sizes(sizes: Sequence[int] | None, world: int, what: str) -> list[int] | None:

@@ -88,7 +88,10 @@ node — tensor parallelism placed across servers — gets one NIC's worth):
   each micro-batch's gradients (no full gradient buffer to accumulate in) and
   all-gathers once, (m + 1)(N−1)/N·S; ZeRO 3 all-gathers the parameters for
   every micro-batch's forward and backward and reduce-scatters its gradients,
-  3m(N−1)/N·S — the paper's 1.5 × at m = 1 (arXiv 1910.02054, §7).
+  3m(N−1)/N·S — the paper's 1.5 × at m = 1 (arXiv 1910.02054, §7).  Under
+  ``schedule=dualpipe``/``dualpipev`` S is the two stages a rank holds; DualPipe's two
+  copies are first summed over ranks s and p − 1 − s (``pp_mirror``: a 2-rank ring
+  all-reduce, S bytes), exposed after the flush like the dp reduction.
 
 MFU = model FLOPs / (step time × n × peak); HFU counts the recomputation.
 """
@@ -263,12 +266,19 @@ def axis_traffic(model: ModelSpec, lay: Layout, cluster: Cluster | None, itemsiz
     pp_bytes = pipeline_p2p_bytes_per_rank(b, s_loc, h // t, m, lay.v, e) if lay.p > 1 else 0.0
     put("pp", pp_bytes, p2p, p2p, True)
     N = lay.d * c
-    share = max(stage_param_count(model, lay.p, t, i) for i in {0, lay.p - 1}) * e
+    # the fuller end's parameters (DualPipe, DualPipe-V: the two stages a rank holds)
+    share = max(schedule_param_count(model, lay, i) for i in {0, lay.p - 1}) * e
     # ZeRO-2 as DeepSpeed: a reduce-scatter per micro-batch, the gradients never whole (minipar's
     # hybrid reduce-scatters once after the flush and holds them whole until then)
     n_rs, n_ag = {0: (1, 1), 1: (1, 1), 2: (m, 1), 3: (m, 2 * m)}[lay.zero] if N > 1 else (0, 0)
     dp_bytes = n_rs * reduce_scatter_volume(share, N) + n_ag * all_gather_volume(share, N)
     put("dp", dp_bytes, n_rs + n_ag, (n_rs + n_ag) * (N - 1), False)
+    if lay.schedule == "dualpipe":  # the two copies summed: ranks s and p - 1 - s, a ring of 2
+        out["pp_mirror"] = {"bytes": share, "messages": 2, "size": 2}
+        if cluster is not None:
+            inside = within_node(*groups["pp"], cluster.gpus_per_node)
+            out["pp_mirror"].update(seconds=2 * cluster.latency(inside) + share / group_bandwidth(
+                cluster, *groups["pp"]), within_node=inside)
     return out
 
 
@@ -446,6 +456,8 @@ def estimate(model: ModelSpec, lay: Layout, cluster: Cluster, global_batch: int,
         dp_exposed = max(dp_s / L_st, dp_s - (m if lay.zero == 2 else 1) * slow["backward"])
     else:
         dp_exposed = dp_s
+    if "pp_mirror" in traffic:  # DualPipe's copies summed after the flush, before the dp sum
+        dp_exposed += float(traffic["pp_mirror"]["seconds"])
     share = max(schedule_param_count(model, lay, i) for i in {0, p - 1})
     shard = share / N if lay.zero >= 1 else share
     optimizer = (30 * shard + 4 * share) / (cluster.hbm_bw * k["hbm_efficiency"])

@@ -125,7 +125,8 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
                 check(abs(held + act - plan["total"]) <= 0.05 * plan["total"],
                       f"{what}: memory {held + act} vs plan {plan['total']}")
         traffic = axis_traffic(model, lay, None, itemsize=8)
-        check(blocks_tp == traffic["tp"]["bytes"] or "remat" in kw,  # the plan: no remat here
+        check(blocks_tp == traffic["tp"]["bytes"] or "remat" in kw  # the plan: no remat here
+              or spec.layers % pp,  # and equal stages
               f"{what}: tp bytes {blocks_tp} vs plan {traffic['tp']['bytes']}")
         plan_pp = traffic["pp"]["bytes"] / (1 if 0 < grid.coord("pp") < pp - 1 else 2)
         if v == 1:  # the plan has no interleaving; h/t per tp rank: PTD-P's scatter/gather
@@ -246,14 +247,15 @@ def run_all() -> list[str]:
         trial(moe, 1, 2, 2, m=2)
         trial(moe, 2, 2, 1, m=2, zero=3)  # ep = 1: the experts gathered with their block
         # DeepSeek-V3's schedules with tensor parallelism inside the stages (and ZeRO-1)
-        trial(dense, 1, 2, 2, kind="dualpipe", m=4, v=2)
+        # (3 blocks: each rank's two chunks unequal, 2 blocks and 1, tp bytes per micro-batch)
+        trial(dense.with_(layers=3), 1, 2, 2, kind="dualpipe", m=4, v=2)
         trial(dense, 1, 2, 2, kind="dualpipev", m=4, v=2, zero=1)
         v3 = moe.with_(top_k=2, router="sigmoid", shared_experts=1, expert_width=24,
                        load_balance="loss-free", bias_update_rate=0.01, capacity_factor=None,
                        expert_groups=2, groups_per_token=1, seq_aux_loss_coef=0.01)
         # DeepSeek-V3's experts in a dp·ep × pp grid, on DualPipe: the dropless all-to-alls
-    # (counts first) of one micro-batch in flight while the pair's other one computes
-    trial(v3, 2, 2, 1, ep=2, kind="dualpipe", m=4, v=2)
+        # (counts first) of one micro-batch in flight while the pair's other one computes
+        trial(v3, 2, 2, 1, ep=2, kind="dualpipe", m=4, v=2)
     return bad_input(dense)
 
 

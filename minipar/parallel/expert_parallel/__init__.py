@@ -3,7 +3,7 @@
 The technique: read ``minipar/nn/moe_steps.py`` (117 code lines) for the MoE layer in
 three steps (the router, top-k and capacity C, dispatch into (E, C, d) buffers, the
 experts, combine), ``layout.py`` (11 code lines) for which experts each rank holds and
-the capacity C_j of each source, and ``layer.py`` (67 code lines) for the layer across
+the capacity C_j of each source, and ``layer.py`` (65 code lines) for the layer across
 ranks: dispatch → all-to-all to the experts' ranks → experts → the reverse all-to-all →
 combine, and the backward in the mirror order.
 

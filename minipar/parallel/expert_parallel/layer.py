@@ -16,7 +16,7 @@ of the group: experts c·E/ep … (c+1)·E/ep − 1,
     a2a #2     combine      (E/ep, Σ_j C_j, d) → (E, C_r, d)   the reverse all-to-all
     combine    (local)      y[n] = Σ_j kept · g_j · out[e_j, slot_j]
 
-The all-to-all is :func:`minipar.parallel.mappings.all_to_all_rows` with the expert axis
+The all-to-all is :func:`minipar.collectives.alltoall.all_to_all_rows` with the expert axis
 split and the capacity axis concatenated (the (E_local, G·C, d) layout of
 GShard's einsums), posted non-blocking: inside DualPipe's overlapped pair the other
 micro-batch computes while it travels (:mod:`minipar.overlap`), elsewhere the layer
@@ -67,13 +67,13 @@ from typing import Any
 import numpy as np
 
 from minipar.backend import to_host, xp
+from minipar.collectives.alltoall import all_to_all_rows
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.moe_routing import (pack, shared_backward, shared_forward, split_rows,
                                    unpack)
 from minipar.nn.moe_steps import (combine_backward, combine_forward, dispatch_backward,
                                   dispatch_forward, experts_backward, experts_forward)
 from minipar.parallel.expert_parallel.layout import expert_ids
-from minipar.parallel.mappings import all_to_all_rows
 
 __all__ = ["EPMoE", "from_experts", "to_experts"]
 

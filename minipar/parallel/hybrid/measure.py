@@ -35,6 +35,7 @@ tokens of each, h = d_model, e bytes per element, L_p my stage's blocks,
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from minipar import spans
@@ -43,24 +44,26 @@ from minipar.parallel.hybrid.layout import micro_rows
 __all__ = ["bytes_formula", "engine_bytes"]
 
 
-def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: int,
-                  sends: int, psi_stage: int, itemsize: int, zero: int = 0,
-                  cp_kind: str = "ring", gathers: int = 0,
-                  sequence_parallel: bool = False, recomputed: int = 0,
+def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int,
+                  blocks: int | Sequence[int], sends: int, psi_stage: int, itemsize: int,
+                  zero: int = 0, cp_kind: str = "ring", gathers: int = 0,
+                  sequence_parallel: bool = False, recomputed: int | Sequence[int] = 0,
                   units: Any = None, cp_ulysses: int = 0,
                   reshard: bool = True) -> dict[str, int]:
     """Exact bytes per step rank ``coords`` sends on tp, pp_p2p, dp/edp and cp (module doc).
 
     ``lay``: the grid's :class:`~minipar.comm.topology.Layout` (sizes dp, pp, cp, tp).
 
-    ``blocks``: transformer blocks of my stage; ``sends``: activations and gradients my
+    ``blocks``: transformer blocks of my stage (or a list: the blocks micro-batch i runs
+    through, DualPipe's two chunks of unequal stages); ``sends``: activations and gradients my
     stage sends per micro-batch; ``psi_stage``: elements of my stage's parameters;
     ``gathers``: receives per micro-batch under PTD-P's scatter/gather (0: off): each send
     then carries b_i·s_c·h/t elements, and each receive costs one all-gather on tp;
     ``sequence_parallel``: each send is my sequence shard, b_i·(s/t)·h, nothing gathered (the
     blocks' all-gathers and reduce-scatters send what f and g's all-reduces would);
     ``reshard``: ZeRO-3 reshards after forward (False: each unit gathered once a step);
-    ``recomputed``: blocks whose forward runs again in backward (remat), each again
+    ``recomputed``: blocks whose forward runs again in backward (remat; or per micro-batch,
+    as ``blocks``), each again
     sending its forward traffic: 2 more all-reduces on tp, the forward ring on cp;
     ``units`` (ZeRO-3): ([lo, hi) of each unit of my stage in its flat buffer, those of
     the units remat recomputes) — each unit's all-gather is cut at the shard borders."""
@@ -74,8 +77,10 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
     rows = micro_rows(spec, lay.dp, coords["dp"], m)
     s, h, t, P = spec.seq, spec.d_model, lay.tp, lay.cp
     out = {"tp": 0, "pp_p2p": 0, "dp": 0, "edp": 0, "cp": 0}
-    for b in rows:
-        out["tp"] += (4 * blocks + 2 * recomputed) * allreduce_bytes_sent(
+    per_mb = [blocks] * m if isinstance(blocks, int) else list(blocks)
+    again_mb = [recomputed] * m if isinstance(recomputed, int) else list(recomputed)
+    for b, nb, nr in zip(rows, per_mb, again_mb):
+        out["tp"] += (4 * nb + 2 * nr) * allreduce_bytes_sent(
             b * (s // P) * h, itemsize, t, coords["tp"], "ring")
         act = b * (s // P) * h
         if sequence_parallel:
@@ -91,19 +96,19 @@ def bytes_formula(spec: Any, lay: Any, coords: dict[str, int], m: int, blocks: i
             kv = max(spec.config().n_kv_head // t, 1)  # my tensor slice's key/value heads
             dkv = kv * (h // spec.heads)
             if cp_kind == "ring":
-                out["cp"] += ((blocks + recomputed) * cpm.ring_forward_bytes(
+                out["cp"] += ((nb + nr) * cpm.ring_forward_bytes(
                     b, s, h // t, P, itemsize, dkv)
-                    + blocks * cpm.ring_backward_bytes(b, s, h // t, P, itemsize, dkv=dkv))
+                    + nb * cpm.ring_backward_bytes(b, s, h // t, P, itemsize, dkv=dkv))
             elif cp_kind == "usp":
                 parts = cpm.usp_bytes_per_rank(b, s, h // t, spec.heads // t, kv, cp_ulysses,
                                                P // cp_ulysses, coords["cp"], itemsize).values()
-                out["cp"] += sum((blocks + recomputed) * f["forward"] + blocks * f["backward"]
+                out["cp"] += sum((nb + nr) * f["forward"] + nb * f["backward"]
                                  for f in parts)
             elif cp_kind == "allgather":
                 ag = cpm.allgather_bytes_per_rank(b, s, dkv, P, coords["cp"], itemsize)
-                out["cp"] += (blocks + recomputed) * ag["forward"] + blocks * ag["backward"]
+                out["cp"] += (nb + nr) * ag["forward"] + nb * ag["backward"]
             else:
-                out["cp"] += (2 * blocks + recomputed) * cpm.ulysses_bytes_per_rank(
+                out["cp"] += (2 * nb + nr) * cpm.ulysses_bytes_per_rank(
                     b, s, h // t, spec.heads // t, P, coords["cp"], itemsize, kv)
     n = lay.dp * lay.cp
     axis = "dp" if lay.cp == 1 else "edp"
@@ -150,9 +155,19 @@ def engine_bytes(engine: Any) -> dict[str, int]:
 
     h, model = engine, engine.stage_model
     units = h.units  # in the stage buffer's order (DualPipe: the model's)
-    blocks = sum(u.name.startswith("block") for u in units)
-    if h.place == "dual":  # DualPipe: a micro-batch runs one of my two chunks (equal stages)
-        blocks //= 2
+    again = h.stage_memory.recomputed_units()
+
+    def count(us: Any) -> int:
+        return sum(u.name.startswith("block") for u in us)
+
+    blocks: Any = count(units)
+    recomputed: Any = count(again)
+    if h.place == "dual":  # DualPipe: micro-batch i < m/2 runs my chunk 0, the rest chunk 1
+        half = h.m // 2
+        blocks = [count(h.chunk_units[i >= half]) for i in range(h.m)]
+        again_names = {u.name for u in again}
+        recomputed = [count(u for u in h.chunk_units[i >= half] if u.name in again_names)
+                      for i in range(h.m)]
     toward = {SendAct: 1, RecvGrad: 1, SendGrad: -1, RecvAct: -1}
 
     def remote(i: Any) -> bool:  # zb-v's turn on rank p - 1 is a local hand-off: no bytes
@@ -161,13 +176,12 @@ def engine_bytes(engine: Any) -> dict[str, int]:
 
     sends, recvs = ((sum(isinstance(i, k) and remote(i) for i in h.instructions) // h.m
                      if h.p > 1 else 0) for k in ((SendAct, SendGrad), (RecvAct, RecvGrad)))
-    again = h.stage_memory.recomputed_units()
     at = dict(zip((u.name for u in units), unit_spans(units, h.stage_layout)))
     zero = h.sync.stage if isinstance(h.sync, ZeroSync) else 0
     gathers = recvs if isinstance(h.wire, ScatterGather) else 0
     coords = {a: h.grid.coord(a) for a in ("dp", "pp", "cp", "tp")}
     return bytes_formula(h.spec, h.grid.layout, coords, h.m, blocks, sends,
                          h.stage_layout.size, h.states.params.itemsize, zero, model.cp_kind,
-                         gathers, model.sp, sum(u.name.startswith("block") for u in again),
+                         gathers, model.sp, recomputed,
                          (list(at.values()), [at[u.name] for u in again]), model.cp_ulysses,
                          getattr(h.sync, "reshard", True))

@@ -37,7 +37,7 @@ bytes kept only for W (``w_peak_bytes``).
 **DualPipe's pairs, overlapped** (DeepSeek-V3, arXiv 2412.19437, §3.2.1).  A
 :class:`~.stage_loop.ForwardBackward` runs as a :class:`minipar.overlap.Pair`: its forward
 computes until it starts an experts' all-to-all (non-blocking:
-:func:`minipar.parallel.mappings.all_to_all_rows`) and hands the core to its backward, which
+:func:`minipar.collectives.alltoall.all_to_all_rows`) and hands the core to its backward, which
 computes until it starts one of its own and hands back; each waits for its message only
 when it resumes.  The pair's pipeline receives are posted before it, its forward's send
 started before its backward (``_overlap_plan``); every message in flight, sends, receives
