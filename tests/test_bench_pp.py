@@ -43,6 +43,7 @@ def test_the_text_view(capsys: pytest.CaptureFixture[str]) -> None:
     (["--layers", "1"], "2 stages but the model has only 1 layer:"),
     (["--micro-batches", "0"], "--micro-batches"),
     (["--micro-batches", "9", "--batch", "8"], "m=9 micro-batches"),
+    (["--ep", "2", "--experts", "3"], "--ep 2 must divide --experts 3"),
 ])
 def test_bad_options_are_one_line_and_exit_2(args: list[str], words: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,11 +78,17 @@ def test_zero_bubble_text_names_table_2(capsys: pytest.CaptureFixture[str]) -> N
 def test_dualpipe_against_1f1b_and_zb_h1_with_the_hidden_fraction(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``--schedule dualpipe`` (DeepSeek-V3): beside 1F1B and ZB-H1 in the same launch, each
-    with the share of its message time hidden behind computing (``hidden_fraction``)."""
+    with the share of its message time hidden behind computing (``hidden_fraction``); with
+    experts over ep 2 pipeline replicas, the experts' all-to-all in it and alone
+    (``hidden_fraction_a2a``): DualPipe's pair takes turns, 1F1B and ZB-H1 have no pair."""
     assert bench_pp.main([*TINY, "--schedule", "dualpipe", "--micro-batches", "4",
-                          "--json"]) == 0
+                          "--experts", "4", "--ep", "2", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["chunks"] == 2 and set(row["baselines"]) == {"1f1b", "zb-h1"}
-    for h in (row["hidden_fraction"], *(b["hidden_fraction"] for b in row["baselines"].values())):
-        assert h is None or 0 <= h <= 1
+    for b in (row, *row["baselines"].values()):
+        for h in (b["hidden_fraction"], b["hidden_fraction_a2a"]):
+            assert 0 <= h <= 1  # both send: the pipeline's messages, the all-to-alls
     assert all(b["pp_s"] > 0 for b in row["baselines"].values())
+    assert row["overlapped_pairs"] == 1  # m = 4 on 2 ranks: one pair per rank and step
+    assert [b["overlapped_pairs"] for b in row["baselines"].values()] == [0, 0]
+    assert row["ep"] == 2 and row["bytes_a2a_per_step"] > 0

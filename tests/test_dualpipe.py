@@ -180,3 +180,19 @@ def test_bubble_from_a_recorded_dualpipe_step(tmp_path: Path,
     assert s["source"] == "run" and s["schedule"] == "dualpipe" and s["pp"] == 4
     assert s["costs"]["F"] == pytest.approx(0.001) and s["costs"]["B"] == pytest.approx(0.002)
     assert max(s["idle_per_rank"]) == pytest.approx(s["formula_value"]) == pytest.approx(0.002)
+
+
+def test_run_pp_prints_the_figure_of_its_own_schedule():
+    """``run pp``'s p2p figure is counted from the schedule: DualPipe sends 2·m on a middle
+    rank (each micro-batch runs one of its two chunks), not the 1F1B paper's 2·m·v = 4·m;
+    DualPipe-V and ZB-V 4·m (the turn at rank p − 1 is a hand-off in memory); 1F1B 2·m and
+    interleaved 2·m·v, the plan's figure."""
+    from minipar.plan.pipeline import pipeline_p2p_bytes_per_rank
+    from minipar.run.pp import schedule_sends
+
+    p, m = 4, 8
+    assert schedule_sends("dualpipe", p, m, 2) == [m, 2 * m, 2 * m, m]
+    assert schedule_sends("dualpipev", p, m, 2) == [2 * m, 4 * m, 4 * m, 2 * m]
+    assert schedule_sends("zb-v", p, m, 2) == [2 * m, 4 * m, 4 * m, 2 * m]
+    for kind, v in (("1f1b", 1), ("interleaved", 2)):
+        assert max(schedule_sends(kind, p, m, v)) == pipeline_p2p_bytes_per_rank(1, 1, 1, m, v, 1)

@@ -31,6 +31,12 @@ dedicated machine, measured.  The serial step is also timed as m micro-batches
 with their gradients added (the pipeline's own arithmetic): on a CPU a
 micro-batch's activations fit the caches better than the whole batch's, which
 the pipeline gains as well, and this second ratio leaves that gain out.
+
+``--experts E --ep K`` (a mixture of experts over K pipeline replicas, the hybrid's EP
+stages: -n × K ranks): the experts' all-to-all joins the messages of ``hidden_fraction``
+and is reported alone (``hidden_fraction_a2a``, with ``overlapped_pairs``): in DualPipe's
+overlapped pair one micro-batch's all-to-all travels while the other computes; 1F1B and
+ZB-H1, run beside it, wait for theirs.
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ def _spec(o: dict[str, Any]) -> Any:
 
     return RunSpec(vocab=o["vocab"], seq=o["seq"], d_model=o["d_model"], layers=o["layers"],
                    heads=o["heads"], batch=o["batch"], steps=o["steps"] + 1, lr=1e-3,
-                   precision=o["precision"])
+                   precision=o["precision"], experts=o.get("experts", 0),
+                   top_k=o.get("top_k", 1))
 
 
 def _serial(spec: Any, steps: int, m: int) -> dict[str, float]:
@@ -111,21 +118,24 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
         return _serial(spec, o["steps"], o["micro_batches"])
     from minipar.comm import TracedComm
     from minipar.comm.topology import Grid
+    from minipar.parallel.hybrid.engine import build
     from minipar.parallel.pipeline.engine import PipelineParallel
     from minipar.parallel.pipeline.measure import measured_bubble, rebuild
     from minipar.parallel.pipeline.simulate import COMPUTE_WHAT
 
-    grid = Grid(TracedComm(), pp=o["ranks"])
+    ep = o.get("ep", 1)  # the experts over ep pipeline replicas: the hybrid's EP stages
+    grid = Grid(TracedComm(), pp=o["ranks"], dp=ep, ep=ep)
     out: dict[str, Any] = {}
     # the schedule asked for, and 1F1B on the same model in the same launch (the baseline)
     also = ("1f1b", "zb-h1") if o["schedule"] in DUALPIPE else ("1f1b",)
     for kind in dict.fromkeys((o["schedule"], *also)):
         v = _chunks(kind, o.get("chunks"))
-        before = grid.bytes_by_axis()["pp_p2p"]
-        pp = PipelineParallel(grid, spec, kind, o["micro_batches"], v)
+        before, a2a_before = grid.bytes_by_axis()["pp_p2p"], grid.bytes_by_axis()["ep"]
+        pp = (build(spec, grid, schedule=kind, micro_batches=o["micro_batches"], chunks=v)
+              if ep > 1 else PipelineParallel(grid, spec, kind, o["micro_batches"], v))
         t = measure_step_time(lambda s, pp=pp: pp.step(spec.batch_at(s)), o["steps"],
                               grid.world)
-        bubbles, work, spans, hidden = [], [], [], []
+        bubbles, work, spans, hidden, hidden_a2a = [], [], [], [], []
         args = (kind, o["ranks"], o["micro_batches"], v)
         for s in range(1, len(pp.records)):  # the timed steps (after the warm-up)
             recs = pp.gather_records(s)
@@ -141,6 +151,7 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
             spans.append(max(r.end for r in dedicated) - min(r.start for r in dedicated))
             bubbles.append(b)
             hidden.append(grid.world.comm.allgather(pp.hidden_fraction(s)))
+            hidden_a2a.append(grid.world.comm.allgather(pp.hidden_fraction(s, a2a=True)))
             work.append([sum(r.end - r.start for r in cpu if r.stage == st
                              and r.what in COMPUTE_WHAT) for st in range(o["ranks"])])
         w_peak = grid.world.comm.allgather(pp.w_peak_bytes)
@@ -151,6 +162,10 @@ def _worker(o: dict[str, Any]) -> dict[str, Any] | None:
                                          for st in range(o["ranks"])],
                      "w_peak_bytes": w_peak, "activation_peak_bytes": act,
                      "hidden_fraction": _hidden(hidden),
+                     "hidden_fraction_a2a": _hidden(hidden_a2a),
+                     "overlapped_pairs": pp.overlapped_pairs[-1],
+                     "bytes_a2a_per_step": (grid.bytes_by_axis()["ep"] - a2a_before)
+                     / len(pp.records),
                      "bytes_p2p_per_step": (grid.bytes_by_axis()["pp_p2p"] - before)
                      / len(pp.records)}
         del pp
@@ -167,6 +182,11 @@ def _hidden(steps: list[list[float | None]]) -> float | None:
     return statistics.median(means) if means else None
 
 
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The median of ``key`` over the rounds that sent something (None: none did)."""
+    return statistics.median([r[key] for r in rows if r[key] is not None] or [None])
+
+
 def run_bench(o: dict[str, Any]) -> dict[str, Any]:
     """Serial and pipeline launches, alternating ``o["rounds"]`` times; the figures."""
     from minipar import launch
@@ -174,7 +194,7 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, list[dict[str, Any]]] = {"serial": [], "pp": []}
     load0 = os.getloadavg()[0]
     for _ in range(o["rounds"]):
-        for mode, n in (("serial", 1), ("pp", o["ranks"])):
+        for mode, n in (("serial", 1), ("pp", o["ranks"] * o.get("ep", 1))):
             row, _ = launch.run_json(n, "minipar.bench.pp", {**o, "mode": mode}, check=True,
                                      timeout=o["timeout"])
             res[mode].append(row)
@@ -218,13 +238,16 @@ def run_bench(o: dict[str, Any]) -> dict[str, Any]:
                 "bubble_rebuilt_cpu_compute": base_med["rebuilt_cpu_compute"],
                 "bubble_formula": base_med["formula"],
                 "activation_peak_bytes": base[0]["activation_peak_bytes"]},
-            "hidden_fraction": statistics.median(
-                [r["hidden_fraction"] for r in res["pp"] if r["hidden_fraction"] is not None]
-                or [None]),
+            "hidden_fraction": _median(res["pp"], "hidden_fraction"),
+            "hidden_fraction_a2a": _median(res["pp"], "hidden_fraction_a2a"),
+            "overlapped_pairs": best["overlapped_pairs"], "ep": o.get("ep", 1),
+            "experts": o.get("experts", 0), "bytes_a2a_per_step": best["bytes_a2a_per_step"],
             "baselines": {k: {"pp_s": min(r[key]["seconds"] for r in res["pp"]),
-                              "hidden_fraction": statistics.median(
-                                  [r[key]["hidden_fraction"] for r in res["pp"]
-                                   if r[key]["hidden_fraction"] is not None] or [None])}
+                              "hidden_fraction": _median([r[key] for r in res["pp"]],
+                                                         "hidden_fraction"),
+                              "hidden_fraction_a2a": _median([r[key] for r in res["pp"]],
+                                                             "hidden_fraction_a2a"),
+                              "overlapped_pairs": res["pp"][0][key]["overlapped_pairs"]}
                           for k, key in (("1f1b", "baseline"), ("zb-h1", "baseline_zb"))
                           if all(r.get(key) for r in res["pp"])},
             "stage_compute_s": best["stage_compute_s"],
@@ -249,6 +272,15 @@ def _parser() -> ArgumentParser:
                    help="model chunks per rank: interleaved (default 2); zb-v has 2")
     p.add_argument("--rounds", type=integer(1), default=2,
                    help="alternating serial/pipeline rounds (default %(default)s)")
+    p.add_argument("--experts", type=integer(0), default=0, metavar="E",
+                   help="experts per block, a mixture of experts (default 0: dense)")
+    p.add_argument("--top-k", type=integer(1), default=1, metavar="K",
+                   help="with --experts: experts per token (default %(default)s)")
+    p.add_argument("--ep", type=integer(1), default=1,
+                   help="with --experts: expert parallelism over EP pipeline replicas, "
+                        "-n x EP ranks (default 1: the experts in each stage); the "
+                        "experts' all-to-all is in hidden_fraction, and alone in "
+                        "hidden_fraction_a2a")
     return p
 
 
@@ -257,13 +289,21 @@ def check_options(o: dict[str, Any]) -> None:
     from minipar.parallel.pipeline.partition import check_pipeline
 
     spec = _spec(o)
+    ep = o.get("ep", 1)
+    if ep > 1 and (not o.get("experts") or o["experts"] % ep):
+        raise ValueError(f"--ep {ep} must divide --experts {o.get('experts', 0)} (each "
+                         "expert-parallel rank holds E/ep experts; try --experts "
+                         f"{2 * ep} --ep {ep})")
+    if o.get("top_k", 1) > max(o.get("experts", 0), 1):
+        raise ValueError(f"--top-k {o['top_k']} is more than --experts {o.get('experts', 0)}")
     if o.get("chunks") is not None and o["schedule"] != "interleaved":
         raise ValueError(f"--chunks is for --schedule interleaved (zb-v has 2 chunks, the "
                          f"others 1), not {o['schedule']}")
+    rows = spec.batch // ep  # a pipeline replica's rows
     check_pipeline(spec.layers, o["ranks"], o["micro_batches"], o["schedule"],
-                   _chunks(o["schedule"], o.get("chunks")), rows=spec.batch)
+                   _chunks(o["schedule"], o.get("chunks")), rows=rows)
     if o["schedule"] != "1f1b":  # the baseline run in the same launch
-        check_pipeline(spec.layers, o["ranks"], o["micro_batches"], "1f1b", rows=spec.batch)
+        check_pipeline(spec.layers, o["ranks"], o["micro_batches"], "1f1b", rows=rows)
 
 
 def main(argv: list[str]) -> int:
@@ -344,6 +384,17 @@ def main(argv: list[str]) -> int:
               f"; {k}: {v['pp_s']:.3f} s/step, hidden " + (
                   "-" if v["hidden_fraction"] is None else f"{v['hidden_fraction']:.2f}")
               for k, v in row["baselines"].items()))
+    if row["ep"] > 1:
+        def share(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f}"
+        print(f"the experts' all-to-all alone ({row['experts']} experts over ep {row['ep']}, "
+              f"{row['bytes_a2a_per_step']:,.0f} bytes per step from rank 0): hidden "
+              f"{share(row['hidden_fraction_a2a'])} with {row['overlapped_pairs']} overlapped "
+              "pairs taking turns per step" + "".join(
+                  f"; {k}: {share(v['hidden_fraction_a2a'])}"
+                  for k, v in row["baselines"].items())
+              + " (one micro-batch's all-to-all in flight while the pair's other computes; "
+                "outside a pair the layer waits for it)")
     print("compute per stage per step (CPU s): "
           + ", ".join(f"{x:.3f}" for x in row["stage_compute_s"])
           + f"; {row['bytes_p2p_per_step']:,.0f} bytes point-to-point sent by rank 0 per step; load "

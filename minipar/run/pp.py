@@ -26,7 +26,10 @@ al. 2018, arXiv 1811.06965; 1F1B and interleaved, Narayanan et al. 2021, arXiv
   ``in_flight_per_stage`` (micro-batches held at the peak);
 * ``bytes_by_axis``: bytes per step each rank sent on ``pp_p2p`` (activations and
   their gradients) and ``dp`` (gradient all-reduce across pipeline replicas), the
-  point-to-point bytes next to their exact figure and the plan's 2·m·v·b·s·h·bytes.
+  point-to-point bytes next to their exact figure and the schedule's figure: the busiest
+  stage's sends counted from its instruction lists times b·s·h·bytes (1F1B 2·m, the
+  plan's 2·m·v·b·s·h·bytes for interleaving; DualPipe 2·m, DualPipe-V and ZB-V 4·m on a
+  middle stage: :func:`schedule_sends`).
 """
 
 from __future__ import annotations
@@ -175,7 +178,6 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
     from minipar.parallel.pipeline.partition import chunk_units
     from minipar.parallel.pipeline.measure import in_flight
     from minipar.parallel.pipeline.schedule import stage_schedule
-    from minipar.plan.pipeline import pipeline_p2p_bytes_per_rank
     from minipar.run.ep import balance_of, balance_report
 
     p, dp = grid.size("pp"), grid.size("dp")
@@ -200,7 +202,8 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
     stages = sorted((e for e in everyone if e["replica"] == 0), key=lambda e: e["stage"])
     itemsize = pp.act_dtype.itemsize
     rows = spec.batch / dp / m
-    formula = pipeline_p2p_bytes_per_rank(1, spec.seq, spec.d_model, m, v, itemsize) * rows
+    sends = max(schedule_sends(kind, p, m, v))  # the busiest stage's, from the schedule
+    formula = sends * rows * spec.seq * spec.d_model * itemsize
     notes = [(f"grid dp {dp} x pp {p}; schedule {kind}, m = {m} micro-batch{'es' * (m != 1)}"
               + (f", v = {v} chunks per stage" if v > 1 else "")
               + f"; blocks per {'virtual ' if v > 1 else ''}stage {pp.balance}"),
@@ -275,7 +278,7 @@ def report(pp: Any, grid: Any, options: dict[str, Any], spec: Any,
         "bytes_exact_per_rank": [e["exact"] for e in everyone],
         "bytes_exact_text": "activations forward + their gradients backward, every send",
         "bytes_formula": formula,
-        "bytes_formula_text": "2·m·v·b·s·h x bytes, a middle stage's (the first and last send less)",
+        "bytes_formula_text": _figure_text(kind, p, m, v, sends),
         "model_state_bytes_per_rank": [e["held"] for e in everyone],
         "records": [list(r) for r in records],
         "hidden_fraction_per_rank": hidden,
@@ -299,6 +302,32 @@ def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
          for st, a, b in summary.get("messages_in_flight", [])]
     return events + pipeline_events(flights, pid=1, name="messages in flight (sends and "
                                     "receives, from post to completion; hidden_fraction)")
+
+
+def schedule_sends(kind: str, p: int, m: int, v: int = 1) -> list[int]:
+    """Per stage, the activations and gradients it sends to another rank per step, counted
+    from ``kind``'s instruction lists (a hand-off to itself not counted): 1F1B and GPipe
+    2·m on a middle stage, interleaved 2·m·v, DualPipe 2·m (each micro-batch runs one of a
+    rank's two chunks), DualPipe-V and ZB-V 4·m."""
+    from minipar.parallel.pipeline.schedule import placement, stage_schedule
+    from minipar.parallel.pipeline.simulate import message_key
+    from minipar.parallel.pipeline.stage_loop import SendAct, SendGrad, rank_of
+
+    place = placement(kind)
+    return [sum(isinstance(i, (SendAct, SendGrad))
+                and rank_of(message_key(i, st, p, place)[3], p, place) != st
+                for i in stage_schedule(kind, st, p, m, v)) if p > 1 else 0 for st in range(p)]
+
+
+def _figure_text(kind: str, p: int, m: int, v: int, sends: int) -> str:
+    """The figure's formula in words: what the schedule sends on its busiest stage."""
+    why = {"dualpipe": "DualPipe: each micro-batch runs one of a rank's two chunks",
+           "dualpipev": "DualPipe-V: the V's two chunks, the turn at rank p − 1 in memory",
+           "zb-v": "ZB-V: the V's two chunks, the turn at rank p − 1 in memory",
+           "interleaved": "interleaved 1F1B: v chunks per rank (Narayanan et al. 2021)"}
+    return (f"{sends} sends (= {sends / m:g}·m) of b·s·h x bytes, the busiest stage's, counted "
+            f"from the {kind} schedule" + (f" ({why[kind]})" if kind in why else
+                                          " (a middle stage's; the first and last send less)"))
 
 
 def _exact_p2p(pp: Any) -> int:
