@@ -520,3 +520,80 @@ def test_zero1_step_wrong_solutions_are_caught(file: str, n: int, check_name: st
     assert hit, report.text()
     for w in words:
         assert w in hit[0].detail, report.text()
+
+
+# ------------------------------------------------------------------ ZeRO++
+@pytest.mark.parametrize("n", WORLDS)
+def test_zeropp_equals_its_serial_arithmetic_bit_for_bit(n: int) -> None:
+    """Every ZeRO++ part alone, all three, all three with prefetch 2: the final parameters
+    and every loss have the bits of the serial run that quantizes the same blocks of the
+    same N shards and adds in the same order; the unquantized serial run is some distance
+    away (quantization changes the training; a number, not a verdict); nothing left in
+    flight."""
+    res = zero_check(n)["zeropp"]
+    assert sorted(res) == ["hpz", "qgz", "qwz", "qwz+hpz+qgz", "qwz+hpz+qgz,prefetch 2"]
+    for case, r in res.items():
+        assert r["bitwise"], (n, case, r)
+        assert all(row["idle"] == [0, 0] for row in r["ranks"])
+        if n > 1 and case != "hpz":  # hpZ alone quantizes nothing: the ring's sums
+            assert r["from_serial"] > 1e-6, (case, r["from_serial"])
+        else:
+            assert r["from_serial"] < 1e-12, (case, r["from_serial"])
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_zeropp_bytes_equal_the_formulas_inside_and_across_nodes(n: int) -> None:
+    """Bytes each rank sends per step, counted (all; to its own node; to other nodes by
+    each peer's host) equal zeropp_exact_bytes, and ZeRO++ sends fewer than ZeRO-3."""
+    for case, r in zero_check(n)["zeropp"].items():
+        for row in r["ranks"]:
+            ex = row["exact_split"]
+            assert row["sent"] == row["exact"] == ex["total"], (n, case, row)
+            assert (row["intra"], row["inter"]) == (ex["intra"], ex["inter"]), (n, case, row)
+            if n > 1 and case != "hpz":
+                assert ex["total"] < row["zero3"]["total"]
+            if n == 4 and "qwz+hpz+qgz" in case:  # two nodes: the traffic across is cut
+                assert ex["inter"] < row["zero3"]["inter"] / 4 or row["zero3"]["inter"] == 0
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_hpz_holds_its_secondary_partition(n: int) -> None:
+    """hpZ keeps every unit's slice of the node partition from its forward to its backward:
+    at most Ψ/K elements (C'_k, array_split rule) x b bytes per rank, exactly."""
+    for case, r in zero_check(n)["zeropp"].items():
+        for row in r["ranks"]:
+            want = row["secondary_formula"] if "hpz" in case else 0
+            assert row["secondary"] == want, (n, case, row)
+
+
+def test_zeropp_formulas_against_the_exact_figures() -> None:
+    """The paper's volumes (zeropp_formula_bytes) equal the exact per-unit sums where every
+    unit splits evenly and its blocks are whole; in the run's dtype (float64: b = 8)."""
+    from minipar.parallel.zero.measure import zeropp_exact_bytes, zeropp_formula_bytes
+
+    spans = [(0, 4096), (4096, 8192)]
+    for n, k in ((4, 2), (2, 1), (2, 2), (4, 4), (4, 1)):
+        for parts in ((), ("qwz",), ("hpz",), ("qgz",), ("qwz", "hpz", "qgz")):
+            f = zeropp_formula_bytes(8192, n, k, parts, 64, 8)
+            ex = [zeropp_exact_bytes(spans, n, k, r, parts, 64, 8)["total"] for r in range(n)]
+            assert all(e == f["total"] for e in ex), (n, k, parts, f, ex)
+    z3 = zeropp_formula_bytes(8192, 4, 2, (), 64, 8)
+    zpp = zeropp_formula_bytes(8192, 4, 2, ("qwz", "hpz", "qgz"), 64, 8)
+    assert z3["total"] == 3 * 8192 * 3 / 4 * 8  # ZeRO-3's 3Ψ(N-1)/N x b
+    assert zpp["inter"] == 8192 * 3 / 4 * (1 + 8 / 64) + 8192 / 4 * (0.5 + 8 / 64)
+
+
+def test_zeropp_options_are_refused_in_one_line() -> None:
+    from minipar.parallel.zero.engine import PARTS, ZEROPP_BLOCK, ZeRO
+    from minipar.run import zero as run_zero
+
+    assert (run_zero.ZEROPP_PARTS, run_zero.ZEROPP_BLOCK) == (PARTS, ZEROPP_BLOCK)
+    spec = RunSpec()
+    for options, words in (({"stage": 2, "zeropp": "qwz"}, "ZeRO-3's"),
+                           ({"stage": 3, "zeropp": "qwz,fast"}, "qwz, hpz, qgz"),
+                           ({"stage": 3, "zeropp": "qwz", "zeropp_block": 0}, "--zeropp-block"),
+                           ({"stage": 3, "zeropp": "hpz", "reshard_after_forward": False},
+                            "--no-reshard-after-forward"),
+                           ({"stage": 3, "zeropp": "qgz", "remat": 1}, "--remat")):
+        with pytest.raises(ValueError, match=words):
+            ZeRO(one_rank(), spec, **options)

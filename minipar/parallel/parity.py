@@ -128,6 +128,7 @@ class Verdict:
     param_gap: float = math.nan  # max_param_diff / distance trained (or / max|θ_ser|)
     loss_gap: float = math.nan  # max_loss_diff / max_t |ℓ_ser,t|
     yardstick: str = "distance trained"  # what param_gap is relative to
+    against: str = "the serial run"  # the reference (ZeRO++: the serial ZeRO++ arithmetic)
 
     @property
     def ok(self) -> bool:
@@ -144,6 +145,9 @@ class Verdict:
         word = "equal to" if self.status == EQUAL else "DIFFERENT from"
         worse = (f"; losses {_g(self.loss_gap)} of the loss"
                  if self.loss_gap > self.tolerance else "")
+        if self.tolerance == 0.0:  # a reference that repeats the run's arithmetic
+            return (f"{head}{word} {self.against}, bit for bit (max |diff| "
+                    f"{_g(self.max_param_diff)}, losses {_g(self.max_loss_diff)})")
         return (f"{head}{word} the serial run (max |diff| {_g(self.max_param_diff)}, "
                 f"{_g(self.param_gap)} of the {self.yardstick}{worse}; "
                 f"tolerance {_g(self.tolerance)})")
@@ -209,6 +213,21 @@ def compare(losses: Any, serial_losses: Any, params: Any, serial_params: Any,
                        f"the loss); rerun with --steps {h} or fewer to compare", **args)
     return Verdict(DIFFERENT, f"param gap {_g(param_gap)} or loss gap {_g(loss_gap)} "
                               f"> tolerance {_g(tolerance)}", **args)
+
+
+def bitwise(losses: Any, ref_losses: Any, params: Any, ref_params: Any, against: str) -> Verdict:
+    """The verdict of a run against a reference that repeats its arithmetic exactly
+    (``against`` names it: ZeRO++'s quantized sums, :mod:`minipar.parallel.zero.oracle`):
+    "equal" only when every loss and parameter has the same bits, tolerance 0."""
+    loss, ref_loss = _flat(losses, "losses"), _flat(ref_losses, "reference losses")
+    p, ref_p = _flat(params, "params"), _flat(ref_params, "reference params")
+    if (loss.size, p.size) != (ref_loss.size, ref_p.size):
+        raise ValueError(f"{loss.size} losses and {p.size} parameters against "
+                         f"{ref_loss.size} and {ref_p.size}: not the same run")
+    same = bool(np.array_equal(loss, ref_loss) and np.array_equal(p, ref_p))
+    return Verdict(EQUAL if same else DIFFERENT,
+                   f"{'the same' if same else 'not the same'} bits as {against}",
+                   _max_abs(p - ref_p), _max_abs(loss - ref_loss), 0.0, against=against)
 
 
 def not_comparable(reason: str, losses: Any = None, serial_losses: Any = None,

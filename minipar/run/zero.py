@@ -40,6 +40,10 @@ from minipar.cli.options import integer
 #: them would start MPI; a test checks that the copies agree)
 STAGES = (0, 1, 2, 3)
 ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
+#: ZeRO++'s parts and its default block (:data:`minipar.parallel.zero.zeropp.PARTS`,
+#: :data:`minipar.parallel.zero.engine.ZEROPP_BLOCK`; copies, checked by a test)
+ZEROPP_PARTS = ("qwz", "hpz", "qgz")
+ZEROPP_BLOCK = 256
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,9 +60,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         action="store_false",
                         help="stage 3: keep each unit gathered from its forward to its "
                              "backward (FSDP2; one all-gather fewer per step, Ψ held)")
+    parser.add_argument("--zeropp", default=None, metavar="PARTS",
+                        help="stage 3: ZeRO++'s parts, comma-separated: qwz (int8 weight "
+                             "all-gather), hpz (backward all-gather inside the node, --node K), "
+                             "qgz (int4 hierarchical gradient all-to-all); default: none")
+    parser.add_argument("--zeropp-block", type=integer(1), default=ZEROPP_BLOCK, metavar="B",
+                        help=f"ZeRO++'s quantization block: elements per scale "
+                             f"(default {ZEROPP_BLOCK})")
     from minipar.run import remat_offload
 
     remat_offload.add_arguments(parser, optimizer=True)
+
+
+def zeropp_parts(text: Any) -> tuple[str, ...]:
+    """``--zeropp``'s parts, in ZeRO++'s order; ValueError naming an unknown one."""
+    names = [p.strip() for p in (text or "").split(",") if p.strip()]
+    for p in names:
+        if p not in ZEROPP_PARTS:
+            raise ValueError(f"--zeropp: unknown part {p!r}; parts: {', '.join(ZEROPP_PARTS)} "
+                             "(any subset, comma-separated)")
+    if text is not None and not names:
+        raise ValueError(f"--zeropp needs at least one part of {', '.join(ZEROPP_PARTS)}")
+    return tuple(p for p in ZEROPP_PARTS if p in names)
 
 
 def check(options: dict[str, Any], spec: Any) -> None:
@@ -75,6 +98,18 @@ def check(options: dict[str, Any], spec: Any) -> None:
         if on and stage != 3:
             raise ValueError(f"{flag} is stage 3's (parameters gathered unit by unit); "
                              f"got --stage {stage}: add --stage 3")
+    if zeropp_parts(options.get("zeropp")):
+        if stage != 3:
+            raise ValueError(f"--zeropp is ZeRO-3's (it changes stage 3's all-gathers and "
+                             f"reduce-scatter); got --stage {stage}: add --stage 3")
+        if keep:
+            raise ValueError("--zeropp with --no-reshard-after-forward: ZeRO++ changes the "
+                             "backward all-gather that this option removes; drop one of them")
+        if options.get("remat") is not None or options.get("offload") is not None:
+            raise ValueError("--zeropp with --remat or --offload is not built (ZeRO++ plans "
+                             "its walk from the start); drop --remat/--offload")
+    elif options.get("zeropp_block", ZEROPP_BLOCK) != ZEROPP_BLOCK:
+        raise ValueError("--zeropp-block is ZeRO++'s quantization block: add --zeropp PARTS")
     from minipar.run import remat_offload
 
     remat_offload.check(options, spec)
@@ -90,8 +125,9 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
     return {"stage": options.get("stage", 1), "allreduce": options.get("allreduce", "auto"),
             "timeline": options.get("stage", 1) == 3,
             **{k: options[k] for k in ("remat", "offload", "offload_optimizer", "offload_dir",
-                                       "prefetch", "reshard_after_forward")
-               if options.get(k) is not None}}
+                                       "prefetch", "reshard_after_forward", "zeropp_block")
+               if options.get(k) is not None},
+            **({"zeropp": zeropp_parts(options["zeropp"])} if options.get("zeropp") else {})}
 
 
 def overlap_row(engine: Any, rank: int) -> dict[str, Any]:
@@ -142,13 +178,14 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
                             f"{off.seconds / off.steps * 1e3:.2f} ms in the host step")
         memory_notes.append("model-state bytes by place (this rank; the figure above counts "
                             "every place): " + ", ".join(f"{k} {v:,}" for k, v in places.items()))
+    zpp = zeropp_row(engine, grid, len(history.losses)) if engine.zeropp else None
     traced = traced_engine(grid, spec, **{**engine_options(options, spec), "timeline": False})
     traced["engine"].close()
     rows = grid.world.comm.gather((sent, sum(engine.ledger().bytes_by_category().values()),
                                    traced["tracemalloc_bytes"], traced["step_peak_bytes"],
                                    engine_exact_bytes(engine),
                                    overlap_row(engine, grid.rank) if stage == 3 else None,
-                                   engine.zero_hooks.peak_gathered_bytes))
+                                   engine.zero_hooks.peak_gathered_bytes, zpp))
     if grid.rank != 0:
         return None
     psi, n = engine.layout.size, grid.world.size
@@ -192,6 +229,10 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
         notes.append("the paper's memory formulas assume mixed precision (2+2+12 bytes per "
                      "parameter); this run uses the same partitioning with this precision's "
                      "sizes. Run with --precision mixed for the paper's numbers.")
+    zeropp: dict[str, Any] = {}
+    if engine.zeropp:
+        zeropp = zeropp_summary(engine, [r[7] for r in rows], f, spec)
+        notes += zeropp["zeropp"].pop("lines")
     return {"ranks": n, "data_parallel_ranks": n, "stage": stage, "allreduce": algorithm,
             "grad_allreduce": grad_allreduce, "psi": psi,
             "bytes_sent_per_rank": [r[0] for r in rows],
@@ -203,7 +244,99 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
             "model_state_formula": f["model_state"],
             "model_state_formula_text": f["model_state_text"], "notes": notes,
             **({"memory": memory} if memory else {}),
-            "model_state_by_place": places, **stage3}
+            "model_state_by_place": places, **stage3, **zeropp}
+
+
+def zeropp_row(engine: Any, grid: Any, steps: int) -> dict[str, Any]:
+    """This rank's ZeRO++ figures: bytes per step measured in all, inside and across its
+    node (by each peer's host), their exact figure, ZeRO-3's, the hpZ slices held at most
+    and their formula."""
+    from minipar.parallel.zero.measure import (
+        hpz_secondary_elements,
+        zeropp_exact_bytes,
+        zeropp_measured,
+    )
+    from minipar.parallel.zero.shard import unit_table
+
+    c, k = engine.comm, engine.node.size
+    spans = [(a, b) for _, a, b, _ in unit_table(engine.model.cfg)]
+    b = engine.policy.param_dtype.itemsize
+    return {"measured": zeropp_measured(grid.world.stats, grid.hosts, grid.world.world_ranks,
+                                        grid.rank, steps),
+            "exact": zeropp_exact_bytes(spans, c.size, k, c.rank, engine.zeropp, engine.block, b),
+            "zero3": zeropp_exact_bytes(spans, c.size, k, c.rank, (), engine.block, b),
+            "hpz_held": engine.zero_hooks.peak_secondary_bytes,
+            "hpz_formula": (hpz_secondary_elements(engine.layout.size, k, engine.node.rank) * b
+                            if "hpz" in engine.zeropp else 0)}
+
+
+def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
+                   spec: Any) -> dict[str, Any]:
+    """Rank 0: the summary's ``zeropp`` key (per rank: bytes measured and exact, in all,
+    intra and inter node; ZeRO-3's; the paper's formulas; hpZ's memory), its headline and
+    its lines."""
+    from minipar.collectives import choose_allreduce
+    from minipar.parallel.zero.measure import zeropp_formula_bytes
+
+    psi, n, k = engine.layout.size, engine.comm.size, engine.node.size
+    b = engine.policy.param_dtype.itemsize
+    formula = zeropp_formula_bytes(psi, n, k, engine.zeropp, engine.block, b)
+    zero3 = zeropp_formula_bytes(psi, n, k, (), engine.block, b)
+    loss_ar = engine.allreduce if engine.allreduce != "auto" else choose_allreduce(8, n)
+    out = {"parts": list(engine.zeropp), "block": engine.block, "node": k,
+           "loss_allreduce": loss_ar,
+           "bytes_per_rank": [r["measured"]["total"] for r in rows],
+           "bytes_exact_per_rank": [r["exact"]["total"] for r in rows],
+           "intra_per_rank": [r["measured"]["intra"] for r in rows],
+           "inter_per_rank": [r["measured"]["inter"] for r in rows],
+           "intra_exact_per_rank": [r["exact"]["intra"] for r in rows],
+           "inter_exact_per_rank": [r["exact"]["inter"] for r in rows],
+           "zero3_bytes_exact_per_rank": [r["zero3"]["total"] for r in rows],
+           "zero3_inter_exact_per_rank": [r["zero3"]["inter"] for r in rows],
+           "formula": formula, "zero3_formula": zero3,
+           "hpz_held_per_rank": [r["hpz_held"] for r in rows],
+           "hpz_formula_per_rank": [r["hpz_formula"] for r in rows]}
+    ratio = max(out["zero3_bytes_exact_per_rank"]) / max(max(out["bytes_per_rank"]), 1)
+    lines = [f"ZeRO++ {'+'.join(engine.zeropp)} (block {engine.block}, {n // k} node(s) of {k} "
+             f"ranks, {engine.policy.param_dtype} elements): bytes per rank per step measured "
+             + ", ".join(f"{x:,.0f}" for x in out["bytes_per_rank"]) + " (exact "
+             + ", ".join(f"{x:,}" for x in out["bytes_exact_per_rank"]) + "); ZeRO-3's own "
+             + ", ".join(f"{x:,}" for x in out["zero3_bytes_exact_per_rank"])
+             + f": {ratio:.2f}x fewer",
+             "  inside the node / across nodes, measured: " + ", ".join(
+                 f"{a:,.0f}/{e:,.0f}" for a, e in zip(out["intra_per_rank"],
+                                                      out["inter_per_rank"]))
+             + "; ZeRO-3's across nodes " + ", ".join(
+                 f"{x:,}" for x in out["zero3_inter_exact_per_rank"]),
+             f"  the paper's volumes per rank: {formula['total']:,.0f} in all, "
+             f"{formula['inter']:,.0f} across nodes (ZeRO-3: {zero3['total']:,.0f}, "
+             f"{zero3['inter']:,.0f})"]
+    if "hpz" in engine.zeropp:
+        lines.append("  hpZ's secondary slices held at most (bytes per rank): " + ", ".join(
+            f"{x:,}" for x in out["hpz_held_per_rank"]) + " (formula Ψ/K x b: " + ", ".join(
+            f"{x:,}" for x in out["hpz_formula_per_rank"]) + ")")
+    out["lines"] = lines
+    head = (f"ZeRO++ sends {max(out['bytes_per_rank']):,.0f} B per rank per step "
+            f"{'=' if out['bytes_per_rank'] == out['bytes_exact_per_rank'] else 'vs'} its exact "
+            f"figure, ZeRO-3 {max(out['zero3_bytes_exact_per_rank']):,} ({ratio:.2f}x)")
+    return {"zeropp": out, "headline": head, "bytes_formula": formula["total"],
+            "bytes_formula_text": f"ZeRO++ {'+'.join(engine.zeropp)}'s volumes (module "
+                                  "minipar.parallel.zero.measure, zeropp_formula_bytes)",
+            "bytes_exact_text": "ZeRO++'s collectives, packed parts counted exactly"}
+
+
+def own_reference(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank 0, for the summary: a ZeRO++ run's reference, the serial run that repeats its
+    quantized arithmetic (:func:`minipar.parallel.zero.oracle.zeropp_reference`); None
+    for plain ZeRO (its reference is the serial run)."""
+    z = m.get("zeropp")
+    if not z:
+        return None
+    from minipar.parallel.zero.oracle import zeropp_reference
+
+    ref = zeropp_reference(spec, m["ranks"], tuple(z["parts"]), z["node"], z["block"],
+                           z["loss_allreduce"])
+    return {**ref, "against": "the serial ZeRO++ arithmetic"}
 
 
 def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,7 +22,16 @@ from minipar.comm import TracedComm
 from minipar.comm.topology import Grid
 from minipar.parallel.common import RunSpec, loss_weight, max_abs_diff, parity, serial_reference
 from minipar.parallel.zero.engine import STAGES, ZeRO
-from minipar.parallel.zero.measure import exact_bytes_sent, measure_stage
+from minipar.parallel.zero.measure import (
+    engine_exact_bytes,
+    exact_bytes_sent,
+    hpz_secondary_elements,
+    measure_stage,
+    step_bytes,
+    zeropp_exact_bytes,
+    zeropp_measured,
+)
+from minipar.parallel.zero.oracle import zeropp_reference
 from minipar.parallel.zero.shard import unit_table
 
 #: parity: a tiny GPT, 3 AdamW steps, 10 rows (uneven on 3 and 4 ranks)
@@ -36,7 +45,7 @@ MEMORY = RunSpec(vocab=16, seq=8, d_model=32, layers=4, heads=2, batch=8, steps=
 comm = TracedComm(MPI.COMM_WORLD)
 grid = Grid(comm, dp=comm.size)
 out: dict = {"world": comm.size, "parity": {}, "moe_parity": {}, "gqa_parity": {}, "memory": {},
-             "auto": [], "refused": [], "prefetch": {}}
+             "auto": [], "refused": [], "prefetch": {}, "zeropp": {}}
 #: grouped-query attention (4 heads, 1 key/value head): ZeRO shards the smaller w_qkv alike
 GQA = PARITY.with_(heads=4, kv_heads=1)
 for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2, 3)),
@@ -96,6 +105,42 @@ for stage in STAGES:
     rows = comm.comm.gather(row)
     if comm.rank == 0:
         out["memory"][stage] = rows
+# ZeRO++ (qwZ, hpZ, qgZ) in nodes of K ranks (two nodes of 2 on 4 ranks, nodes of 1 on 2
+# and 3: the cross-node hop alone): bit for bit its serial arithmetic, the distance from the
+# unquantized serial run, bytes per rank (all, inside, across the node) against the exact
+# figure, hpZ's secondary slices against Ψ/K
+node = 2 if comm.size == 4 else 1
+zgrid = Grid(comm, dp=comm.size, node=node)
+for parts, k in ((("qwz",), 0), (("hpz",), 0), (("qgz",), 0), (("qwz", "hpz", "qgz"), 0),
+                 (("qwz", "hpz", "qgz"), 2)):
+    eng = ZeRO(zgrid, PARITY, stage=3, zeropp=parts, prefetch=k)
+    eng.step(PARITY.batch_at(0))  # first-use caches; then the measured steps
+    eng.close()
+    eng = ZeRO(zgrid, PARITY, stage=3, zeropp=parts, prefetch=k)
+    ws = comm.world_ranks
+    before = (step_bytes(comm.stats), zeropp_measured(comm.stats, zgrid.hosts, ws, comm.rank, 1))
+    losses = [eng.step(PARITY.batch_at(s)).loss for s in range(PARITY.steps)]
+    after = (step_bytes(comm.stats), zeropp_measured(comm.stats, zgrid.hosts, ws, comm.rank, 1))
+    final = eng.layout.flatten(eng.full_params())
+    spans = [(a, b) for _, a, b, _ in unit_table(PARITY.config())]
+    row = {"sent": (after[0] - before[0]) / PARITY.steps, "exact": engine_exact_bytes(eng),
+           **{w: (after[1][w] - before[1][w]) / PARITY.steps for w in ("intra", "inter")},
+           "exact_split": zeropp_exact_bytes(spans, comm.size, node, comm.rank, parts,
+                                             eng.block, 8),
+           "zero3": zeropp_exact_bytes(spans, comm.size, node, comm.rank, (), eng.block, 8),
+           "secondary": eng.zero_hooks.peak_secondary_bytes,
+           "secondary_formula": 8 * hpz_secondary_elements(eng.layout.size, node,
+                                                           comm.rank % node),
+           "idle": (len(eng.zero_hooks.inflight), len(eng.zero_hooks.pending))}
+    rows = comm.comm.gather(row)
+    eng.close()
+    if comm.rank == 0:
+        ref = zeropp_reference(PARITY, comm.size, parts, node, eng.block)
+        out["zeropp"]["+".join(parts) + (f",prefetch {k}" if k else "")] = {
+            "bitwise": final.tobytes() == ref["params"].tobytes() and losses == ref["losses"],
+            "from_serial": max_abs_diff(final, serial["params"]), "node": node,
+            "psi": eng.layout.size, "ranks": rows}
+zgrid.free()
 # mixed-fp16 loss scaling: a scale at which a few gradients overflow; the inf lands in
 # some ranks' shards only, and every rank must still skip the step (found_inf agreed)
 fp16 = PARITY.with_(precision="mixed-fp16", steps=1)

@@ -110,6 +110,7 @@ from minipar.parallel.offload.wrap import check_target, remat_offload_wrapper
 from minipar.parallel.zero.hooks import ZeroHooks
 from minipar.parallel.zero.shard import layout_of, shard_range, shard_states, unit_table
 from minipar.parallel.zero.step import zero_step
+from minipar.parallel.zero.zeropp import PARTS, ZeroPPHooks
 from minipar.precision import get
 
 STAGES = (0, 1, 2, 3)
@@ -122,7 +123,10 @@ ALLREDUCE_CHOICES = ("auto", "ring", "recursive_doubling", "tree")
 OP_LOSS, OP_EVAL, OP_GATHER = "zero_loss_allreduce", "zero_eval_allreduce", "gather_for_check"
 #: the options :func:`build` takes (``ZeRO``'s keywords)
 OPTIONS = ("stage", "allreduce", "remat", "offload", "offload_optimizer", "offload_dir",
-           "prefetch", "reshard_after_forward", "timeline")
+           "prefetch", "reshard_after_forward", "timeline", "zeropp", "zeropp_block")
+#: ZeRO++'s quantization block (elements of the flat buffer per scale; a minipar default,
+#: a power of two the size of a few cache lines of scales-to-values, 1/32 of float64's bytes)
+ZEROPP_BLOCK = 256
 
 
 class MeteredZeroHooks(ZeroHooks):
@@ -187,6 +191,44 @@ class MeteredZeroHooks(ZeroHooks):
             self._record("", 0.0, posted)
 
 
+class MeteredZeroPPHooks(MeteredZeroHooks, ZeroPPHooks):
+    """:class:`MeteredZeroHooks` of ZeRO++ (:class:`~minipar.parallel.zero.zeropp.ZeroPPHooks`),
+    which also measure ``peak_secondary_bytes``: the most hpZ held in its secondary slices
+    (the memory hpZ adds: :func:`~minipar.parallel.zero.measure.hpz_secondary_elements`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.peak_secondary_bytes = 0
+
+    def fetch(self, unit: Any) -> dict[str, Any]:
+        params = super().fetch(unit)
+        held = sum(v.nbytes for v in self.secondary.values())
+        self.peak_secondary_bytes = max(self.peak_secondary_bytes, held)
+        return params
+
+
+def check_zeropp(parts: Any, stage: int = 3, block: Any = ZEROPP_BLOCK,
+                 reshard: bool = True, remat: Any = None, offload: Any = None) -> tuple[str, ...]:
+    """ZeRO++'s parts as a tuple in :data:`PARTS` order ("qwz,hpz" or a sequence; empty: off);
+    ValueError for an unknown part, a stage other than 3, a block size that is not positive,
+    or an option ZeRO++ does not serve."""
+    names = [p.strip() for p in (parts.split(",") if isinstance(parts, str) else parts or ())]
+    names = [p for p in names if p]
+    for p in names:
+        checks.one_of("--zeropp part", p, PARTS)
+    checks.integer("--zeropp-block", block, 1)
+    if names and stage != 3:
+        raise ValueError(f"--zeropp is ZeRO-3's (it quantizes the parameter all-gathers and "
+                         f"gradient reduce-scatters of stage 3); got --stage {stage}: add --stage 3")
+    if names and not reshard:
+        raise ValueError("--zeropp with --no-reshard-after-forward: ZeRO++ changes the "
+                         "backward all-gather that this option removes; drop one of them")
+    if names and (remat is not None or offload is not None):
+        raise ValueError("--zeropp with --remat or --offload (activations) is not built: "
+                         "ZeRO++ plans its walk from the start; drop --remat/--offload")
+    return tuple(p for p in PARTS if p in names)
+
+
 def check_stage(stage: Any) -> int:
     """The stage as an int; ValueError unless 0, 1, 2 or 3."""
     return checks.integer("ZeRO stage", stage, min(STAGES), max(STAGES),
@@ -239,8 +281,12 @@ class ZeRO:
                  remat: int | None = None, offload: str | None = None,
                  offload_optimizer: str | None = None, offload_dir: str | None = None,
                  prefetch: int = 0, reshard_after_forward: bool = True,
-                 timeline: bool = False) -> None:
+                 timeline: bool = False, zeropp: Any = (), zeropp_block: int = ZEROPP_BLOCK
+                 ) -> None:
         self.stage, self.policy = check_stage(stage), get(spec.precision)
+        self.zeropp = check_zeropp(zeropp, self.stage, zeropp_block, reshard_after_forward,
+                                   remat, offload)
+        self.block = int(zeropp_block)
         self.prefetch = checks.integer("prefetch", prefetch, 0, None)
         if (self.prefetch or not reshard_after_forward) and self.stage != 3:
             raise ValueError(f"prefetch and reshard_after_forward are stage 3's (parameters "
@@ -286,10 +332,17 @@ class ZeRO:
         self.params, self.grads, self.states = shard_states(
             self.stage, flat, self.shard, self.policy, spec.optimizer, **self.opt_kwargs)
         del flat
-        self.zero_hooks = self.hooks = MeteredZeroHooks(
+        self.node = self.cross = None
+        extra: dict[str, Any] = {}
+        if self.zeropp:
+            self.node, self.cross = node_comms(grid, self.comm)
+            extra = {"parts": self.zeropp, "block": self.block, "node": self.node,
+                     "cross": self.cross}
+        hooks = MeteredZeroPPHooks if self.zeropp else MeteredZeroHooks
+        self.zero_hooks = self.hooks = hooks(
             self.stage, self.comm, psi, self.shard, self.states, unit_table(self.model.cfg),
             params=self.params, grads=self.grads, dtype=self.policy.param_dtype,
-            prefetch=self.prefetch, reshard=self.reshard, records=self.records)
+            prefetch=self.prefetch, reshard=self.reshard, records=self.records, **extra)
         self.offload = None
         if offload_optimizer is not None:
             self.offload = MeteredOptimizerOffload(self.states, offload_optimizer, opt_dir)
@@ -344,7 +397,7 @@ class ZeRO:
 
     def _plan(self, order: list[str]) -> None:
         """When to gather (stage 3 with prefetch or without resharding): the walk's order."""
-        if self.prefetch or not self.reshard:
+        if self.prefetch or not self.reshard or self.zeropp:
             self.zero_hooks.plan(order)
 
     def grad_allreduce(self) -> str | None:
@@ -423,6 +476,8 @@ class ZeRO:
         at once (``gathered_peak``) and, under remat, the activation peak."""
         out = {k: int(v) for k, v in self.ledger().bytes_by_category().items()}
         out["gathered_peak"] = int(self.zero_hooks.peak_gathered_bytes)
+        if self.zeropp:
+            out["hpz_secondary_peak"] = int(self.zero_hooks.peak_secondary_bytes)
         if self.memory_wrap is not None:
             peak = self.memory_wrap.summary().get("remat_activation_peak_bytes")
             if peak is not None:
@@ -439,6 +494,27 @@ class ZeRO:
             self.offload.close()
         if self.memory_wrap is not None:
             self.memory_wrap.close()
+        for c in (self.node, self.cross):
+            if c is not None:
+                c.Free()
+        self.node = self.cross = None
+
+
+def node_comms(grid: Any, comm: Any) -> tuple[Any, Any]:
+    """ZeRO++'s two communicators over ``comm`` (the dp ranks): my node's ranks
+    (``"zeropp_node"``, rank k) and the ranks of my local index in every node
+    (``"zeropp_cross"``, rank m), so that dp rank r = mK + k.  The nodes are the grid's
+    hosts (``--node K``, or MPI's own); ValueError (on every rank, before any message)
+    unless every node holds K consecutive dp ranks."""
+    hosts = [grid.hosts[w] for w in grid.ranks("dp")]
+    n, k = comm.size, hosts.count(hosts[0])  # the same on every rank
+    blocks = [hosts[r - r % k] for r in range(n)] if n % k == 0 else []
+    if blocks != hosts or len(set(hosts)) * k != n:
+        raise ValueError(f"ZeRO++ needs nodes of equally many consecutive data-parallel ranks; "
+                         f"the {n} ranks sit on hosts {hosts}: use --node K with K dividing {n}")
+    r = comm.rank
+    return (comm.Split(r // k, r % k, name="zeropp_node"),
+            comm.Split(r % k, r // k, name="zeropp_cross"))
 
 
 def build(spec: Any, grid: Any, **options: Any) -> ZeRO:

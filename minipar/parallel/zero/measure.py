@@ -112,7 +112,18 @@ def step_bytes(stats: Any) -> int:
 
 
 def engine_exact_bytes(eng: Any) -> int:
-    """:func:`exact_bytes_sent` of a :class:`~minipar.parallel.zero.engine.ZeRO` engine."""
+    """:func:`exact_bytes_sent` of a :class:`~minipar.parallel.zero.engine.ZeRO` engine (with
+    ZeRO++: :func:`zeropp_exact_bytes`, plus found_inf's all-reduce under loss scaling)."""
+    if eng.zeropp:
+        from minipar.collectives.cost import allreduce_bytes_sent
+        from minipar.parallel.zero.shard import unit_table
+
+        spans = [(a, b) for _, a, b, _ in unit_table(eng.model.cfg)]
+        inf = (allreduce_bytes_sent(1, 8, eng.comm.size, eng.comm.rank, eng.allreduce)
+               if eng.states.scaler is not None else 0)
+        return inf + zeropp_exact_bytes(spans, eng.comm.size, eng.node.size, eng.comm.rank,
+                                        eng.zeropp, eng.block,
+                                        eng.policy.param_dtype.itemsize)["total"]
     return exact_bytes_sent(eng.layout.size, eng.comm.size, eng.comm.rank, eng.stage,
                             eng.policy.param_dtype.itemsize, eng.allreduce,
                             found_inf=eng.states.scaler is not None, reshard=eng.reshard)
@@ -230,3 +241,125 @@ def formulas(psi: int, n: int, stage: int, precision: str,
             "bytes": zero_comm_bytes_per_rank(psi, n, stage, p),
             "bytes_text": f"{3 if stage == 3 else 2}Ψ(N-1)/N x {p} bytes (ring)",
             "allreduce_note": allreduce_note(psi, n, p, allreduce) if stage == 0 else None}
+
+
+# -- ZeRO++ (Wang et al. 2023, arXiv 2306.10209) -------------------------------------
+#: the operations of a ZeRO++ step (ZeRO-3's, the quantized ones, hpZ's node all-gather)
+ZEROPP_OPS = ("all_gather", "reduce_scatter", "qwz_all_gather", "qgz_all_to_all_node",
+              "qgz_all_to_all_cross")
+
+
+def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
+                       parts: tuple[str, ...], block: int, itemsize: int) -> dict[str, int]:
+    """Bytes rank ``rank`` of ``n`` (nodes of ``k`` consecutive ranks) sends in one ZeRO-3
+    step with ZeRO++'s ``parts`` (none: ZeRO-3's own), exactly, and how many of them
+    stay inside its node (``intra``) or cross to another (``inter``).  ``spans``: the
+    units' [a, b) of the flat buffer; b = ``itemsize``; C_q^u: rank q's part of unit u
+    (its span cut at the shard borders), D_j^u: local rank j's part of u in the node's
+    secondary partition (the buffer cut into k shards); w8(c), w4(c): the bytes of c
+    elements packed in int8 / int4 with one b-byte scale per ``block``
+    (:func:`minipar.collectives.quantized.packed_size`).  Per unit, r = mk + j:
+
+    =====================  ====================================  =========================
+    collective             ZeRO-3                                ZeRO++
+    =====================  ====================================  =========================
+    forward all-gather     Σ_{q≠r+1} C_q b  (ring, to r+1)       qwZ: Σ_{q≠r+1} w8(C_q)
+    backward all-gather    the same                              hpZ: Σ_{i≠j+1} D_i b, in
+                                                                 the node's ring
+    reduce-scatter         Σ_{q≠r} C_q b  (ring, to r+1)         qgZ: Σ_{i≠j} Σ_m' w4(C_{m'k+i})
+                                                                 in the node, then
+                                                                 Σ_{m'≠m} w4(node sum of
+                                                                 C_{m'k+j}) across
+    =====================  ====================================  =========================
+
+    The ring's messages go to r+1: inside the node unless r is a node's last rank.
+    Summed over the units: ZeRO-3's 3Ψ(N-1)/N b becomes, in the paper's terms,
+    Ψ(N-1)/N (1 + b/block) for qwZ's gather, Ψ(k-1)/k b inside the node for hpZ's, and
+    Ψ(k-1)/k (1/2 + b/block) inside plus Ψ(M-1)/(Mk) (1/2 + b/block) across nodes for qgZ
+    (M = n/k nodes; :func:`zeropp_formula_bytes`)."""
+    from minipar.collectives.quantized import packed_size
+    from minipar.parallel.zero.shard import shard_range
+
+    psi = spans[-1][1]
+    shards = [shard_range(psi, n, q) for q in range(n)]
+    node_shards = [shard_range(psi, k, i) for i in range(k)]
+    m, j = divmod(rank, k)
+    same = (rank + 1) % n // k == m  # my ring message stays in the node
+    out = {"intra": 0, "inter": 0}
+
+    def cut(a: int, b: int, table: list[tuple[int, int]]) -> list[int]:
+        return [max(0, min(b, hi) - max(a, lo)) for lo, hi in table]
+
+    def w(c: int, fmt: str) -> int:
+        return packed_size(c, fmt, block, itemsize)
+
+    def ring(nbytes: int) -> None:
+        out["intra" if same else "inter"] += nbytes
+
+    for a, b in spans:
+        c, d = cut(a, b, shards), cut(a, b, node_shards)
+        right = (rank + 1) % n
+        fwd = sum(w(x, "int8") if "qwz" in parts else x * itemsize
+                  for q, x in enumerate(c) if q != right)
+        ring(fwd)
+        if "hpz" in parts:
+            out["intra"] += sum(x for i, x in enumerate(d) if i != (j + 1) % k) * itemsize
+        else:
+            ring(fwd)
+        if "qgz" in parts:
+            if k > 1:
+                out["intra"] += sum(w(c[mm * k + i], "int4") for i in range(k) if i != j
+                                    for mm in range(n // k))
+            if n // k > 1:
+                out["inter"] += sum(w(c[mm * k + j], "int4") for mm in range(n // k) if mm != m)
+        else:
+            ring(sum(x for q, x in enumerate(c) if q != rank) * itemsize)
+    return {"total": out["intra"] + out["inter"], **out}
+
+
+def zeropp_formula_bytes(psi: int, n: int, k: int, parts: tuple[str, ...], block: int,
+                         itemsize: int) -> dict[str, float]:
+    """The paper's per-rank volumes for Ψ parameters on n ranks in nodes of k (M = n/k),
+    b = ``itemsize`` (the run's dtype, not the paper's fp16), scales included, by
+    collective and in all (``total``) and across nodes (``inter``, what ZeRO++ cuts):
+    forward all-gather Ψ(N-1)/N · (b or 1 + b/block with qwZ); backward all-gather the
+    same, or Ψ(k-1)/k · b inside the node with hpZ; reduce-scatter Ψ(N-1)/N · b, or with
+    qgZ Ψ(k-1)/k · (1/2 + b/block) inside and Ψ(M-1)/(Mk) · (1/2 + b/block) across.
+    ``inter`` counts a ring's bytes as the paper does for its slow links: the whole
+    volume of a global collective (its ring crosses nodes) and none of a node's."""
+    mm = n // k
+    w8, w4 = 1 + itemsize / block, 0.5 + itemsize / block
+    fwd = psi * (n - 1) / n * (w8 if "qwz" in parts else itemsize)
+    bwd = psi * (k - 1) / k * itemsize if "hpz" in parts else fwd
+    if "qgz" in parts:
+        rs_in, rs_out = psi * (k - 1) / k * w4, psi * (mm - 1) / (mm * k) * w4
+    else:
+        rs_in, rs_out = 0.0, psi * (n - 1) / n * itemsize
+    total = fwd + bwd + rs_in + rs_out
+    inter = (fwd if mm > 1 else 0.0) + (bwd if mm > 1 and "hpz" not in parts else 0.0) + (
+        rs_out if mm > 1 else 0.0)
+    return {"forward_all_gather": fwd, "backward_all_gather": bwd,
+            "reduce_scatter": rs_in + rs_out, "total": total, "inter": inter}
+
+
+def zeropp_measured(stats: Any, hosts: list[int], world_ranks: list[int], rank: int,
+                    steps: int) -> dict[str, float]:
+    """Bytes per step this rank sent in ZeRO++'s operations (:data:`ZEROPP_OPS`), in all and
+    to ranks of its own node (``intra``) or of others (``inter``), by each peer's host."""
+    host = {w: hosts[r] for r, w in enumerate(world_ranks)}
+    mine, out = hosts[rank], {"intra": 0, "inter": 0}
+    for op in ZEROPP_OPS:
+        for peer, b in stats.peers_sent(op).items():
+            out["intra" if host.get(peer, -1) == mine else "inter"] += b
+    return {"total": (out["intra"] + out["inter"]) / steps, "intra": out["intra"] / steps,
+            "inter": out["inter"] / steps}
+
+
+def hpz_secondary_elements(psi: int, k: int, local: int) -> int:
+    """The elements hpZ's secondary slices hold on local rank ``local`` of a node of ``k``:
+    its shard of the buffer cut k ways, C'_local = Ψ/k (array_split rule), kept from a
+    unit's forward to its backward — at the end of the forward, every unit's."""
+    from minipar.parallel.zero.shard import shard_range
+
+    lo, hi = shard_range(psi, k, local)
+    return hi - lo
