@@ -258,7 +258,7 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
     (its span cut at the shard borders), D_j^u: local rank j's part of u in the node's
     secondary partition (the buffer cut into k shards); w8(c), w4(c): the bytes of c
     elements packed in int8 / int4 with one b-byte scale per ``block``
-    (:func:`minipar.collectives.quantized.packed_size`).  Per unit, r = mk + j:
+    (:meth:`minipar.parallel.zero.zeropp.BlockCodec.size`).  Per unit, r = mk + j:
 
     =====================  ====================================  =========================
     collective             ZeRO-3                                ZeRO++
@@ -277,8 +277,10 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
     Ψ(N-1)/N (1 + b/block) for qwZ's gather, Ψ(k-1)/k b inside the node for hpZ's, and
     Ψ(k-1)/k (1/2 + b/block) inside plus Ψ(M-1)/(Mk) (1/2 + b/block) across nodes for qgZ
     (M = n/k nodes; :func:`zeropp_formula_bytes`)."""
-    from minipar.collectives.quantized import packed_size
+    import numpy as np
+
     from minipar.parallel.zero.shard import shard_range
+    from minipar.parallel.zero.zeropp import BlockCodec
 
     psi = spans[-1][1]
     shards = [shard_range(psi, n, q) for q in range(n)]
@@ -291,7 +293,7 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
         return [max(0, min(b, hi) - max(a, lo)) for lo, hi in table]
 
     def w(c: int, fmt: str) -> int:
-        return packed_size(c, fmt, block, itemsize)
+        return BlockCodec(fmt, block).size(c, np.dtype(f"u{itemsize}"))
 
     def ring(nbytes: int) -> None:
         out["intra" if same else "inter"] += nbytes

@@ -9,7 +9,7 @@ numbers, :func:`zeropp_reference`, one process standing for the N ranks:
 
 1. every unit's weights are what the all-gather delivers: each rank's part of the
    unit (the unit's span cut at the N shard borders), packed and unpacked
-   (:func:`~minipar.collectives.quantized.roundtrip`, qwZ) or as it is; hpZ's
+   (:meth:`~minipar.parallel.zero.zeropp.BlockCodec.roundtrip`, qwZ) or as it is; hpZ's
    backward reads the same numbers (its secondary slices are copies of them);
 2. each rank's gradient is that of w_r x its rows' loss, computed by the same units
    executor with those weights;
@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from minipar.collectives.quantized import add, roundtrip
+from minipar.collectives.quantized import add
 from minipar.nn import executor
 from minipar.parallel.common import local_rows, loss_weight
 from minipar.parallel.zero.shard import layout_of, shard_range, unit_table
+from minipar.parallel.zero.zeropp import BlockCodec
 from minipar.precision import ModelStates, get
 
 
@@ -78,10 +79,10 @@ def recursive_doubling_sum(xs: list[float]) -> float:
 
 def qgz_sum(xs: list[Any], node: int, block: int) -> Any:
     """A part's qgZ sum of the N ranks' contributions ``xs`` (nodes of ``node`` ranks)."""
-    k, m = node, len(xs) // node
-    sums = [add([roundtrip(x, "int4", block) if k > 1 else x for x in xs[i * k:(i + 1) * k]])
+    k, m, int4 = node, len(xs) // node, BlockCodec("int4", block)
+    sums = [add([int4.roundtrip(x) if k > 1 else x for x in xs[i * k:(i + 1) * k]])
             for i in range(m)]
-    return add([roundtrip(s, "int4", block) if m > 1 else s for s in sums])
+    return add([int4.roundtrip(s) if m > 1 else s for s in sums])
 
 
 def zeropp_reference(spec: Any, world: int, parts: tuple[str, ...], node: int,
@@ -94,7 +95,7 @@ def zeropp_reference(spec: Any, world: int, parts: tuple[str, ...], node: int,
     flat = layout.flatten(spec.initial_params(), np.float64)
     states = ModelStates(policy, {"flat": flat}, spec.optimizer, **spec.opt_kwargs())
     shards = [shard_range(flat.size, world, r) for r in range(world)]
-    pd = policy.param_dtype
+    pd, int8 = policy.param_dtype, BlockCodec("int8", block)
     losses = []
     for s in range(spec.steps):
         batch = spec.batch_at(s)
@@ -102,7 +103,7 @@ def zeropp_reference(spec: Any, world: int, parts: tuple[str, ...], node: int,
         for u, a, b, _ in table:
             pieces = [states.params[max(a, lo):max(a, min(b, hi))] for lo, hi in shards]
             weights[u.name] = np.concatenate(
-                [roundtrip(p, "int8", block) if "qwz" in parts else p for p in pieces])
+                [int8.roundtrip(p) if "qwz" in parts else p for p in pieces])
         by_rank, local = [], []
         for r in range(world):
             lo, hi = local_rows(spec.batch, r, world)

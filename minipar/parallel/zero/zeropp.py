@@ -7,8 +7,8 @@ Model Training", arXiv 2306.10209.  Three changes to ZeRO-3's hooks
 (:class:`~minipar.parallel.zero.hooks.ZeroHooks`), any subset of them:
 
 * **qwZ** (§3.1): a unit's forward all-gather sends the parts as int8 blocks of
-  ``block`` elements, each block with its scale
-  (:class:`~minipar.collectives.quantized.QuantizedAllgather`);
+  ``block`` elements, each block with its scale (:class:`BlockCodec`,
+  :class:`~minipar.collectives.quantized.QuantizedAllgather`);
 * **hpZ** (§3.2): each rank keeps the slice of every unit's gathered (dequantized)
   parameters that the secondary partition over its node gives it — the flat
   buffer cut into K node shards by the rank's local index k — and a unit's later
@@ -28,7 +28,10 @@ slice they read exists.
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from minipar.collectives.iring import RingAllgatherRequest
 from minipar.collectives.quantized import QuantizedAllgather, hierarchical_reduce_scatter
@@ -36,9 +39,37 @@ from minipar.comm.tags import nonblocking_tag
 from minipar.nn.units import Unit
 from minipar.parallel.zero.hooks import ZeroHooks
 from minipar.parallel.zero.shard import overlap, shard_range
+from minipar.quantize import dequantize, pack_int4, quantize, unpack_int4
 
 #: ZeRO++'s three parts
 PARTS = ("qwz", "hpz", "qgz")
+
+
+class BlockCodec:
+    """A flat part on the wire: its values in ``fmt`` ("int8", or "int4" two to a byte),
+    quantized in blocks of ``block`` elements from the part's start, then one scale per
+    block in the part's dtype: ``size(n, dtype)`` = ceil(n/2) or n, + ceil(n/block)·b."""
+
+    def __init__(self, fmt: str, block: int) -> None:
+        self.fmt, self.block = fmt, block
+
+    def size(self, n: int, dtype: Any) -> int:
+        values = (n + 1) // 2 if self.fmt == "int4" else n
+        return values + math.ceil(n / self.block) * np.dtype(dtype).itemsize
+
+    def pack(self, x: Any) -> Any:
+        q, scales = quantize(x, self.fmt, (self.block,))
+        values = pack_int4(q) if self.fmt == "int4" else q.view(np.uint8)
+        return np.concatenate([values, scales.astype(x.dtype).view(np.uint8)])
+
+    def unpack(self, buf: Any, n: int, dtype: Any) -> Any:
+        k = (n + 1) // 2 if self.fmt == "int4" else n
+        q = unpack_int4(buf[:k], n) if self.fmt == "int4" else buf[:k].view(np.int8)
+        return dequantize(q, buf[k:].view(dtype), self.fmt, (self.block,), (n,)).astype(dtype)
+
+    def roundtrip(self, x: Any) -> Any:
+        """What a receiver makes of ``x``."""
+        return self.unpack(self.pack(x), x.size, x.dtype)
 
 
 class ZeroPPHooks(ZeroHooks):
@@ -50,6 +81,7 @@ class ZeroPPHooks(ZeroHooks):
                  node: Any = None, cross: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parts, self.block, self.node, self.cross = tuple(parts), block, node, cross
+        self.int8, self.int4 = BlockCodec("int8", block), BlockCodec("int4", block)
         size = self.shards[-1][1]
         self.node_shards = [shard_range(size, node.size, k) for k in range(node.size)]
         self.secondary: dict[str, Any] = {}
@@ -76,7 +108,7 @@ class ZeroPPHooks(ZeroHooks):
         if "qwz" in self.parts:
             self.inflight[k] = QuantizedAllgather(self.comm, self.states.params[i:j],
                                                   self._counts(a, b), nonblocking_tag(k),
-                                                  self.block)
+                                                  self.int8)
         else:
             super()._post(k)
 
@@ -96,7 +128,7 @@ class ZeroPPHooks(ZeroHooks):
         a, b, lay = self.table[unit.name]
         flat = lay.flatten({n: grads[n] for n in lay.names}, self.dtype)
         mine = hierarchical_reduce_scatter(self.node, self.cross, flat, self._counts(a, b),
-                                           self.block)
+                                           self.int4)
         i, j = overlap(a, b, *self.shard)
         if self.accumulate:
             self.states.grads[i:j] += mine
