@@ -258,15 +258,16 @@ def zeropp_row(engine: Any, grid: Any, steps: int) -> dict[str, Any]:
     )
     from minipar.parallel.zero.shard import unit_table
 
-    c, k = engine.comm, engine.node.size
+    c, node, block = engine.comm, engine.zero_hooks.node, engine.zero_hooks.block
+    k = node.size
     spans = [(a, b) for _, a, b, _ in unit_table(engine.model.cfg)]
     b = engine.policy.param_dtype.itemsize
     return {"measured": zeropp_measured(grid.world.stats, grid.hosts, grid.world.world_ranks,
                                         grid.rank, steps),
-            "exact": zeropp_exact_bytes(spans, c.size, k, c.rank, engine.zeropp, engine.block, b),
-            "zero3": zeropp_exact_bytes(spans, c.size, k, c.rank, (), engine.block, b),
+            "exact": zeropp_exact_bytes(spans, c.size, k, c.rank, engine.zeropp, block, b),
+            "zero3": zeropp_exact_bytes(spans, c.size, k, c.rank, (), block, b),
             "hpz_held": engine.zero_hooks.peak_secondary_bytes,
-            "hpz_formula": (hpz_secondary_elements(engine.layout.size, k, engine.node.rank) * b
+            "hpz_formula": (hpz_secondary_elements(engine.layout.size, k, node.rank) * b
                             if "hpz" in engine.zeropp else 0)}
 
 
@@ -278,12 +279,13 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
     from minipar.collectives import choose_allreduce
     from minipar.parallel.zero.measure import zeropp_formula_bytes
 
-    psi, n, k = engine.layout.size, engine.comm.size, engine.node.size
+    psi, n, k = engine.layout.size, engine.comm.size, engine.zero_hooks.node.size
+    block = engine.zero_hooks.block
     b = engine.policy.param_dtype.itemsize
-    formula = zeropp_formula_bytes(psi, n, k, engine.zeropp, engine.block, b)
-    zero3 = zeropp_formula_bytes(psi, n, k, (), engine.block, b)
+    formula = zeropp_formula_bytes(psi, n, k, engine.zeropp, block, b)
+    zero3 = zeropp_formula_bytes(psi, n, k, (), block, b)
     loss_ar = engine.allreduce if engine.allreduce != "auto" else choose_allreduce(8, n)
-    out = {"parts": list(engine.zeropp), "block": engine.block, "node": k,
+    out = {"parts": list(engine.zeropp), "block": block, "node": k,
            "loss_allreduce": loss_ar,
            "bytes_per_rank": [r["measured"]["total"] for r in rows],
            "bytes_exact_per_rank": [r["exact"]["total"] for r in rows],
@@ -297,7 +299,7 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
            "hpz_held_per_rank": [r["hpz_held"] for r in rows],
            "hpz_formula_per_rank": [r["hpz_formula"] for r in rows]}
     ratio = max(out["zero3_bytes_exact_per_rank"]) / max(max(out["bytes_per_rank"]), 1)
-    lines = [f"ZeRO++ {'+'.join(engine.zeropp)} (block {engine.block}, {n // k} node(s) of {k} "
+    lines = [f"ZeRO++ {'+'.join(engine.zeropp)} (block {block}, {n // k} node(s) of {k} "
              f"ranks, {engine.policy.param_dtype} elements): bytes per rank per step measured "
              + ", ".join(f"{x:,.0f}" for x in out["bytes_per_rank"]) + " (exact "
              + ", ".join(f"{x:,}" for x in out["bytes_exact_per_rank"]) + "); ZeRO-3's own "

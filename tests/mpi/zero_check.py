@@ -123,11 +123,11 @@ for parts, k in ((("qwz",), 0), (("hpz",), 0), (("qgz",), 0), (("qwz", "hpz", "q
     after = (step_bytes(comm.stats), zeropp_measured(comm.stats, zgrid.hosts, ws, comm.rank, 1))
     final = eng.layout.flatten(eng.full_params())
     spans = [(a, b) for _, a, b, _ in unit_table(PARITY.config())]
+    block = eng.zero_hooks.block
     row = {"sent": (after[0] - before[0]) / PARITY.steps, "exact": engine_exact_bytes(eng),
            **{w: (after[1][w] - before[1][w]) / PARITY.steps for w in ("intra", "inter")},
-           "exact_split": zeropp_exact_bytes(spans, comm.size, node, comm.rank, parts,
-                                             eng.block, 8),
-           "zero3": zeropp_exact_bytes(spans, comm.size, node, comm.rank, (), eng.block, 8),
+           "exact_split": zeropp_exact_bytes(spans, comm.size, node, comm.rank, parts, block, 8),
+           "zero3": zeropp_exact_bytes(spans, comm.size, node, comm.rank, (), block, 8),
            "secondary": eng.zero_hooks.peak_secondary_bytes,
            "secondary_formula": 8 * hpz_secondary_elements(eng.layout.size, node,
                                                            comm.rank % node),
@@ -135,7 +135,7 @@ for parts, k in ((("qwz",), 0), (("hpz",), 0), (("qgz",), 0), (("qwz", "hpz", "q
     rows = comm.comm.gather(row)
     eng.close()
     if comm.rank == 0:
-        ref = zeropp_reference(PARITY, comm.size, parts, node, eng.block)
+        ref = zeropp_reference(PARITY, comm.size, parts, node, block)
         out["zeropp"]["+".join(parts) + (f",prefetch {k}" if k else "")] = {
             "bitwise": final.tobytes() == ref["params"].tobytes() and losses == ref["losses"],
             "from_serial": max_abs_diff(final, serial["params"]), "node": node,

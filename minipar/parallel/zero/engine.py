@@ -219,7 +219,8 @@ def check_zeropp(parts: Any, stage: int = 3, block: Any = ZEROPP_BLOCK,
     checks.integer("--zeropp-block", block, 1)
     if names and stage != 3:
         raise ValueError(f"--zeropp is ZeRO-3's (it quantizes the parameter all-gathers and "
-                         f"gradient reduce-scatters of stage 3); got --stage {stage}: add --stage 3")
+                         f"gradient reduce-scatters of stage 3); got --stage {stage}: "
+                         "add --stage 3")
     if names and not reshard:
         raise ValueError("--zeropp with --no-reshard-after-forward: ZeRO++ changes the "
                          "backward all-gather that this option removes; drop one of them")
@@ -284,9 +285,9 @@ class ZeRO:
                  timeline: bool = False, zeropp: Any = (), zeropp_block: int = ZEROPP_BLOCK
                  ) -> None:
         self.stage, self.policy = check_stage(stage), get(spec.precision)
-        self.zeropp = check_zeropp(zeropp, self.stage, zeropp_block, reshard_after_forward,
-                                   remat, offload)
-        self.block = int(zeropp_block)
+        # ZeRO++'s parts, block and communicators live in its hooks (``zeropp``: a property)
+        zeropp = check_zeropp(zeropp, self.stage, zeropp_block, reshard_after_forward, remat,
+                              offload)
         self.prefetch = checks.integer("prefetch", prefetch, 0, None)
         if (self.prefetch or not reshard_after_forward) and self.stage != 3:
             raise ValueError(f"prefetch and reshard_after_forward are stage 3's (parameters "
@@ -332,13 +333,11 @@ class ZeRO:
         self.params, self.grads, self.states = shard_states(
             self.stage, flat, self.shard, self.policy, spec.optimizer, **self.opt_kwargs)
         del flat
-        self.node = self.cross = None
         extra: dict[str, Any] = {}
-        if self.zeropp:
-            self.node, self.cross = node_comms(grid, self.comm)
-            extra = {"parts": self.zeropp, "block": self.block, "node": self.node,
-                     "cross": self.cross}
-        hooks = MeteredZeroPPHooks if self.zeropp else MeteredZeroHooks
+        if zeropp:
+            node, cross = node_comms(grid, self.comm)
+            extra = {"parts": zeropp, "block": int(zeropp_block), "node": node, "cross": cross}
+        hooks = MeteredZeroPPHooks if zeropp else MeteredZeroHooks
         self.zero_hooks = self.hooks = hooks(
             self.stage, self.comm, psi, self.shard, self.states, unit_table(self.model.cfg),
             params=self.params, grads=self.grads, dtype=self.policy.param_dtype,
@@ -349,6 +348,11 @@ class ZeRO:
         if self.memory_wrap is not None:
             self.hooks = self.memory_wrap(self.hooks, self.units)
         self._traffic = AxisTraffic(grid)
+
+    @property
+    def zeropp(self) -> tuple[str, ...]:
+        """ZeRO++'s parts this engine runs (empty: plain ZeRO)."""
+        return getattr(self.zero_hooks, "parts", ())
 
     # -- one training step ---------------------------------------------------
     def _local(self, batch: Batch) -> tuple[Any, Any]:
@@ -494,10 +498,10 @@ class ZeRO:
             self.offload.close()
         if self.memory_wrap is not None:
             self.memory_wrap.close()
-        for c in (self.node, self.cross):
-            if c is not None:
-                c.Free()
-        self.node = self.cross = None
+        if self.zeropp and self.zero_hooks.node is not None:
+            self.zero_hooks.node.Free()
+            self.zero_hooks.cross.Free()
+            self.zero_hooks.node = self.zero_hooks.cross = None
 
 
 def node_comms(grid: Any, comm: Any) -> tuple[Any, Any]:

@@ -121,8 +121,9 @@ def engine_exact_bytes(eng: Any) -> int:
         spans = [(a, b) for _, a, b, _ in unit_table(eng.model.cfg)]
         inf = (allreduce_bytes_sent(1, 8, eng.comm.size, eng.comm.rank, eng.allreduce)
                if eng.states.scaler is not None else 0)
-        return inf + zeropp_exact_bytes(spans, eng.comm.size, eng.node.size, eng.comm.rank,
-                                        eng.zeropp, eng.block,
+        hooks = eng.zero_hooks
+        return inf + zeropp_exact_bytes(spans, eng.comm.size, hooks.node.size, eng.comm.rank,
+                                        eng.zeropp, hooks.block,
                                         eng.policy.param_dtype.itemsize)["total"]
     return exact_bytes_sent(eng.layout.size, eng.comm.size, eng.comm.rank, eng.stage,
                             eng.policy.param_dtype.itemsize, eng.allreduce,
@@ -266,8 +267,9 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
     forward all-gather     Σ_{q≠r+1} C_q b  (ring, to r+1)       qwZ: Σ_{q≠r+1} w8(C_q)
     backward all-gather    the same                              hpZ: Σ_{i≠j+1} D_i b, in
                                                                  the node's ring
-    reduce-scatter         Σ_{q≠r} C_q b  (ring, to r+1)         qgZ: Σ_{i≠j} Σ_m' w4(C_{m'k+i})
-                                                                 in the node, then
+    reduce-scatter         Σ_{q≠r} C_q b  (ring, to r+1)         qgZ: Σ_{i≠j} Σ_m'
+                                                                 w4(C_{m'k+i}) in the
+                                                                 node, then
                                                                  Σ_{m'≠m} w4(node sum of
                                                                  C_{m'k+j}) across
     =====================  ====================================  =========================
