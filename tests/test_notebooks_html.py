@@ -1,6 +1,7 @@
 """``minipar notebooks --html DIR``: notebooks executed and written as HTML, with an index in
-the learning path's order, read in headless Chromium where it is installed (always in CI);
-bad input is one line and exit 2."""
+the learning path's order, read in headless Chromium where it is installed (always in CI):
+a real notebook's page, its explorer's default view (figure and numbers); bad input is one
+line and exit 2."""
 
 from __future__ import annotations
 
@@ -22,29 +23,37 @@ def _notebook(path, heading, code):
                                 "nbformat_minor": 5}), encoding="utf-8")
 
 
+#: the real notebook the book test renders and reads: the quickest with an explorer
+REAL = "05_tensor_parallel"
+
+
 def test_pages_with_figures_and_an_index_in_order(tmp_path, monkeypatch, capsys):
+    """A real notebook (its explorer's default view drawn headless) and a broken one."""
     pytest.importorskip("nbconvert")
     src = tmp_path / "notebooks"
     src.mkdir()
-    _notebook(src / "01_b.ipynb", "# 01 · second", "import matplotlib.pyplot as plt\n"
-              "%matplotlib inline\nplt.plot([1, 2]);")
-    _notebook(src / "00_a.ipynb", "# 00 · first", "print(6 * 7)")
+    real = verb.NOTEBOOKS / f"{REAL}.ipynb"
+    (src / real.name).write_text(real.read_text(encoding="utf-8"), encoding="utf-8")
     _notebook(src / "02_c.ipynb", "# 02 · broken", "raise ValueError('on purpose')")
     monkeypatch.setattr(verb, "NOTEBOOKS", src)
     out = tmp_path / "book"
     assert main(["notebooks", "--html", str(out), "--quick"]) == 1  # one notebook failed
-    page = (out / "01_b.html").read_text(encoding="utf-8")
-    assert "data:image/png;base64" in page and "42" in (out / "00_a.html").read_text()
+    page = (out / f"{REAL}.html").read_text(encoding="utf-8")
+    explorer = page[page.index('id="cell-id=x37-05-explore"'):]
+    explorer = explorer[:explorer.index('id="cell-id=x37-05-predict"')]
+    assert "data:image/png;base64" in explorer and "bytes one rank sends per block" in explorer
     idx = (out / "index.html").read_text(encoding="utf-8")
-    assert idx.index("00_a.html") < idx.index("01_b.html") < idx.index("02_c.html")
-    assert "00 · first" in idx and "failed: ValueError: on purpose" in idx
+    assert idx.index("02_c.html") < idx.index(f"{REAL}.html")
+    assert verb.title(json.loads(real.read_text(encoding="utf-8"))) in idx
+    assert "failed: ValueError: on purpose" in idx
     assert "FAILED: ValueError: on purpose" in capsys.readouterr().out
     if CHROMIUM.exists() or os.environ.get("CI"):  # the book in a real browser, as a reader
         read_in_chromium(out, tmp_path)
 
 
 def read_in_chromium(book, tmp_path):
-    """Open the book's index in headless Chromium, follow the second link, see its figure."""
+    """Open the book's index in headless Chromium, follow the real notebook's link, see its
+    explorer's default view: the figure drawn and its numbers."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -56,11 +65,14 @@ def read_in_chromium(book, tmp_path):
     driver = webdriver.Chrome(service=Service(str(DRIVER)), options=opts)
     try:
         driver.get((book / "index.html").as_uri())
-        driver.find_element(By.LINK_TEXT, "01_b").click()
-        img = driver.find_element(By.CSS_SELECTOR, "img[src^='data:image/png']")
+        driver.find_element(By.LINK_TEXT, REAL).click()
+        cell = driver.find_element(By.CSS_SELECTOR, '[id="cell-id=x37-05-explore"]')
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", cell)
+        img = cell.find_element(By.CSS_SELECTOR, "img[src^='data:image/png']")
         assert driver.execute_script("return arguments[0].naturalWidth", img) > 100
+        assert "bytes one rank sends per block" in cell.text
         SHOTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(SHOTS / "04-rendered-book-page.png"))
+        driver.save_screenshot(str(SHOTS / "04-rendered-book-explorer.png"))
     finally:
         driver.quit()
 
