@@ -73,7 +73,7 @@ for spec, key, stages in ((PARITY, "parity", STAGES), (MOE, "moe_parity", (1, 2,
 # ZeRO-3 prefetching K units ahead, resharding after forward or not: parity, the bytes of
 # the blocking form (each rank: sent and exact), the gathered peak against its formula
 serial = serial_reference(PARITY, comm.size) if comm.rank == 0 else None
-for k, reshard, remat in ((1, True, None), (2, True, None), (1, False, None),
+for k, reshard, remat in ((1, True, None), (2, True, None), (1, False, None), (2, False, None),
                           (0, False, None), (2, True, 1)):
     extra = {} if remat is None else {"remat": remat}  # remat: a unit fetched twice
     m = measure_stage(grid, PARITY, 3, prefetch=k, reshard_after_forward=reshard, **extra)
