@@ -118,13 +118,14 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
     reason = not_comparable_reason(options)
     module = importlib.import_module(STRATEGIES[options["strategy"]][0])
     fp8 = options.get("precision") == "fp8"
-    own = None if reason is not None or fp8 else getattr(
-        module, "own_reference", lambda o, s, m: None)(options, spec, m)
-    if own is not None:  # a run whose arithmetic its reference repeats (ZeRO++)
+    # a run whose reference repeats its arithmetic (ZeRO++, any precision but fp8): bit for bit
+    own = None if fp8 else getattr(module, "own_reference", lambda *a: None)(options, spec, m)
+    if own is not None:
         v = parity.bitwise(losses, own["losses"], params, own["params"], own["against"])
-        d = parity.compare(losses, serial["losses"], params, serial["params"], initial)
-        m["from_serial"] = {k: d.as_dict()[k] for k in
+        d = parity.compare(losses, serial["losses"], params, serial["params"], initial).as_dict()
+        m["from_serial"] = {k: d[k] for k in
                             ("max_param_diff", "param_gap", "max_loss_diff", "loss_gap")}
+        reason = None
     elif reason is None:
         v = parity.compare(losses, serial["losses"], params, serial["params"], initial,
                            fp8=fp8)
@@ -134,9 +135,10 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
     notes = m.pop("notes", [])
     if "from_serial" in m:
         d = m["from_serial"]
-        notes.append(f"from the unquantized serial run: max |diff| {d['max_param_diff']:.3g} "
-                     f"({d['param_gap']:.3g} of the distance trained), losses "
-                     f"{d['max_loss_diff']:.3g} apart at most (what quantization changed)")
+        gap = "" if d["param_gap"] is None else f" ({d['param_gap']:.3g} of the distance trained)"
+        notes.append(f"from the unquantized serial run: max |diff| {d['max_param_diff']:.3g}"
+                     f"{gap}, losses {d['max_loss_diff']:.3g} apart at most (what quantization "
+                     "changed: a number, not a verdict)")
     world = serial_world
     if spec.experts and world > 1 and not any("mixture of experts" in n for n in notes):
         notes.append(f"mixture of experts: each of the {world} data-parallel ranks routes its own "

@@ -26,6 +26,21 @@ communication intervals per rank, the share of communication hidden behind
 computation (``hidden_fraction``, :func:`minipar.overlap.hidden_fraction`) and the
 most it held gathered next to its formula; ``--trace FILE.json`` draws the
 intervals in Perfetto.
+
+ZeRO++ (stage 3; Wang et al. 2023, arXiv 2306.10209; :mod:`minipar.parallel.zero.zeropp`):
+``--zeropp qwz,hpz,qgz`` (any subset) with ``--zeropp-block B`` (elements per scale,
+default 256) and ``--node K`` (ranks per node; default MPI's own).  The verdict is bit
+for bit against the serial ZeRO++ arithmetic (:func:`own_reference`), with the distance
+from the unquantized serial run as a number (``from_serial``).  ``--json`` gives the
+key ``zeropp``: ``parts``, ``block``, ``node``; per rank ``bytes_per_rank`` (measured,
+per step) and ``bytes_exact_per_rank``, ``intra_per_rank`` / ``inter_per_rank`` (to
+ranks of the same node / of other nodes, measured; ``*_exact_per_rank`` their exact
+figures), ``zero3_bytes_exact_per_rank`` and ``zero3_inter_exact_per_rank`` (what
+ZeRO-3 sends in the same run), ``formula`` / ``zero3_formula`` (the paper's volumes:
+``total``, ``inter``, by collective) and ``hpz_held_per_rank`` / ``hpz_formula_per_rank``
+(the memory hpZ adds).  Refused in one line, before MPI starts: a stage other than 3,
+an unknown part, a block that is not positive, ``--node`` not dividing ``-n``, and
+``--no-reshard-after-forward``, ``--remat`` or ``--offload`` with ``--zeropp``.
 """
 
 from __future__ import annotations
@@ -327,12 +342,20 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
             "bytes_exact_text": "ZeRO++'s collectives, packed parts counted exactly"}
 
 
+def not_comparable(options: dict[str, Any]) -> str | None:
+    """A resumed ZeRO++ run: its serial arithmetic is replayed from the start only."""
+    if options.get("zeropp") and options.get("resume"):
+        return ("a resumed ZeRO++ run: its serial ZeRO++ arithmetic is replayed from the "
+                "initial parameters only; run it from the start to compare bit for bit")
+    return None
+
+
 def own_reference(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, Any] | None:
     """Rank 0, for the summary: a ZeRO++ run's reference, the serial run that repeats its
     quantized arithmetic (:func:`minipar.parallel.zero.oracle.zeropp_reference`); None
     for plain ZeRO (its reference is the serial run)."""
     z = m.get("zeropp")
-    if not z:
+    if not z or options.get("resume"):
         return None
     from minipar.parallel.zero.oracle import zeropp_reference
 

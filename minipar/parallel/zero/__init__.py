@@ -16,6 +16,12 @@ The technique: read ``shard.py`` (41 code lines), ``hooks.py`` (96 code lines),
 - :mod:`.step` — ``zero_step``: the walk, then all-reduce (0) or reduce-scatter (1)
   the gradients, step the own shard, all-gather the parameters (1-2).
 
+ZeRO++ (Wang et al. 2023, arXiv 2306.10209), stage 3 with quantized and hierarchical
+communication: read ``zeropp.py`` (81 code lines), then
+``minipar/collectives/quantized.py`` (39 code lines) — ``ZeroPPHooks`` override where
+stage 3 gathers (qwZ's int8 all-gather, hpZ's node all-gather in backward) and how it
+reduces (qgZ's int4 all-to-all, in the node then across nodes).
+
 Then the shell:
 
 - :mod:`.engine` — ``ZeRO`` (Rajbhandari et al. 2019, arXiv 1910.02054), an
@@ -25,7 +31,8 @@ Then the shell:
   tensor, so any layout resumes any other); ``MeteredZeroHooks``, the hooks that
   also measure what stage 3 held gathered at most;
 - :mod:`.measure` — a run's bytes sent and held, next to their exact figure and the
-  paper's.
+  paper's (ZeRO++'s too: inside and across nodes, and hpZ's memory);
+- :mod:`.oracle` — the serial arithmetic of a ZeRO++ run, which it equals bit for bit.
 
 Who holds what (N = 3 ranks, Ψ parameters; C_r ≈ Ψ/3 the shard of rank r)::
 
