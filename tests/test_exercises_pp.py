@@ -1,5 +1,5 @@
-"""Pipeline-schedule exercises (gpipe_schedule, one_f_one_b, zb_h1_schedule): references pass,
-wrong ones are named.
+"""Pipeline-schedule exercises (gpipe_schedule, one_f_one_b, zb_h1_schedule, dualpipev_schedule):
+references pass, wrong ones are named.
 
 Most of the grading is pure (checker and simulator on the learner's lists), so
 every wrong solution in tests/mpi/ex_wrong_gpipe_*.py / ex_wrong_1f1b_*.py /
@@ -27,7 +27,8 @@ def learner(path: Path):
     return module.schedule
 
 
-KINDS = [("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b"), ("zb_h1_schedule", "zb-h1")]
+KINDS = [("gpipe_schedule", "gpipe"), ("one_f_one_b", "1f1b"), ("zb_h1_schedule", "zb-h1"),
+         ("dualpipev_schedule", "dualpipev")]
 
 
 @pytest.mark.parametrize("name, kind", KINDS)
@@ -129,6 +130,25 @@ WRONG = [
      "p=4, m=8: stage 0 holds 8 micro-batches between F and W (their inputs and output "
      "gradients kept for W); ZB-H1 holds at most p = 4, as 1F1B: run each W soon after its B, "
      "s B's late on stage s"),
+    # DeepSeek-V3's DualPipe-V (two chunks in a V, m >= 2p)
+    ("ex_wrong_dpv_no_pairs.py", "dualpipev", "rule",
+     "p=4, m=14: rank 0 runs 0 overlapped pairs, DeepSeek's DualPipe-V 17: in the steady state"),
+    ("ex_wrong_dpv_same_mb_pair.py", "dualpipev", "check",
+     "ForwardBackward(forward=Forward(mb=3, chunk=0), backward=Backward(mb=3, chunk=1)) "
+     "(position 13): the backward of micro-batch 3 needs its loss, which needs this very "
+     "forward"),
+    ("ex_wrong_dpv_w_before_b.py", "dualpipev", "check",
+     "stage 0: BackwardWeight(mb=0, chunk=1) at position 8 comes before BackwardInput(mb=0, "
+     "chunk=1) at position 9"),
+    ("ex_wrong_dpv_backward_chunks.py", "dualpipev", "check",
+     "(cycle of waiting stages: 1 -> 1)\nA rank that waits for itself ran a chunk out of turn"),
+    ("ex_wrong_dpv_no_warmup.py", "dualpipev", "check",
+     "deadlock: stage 0 waits at RecvAct(mb=0, chunk=1) for stage 1; stage 1 waits at "
+     "RecvAct(mb=0, chunk=0) for stage 0 (cycle of waiting stages: 0 -> 1 -> 0)\nA pair "
+     "receives both its inputs before it starts"),
+    ("ex_wrong_dpv_whole_backwards.py", "dualpipev", "bubble",
+     "rank 0 idles 14 time units; DualPipe-V's table gives (PP/2 - 1)(F&B + B - 3W) = 6 "
+     "(PP = 2p = 8): no backward is split"),
 ]
 
 
@@ -141,7 +161,7 @@ def test_wrong_schedules_are_named(file, kind, key, words):
             said.setdefault(k, v)
     assert key in said, (file, said)
     assert words in said[key], said[key]
-    if file.startswith("ex_wrong_zbh1_"):
+    if file.startswith(("ex_wrong_zbh1_", "ex_wrong_dpv_")):
         assert set(said) == {key}, said  # one named reason, nothing else
 
 
@@ -153,7 +173,7 @@ def test_calling_the_packages_schedule_is_not_writing_it():
 
 # -- through the real path: launch, worker, the MPI executor --------------------------------------
 @pytest.mark.parametrize("name, n", [("gpipe_schedule", 3), ("one_f_one_b", 4),
-                                     ("zb_h1_schedule", 3)])
+                                     ("zb_h1_schedule", 3), ("dualpipev_schedule", 2)])
 def test_reference_solution_passes_on_real_ranks(name, n):
     report = check(name, get(name).solution_path, n, timeout=120)
     assert report.passed, report.text()
@@ -192,3 +212,19 @@ def test_a_list_of_something_else_is_named():
                              "instructions"}
     said = common.findings("gpipe", lambda s, p, m: ["F0", "B0"], 2)
     assert "'F0' at position 0 is not a pipeline instruction" in said["check"]
+
+
+def test_dualpipev_reference_is_deepseeks_schedule_and_its_table():
+    """The reference is minipar's own dualpipev, rank by rank, for p = 1..6 and m from 2p;
+    each rank idles at most the table's (PP/2 - 1)(F&B + B - 3W) = 2(p - 1) (F 1, B 2, W 1)."""
+    from minipar.cli.bubble import idle_per_rank
+    from minipar.parallel.pipeline.schedule import stage_schedule
+    from minipar.parallel.pipeline.simulate import replay, split_cost
+
+    fn = learner(get("dualpipev_schedule").solution_path)
+    for p in range(1, 7):
+        for m in (2 * p, 2 * p + 1, 3 * p + 2):
+            lists = [fn(s, p, m) for s in range(p)]
+            assert lists == [stage_schedule("dualpipev", s, p, m, 2) for s in range(p)]
+            idle = idle_per_rank(replay(lists, split_cost(1, 1, 1), placement="v"))
+            assert max(idle) == 2 * (p - 1), (p, m, idle)

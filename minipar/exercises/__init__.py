@@ -180,6 +180,15 @@ EXERCISES: dict[str, Exercise] = {
             writes="schedule",
         ),
         Exercise(
+            "dualpipev_schedule",
+            "run_stage",
+            "DeepSeek-V3's DualPipe-V: two chunks per rank in a V, overlapped pairs, B and W "
+            "split in the cool-down",
+            "★★★",
+            writes_communication=False,
+            writes="schedule",
+        ),
+        Exercise(
             "remat_budget",
             "remat_step",
             "activation checkpointing: which activations to keep for a memory budget (notebook 09)",

@@ -1,4 +1,4 @@
-"""Grader of the pipeline-schedule exercises (GPipe; 1F1B, ZB-H1 reuse it): checker, simulator, MPI.
+"""Grader of the pipeline-schedule exercises (GPipe; 1F1B, ZB-H1, DualPipe-V reuse it): checker, simulator, MPI.
 
 EN pipeline schedule grader · RU проверка расписания конвейера · ZH 流水线调度评分
 
@@ -24,6 +24,12 @@ plain data, so most of the grading needs no MPI; every rank computes it, rank
    most (p − 1)(T_F + T_B − T_W) for m ≥ p (Table 2), below that at most the
    simulator's value for minipar's own zb-h1; a bubble that is 1F1B's
    (p − 1)(T_F + T_B + T_W), or a backward never split, is named;
+   DualPipe-V (DeepSeek-AI 2024, arXiv 2412.19437; two chunks per rank in ZB-V's V,
+   m >= 2p): each rank's idle time with F = 1, B = 2, W = 1, F&B = F + B at most
+   what minipar's own dualpipev reaches, the table's (PP/2 − 1)(F&B + B − 3W), and at
+   most PP + 1 = 2p + 1 chunk-activations in flight, with as many overlapped pairs as
+   DeepSeek's steady state has (a pair whose halves depend on each other, one micro-batch,
+   is named);
 4. **real ranks** — on N ranks, each rank runs *its own stage's list* through
    minipar's MPI pipeline executor
    (:class:`minipar.parallel.pipeline.engine.PipelineParallel`, its
@@ -49,6 +55,7 @@ caught separately (:func:`copied`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +66,13 @@ from minipar.exercises.judging import Records
 
 KIND = "gpipe"
 MS = tuple(range(1, 9))  #: micro-batch counts every rules case tries
+#: model chunks per rank and where they sit (stage_loop.virtual_stage), per schedule
+CHUNKS, PLACE = {"dualpipev": 2}, {"dualpipev": "v"}
+
+
+def ms_for(kind: str, p: int) -> tuple[int, ...]:
+    """The micro-batch counts a rules case tries: 1..8; DualPipe-V m >= 2p (its PP)."""
+    return (2 * p, 2 * p + 1, 3 * p + 2) if kind == "dualpipev" else MS
 FIRST_STEP = (
     "stage s's forwards: for each micro-batch i, RecvAct(i) (not on stage 0), Forward(i), "
     "SendAct(i) (not on the last stage); then the backwards in reverse, then OptimizerStep()."
@@ -72,11 +86,16 @@ NAMES = {
                        "ideal time, exactly",
                "zb-h1": "bubble on the simulator (T_F = T_B = T_W = 1, the longest stage's "
                         "span) at most ZB-H1's (p - 1)(T_F + T_B - T_W) for m >= p, a third "
-                        "of 1F1B's (below m = p: the simulator's ZB-H1 value)"},
+                        "of 1F1B's (below m = p: the simulator's ZB-H1 value)",
+               "dualpipev": "idle per rank on the simulator (F 1, B 2, W 1, F&B = F + B) at "
+                            "most DualPipe-V's (PP/2 - 1)(F&B + B - 3W), PP = 2p"},
     "rule": {"gpipe": "GPipe: all m forwards before any backward (m micro-batches in flight)",
              "1f1b": "1F1B: at most p - s micro-batches in flight on stage s (never more than p)",
              "zb-h1": "ZB-H1: 1F1B's memory, at most p - s micro-batches between F and B on "
-                      "stage s, at most p between F and W"},
+                      "stage s, at most p between F and W",
+             "dualpipev": "DualPipe-V: at most PP + 1 = 2p + 1 chunk-activations in flight, "
+                          "and DeepSeek's overlapped pairs (a forward of one micro-batch with "
+                          "the backward of another)"},
     "own": "written by you (not a call to minipar.parallel.pipeline.schedule)",
 }
 _notes: dict[str, str] = {}  # case label -> findings, for diagnose (same process, rank side)
@@ -96,7 +115,10 @@ def cases(n: int) -> list[dict]:
 
 def label(case: dict) -> str:
     if case["what"] == "rules":
-        return f"p = {case['p']} stages, m = 1..{MS[-1]} (checker and simulator)"
+        ms = ms_for(case["kind"], case["p"])
+        return (f"p = {case['p']} stages, m = {ms[0]}..{ms[-1]} (checker and simulator)"
+                if ms != MS else f"p = {case['p']} stages, m = 1..{MS[-1]} (checker and "
+                "simulator)")
     return f"{case['p']} rank{'s' if case['p'] != 1 else ''}, m = {case['m']} (MPI executor)"
 
 
@@ -121,6 +143,8 @@ def rule(kind: str, lists: list[list], p: int, m: int) -> str | None:
     """The schedule's own rule (in flight), in words, or None."""
     from minipar.parallel.pipeline.measure import in_flight
 
+    if kind == "dualpipev":
+        return dual_rule(lists, p, m)
     for s, ins in enumerate(lists):
         held = in_flight(ins)
         if kind == "gpipe" and held != m:
@@ -154,6 +178,8 @@ def bubble(kind: str, lists: list[list], p: int, m: int) -> str | None:
 
     if kind == "zb-h1":
         return zb_bubble(lists, p, m)
+    if kind == "dualpipev":
+        return dual_bubble(lists, p, m)
     tl = replay(lists, uniform_cost(1, 2))
     formula = bubble_formula(kind, p, m)
     if kind == "gpipe":
@@ -210,10 +236,100 @@ def zb_bubble(lists: list[list], p: int, m: int) -> str | None:
             "would idle")
 
 
+def _pairs(ins: list) -> int:
+    from minipar.parallel.pipeline.stage_loop import ForwardBackward
+
+    return sum(isinstance(x, ForwardBackward) for x in ins)
+
+
+def dual_rule(lists: list[list], p: int, m: int) -> str | None:
+    """DualPipe-V's memory (the table's PP + 1 chunk-activations) and its overlapped pairs
+    (as many as DeepSeek's steady state, step 4: nF0B1F1B0), in words, or None."""
+    from minipar.parallel.pipeline.measure import in_flight
+    from minipar.parallel.pipeline.schedule import schedules
+
+    ref = schedules("dualpipev", p, m, 2)
+    for s, ins in enumerate(lists):
+        if (held := in_flight(ins)) > 2 * p + 1:
+            return (f"p={p}, m={m}: rank {s} holds {held} chunk-activations at once (a "
+                    f"Forward run, its backward not yet); DualPipe-V holds at most PP + 1 = "
+                    f"{2 * p + 1}: start the backwards of chunk 1 (the way back up the V) "
+                    "as soon as the first micro-batches reach the loss, not after all forwards")
+        if (got := _pairs(ins)) < (want := _pairs(ref[s])):
+            return (f"p={p}, m={m}: rank {s} runs {got} overlapped pairs, DeepSeek's "
+                    f"DualPipe-V {want}: in the steady state (step 4, nF0B1F1B0) each forward "
+                    "runs in a pair with the backward of an older micro-batch of the other "
+                    "chunk, ForwardBackward(Forward(j, 0), Backward(i, 1)) then "
+                    "ForwardBackward(Forward(i', 1), Backward(i'', 0)): one's messages (and "
+                    "with experts its all-to-all) travel while the other computes; the same "
+                    "order as two separate instructions overlaps nothing")
+    return None
+
+
+def dual_bubble(lists: list[list], p: int, m: int) -> str | None:
+    """Each rank's idle time on the simulator (F 1, B 2, W 1, F&B = F + B) against minipar's
+    own dualpipev (= the table's (PP/2 − 1)(F&B + B − 3W) = 2(p − 1) for these costs), in
+    words, or None."""
+    from minipar.cli.bubble import idle_per_rank
+    from minipar.parallel.pipeline.schedule import schedules
+    from minipar.parallel.pipeline.simulate import replay, split_cost
+    from minipar.parallel.pipeline.stage_loop import BackwardInput
+
+    def idle(ls: list[list]) -> list:
+        return idle_per_rank(replay(ls, split_cost(1, 1, 1), placement="v"))
+
+    got, want = idle(lists), max(idle(schedules("dualpipev", p, m, 2)))
+    if max(got) <= want:
+        return None
+    worst = got.index(max(got))
+    said = (f"p={p}, m={m}: on the simulator (F 1, B 2, W 1, F&B = F + B) rank {worst} idles "
+            f"{max(got)} time units; DualPipe-V's table gives (PP/2 - 1)(F&B + B - 3W) = "
+            f"{want} (PP = 2p = {2 * p})")
+    if not any(isinstance(x, BackwardInput) for ins in lists for x in ins):
+        return (said + ": no backward is split. DualPipe-V splits the B's of step 3 "
+                "(nB1W1F1: BackwardInput then its BackwardWeight) and, in the cool-down, "
+                "runs B's alone and moves their W's to fill the gaps (steps 6-8: nB1B0 with "
+                "zero bubble switched on mid-way, nWB0, nW)")
+    return (said + ": a rank waits more than the schedule needs: follow DeepSeek's eight steps "
+            "(nF0, nF0F1, nB1W1F1, nF0B1F1B0, nB1F1B0, nB1B0, nWB0, nW), each rank's step "
+            "lengths set by its distance from the V's turn")
+
+
+#: DualPipe-V's chunks, when a chunk is wrong or a message has no partner
+V_CHUNKS = ("A rank that waits for itself ran a chunk out of turn. In DualPipe-V rank s "
+            "holds two chunks of the V: chunk 0 is virtual stage s on "
+            "the way down, chunk 1 virtual stage 2p - 1 - s on the way back up (rank p - 1 "
+            "hands chunk 0's output to its own chunk 1, rank 0's chunk 1 adds the loss): "
+            "every micro-batch i runs Forward(i, 0), Forward(i, 1), then the backward of "
+            "chunk 1 before that of chunk 0, on every rank")
+
+#: a pair whose two halves depend on each other
+SAME_MB = ("the backward of micro-batch {i} needs its loss, which needs this very forward "
+           "(the V goes down and back up through every rank): the two halves depend on "
+           "each other and cannot overlap. Pair a forward with the backward of an OLDER "
+           "micro-batch, one whose loss is already known")
+
+
+def pair_problems(lists: list[list], p: int, m: int) -> list[str]:
+    """Overlapped pairs of one micro-batch (its forward and its own backward)."""
+    from minipar.parallel.pipeline.stage_loop import ForwardBackward
+
+    return [f"p={p}, m={m}: stage {s}: {x} (position {k}): " + SAME_MB.format(i=x.forward.mb)
+            for s, ins in enumerate(lists) for k, x in enumerate(ins)
+            if isinstance(x, ForwardBackward) and x.forward.mb == x.backward.mb
+            and x.forward.chunk != x.backward.chunk]
+
+
 #: what the checker's words mean for a split backward
 W_BEFORE_B = ("A W reads what its own B kept (the layer's input x and the gradient of its "
               "output dy): BackwardWeight(i) comes after BackwardInput(i) on the same stage, "
               "never before it (not in the warm-up either)")
+
+#: what a deadlock of DualPipe-V usually is
+V_STUCK = ("A pair receives both its inputs before it starts (with_comm puts its RecvAct and "
+           "RecvGrad first), so a pair may only use what the neighbours' lists send EARLIER: "
+           "rank s runs 2(p - s - 1) forwards of chunk 0 before its first chunk-1 forward "
+           "(step 1, nF0), so that the V's way back is already under way when it waits")
 
 #: what a deadlock of a 1F1B-shaped schedule (1F1B, ZB-H1) usually is
 STUCK = ("Each stage in the cycle waits for a message its neighbour sends only later in its "
@@ -221,21 +337,30 @@ STUCK = ("Each stage in the cycle waits for a message its neighbour sends only l
          "stage needs go out before it waits for a gradient")
 
 
-def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] = MS) -> dict[str, str]:
-    """A problem of each kind over m in ``ms`` on p stages: "check" at the smallest m that
-    fails it, "rule" and "bubble" at the largest."""
-    from minipar.parallel.pipeline.check import problems
-
+def findings(kind: str, fn: Callable, p: int, ms: tuple[int, ...] | None = None
+             ) -> dict[str, str]:
+    """A problem of each kind over m in ``ms`` (default :func:`ms_for`) on p stages: "check"
+    at the smallest m that fails it, "rule" and "bubble" at the largest."""
     out: dict[str, str] = {}
-    for m in ms:
+    for m in ms or ms_for(kind, p):
         lists, bad = _lists(fn, p, m)
-        found = [bad] if bad else problems(lists)
+        if not bad and kind == "dualpipev" and (same := pair_problems(lists, p, m)):
+            out.setdefault("check", same[0])
+            continue
+        found = [bad] if bad else _problems(lists, kind)
         if found:
             out.setdefault("check", f"p={p}, m={m}: " + "\n".join(found[:4]) + (
                 f"\n... and {len(found) - 4} more" if len(found) > 4 else "") + (
                 "\n" + W_BEFORE_B if any("BackwardWeight(" in f and "comes before "
                                           "BackwardInput(" in f for f in found[:4]) else "") + (
-                "\n" + STUCK if kind != "gpipe" and found[0].startswith("deadlock") else ""))
+                "\n" + STUCK if kind not in ("gpipe", "dualpipev")
+                and found[0].startswith("deadlock") else "") + (
+                "\n" + V_CHUNKS if kind == "dualpipev" and (any(
+                    "chunk=1" in f and ("appears 0 times" in f or "appears 2 times" in f)
+                    for f in found[:4]) or re.search(r"stages: (\d+) -> \1\)", found[0]))
+                else "") + (
+                "\n" + V_STUCK if kind == "dualpipev" and found[0].startswith("deadlock")
+                else ""))
             continue
         for key, said in (("rule", rule(kind, lists, p, m)), ("bubble", bubble(kind, lists, p, m))):
             if said:  # the largest m wins: the clearest numbers
@@ -248,24 +373,27 @@ def copied(fn: Callable) -> bool:
     function of :mod:`minipar.parallel.pipeline.schedule`,
     :mod:`~minipar.parallel.pipeline.zero_bubble` or :mod:`~minipar.parallel.pipeline.dualpipe`;
     ``measure.in_flight`` is a helper a learner may use, the stage loop's ``virtual_stage``
-    one too)?"""
+    one too, and ``schedule.with_comm``, the rule that places the messages, which the
+    DualPipe-V exercise gives)?"""
     import inspect
 
     from minipar.parallel.pipeline import dualpipe, zero_bubble
     from minipar.parallel.pipeline import schedule as sched
 
     theirs = {id(f) for mod in (sched, zero_bubble, dualpipe) for f in vars(mod).values()
-              if inspect.isfunction(f) and f.__module__ == mod.__name__}
+              if inspect.isfunction(f) and f.__module__ == mod.__name__
+              and f is not sched.with_comm}
     return any(id(v) in theirs for v in getattr(fn, "__globals__", {}).values())
 
 
 SPEC_ARGS = {"vocab": 10, "seq": 8, "d_model": 16, "heads": 2, "steps": 2}
 
 
-def spec(p: int) -> Any:
+def spec(p: int, kind: str = KIND) -> Any:
+    """The small GPT a run case trains: a block per virtual stage at least."""
     from minipar.parallel.common import RunSpec
 
-    return RunSpec(layers=max(p, 2), batch=2 * p + 1, **SPEC_ARGS)
+    return RunSpec(layers=max(p, 2) * CHUNKS.get(kind, 1), batch=2 * p + 1, **SPEC_ARGS)
 
 
 def execute(kind: str, fn: Callable, comm: Any, p: int, m: int) -> np.ndarray:
@@ -278,8 +406,8 @@ def execute(kind: str, fn: Callable, comm: Any, p: int, m: int) -> np.ndarray:
     raw = getattr(comm, "comm", comm)  # the grader's Dup of COMM_WORLD, untraced
     grid = Grid(raw, dp=1, pp=p)
     mine = fn(grid.coord("pp"), p, m)
-    run = spec(p)
-    pp = PipelineParallel(grid, run, kind, m, 1, instructions=mine)
+    run = spec(p, kind)
+    pp = PipelineParallel(grid, run, kind, m, CHUNKS.get(kind, 1), instructions=mine)
     loop.train(pp, run.batch_at, run.steps)
     return np.concatenate([np.asarray(v, dtype=np.float64).ravel()
                            for v in pp.full_params().values()])
@@ -302,22 +430,23 @@ def run_stage(fn: Callable, comm: Any, x: np.ndarray, **case: Any) -> np.ndarray
     if p != comm.Get_size():
         raise ValueError(f"case for {p} ranks run on {comm.Get_size()}")
     lists, bad = _lists(fn, p, m)
-    found = [bad] if bad else _problems(lists)
+    found = [bad] if bad else (pair_problems(lists, p, m) if kind == "dualpipev" else []
+                               ) or _problems(lists, kind)
     if found:
         _notes[key] = (f"not run on the ranks: the schedule for p={p}, m={m} fails the "
                        f"checker first ({found[0]})")
-        return np.full(_size(p), np.nan)  # the expected shape: a wrong result, not a contract
+        return np.full(_size(p, kind), np.nan)  # the expected shape: a wrong result
     return execute(kind, fn, comm, p, m)
 
 
-def _size(p: int) -> int:
-    return sum(int(np.asarray(v).size) for v in spec(p).initial_params().values())
+def _size(p: int, kind: str = KIND) -> int:
+    return sum(int(np.asarray(v).size) for v in spec(p, kind).initial_params().values())
 
 
-def _problems(lists: list[list]) -> list[str]:
+def _problems(lists: list[list], kind: str = KIND) -> list[str]:
     from minipar.parallel.pipeline.check import problems
 
-    return problems(lists)
+    return problems(lists, placement=PLACE.get(kind, "loop"))
 
 
 def oracle(raw: Any, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -328,7 +457,7 @@ def oracle(raw: Any, case: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray 
     from minipar.parallel.common import serial_reference
     from minipar.parallel.parity import TOLERANCE
 
-    sp = spec(case["p"])
+    sp = spec(case["p"], case["kind"])
     ser = np.asarray(serial_reference(sp)["params"], dtype=np.float64)
     init = sp.initial_params()
     theta0 = np.concatenate([np.asarray(init[k]).ravel() for k in init])
@@ -360,7 +489,9 @@ def judge_kind(kind: str, n: int, cases: list[dict], records: Records) -> list[C
                 found[key] = (label(case), json.loads(said)[key])
                 break
     checks = []
-    for key, name in (("check", NAMES["check"]), ("rule", NAMES["rule"][kind]),
+    check_name = (NAMES["check"] if kind != "dualpipev" else NAMES["check"].replace(
+        "p = 1..4 stages, m = 1..8", "p = 1..4 ranks (2p stages), m = 2p, 2p + 1, 3p + 2"))
+    for key, name in (("check", check_name), ("rule", NAMES["rule"][kind]),
                       ("bubble", NAMES["bubble"][kind]), ("own", NAMES["own"])):
         where, words = found.get(key, (None, ""))
         if key in ("rule", "bubble") and key not in found and "check" in found:
