@@ -257,10 +257,14 @@ def test_measure_this_says_the_explorers_number_without_widgets(monkeypatch):
     predict.measure_this(dp=4, zero=2)
     out = "".join(shown)
     assert f"{8 * 7040 + 24 * 7040 // 4:,} B per rank" in out
-    assert "dp 4 · tp 1 · pp 1, ZeRO-2" in out and "minipar run zero -n 4 --stage 2" in out
+    assert "dp 4 · tp 1 · pp 1 · cp 1, ZeRO-2" in out
+    assert "minipar run zero -n 4 --stage 2" in out
     shown.clear()
     predict.measure_this(dp=1, zero=3, tp=2, pp=2)
     predict.measure_this(dp=4, zero=0, tp=2)
     tp_pp, too_many = shown
     assert "60,672 B per rank (stage " in tp_pp and "minipar run hybrid -n 4 --dp 1" in tp_pp
-    assert too_many.startswith("dp 4 · tp 2 · pp 1 = 8 ranks: at most 4 here")
+    assert too_many.startswith("dp 4 · tp 2 · pp 1 · cp 1 = 8 ranks: at most 4 here")
+    assert predict.measure_command(2, 2, cp=2).startswith(
+        "minipar run hybrid -n 4 --dp 2 --tp 1 --pp 1 --cp 2 --zero 2")
+    assert predict.predicted_model_states(2, 2, cp=2) == 98_560  # ZeRO over dp·cp = 4

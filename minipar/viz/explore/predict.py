@@ -10,7 +10,7 @@ sentence on the usual mistake.  :func:`judge` is the verdict as text (tested);
 button that runs the configuration and shows measured, predicted and formula side by
 side.  Headless (nbconvert, the test suite) it shows the question and the command, and
 runs nothing.  :func:`measure_model_states` is the memory explorer's "measure this"
-(:func:`measure_this`: dp, tp, pp and ZeRO of the small GPT on up to 4 local ranks).
+(:func:`measure_this`: dp, tp, pp, cp and ZeRO of the small GPT on up to 4 local ranks).
 """
 
 from __future__ import annotations
@@ -42,43 +42,48 @@ def run_summary(strategy: str, n: int, *options: str) -> dict[str, Any]:
     return summary
 
 
-def measure_model_states(zero: int, n: int = 2, tp: int = 1, pp: int = 1) -> float:
+def measure_model_states(zero: int, n: int = 2, tp: int = 1, pp: int = 1,
+                         cp: int = 1) -> float:
     """Model-state bytes one rank holds in a run of minipar run's GPT (float64), ``n``
-    data-parallel ranks (ZeRO-``zero`` over them) × ``tp`` × ``pp``: ``minipar run zero``
-    when tp = pp = 1, else ``minipar run hybrid`` (the most any rank of the explorer's stage
-    holds): what :func:`minipar.viz.explore.memory.memory` predicts for the small GPT."""
-    if tp == pp == 1:
+    data-parallel ranks × ``tp`` × ``pp`` × ``cp`` (ZeRO-``zero`` over the dp·cp ranks):
+    ``minipar run zero`` when tp = pp = cp = 1, else ``minipar run hybrid`` (the most any
+    rank of the explorer's stage holds): what :func:`minipar.viz.explore.memory.memory`
+    predicts for the small GPT."""
+    if tp == pp == cp == 1:
         s = run_summary("zero", n, "--stage", str(zero), "--steps", "1")
         return float(s["model_state_bytes_per_rank"][0])
-    s = run_summary("hybrid", n * tp * pp, *measure_options(zero, n, tp, pp))
-    stage = _explorer(zero, n, tp, pp).numbers["stage"]
+    s = run_summary("hybrid", n * tp * pp * cp, *measure_options(zero, n, tp, pp, cp))
+    stage = _explorer(zero, n, tp, pp, cp).numbers["stage"]
     return float(max(b for b, c in zip(s["model_state_bytes_per_rank"], s["coords_per_rank"])
                      if c["pp"] == stage))
 
 
-def measure_options(zero: int, n: int, tp: int, pp: int) -> list[str]:
+def measure_options(zero: int, n: int, tp: int, pp: int, cp: int = 1) -> list[str]:
     """The options of the run that measures a layout (:func:`measure_command`)."""
-    if tp == pp == 1:
+    if tp == pp == cp == 1:
         return ["--stage", str(zero), "--steps", "1"]
-    return ["--dp", str(n), "--tp", str(tp), "--pp", str(pp), "--zero", str(zero),
-            *HYBRID_SMALL, "--steps", "1"]
+    return ["--dp", str(n), "--tp", str(tp), "--pp", str(pp), *(["--cp", str(cp)] if cp > 1
+                                                                else []),
+            "--zero", str(zero), *HYBRID_SMALL, "--steps", "1"]
 
 
-def measure_command(zero: int, n: int = 2, tp: int = 1, pp: int = 1) -> str:
+def measure_command(zero: int, n: int = 2, tp: int = 1, pp: int = 1, cp: int = 1) -> str:
     """``minipar run zero|hybrid ...``: the command :func:`measure_model_states` runs."""
-    what = "zero" if tp == pp == 1 else "hybrid"
-    return f"minipar run {what} -n {n * tp * pp} " + " ".join(measure_options(zero, n, tp, pp))
+    what = "zero" if tp == pp == cp == 1 else "hybrid"
+    return (f"minipar run {what} -n {n * tp * pp * cp} "
+            + " ".join(measure_options(zero, n, tp, pp, cp)))
 
 
-def _explorer(zero: int, n: int, tp: int, pp: int) -> Any:
-    return memory(SMALL, dp=n, tp=tp, pp=pp, zero=zero, remat="none", precision="float64",
-                  micro_batches=1)
+def _explorer(zero: int, n: int, tp: int, pp: int, cp: int = 1) -> Any:
+    return memory(SMALL, dp=n, tp=tp, pp=pp, cp=cp, zero=zero, remat="none",
+                  precision="float64", micro_batches=1)
 
 
-def predicted_model_states(zero: int, n: int = 2, tp: int = 1, pp: int = 1) -> float:
+def predicted_model_states(zero: int, n: int = 2, tp: int = 1, pp: int = 1,
+                           cp: int = 1) -> float:
     """The memory explorer's params + grads + optimizer for the same run (per device, on
     the fuller of the first and last pipeline stage)."""
-    v = _explorer(zero, n, tp, pp)
+    v = _explorer(zero, n, tp, pp, cp)
     return v.numbers["params"] + v.numbers["grads"] + v.numbers["optimizer"]
 
 
@@ -222,55 +227,57 @@ def ask(key: str) -> Question:
 MEASURE_RANKS = 4
 
 
-def measure_this(dp: int = 2, zero: int = 1, tp: int = 1, pp: int = 1) -> None:
+def measure_this(dp: int = 2, zero: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> None:
     """The memory explorer's "measure this": for minipar run's small GPT (float64), the
-    explorer's model states per rank at ``dp`` × ``tp`` × ``pp`` ranks (at most
-    :data:`MEASURE_RANKS`) and ZeRO stage ``zero`` over dp; with ipywidgets, controls and a
-    button that runs ``minipar run zero`` (tp = pp = 1) or ``minipar run hybrid`` and shows
-    both."""
+    explorer's model states per rank at ``dp`` × ``tp`` × ``pp`` × ``cp`` ranks (at most
+    :data:`MEASURE_RANKS`) and ZeRO stage ``zero`` over dp·cp; with ipywidgets, controls
+    and a button that runs ``minipar run zero`` (tp = pp = cp = 1) or ``minipar run
+    hybrid`` and shows both."""
     from IPython.display import Pretty, display
 
-    def said(n: int, z: int, t: int, p: int) -> str:
-        if n * t * p > MEASURE_RANKS:
-            return (f"dp {n} · tp {t} · pp {p} = {n * t * p} ranks: at most {MEASURE_RANKS} "
-                    "here; lower one of them")
-        v = _explorer(z, n, t, p)
+    def said(n: int, z: int, t: int, p: int, c: int) -> str:
+        ranks = n * t * p * c
+        if ranks > MEASURE_RANKS:
+            return (f"dp {n} · tp {t} · pp {p} · cp {c} = {ranks} ranks: at most "
+                    f"{MEASURE_RANKS} here; lower one of them")
+        v = _explorer(z, n, t, p, c)
         where = f" (stage {v.numbers['stage']})" if p > 1 else ""
-        return (f"memory explorer, {SMALL}, dp {n} · tp {t} · pp {p}, ZeRO-{z}: model states "
-                f"{predicted_model_states(z, n, t, p):,.0f} B per rank{where}; measure: "
-                f"{measure_command(z, n, t, p)}")
+        return (f"memory explorer, {SMALL}, dp {n} · tp {t} · pp {p} · cp {c}, ZeRO-{z}: "
+                f"model states {predicted_model_states(z, n, t, p, c):,.0f} B per rank{where}; "
+                f"measure: {measure_command(z, n, t, p, c)}")
     try:
         import ipywidgets as w
     except ImportError:
-        display(Pretty(said(dp, zero, tp, pp)))
+        display(Pretty(said(dp, zero, tp, pp, cp)))
         return
-    n_box = w.Dropdown(options=[1, 2, 3, 4], value=dp, description="dp")
-    t_box = w.Dropdown(options=[1, 2], value=tp, description="tp")
-    p_box = w.Dropdown(options=[1, 2], value=pp, description="pp")
-    z_box = w.Dropdown(options=[0, 1, 2, 3], value=zero, description="zero")
+    boxes = {"dp": w.Dropdown(options=[1, 2, 3, 4], value=dp, description="dp"),
+             "tp": w.Dropdown(options=[1, 2], value=tp, description="tp"),
+             "pp": w.Dropdown(options=[1, 2], value=pp, description="pp"),
+             "cp": w.Dropdown(options=[1, 2], value=cp, description="cp"),
+             "zero": w.Dropdown(options=[0, 1, 2, 3], value=zero, description="zero")}
     button = w.Button(description="measure this", button_style="primary",
                       layout=w.Layout(width="auto"))
     button.add_class("minipar-measure-this")
-    display(w.HBox([n_box, t_box, p_box, z_box, button]))
-    out = display(Pretty(said(dp, zero, tp, pp)), display_id=True)
+    display(w.HBox([*boxes.values(), button]))
+    out = display(Pretty(said(dp, zero, tp, pp, cp)), display_id=True)
 
-    def values() -> tuple[int, int, int, int]:
-        return n_box.value, z_box.value, t_box.value, p_box.value
-    for box in (n_box, t_box, p_box, z_box):
+    def values() -> tuple[int, int, int, int, int]:
+        return tuple(boxes[k].value for k in ("dp", "zero", "tp", "pp", "cp"))
+    for box in boxes.values():
         box.observe(lambda _c: out.update(Pretty(said(*values()))), "value")
 
     def run(_b: Any) -> None:
-        n, z, t, p = values()
-        if n * t * p > MEASURE_RANKS:
-            return out.update(Pretty(said(n, z, t, p)))
-        out.update(Pretty(said(n, z, t, p) + "\nrunning ..."))
+        n, z, t, p, c = values()
+        if n * t * p * c > MEASURE_RANKS:
+            return out.update(Pretty(said(n, z, t, p, c)))
+        out.update(Pretty(said(n, z, t, p, c) + "\nrunning ..."))
         try:
-            got = measure_model_states(z, n, t, p)
+            got = measure_model_states(z, n, t, p, c)
         except Exception as e:  # a failed launch: one line
             out.update(Pretty(f"the run failed: {str(e).splitlines()[0] if str(e) else e!r}"))
             return
-        want = predicted_model_states(z, n, t, p)
-        out.update(Pretty(said(n, z, t, p) + f"\nmeasured on {n * t * p} real ranks: "
+        want = predicted_model_states(z, n, t, p, c)
+        out.update(Pretty(said(n, z, t, p, c) + f"\nmeasured on {n * t * p * c} real ranks: "
                           f"{got:,.0f} B per rank " + (
                               "= the explorer's" if got == want else f"≠ the explorer's "
                               f"{want:,.0f} B ({got / want - 1:+.2%})")))
