@@ -54,6 +54,9 @@ BENCHES: dict[str, tuple[str, str]] = {
               "activation checkpointing: peak activation memory vs layers, and the extra compute"),
     "offload": ("minipar.bench.offload",
                 "offloading activations and optimizer states to host / disk: bytes and time cost"),
+    "precision": ("minipar.bench.precision",
+                  "float32, bf16, fp8 per tensor / per tile, ZeRO-3 vs ZeRO++: validation "
+                  "loss, bytes per step, quantization error with outliers"),
     "device": ("minipar.bench.device",
                "the CuPy backend on a GPU vs NumPy: serial and 2-rank parity, step time"),
     "all": ("minipar.bench.all", "every speed ratio at small sizes (model, dp, collectives), ~1 min"),

@@ -1,0 +1,58 @@
+"""``minipar bench precision`` at a tiny size: every row trains the same model on the same
+batches, the ZeRO rows come from ``minipar run zero``, the outlier errors from the
+quantizer; bad options are refused in one line.  No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import refused_before_mpi
+
+from minipar.bench import precision as bench
+from minipar.parallel.common import RunSpec, serial_reference
+
+TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "8", "--batch", "4",
+        "--steps", "4", "--eval-every", "2", "--eval-batches", "1"]
+
+
+def test_the_bench_runs_every_recipe_and_zero_and_draws_the_curves(tmp_path: Path,
+                                                                  capsys) -> None:
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    rc = bench.main([*TINY, "-n", "2", "--node", "1", "--zeropp", "none",
+                     "--plot", str(png), "--json-out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    data = json.loads(out.read_text())
+    rows = {r["name"]: r for r in data["rows"]}
+    assert list(rows) == ["float32", "bf16 mixed", "fp8 tensor", "fp8 block", "ZeRO-3"][
+        :len(rows) - 1] + ["ZeRO-3"] and not [s for s in data["skipped"] if "float" in s]
+    assert all([s for s, _ in r["validation"]] == [2, 4] for r in rows.values())
+    # the serial float32 row is the serial engine, bit for bit; ZeRO-3 on 2 ranks its float32
+    # twin up to the order of the sums
+    spec = RunSpec(**bench.spec_fields(bench._parser().parse_args(TINY)), precision="float32")
+    assert rows["float32"]["losses"] == serial_reference(spec)["losses"]
+    z = rows["ZeRO-3"]
+    assert z["losses"] == pytest.approx(rows["float32"]["losses"], rel=1e-5)
+    assert z["bytes_per_step"] > 0 and z["inter_node_bytes_per_step"] > 0  # nodes of 1 rank
+    assert png.stat().st_size > 0 and "final validation" in text and "ZeRO-3" in text
+
+
+def test_tiles_beat_one_scale_per_tensor_on_outliers() -> None:
+    """INT8 loses the ordinary values to one outlier 1,000x larger (all flushed to 0);
+    E4M3's exponent absorbs it until ~10^5 x, where tiles win too."""
+    e = {(r["magnitude"], r["format"]): r for r in bench.outlier_errors((1e3, 1e5))}
+    assert e[1e3, "int8"]["tensor_zeros"] > 0.99 and e[1e3, "int8"]["tile"] < 0.2
+    assert e[1e3, "e4m3"]["tensor"] < 0.03 and e[1e3, "e4m3"]["tile"] < 0.03
+    assert e[1e5, "e4m3"]["tensor"] > 3 * e[1e5, "e4m3"]["tile"]
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--recipes", "fp16"], "--recipes"), (["--zeropp", "qwz,zpp"], "--zeropp"),
+    (["-n", "4", "--node", "3"], "--node"), (["-n", "8"], "--batch"),
+])
+def test_bad_options_are_refused_in_one_line(args: list[str], option: str,
+                                              tmp_path: Path) -> None:
+    line = refused_before_mpi(["bench", "precision", *TINY, *args], tmp_path).stderr.strip()
+    assert line.startswith("minipar bench precision: ") and option in line, line
