@@ -192,22 +192,17 @@ def report(out: dict[str, Any]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
-    """Validation loss against step, one line per row."""
+    """Validation loss against step, one line per row (:func:`minipar.viz.precision.loss_curves`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from minipar.viz.precision import loss_curves
+
     fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        if r["validation"]:
-            steps, losses = zip(*r["validation"])
-            ax.plot(steps, losses, marker=".", label=r["name"],
-                    linestyle="-" if r["kind"] == "precision" else "--")
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss")
+    loss_curves(rows, ax)
     ax.set_title("minipar bench precision: the same model, steps and batches")
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
