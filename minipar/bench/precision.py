@@ -83,6 +83,13 @@ def relative_error(x: Any, fmt: str, block: tuple[int, ...], keep: Any = None) -
     return float(np.linalg.norm((x - back)[keep]) / np.linalg.norm(x[keep]))
 
 
+def error_vs_block(x: Any, blocks: list[tuple[int, ...]], formats: tuple[str, ...],
+                   keep: Any = None) -> dict[str, list[float]]:
+    """Relative error of ``x`` quantized with each block shape, per format (:func:`relative_error`;
+    ``keep``: the elements counted)."""
+    return {f: [relative_error(x, f, b, keep) for b in blocks] for f in formats}
+
+
 def outlier_errors(magnitudes: tuple[float, ...] = MAGNITUDES,
                    formats: tuple[str, ...] = ("e4m3", "int8")) -> list[dict[str, Any]]:
     """Per magnitude and format: the relative error of the ordinary (non-outlier) values,
@@ -225,15 +232,15 @@ def _parser() -> ArgumentParser:
                    help="initialisation seed (default %(default)s)")
     p.add_argument("--recipes", type=choices_list("--recipes", RECIPES),
                    default=list(RECIPES), metavar="R[,R...]",
-                   help=f"serial rows, comma-separated (default all: {','.join(RECIPES)})")
+                   help=f"serial rows, comma-separated (default {','.join(RECIPES)})")
     p.add_argument("-n", "--ranks", type=integer(2), default=4,
                    help="ranks of the ZeRO rows (default %(default)s)")
     p.add_argument("--node", type=integer(1), default=2,
                    help="ranks per node of the ZeRO rows, dividing -n (default %(default)s)")
     p.add_argument("--zeropp", type=choices_list("--zeropp", ZEROPP),
                    default=list(ZEROPP), metavar="P[,P...]",
-                   help="ZeRO rows: none (ZeRO-3 alone), qwz, hpz, qgz, all "
-                        "(default all five; 'none' alone for ZeRO-3 only)")
+                   help="ZeRO rows: none (ZeRO-3 alone), qwz, hpz, qgz, all (the three); "
+                        f"default {','.join(ZEROPP)}")
     p.add_argument("--zero-precision", choices=("float32", "float64"), default="float32",
                    help="the ZeRO rows' dtype (default %(default)s, as the first row)")
     p.add_argument("--no-zero", action="store_true", help="no ZeRO rows (no MPI launch)")

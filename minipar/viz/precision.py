@@ -76,15 +76,6 @@ def draw_formats(ax: Any = None) -> Any:
     return ax
 
 
-def error_vs_block(x: Any, blocks: list[tuple[int, ...]], formats: tuple[str, ...],
-                   keep: Any = None) -> dict[str, list[float]]:
-    """Relative error of ``x`` quantized with each block shape, per format
-    (:func:`minipar.bench.precision.relative_error`; ``keep``: the elements counted)."""
-    from minipar.bench.precision import relative_error
-
-    return {f: [relative_error(x, f, b, keep) for b in blocks] for f in formats}
-
-
 def plot_error_vs_block(widths: list[int], errors: dict[str, list[float]], ax: Any = None,
                         title: str = "") -> Any:
     """Relative error against the tile width (log-log), one line per format."""
@@ -137,5 +128,5 @@ def bytes_bars(rows: list[dict[str, Any]], ax: Any = None) -> Any:
     return ax
 
 
-__all__ = ["FORMATS", "bytes_bars", "draw_formats", "error_vs_block", "format_rows",
+__all__ = ["FORMATS", "bytes_bars", "draw_formats", "format_rows",
            "loss_curves", "plot_error_vs_block"]
