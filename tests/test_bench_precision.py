@@ -20,14 +20,14 @@ TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "8", "--bat
 def test_the_bench_runs_every_recipe_and_zero_and_draws_the_curves(tmp_path: Path,
                                                                   capsys) -> None:
     out, png = tmp_path / "p.json", tmp_path / "p.png"
-    rc = bench.main([*TINY, "-n", "2", "--node", "1", "--zeropp", "none",
+    rc = bench.main([*TINY, "-n", "2", "--node", "1", "--zeropp", "none,all",
                      "--plot", str(png), "--json-out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     data = json.loads(out.read_text())
     rows = {r["name"]: r for r in data["rows"]}
-    assert list(rows) == ["float32", "bf16 mixed", "fp8 tensor", "fp8 block", "ZeRO-3"][
-        :len(rows) - 1] + ["ZeRO-3"] and not [s for s in data["skipped"] if "float" in s]
+    assert list(rows) == ["float32", "bf16 mixed", "fp8 tensor", "fp8 block", "ZeRO-3",
+                          "ZeRO-3 + qwz+hpz+qgz"]
     assert all([s for s, _ in r["validation"]] == [2, 4] for r in rows.values())
     # the serial float32 row is the serial engine, bit for bit; ZeRO-3 on 2 ranks its float32
     # twin up to the order of the sums
@@ -36,6 +36,9 @@ def test_the_bench_runs_every_recipe_and_zero_and_draws_the_curves(tmp_path: Pat
     z = rows["ZeRO-3"]
     assert z["losses"] == pytest.approx(rows["float32"]["losses"], rel=1e-5)
     assert z["bytes_per_step"] > 0 and z["inter_node_bytes_per_step"] > 0  # nodes of 1 rank
+    zpp = rows["ZeRO-3 + qwz+hpz+qgz"]  # INT8 weights, INT4 gradients: fewer bytes,
+    assert 0 < zpp["bytes_per_step"] < z["bytes_per_step"] / 2  # losses near ZeRO-3's
+    assert zpp["losses"] != z["losses"] and zpp["losses"] == pytest.approx(z["losses"], rel=1e-2)
     assert png.stat().st_size > 0 and "final validation" in text and "ZeRO-3" in text
 
 

@@ -184,8 +184,6 @@ def report(out: dict[str, Any]) -> str:
         b, x = r["bytes_per_step"], r["inter_node_bytes_per_step"]
         lines.append(f"{r['name']:<22} {val} {'-' if b is None else f'{b:,.0f}':>16} "
                      f"{'-' if x is None else f'{x:,.0f}':>13} {r['seconds']:8.1f}")
-    for s in out["skipped"]:
-        lines.append(s)
     lines.append("")
     lines.append(f"quantization error of activations with outliers ({OUTLIER_SHAPE[0]} x "
                  f"{OUTLIER_SHAPE[1]} normal values, {OUTLIER_COUNT} set to ±magnitude): "
@@ -276,7 +274,6 @@ def main(argv: list[str]) -> int:
                 f"use one of {ok}")
     fields = spec_fields(a)
     from minipar.parallel.common import RunSpec
-    from minipar.precision import POLICIES
 
     try:
         RunSpec(**fields)  # a head count that does not divide d_model, a context too long
@@ -284,10 +281,7 @@ def main(argv: list[str]) -> int:
         p.error(str(e))
     if a.batch < a.ranks and not a.no_zero:
         p.error(f"--batch {a.batch} is smaller than -n {a.ranks}: every ZeRO rank needs a row")
-    skipped = []
-    recipes = [r for r in a.recipes if RECIPES[r]["precision"] in POLICIES]
-    skipped += [f"{r}: not in this checkout (--precision {RECIPES[r]['precision']})"
-                for r in a.recipes if r not in recipes]
+    recipes = a.recipes
     from minipar import launch
     from minipar.progress import tick, watched
 
@@ -308,7 +302,7 @@ def main(argv: list[str]) -> int:
     out = {"spec": {k: v for k, v in fields.items() if k != "text"},
            "zero": {"ranks": a.ranks, "node": a.node, "precision": a.zero_precision},
            "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-           "rows": rows, "skipped": skipped, "outliers": outlier_errors()}
+           "rows": rows, "outliers": outlier_errors()}
     if a.plot:
         plot(rows, a.plot)
     return emit(PROG, a, out, report(out) + (f"\nwrote {a.plot}" if a.plot else ""))
