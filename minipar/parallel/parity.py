@@ -159,7 +159,7 @@ class Verdict:
                 "max_loss_diff": _num(self.max_loss_diff),
                 "param_gap": _num(self.param_gap), "loss_gap": _num(self.loss_gap),
                 "tolerance": _num(self.tolerance), "yardstick": self.yardstick,
-                "line": self.line()}
+                "against": self.against, "line": self.line()}
 
 
 def compare(losses: Any, serial_losses: Any, params: Any, serial_params: Any,

@@ -206,6 +206,9 @@ def look_first(s: dict[str, Any]) -> str:
     sent against the paper's figure, or the memory held against its formula); the details
     follow below it."""
     words = [VERDICT_WORDS.get(s["verdict"]["status"], s["verdict"]["status"])]
+    against = s["verdict"].get("against", "the serial run")
+    if against != "the serial run" and s["verdict"]["status"] != "not comparable":
+        words = [words[0].replace("the serial run", against) + ", bit for bit"]
     if s.get("headline"):
         words.append(s["headline"])
     elif "bubble_measured" in s and "bubble_formula" in s:  # a pipeline: its bubble

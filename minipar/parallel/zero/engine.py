@@ -276,6 +276,10 @@ class ZeRO:
     before each walk it gives the hooks the walk's order
     (:meth:`~minipar.parallel.zero.hooks.ZeroHooks.plan`).  ``timeline=True`` (stage 3)
     keeps the last step's compute and communication intervals in ``records``.
+    ``zeropp`` (stage 3): ZeRO++'s parts, "qwz,hpz,qgz" or any subset
+    (:class:`~minipar.parallel.zero.zeropp.ZeroPPHooks`, metered:
+    :class:`MeteredZeroPPHooks`), quantized in blocks of ``zeropp_block`` elements, over
+    the nodes of the grid's hosts (:func:`node_comms`); the walk is then always planned.
     """
 
     def __init__(self, grid: Any, spec: Any, *, stage: int = 1, allreduce: str = "auto",
