@@ -329,7 +329,8 @@ def main(argv: list[str]) -> int:
     print(f"{'serial':>16} {row['serial_s']:>8.3f} {row['serial_samples_per_s']:>10.1f}")
     print(f"{'serial, ' + str(m) + ' parts':>16} {row['serial_accum_s']:>8.3f} "
           f"{a.batch / row['serial_accum_s']:>10.1f}")
-    print(f"{'pipeline, ' + str(p_) + ' ranks':>16} {row['pp_s']:>8.3f} "
+    ranks = f"{p_} ranks" if row["ep"] == 1 else f"{p_}x{row['ep']} ranks"  # x ep replicas
+    print(f"{'pipeline, ' + ranks:>16} {row['pp_s']:>8.3f} "
           f"{row['pp_samples_per_s']:>10.1f}")
     print(f"speed-up {row['speedup']:.2f}x (best of {a.rounds}; ideal p·m/(m+p-1) = "
           f"{p_ * m / (m + p_ - 1):.2f}, GPipe's bubble on {p_} ranks); per round: "
