@@ -42,10 +42,13 @@ AdamW's moments are FP32: DeepSeek-V3 keeps its moments in BF16, FP32 is minipar
 choice (one fewer rounding to explain).  The embedding, the output head, the
 LayerNorms, attention's scores and softmax and the MoE router stay in FP32, as the
 paper keeps them in higher precision.  So a replica holds 4 + 4 + 4 + 4 = 16 bytes
-per parameter (params = master, grads, m, v), where DeepSeek-V3 holds about
-1 (FP8 weights for the GEMM) + 4 (FP32 master) + 4 (FP32 grads) + 2 + 2 (BF16
-moments) = 13; a GEMM's inputs are 1 byte per element plus one FP32 scale per 128
-(tile) or 128² (block) elements.
+per parameter (params = master, grads, m, v: tests/test_fp8.py measures it), where
+DeepSeek-V3 keeps FP32 master weights and gradients and BF16 moments, 4 + 4 + 2 + 2
+= 12, plus the low-precision copy its GEMMs read.  What is FP8 here is each GEMM's
+*input*, made on the fly: 1 byte per element plus one FP32 scale per 1×128 tile
+(activations, gradients) or 128×128 block (weights) — M·K + 4·M·⌈K/128⌉ bytes for an
+(M, K) activation; the activations a layer saves for its backward stay FP32 (DeepSeek-V3
+caches them in FP8), so the activation bytes are the float32 policy's.
 """
 
 from __future__ import annotations

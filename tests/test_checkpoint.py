@@ -78,6 +78,10 @@ def test_four_ranks_resume_reshard_crash_consolidate(tmp_path: Path) -> None:
     # (not bit for bit: 2 ranks sum the gradients in another order than 4)
     assert res["resume_4_on_2"]["params_exact"]
     assert res["resume_4_on_2"]["next_loss_diff"] <= 1e-12
+    # FP8: FP32 master weights and moments, bit-identical resume, resharded 4 -> 2 equal
+    fp8 = res["fp8"]
+    assert fp8["resume_bit_identical"] and fp8["master"] == fp8["moments"] == "float32"
+    assert fp8["reshard_4_to_2"]["status"] == "equal", fp8
     crash = res["crash"]
     assert crash["step_4_shards_written"] == 4 and crash["latest"] == "step_00000002"
     assert "interrupted" in crash["incomplete_refused"]

@@ -67,7 +67,9 @@ def test_promotion_adds_each_chunks_scaled_sum_in_fp32():
     want = np.zeros((4, 5), np.float32)
     for c, (lo, hi) in enumerate(bounds):
         want += (qa[:, lo:hi] @ qb[lo:hi]) * sa[:, c:c + 1] * sb[c:c + 1]
-    assert np.array_equal(fp8.promoted(qa, sa, qb, sb, bounds), want)
+    per = [16, 16, 5]  # the scales as the GEMMs hand them: one per element
+    got = fp8.promoted(qa, np.repeat(sa, per, axis=1), qb, np.repeat(sb, per, axis=0), bounds)
+    assert np.array_equal(got, want)
 
 
 def test_fp8_error_is_small_and_block_scaling_beats_per_tensor_on_outliers():
@@ -126,6 +128,27 @@ def test_policy_keeps_fp32_master_and_moments_and_the_model_learns():
     _, cache = model.forward(states.param_views(), tokens)
     # the blocks ran under the recipe; the head and embedding hold no FP8 state
     assert [b["fp8"] for b in cache["blocks"]] == [cfg.fp8_recipe()] * cfg.n_layer
+
+
+def test_bytes_of_a_gemm_input_and_what_a_block_saves():
+    """A GEMM's FP8 input: 1 byte per element and an FP32 scale per tile or block; the
+    activations a block saves for its backward are FP32, as under the float32 policy."""
+    m, k, b = 40, 300, 128
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    q, s = quantize(x, "e4m3", (1, b))
+    assert q.nbytes + s.nbytes == m * k + 4 * m * -(-k // b)
+    q, s = quantize(x, "e4m3", (b, b))
+    assert q.nbytes + s.nbytes == m * k + 4 * 1 * 3
+    from minipar import trees
+
+    sizes = {}
+    for f in ("", "block"):
+        cfg = GPTConfig(vocab_size=8, block_size=8, d_model=16, n_head=2, dtype="float32",
+                        fp8=f, fp8_block=8)
+        params = {n: v.astype(np.float32) for n, v in GPT(cfg).init(0).items()}
+        _, cache = GPT(cfg).forward(params, np.zeros((2, 8), dtype=np.int64))
+        sizes[f] = sum(a.nbytes for a in trees.arrays(cache["blocks"]))
+    assert sizes["block"] == sizes[""]
 
 
 def test_bad_recipe():

@@ -25,6 +25,10 @@ from minipar.parallel import common
 from minipar.parallel.parity import (
     BUG_FLOOR,
     CORRECT_CEILING,
+    FP8_CORRECT_CEILING,
+    FP8_EARLY_LOSS_TOLERANCE,
+    FP8_HORIZON_STEPS,
+    FP8_TOLERANCE,
     HORIZON_STEPS,
     TOLERANCE,
     compare,
@@ -92,6 +96,26 @@ def test_past_the_horizon_rounding_growth_is_not_comparable_but_an_early_bug_is_
     assert early_bug.status == "different"
     short = compare(*_run(steps=HORIZON_STEPS, param_gap=1e-3, loss_gap=1e-4))
     assert short.status == "different"  # within the horizon rounding stays small: a bug
+
+
+def test_fp8_runs_have_their_own_tolerance_and_horizon() -> None:
+    """FP8 (FP32 parameters): the measured E4M3 flips are equal, a bug's O(1) param gap is
+    different, and past 5 steps agreeing early losses make the run not comparable."""
+    losses, ser, par, serial, theta0 = _run(param_gap=0.05, loss_gap=2e-5)
+    f32 = [a.astype(np.float32) for a in (par, serial, theta0)]
+    assert compare(losses, ser, *f32).status == "not comparable"  # float32 without fp8
+    v = compare(losses, ser, *f32, fp8=True)
+    assert v.status == "equal" and v.tolerance == FP8_TOLERANCE
+    assert compare(*_run(param_gap=FP8_CORRECT_CEILING), fp8=True).status == "equal"
+    assert compare(*_run(param_gap=1.0, loss_gap=3.9e-4), fp8=True).status == "different"
+    assert compare(*_run(param_gap=0.05), fp8=False).status == "different"  # float64's rule
+    long = FP8_HORIZON_STEPS + 5
+    chaos = compare(*_run(steps=long, param_gap=0.3, loss_gap=1e-3), fp8=True)
+    assert chaos.status == "not comparable" and f"--steps {FP8_HORIZON_STEPS}" in chaos.reason
+    bug = compare(*_run(steps=long, param_gap=0.3, early_gap=2 * FP8_EARLY_LOSS_TOLERANCE),
+                  fp8=True)
+    assert bug.status == "different"
+    assert FP8_CORRECT_CEILING < FP8_TOLERANCE < 1.0  # a bug's param gap: 1.0 to 2.0
 
 
 def test_not_comparable_says_why_and_exits_0() -> None:

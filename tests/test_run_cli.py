@@ -126,6 +126,25 @@ def test_the_issue_command_is_equal_to_the_serial_run() -> None:
     assert "final parameters: equal to the serial run" in proc.stdout
 
 
+def test_fp8_tp_equals_the_serial_fp8_run_and_counts_its_amax_bytes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Tiles of 6 across tensor-parallel slices of 8: the amax all-reduces make every rank
+    quantize as the serial run; the FP8 verdict holds, the bytes equal the formula."""
+    from minipar.run.summary import not_comparable_reason
+
+    rc = run.main(["tp", "-n", "2", "--steps", "2", "--precision", "fp8", "--fp8-block", "6",
+                   "--json"])
+    s = json.loads(capsys.readouterr().out)
+    assert rc == 0 and s["verdict"]["status"] == "equal" and s["parity"] is True
+    assert s["verdict"]["tolerance"] == 0.2 and s["parity_expected"]
+    by_op = s["bytes_by_op_per_rank"][0]
+    assert by_op["fp8_amax"] > 0
+    assert s["tp_axis_bytes_exact_per_rank"][0] == s["bytes_by_axis_per_rank"][0]["tp"]
+    reason = not_comparable_reason({"strategy": "tp", "precision": "fp8",
+                                    "fp8_scaling": "tensor"})
+    assert reason is not None and "per-tensor" in reason
+
+
 def test_json_view_and_a_hostfile_that_lists_localhost(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     hosts = tmp_path / "hosts"

@@ -37,7 +37,7 @@ from typing import Any
 
 from minipar.backend import xp
 from minipar.nn.dtypes import down, matmul
-from minipar.quantize import quantize
+from minipar.quantize import block_amax, expand, quantize
 
 SCALINGS = ("block", "tensor")
 
@@ -50,7 +50,8 @@ class Recipe:
     block: int = 128
 
 
-_ACTIVE: list[Recipe | None] = [None]  # the recipe of the GEMMs running now (None: no FP8)
+#: the recipe of the GEMMs running now (None: no FP8), and the tokens' Split (or None)
+_ACTIVE: list[Any] = [None, None]
 
 
 @contextmanager
@@ -63,72 +64,111 @@ def gemms(recipe: Recipe | None) -> Iterator[None]:
         _ACTIVE[0] = before
 
 
+@dataclass(frozen=True)
+class Split:
+    """A weight cut over ranks along ``axis`` (0: its rows, the forward's reduction; 1: its
+    columns): ``index`` the global positions this rank holds (sorted), ``n`` their global
+    count, ``reduce_max`` the all-reduce MAX over the ranks that hold the others."""
+
+    axis: int
+    index: Any
+    n: int
+    reduce_max: Callable[[Any], Any]
+
+
+@contextmanager
+def tokens(split: Split | None) -> Iterator[None]:
+    """The weight gradients' tokens are this rank's positions ``split.index`` of each
+    sequence (context parallelism): their 128-token tiles are cut where the serial
+    run cuts them, and a tile's amax is reduced over the ranks."""
+    before, _ACTIVE[1] = _ACTIVE[1], split
+    try:
+        yield
+    finally:
+        _ACTIVE[1] = before
+
+
 def active() -> Recipe | None:
     return _ACTIVE[0]
 
 
 def bound(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run later under the recipe active now (a weight gradient deferred to W)."""
-    recipe = _ACTIVE[0]
+    """``fn`` run later under the recipe and tokens of now (a weight gradient deferred
+    to W)."""
+    recipe, split = _ACTIVE
     if recipe is None:
         return fn
 
     def run(*args: Any) -> Any:
-        with gemms(recipe):
+        with gemms(recipe), tokens(split):
             return fn(*args)
     return run
 
 
+def _amax(a: Any, block: tuple[int, ...], split: Split | None, axis: int) -> Any:
+    """Every element's block amax, blocks cut in the global tensor's coordinates; along a
+    split ``axis`` a block's maximum is reduced over the ranks holding parts of it, so
+    each rank scales as the serial run does."""
+    if split is None:
+        return expand(block_amax(a, block), block, a.shape)
+    fine = tuple(1 if i == axis else b for i, b in enumerate(block))
+    part = xp.moveaxis(block_amax(a, fine), axis, 0)  # per position along the split axis
+    ids = split.index // block[axis]
+    glob = xp.zeros((-(-split.n // block[axis]), *part.shape[1:]), dtype=part.dtype)
+    xp.maximum.at(glob, ids, part)
+    return expand(xp.moveaxis(split.reduce_max(glob)[ids], 0, axis), fine, a.shape)
+
+
+def _q(a: Any, fmt: str, r: Recipe, block: tuple[int, ...], split: Split | None = None,
+       axis: int = -1) -> tuple[Any, Any]:
+    """``a`` in ``fmt`` with one scale per element: its block's (per tensor: the whole
+    global tensor's) amax over the format's largest value."""
+    if r.scaling == "tensor":
+        block = tuple(split.n if split and i == axis else n for i, n in enumerate(a.shape))
+    return quantize(a, fmt, (1,) * a.ndim, _amax(a, block, split, axis))
+
+
 def promoted(qa: Any, sa: Any, qb: Any, sb: Any, bounds: list[tuple[int, int]]) -> Any:
-    """Σ over reduction chunks [lo, hi) of (qa[:, lo:hi] · qb[lo:hi]) · sa[:, c] · sb[c]:
-    each chunk's exact FP8 products summed, then scaled and added in FP32."""
+    """Σ over reduction chunks [lo, hi) of (qa[:, lo:hi] · qb[lo:hi]) · sa[:, lo] · sb[lo]:
+    each chunk's exact FP8 products summed, then scaled and added in FP32 (the scales are
+    per element, constant over a chunk)."""
     acc = xp.zeros((qa.shape[0], qb.shape[1]), dtype=xp.float32)
-    sa = xp.broadcast_to(sa, (sa.shape[0], len(bounds)))  # one scale per tensor: (1, 1)
-    sb = xp.broadcast_to(sb, (len(bounds), sb.shape[1]))
-    for c, (lo, hi) in enumerate(bounds):
+    for lo, hi in bounds:
         part = qa[:, lo:hi].astype(xp.float32) @ qb[lo:hi].astype(xp.float32)
-        acc += part * sa[:, c:c + 1] * sb[c:c + 1]
+        acc += part * sa[:, lo:lo + 1] * sb[lo:lo + 1]
     return acc
 
 
-def _chunks(n: int, b: int) -> list[tuple[int, int]]:
-    return [(lo, min(lo + b, n)) for lo in range(0, n, b)]
+def _chunks(n: int, b: int, split: Split | None = None) -> list[tuple[int, int]]:
+    """The reduction's chunks of ``b``, cut at global multiples of ``b`` when split."""
+    if split is None:
+        return [(lo, min(lo + b, n)) for lo in range(0, n, b)]
+    ids = split.index // b
+    starts = [0] + [i for i in range(1, n) if ids[i] != ids[i - 1]]
+    return list(zip(starts, [*starts[1:], n]))
 
 
-def _weight(w: Any, r: Recipe) -> tuple[Any, Any]:
-    """W in E4M3: 128×128 blocks (scales per block), or one scale."""
-    if r.scaling == "tensor":
-        return quantize(w, "e4m3", w.shape)
-    return quantize(w, "e4m3", (r.block, r.block))
-
-
-def _tiles(a2: Any, fmt: str, r: Recipe) -> tuple[Any, Any]:
-    """Rows of ``a2`` (M, K) in 1×b tiles along K: scales (M, ⌈K/b⌉); or one scale."""
-    return quantize(a2, fmt, a2.shape if r.scaling == "tensor" else (1, r.block))
-
-
-def forward(x: Any, w: Any) -> Any:
+def forward(x: Any, w: Any, split: Split | None = None) -> Any:
     """y = x · W: E4M3 1×128 tiles of x, 128×128 blocks of W, promoted every 128."""
     r = _ACTIVE[0]
     if r is None:
         return matmul(x, w)
-    x2 = x.reshape(-1, x.shape[-1])
-    (qx, sx), (qw, sw) = _tiles(x2, "e4m3", r), _weight(w, r)
-    sw = xp.repeat(sw, r.block, axis=1)[:, :w.shape[1]] if r.scaling == "block" else sw
-    y = promoted(qx, sx, qw, sw, _chunks(w.shape[0], r.block))
+    x2, ks = x.reshape(-1, x.shape[-1]), (split if split and split.axis == 0 else None)
+    qx, sx = _q(x2, "e4m3", r, (1, r.block), ks, 1)
+    qw, sw = _q(w, "e4m3", r, (r.block, r.block), split, split.axis if split else -1)
+    y = promoted(qx, sx, qw, sw, _chunks(w.shape[0], r.block, ks))
     return down(y.reshape(*x.shape[:-1], w.shape[1]), x.dtype)
 
 
-def dgrad(dy: Any, w: Any) -> Any:
+def dgrad(dy: Any, w: Any, split: Split | None = None) -> Any:
     """dx = dy · Wᵀ: dy in 1×128 tiles along d_out (E5M2 per tensor), Wᵀ's blocks."""
     r = _ACTIVE[0]
     if r is None:
         return matmul(dy, w.T)
-    dy2 = dy.reshape(-1, dy.shape[-1])
-    fmt = "e5m2" if r.scaling == "tensor" else "e4m3"
-    (qd, sd), (qw, sw) = _tiles(dy2, fmt, r), _weight(w, r)
-    swt = xp.repeat(sw.T, r.block, axis=1)[:, :w.shape[0]] if r.scaling == "block" else sw
-    dx = promoted(qd, sd, qw.T, swt, _chunks(w.shape[1], r.block))
+    dy2, ns = dy.reshape(-1, dy.shape[-1]), (split if split and split.axis == 1 else None)
+    qd, sd = _q(dy2, "e5m2" if r.scaling == "tensor" else "e4m3", r, (1, r.block), ns, 1)
+    qw, sw = _q(w, "e4m3", r, (r.block, r.block), split, split.axis if split else -1)
+    dx = promoted(qd, sd, qw.T, sw.T, _chunks(w.shape[1], r.block, ns))
     return down(dx.reshape(*dy.shape[:-1], w.shape[0]), dy.dtype)
 
 
@@ -138,15 +178,13 @@ def wgrad(x: Any, dy: Any) -> Any:
     r = _ACTIVE[0]
     if r is None or x.size == 0:
         return matmul(x.reshape(-1, x.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
-    t = x.shape[-2]
-    x3, dy3 = x.reshape(-1, t, x.shape[-1]), dy.reshape(-1, t, dy.shape[-1])
-    blk = (1, r.block, 1)
-    qx, sx = quantize(x3, "e4m3", x3.shape if r.scaling == "tensor" else blk)
-    fmt = "e5m2" if r.scaling == "tensor" else "e4m3"
-    qd, sd = quantize(dy3, fmt, dy3.shape if r.scaling == "tensor" else blk)
+    t, din, dout = x.shape[-2], x.shape[-1], dy.shape[-1]
+    x3, dy3 = x.reshape(-1, t, din), dy.reshape(-1, t, dout)
+    ts = _ACTIVE[1] if x.ndim == 3 else None  # the sequence cut over ranks (CP), if any
+    qx, sx = _q(x3, "e4m3", r, (1, r.block, 1), ts, 1)
+    qd, sd = _q(dy3, "e5m2" if r.scaling == "tensor" else "e4m3", r, (1, r.block, 1), ts, 1)
     bounds = [(s * t + lo, s * t + hi) for s in range(x3.shape[0])
-              for lo, hi in _chunks(t, r.block)]
-    sx, sd = sx.reshape(-1, sx.shape[-1]).T, sd.reshape(-1, sd.shape[-1])  # (d, chunks)
-    dw = promoted(qx.reshape(-1, x.shape[-1]).T, sx, qd.reshape(-1, dy.shape[-1]), sd,
-                  bounds)
+              for lo, hi in _chunks(t, r.block, ts)]
+    dw = promoted(qx.reshape(-1, din).T, sx.reshape(-1, din).T, qd.reshape(-1, dout),
+                  sd.reshape(-1, dout), bounds)
     return down(dw, x.dtype)

@@ -78,9 +78,10 @@ def not_comparable_reason(options: dict[str, Any]) -> str | None:
         return ("float32 sums across ranks round in another order than the serial sum "
                 "(parity is defined in float64)")
     if precision == "fp8" and options.get("fp8_scaling") == "tensor":
-        return ("fp8 per-tensor current scaling takes the amax of the tensor each rank and "
-                "micro-batch holds, the serial run that of the whole batch: other scales by "
-                "design (--fp8-scaling block equals the serial run)")
+        return ("fp8 per-tensor current scaling takes the amax of what each rank holds (its "
+                "rows, micro-batch, sequence or weight-gradient slice), the serial run that "
+                "of the whole tensor: other scales by design (--fp8-scaling block equals the "
+                "serial run)")
     if precision not in ("float64", "fp8"):  # fp8: its own tolerance (parallel.parity)
         return (f"{precision} keeps 16-bit gradients, and 16-bit sums across ranks round in "
                 "another order than the serial sum (parity is defined in float64)")

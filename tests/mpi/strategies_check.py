@@ -118,12 +118,19 @@ CASES["hybrid"].append(({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2},
 #: of 6: d_model 16 = 6 + 6 + a tail of 4, shards of 8 (tp 2) or 4 (cp 2) cut tiles, whose
 #: amax the ranks reduce; held to the FP8 tolerance (minipar.parallel.parity)
 FP8 = {"precision": "fp8", "fp8_block": 6}
-CASES["dp"].append(({"dp": 2}, {}, FP8))
-CASES["zero"].append(({"dp": 4}, {"stage": 3}, FP8))
-CASES["pp"].append(({"pp": 2}, {"schedule": "1f1b", "micro_batches": 2}, FP8))
-CASES["ep"].append(({"dp": 2, "ep": 2}, {}, {**FP8, "experts": 4, "routing": (2,)}))
-CASES["hybrid"].append(({"dp": 2, "pp": 2}, {"micro_batches": 2, "zero": 1},
-                        {**FP8, "layers": 4}))
+CASES["dp"] += [({"dp": 2}, {}, FP8), ({"dp": 4}, {}, FP8)]
+CASES["zero"] += [({"dp": 2}, {"stage": 1}, FP8), ({"dp": 4}, {"stage": 3}, FP8)]
+CASES["tp"] += [({"tp": 2}, {}, FP8), ({"dp": 2, "tp": 2}, {}, FP8)]
+CASES["sp"] += [({"tp": 2}, {}, FP8), ({"tp": 4}, {}, {**FP8, "heads": 4, "vocab": 12})]
+CASES["cp"] += [({"cp": 2}, {"kind": "ring", "zigzag": True}, {**FP8, "seq": 16}),
+                ({"cp": 4}, {"kind": "ulysses"}, {**FP8, "seq": 16, "heads": 4})]
+CASES["pp"] += [({"pp": 2}, {"schedule": "1f1b", "micro_batches": 2}, FP8),
+                ({"dp": 2, "pp": 2}, {"schedule": "gpipe", "micro_batches": 2}, FP8)]
+CASES["ep"] += [({"dp": 2, "ep": 2}, {}, {**FP8, "experts": 4, "routing": (2,)}),
+                ({"dp": 4, "ep": 2}, {}, {**FP8, "experts": 4, "routing": (4,)})]
+CASES["hybrid"] += [({"dp": 2, "pp": 2}, {"micro_batches": 2, "zero": 1}, {**FP8, "layers": 4}),
+                    ({"cp": 2, "tp": 2}, {}, {**FP8, "seq": 16, "heads": 4, "vocab": 8,
+                                              "batch": 8})]
 
 
 def digest(params: dict) -> str:

@@ -32,6 +32,8 @@ import numpy as np
 from minipar.backend import to_device, xp
 from minipar.comm.traced import traced
 from minipar.nn.attention import merge_heads, merge_qkv, split_heads, split_qkv
+from minipar.collectives import allreduce
+from minipar.nn import fp8
 from minipar.nn.dtypes import up
 from minipar.nn.gpt import BlockUnit, HeadUnit, block_backward, block_forward
 from minipar.nn.gpt_config import GPTConfig
@@ -69,9 +71,23 @@ class CPAttention:
             raise ValueError(f"context parallelism: the sharding is for {layout.P} ranks, the "
                              f"communicator has {traced(comm).size}")
         self.comm, self.kind, self.layout, self.n_head = comm, kind, layout, n_head
+        self._tokens: fp8.Split | None = None
         self.n_kv_head = n_kv_head or n_head
         if kind == "usp":  # the 2-D context grid: my Ulysses group, my ring
             self.groups = context_grid(comm, layout.U)
+
+    def token_split(self) -> fp8.Split:
+        """This rank's positions of each sequence, for FP8's 128-token tiles of the weight
+        gradients (a tile the sharding cuts: its amax all-reduced, MAX, op ``fp8_amax``)."""
+        if self._tokens is None:
+            c = traced(self.comm)
+
+            def reduce_max(a: Any) -> Any:
+                with c.operation("fp8_amax"):
+                    return allreduce(c, xp.ascontiguousarray(a), "max", "ring")
+            index = xp.asarray(self.layout.positions(c.rank))
+            self._tokens = fp8.Split(1, index, self.layout.s, reduce_max)
+        return self._tokens
 
     def forward(self, qkv: Any) -> tuple[Any, Any]:
         if self.kind == "usp":
@@ -171,7 +187,8 @@ class CPBlockUnit(BlockUnit):
 
     def backward(self, p: dict[str, Any], saved: Any, dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        return block_backward(p, saved, dy, daux, attn=self.attn)
+        with fp8.tokens(self.core.token_split() if self.cfg.fp8 else None):
+            return block_backward(p, saved, dy, daux, attn=self.attn)
 
 
 def cp_units(cfg: GPTConfig, comm: Any, kind: str, layout: Sharding) -> tuple[Unit, ...]:

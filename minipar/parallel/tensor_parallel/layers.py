@@ -97,12 +97,12 @@ class ColumnParallelLinear:
     def __init__(self, comm: Any, gather_output: bool = False,
                  sequence_parallel: bool = False, op: str | None = None) -> None:
         self.comm, self.gather_output, self.op = comm, gather_output, op
-        self.sp = sequence_parallel
+        self.sp, self.split = sequence_parallel, None  # split: W's columns (minipar.nn.fp8)
         self.f = (gather_from_sequence_parallel_region if sequence_parallel  # SP's f
                   else copy_to_tensor_model_parallel_region)  # f
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
-        y = fp8.forward(self.f.forward(self.comm, x, op=self.op), p["w"])
+        y = fp8.forward(self.f.forward(self.comm, x, op=self.op), p["w"], self.split)
         if p.get("b") is not None:
             y = bias_forward(y, p["b"])
         if self.gather_output:
@@ -116,7 +116,7 @@ class ColumnParallelLinear:
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
         grads["w"] = (weight_grad(_regathered_dw, self.comm, x, dy) if self.sp
                       else weight_grad(_dw, x, dy))
-        return self.f.backward(self.comm, fp8.dgrad(dy, p["w"]), op=self.op), grads
+        return self.f.backward(self.comm, fp8.dgrad(dy, p["w"], self.split), op=self.op), grads
 
 
 class RowParallelLinear:
@@ -127,13 +127,14 @@ class RowParallelLinear:
     def __init__(self, comm: Any, input_is_parallel: bool = True,
                  sequence_parallel: bool = False, op: str | None = None) -> None:
         self.comm, self.input_is_parallel, self.op = comm, input_is_parallel, op
+        self.split = None  # W's rows over the ranks, for FP8's scaling blocks (minipar.nn.fp8)
         self.g = (reduce_scatter_to_sequence_parallel_region if sequence_parallel  # SP's g
                   else reduce_from_tensor_model_parallel_region)  # g
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
         if not self.input_is_parallel:
             x = _mine_last(self.comm, x)
-        partial = fp8.forward(x, p["w"])
+        partial = fp8.forward(x, p["w"], self.split)
         y = self.g.forward(self.comm, partial, op=self.op)
         del partial
         if p.get("b") is not None:
@@ -145,7 +146,7 @@ class RowParallelLinear:
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
         dy = self.g.backward(self.comm, dy, op=self.op)
         grads["w"] = weight_grad(_dw, x, dy)
-        dx = fp8.dgrad(dy, p["w"])
+        dx = fp8.dgrad(dy, p["w"], self.split)
         return (dx if self.input_is_parallel else _gather_last(self.comm, dx)), grads
 
 

@@ -61,7 +61,7 @@ from minipar.plan.activations import activation_bytes_per_layer, minipar_activat
 from minipar.trees import arrays, owner
 
 __all__ = ["BLOCK_OPS", "MODES", "BlockLedger", "CommClock", "activation_bytes_per_block",
-           "block_bytes_formula", "bytes_by_op", "calls_by_op", "ledger", "saved_arrays",
+           "block_bytes_formula", "bytes_by_op", "fp8_amax_bytes_formula", "calls_by_op", "ledger", "saved_arrays",
            "tp_axis_bytes_formula", "tp_block_bytes_formula"]
 
 #: the blocks' collectives: TP's f and g, SP's all-gather and reduce-scatter
@@ -96,6 +96,30 @@ def block_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int,
                               + ring(buffers, itemsize, t, rank, "ring"))
 
 
+def fp8_amax_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int) -> int:
+    """Exact bytes rank ``rank`` of ``t`` sends per step in FP8's amax all-reduces (op
+    ``fp8_amax``, MAX, FP32; :func:`~minipar.parallel.tensor_parallel.model.fp8_splits`):
+    per dense block and linear layer, three ring all-reduces of a grid of ⌈n/B⌉ global
+    blocks along the cut axis by the other axis' blocks or tokens — the weight's in the
+    forward and again in the input gradient, and the cut activation's (the row-parallel
+    input x, the column-parallel dy) over its b·s tokens; one number each per tensor
+    under ``--fp8-scaling tensor``."""
+    if not cfg.fp8:
+        return 0
+    c, m, h, f = cfg.fp8_block, b * s, cfg.d_model, cfg.d_ff
+    width = (cfg.n_head + 2 * cfg.n_kv_head) * (h // cfg.n_head)
+    up = lambda n: 1 if cfg.fp8 == "tensor" else -(-n // c)  # noqa: E731
+    tokens = 1 if cfg.fp8 == "tensor" else m
+    # (cut axis, other axis): W_qkv and the MLP's W_in by columns, W_out by rows
+    attn, mlp = [(width, h), (h, h)], [(f, h), (f, h)]
+    ring = allreduce_bytes_sent
+    per = [sum(2 * ring(up(cut) * up(other), 4, t, rank, "ring")
+               + ring(up(cut) * tokens, 4, t, rank, "ring") for cut, other in layers)
+           for layers in (attn, mlp)]
+    moe = sum(cfg.is_moe_block(i) for i in range(cfg.n_layer))
+    return cfg.n_layer * per[0] + (cfg.n_layer - moe) * per[1]
+
+
 def tp_axis_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int,
                           itemsize: int) -> int:
     """Exact bytes rank ``rank`` of ``t`` sends per step over ``tp`` under TP (not SP):
@@ -111,7 +135,8 @@ def tp_axis_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int,
         ring(n * 2 * dh, itemsize, g, rank % g, "ring") for n in (h, 1))
     return (block_bytes_formula(cfg, b, s, t, rank, itemsize)
             + 2 * ring(b * s * h, itemsize, t, rank, "ring")
-            + ring(b * s, ic, t, rank, "ring") + ring(2 * b * s, ic, t, rank, "ring") + kv)
+            + ring(b * s, ic, t, rank, "ring") + ring(2 * b * s, ic, t, rank, "ring") + kv
+            + fp8_amax_bytes_formula(cfg, b, s, t, rank))
 
 
 def bytes_by_op(stats: Any, steps: int) -> dict[str, float]:

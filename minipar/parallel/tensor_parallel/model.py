@@ -49,6 +49,8 @@ from minipar.backend import to_device, xp
 from minipar.collectives import allreduce
 from minipar.comm.traced import traced
 from minipar.nn import executor
+from minipar.nn import fp8
+from minipar.nn.fp8 import Split
 from minipar.nn.dtypes import up
 from minipar.nn.gpt import (BlockUnit, EmbedUnit, HeadUnit, block_backward, block_forward,
                             check_bias)
@@ -73,13 +75,43 @@ from minipar.parallel.tensor_parallel.layers import (
     vocab_parallel_cross_entropy_backward,
     vocab_parallel_cross_entropy_forward,
 )
+from minipar.parallel.tensor_parallel.shards import kv_heads_of
 from minipar.parallel.tensor_parallel.transformer import ParallelAttention, ParallelMLP
 
-__all__ = ["OP_KV_GRADS", "OP_PARAM_GRADS", "ParallelMoE", "TPBlockUnit", "TPEmbedUnit",
+__all__ = ["OP_FP8_AMAX", "OP_KV_GRADS", "OP_PARAM_GRADS", "ParallelMoE", "TPBlockUnit", "TPEmbedUnit",
            "TPHeadUnit", "sum_kv_grads", "sum_sequence_grads", "tp_gpt_units",
            "tp_loss_and_grads"]
 
 OP_PARAM_GRADS, OP_KV_GRADS = "sp_param_grads", "tp_kv_grads"
+#: FP8's block amax all-reduce (MAX) over the tensor-parallel group (minipar.nn.fp8.Split)
+OP_FP8_AMAX = "fp8_amax"
+
+
+def fp8_splits(cfg: GPTConfig, comm: Any, attention: Any, mlp: Any) -> None:
+    """Tell each linear layer where its weight slice sits in the global weight, so FP8's
+    tiles and blocks are the serial run's (a block cut by a slice boundary: its amax
+    all-reduced, MAX, over the group, op ``fp8_amax``)."""
+    c = traced(comm)
+    t, r = c.size, c.rank
+
+    def reduce_max(a: Any) -> Any:
+        with c.operation(OP_FP8_AMAX):
+            return allreduce(c, xp.ascontiguousarray(a), "max", "ring")
+
+    def at(axis: int, n: int, *pieces: tuple[int, int]) -> Split:
+        return Split(axis, xp.concatenate([xp.arange(lo, lo + k) for lo, k in pieces]), n,
+                     reduce_max)
+
+    h, kv, d = cfg.n_head, cfg.n_kv_head, cfg.d_model
+    dh, (first, nkv) = d // h, kv_heads_of(h, kv, t, r)
+    attention.query_key_value.split = at(1, (h + 2 * kv) * dh, (r * (h // t) * dh, d // t),
+                                         ((h + first) * dh, nkv * dh),
+                                         ((h + kv + first) * dh, nkv * dh))
+    attention.dense.split = at(0, d, (r * d // t, d // t))
+    if isinstance(mlp, ParallelMLP):
+        f = cfg.d_ff
+        mlp.dense_h_to_4h.split = at(1, f, (r * f // t, f // t))
+        mlp.dense_4h_to_h.split = at(0, f, (r * f // t, f // t))
 
 
 def sum_sequence_grads(comm: Any, grads: dict[str, Any], names: list[str]) -> None:
@@ -147,13 +179,15 @@ class TPBlockUnit(BlockUnit):
     def __init__(self, cfg: GPTConfig, comm: Any, i: int, sequence_parallel: bool = False,
                  core: Any = None, ffn: Any = None) -> None:
         super().__init__(cfg, i)
-        self.comm, self.sp = comm, sequence_parallel
+        self.comm, self.sp, self.core = comm, sequence_parallel, core
         self.attention = ParallelAttention(comm, cfg.n_head, sequence_parallel, core,
                                            cfg.n_kv_head)
         c, kv = traced(comm), cfg.n_kv_head
         self.kv_group = (c.Split(c.rank // (c.size // kv), c.rank, name=c.name)
                          if kv < c.size else None)  # the sharers of my key/value head
         self.mlp = ffn or ParallelMLP(comm, sequence_parallel)
+        if cfg.fp8:
+            fp8_splits(cfg, comm, self.attention, self.mlp)
         self.steps = {"attn": (self.attention.forward, self.attention.backward),
                       "ffn": (self.mlp.forward, self.mlp.backward)}
 
@@ -162,7 +196,9 @@ class TPBlockUnit(BlockUnit):
 
     def backward(self, p: dict[str, Any], saved: Any, dy: Any,
                  daux: float = 1.0) -> tuple[Any, dict[str, Any]]:
-        dx, grads = block_backward(p, saved, dy, daux, **self.steps)
+        cp = getattr(self.core, "token_split", None)  # a CP core: the tokens are cut too
+        with fp8.tokens(cp() if cp is not None and self.cfg.fp8 else None):
+            dx, grads = block_backward(p, saved, dy, daux, **self.steps)
         if self.kv_group is not None:
             sum_kv_grads(self.kv_group, grads, self.cfg.d_model // traced(self.comm).size)
         if self.sp:

@@ -63,7 +63,7 @@ def _dw_progressing(x: Any, dy: Any, request: Any) -> Any:
     return xp.concatenate(blocks, axis=1)
 
 
-def all_gather_matmul(comm: Any, x: Any, w: Any, op: str) -> Any:
+def all_gather_matmul(comm: Any, x: Any, w: Any, op: str, split: Any = None) -> Any:
     """AG(x) @ w along the sequence (axis 1), the ring's chunks multiplied as they come."""
     c = traced(comm)
     r, n = c.rank, c.size
@@ -75,7 +75,7 @@ def all_gather_matmul(comm: Any, x: Any, w: Any, op: str) -> Any:
             buf = xp.empty(b * (piece.shape[1] + 1) * h, piece.dtype)
             with c.operation(op):
                 reqs = [c.Irecv(buf, (r - 1) % n, TAG), c.Isend(piece, (r + 1) % n, TAG)]
-        ys[src] = fp8.forward(piece, w)  # the chunk at hand, while the next one moves
+        ys[src] = fp8.forward(piece, w, split)  # the chunk at hand, while the next one moves
         if s < n - 1:
             c.waitall(reqs)
             size = reqs[0].status.Get_count(MPI.BYTE) // buf.itemsize
@@ -83,7 +83,7 @@ def all_gather_matmul(comm: Any, x: Any, w: Any, op: str) -> Any:
     return xp.concatenate(ys, axis=1)
 
 
-def matmul_reduce_scatter(comm: Any, x: Any, w: Any, op: str) -> Any:
+def matmul_reduce_scatter(comm: Any, x: Any, w: Any, op: str, split: Any = None) -> Any:
     """This rank's sequence chunk of Σ_ranks x @ w, each chunk's product computed while
     the running sum before it moves."""
     c = traced(comm)
@@ -93,7 +93,7 @@ def matmul_reduce_scatter(comm: Any, x: Any, w: Any, op: str) -> Any:
 
     def part(i: int) -> Any:  # my partial product of chunk i, (b, k_i, d)
         i %= n
-        return fp8.forward(x[:, offs[i]:offs[i] + counts[i]], w)
+        return fp8.forward(x[:, offs[i]:offs[i] + counts[i]], w, split)
 
     acc = part(r - 1)
     for s in range(n - 1):
@@ -113,7 +113,7 @@ class AsyncColumnParallelLinear(ColumnParallelLinear):
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
         if not self.sp or self.gather_output:
             return super().forward(p, x)
-        y = all_gather_matmul(self.comm, x, p["w"], self.op or self.f.name)
+        y = all_gather_matmul(self.comm, x, p["w"], self.op or self.f.name, self.split)
         if p.get("b") is not None:
             y = bias_forward(y, p["b"])
         return y, (x,)
@@ -123,7 +123,7 @@ class AsyncColumnParallelLinear(ColumnParallelLinear):
             return super().backward(p, saved, dy)
         (x,) = saved
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
-        dx = xp.ascontiguousarray(fp8.dgrad(dy, p["w"]))  # a partial sum: f's backward sums it
+        dx = xp.ascontiguousarray(fp8.dgrad(dy, p["w"], self.split))  # partial: f's backward sums
         request = RingAllreduceRequest(self.comm, dx.reshape(-1), TAG,
                                        name=self.op or self.f.name)
         grads["w"] = weight_grad(_dw_progressing, x, dy, request)
@@ -133,12 +133,12 @@ class AsyncColumnParallelLinear(ColumnParallelLinear):
 
 class AsyncRowParallelLinear(RowParallelLinear):
     """:class:`~.layers.RowParallelLinear` with SP's reduce-scatter decomposed into the
-    GEMM (without SP, or with a replicated input: the blocking form)."""
+    GEMM (without SP, with a replicated input, or under FP8: the blocking form)."""
 
     def forward(self, p: dict[str, Any], x: Any) -> tuple[Any, tuple]:
-        if self.g.name != "sp_g" or not self.input_is_parallel:
-            return super().forward(p, x)
-        y = matmul_reduce_scatter(self.comm, x, p["w"], self.op or self.g.name)
+        if self.g.name != "sp_g" or not self.input_is_parallel or fp8.active():
+            return super().forward(p, x)  # FP8: ranks would reduce other chunks' tile amax
+        y = matmul_reduce_scatter(self.comm, x, p["w"], self.op or self.g.name, self.split)
         if p.get("b") is not None:
             y = bias_forward(y, p["b"])  # once, after the sum
         return y, (x,)
