@@ -1,7 +1,7 @@
 """Tensor parallelism (Megatron), with sequence parallelism as its option — тензорный
 параллелизм (и параллелизм по последовательности) — 张量并行（含序列并行）.
 
-The technique: read ``layers.py`` (122 code lines), then ``transformer.py`` (60 code
+The technique: read ``layers.py`` (123 code lines), then ``transformer.py`` (60 code
 lines), with the conjugate pairs they call by name, ``minipar/parallel/mappings.py``
 (115 code lines).  Overlapped with the GEMMs (``--tp-overlap``, asynchronous tensor
 parallelism): ``overlap.py`` (82 code lines).  Then the shell: ``model.py`` (the units
