@@ -87,6 +87,10 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
         check(tp_sum == f["tp"], f"{what}: tp bytes {tp_sum} != {f['tp']}")
         for axis in ("pp_p2p", "dp", "edp", "cp"):
             check(counted[axis] == f[axis], f"{what}: {axis} bytes {counted[axis]} != {f[axis]}")
+        if kind == "dualpipe":  # the copies summed over ranks s, p - 1 - s: a 2-rank ring
+            mirror = world.stats.bytes_sent(comm="pp_mirror") / spec.steps  # sends S, the
+            want = h.stage_layout.size * h.states.params.itemsize  # planner's pp_mirror
+            check(mirror == want, f"{what}: pp_mirror bytes {mirror} != S = {want}")
         if spec.kv_heads:  # grouped-query attention: the plan's GPT has K = H; bytes above
             grid.free()
             return
