@@ -74,6 +74,7 @@ TRAIN = [
     (["--precision", "fp8", "--fp8-block", "0"], ["--fp8-block", "a positive integer"]),
     (["--fp8-scaling", "delayed"], ["--fp8-scaling", "block", "tensor"]),
     (["--model", "mlp", "--precision", "fp8"], ["--precision fp8", "--model gpt"]),
+    (["--fp8-block", "64"], ["--fp8-block", "--precision fp8", "--precision float32"]),
     (["--optimizer", "lion"], ["--optimizer", "adamw", "sgd"]),
     (["--json-out", "/no/such/folder/curve.json"], ["--json-out", "/no/such/folder", "does not exist"]),
     (["--d-model", "200000"], ["parameters", "GB", "--d-model"]),

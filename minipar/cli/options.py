@@ -332,14 +332,26 @@ __all__ = [
 
 
 def add_fp8_arguments(p: Any) -> None:
-    """``--fp8-scaling`` and ``--fp8-block``: the recipe of ``--precision fp8``."""
-    p.add_argument("--fp8-scaling", choices=("block", "tensor"), default="block",
+    """``--fp8-scaling`` and ``--fp8-block``: the recipe of ``--precision fp8``
+    (:func:`check_fp8_options` refuses them with another precision)."""
+    p.add_argument("--fp8-scaling", choices=("block", "tensor"), default=None,
                    help="--precision fp8: block (DeepSeek-V3: 1x128 tiles, 128x128 blocks, "
                    "E4M3) or tensor (one scale per tensor, E5M2 gradients; current scaling); "
-                   "default %(default)s")
-    p.add_argument("--fp8-block", type=integer(1), default=128, metavar="B",
+                   "default block")
+    p.add_argument("--fp8-block", type=integer(1), default=None, metavar="B",
                    help="--precision fp8 block: the tile length B (1xB tiles, BxB blocks; "
-                   "default %(default)s)")
+                   "default 128)")
+
+
+def check_fp8_options(options: dict[str, Any]) -> None:
+    """ValueError (one line) when ``--fp8-scaling`` / ``--fp8-block`` come without
+    ``--precision fp8``: they would change nothing."""
+    given = [f"--fp8-{k}" for k in ("scaling", "block") if options.get(f"fp8_{k}") is not None]
+    if given and options.get("precision") != "fp8":
+        verb = "sets" if len(given) == 1 else "set"
+        raise ValueError(f"{' and '.join(given)} {verb} the recipe of --precision fp8, not of "
+                         f"--precision {options.get('precision')}: add --precision fp8 or "
+                         f"drop {'it' if len(given) == 1 else 'them'}")
 
 
 def add_json_options(p: argparse.ArgumentParser, what: str) -> None:

@@ -30,8 +30,8 @@ import json
 import os
 import sys
 
-from minipar.cli.options import (ArgumentParser, add_fp8_arguments, add_json_options, integer,
-                                 number, output_file)
+from minipar.cli.options import (ArgumentParser, add_fp8_arguments, add_json_options,
+                                 check_fp8_options, integer, number, output_file)
 from minipar.data import synthetic
 from minipar.data.tokenizer import VOCAB_SIZE
 from minipar.nn import MLP, MLPConfig
@@ -122,6 +122,10 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if stray:
         p.error(f"{', '.join(stray)} only appl{'ies' if len(stray) == 1 else 'y'} to "
                 f"--model {'mlp' if a.model == 'gpt' else 'gpt'}, not --model {a.model}")
+    try:
+        check_fp8_options(vars(a))
+    except ValueError as e:
+        p.error(str(e))
     if a.model == "mlp" and a.precision == "fp8":
         p.error("--precision fp8 serves --model gpt (the FP8 GEMMs are a transformer block's "
                 "linear layers); the MLP trains in float64, float32, mixed or mixed-fp16")
@@ -162,7 +166,8 @@ def _spec(a: argparse.Namespace) -> RunSpec:
     return RunSpec(vocab=a.vocab, seq=a.seq, d_model=a.d_model, layers=a.layers, heads=a.heads,
                    kv_heads=a.kv_heads, batch=a.batch, steps=a.steps, seed=a.seed, data_seed=a.data_seed, lr=a.lr,
                    weight_decay=a.weight_decay, optimizer=a.optimizer, precision=a.precision,
-                   fp8_scaling=a.fp8_scaling, fp8_block=a.fp8_block,
+                   **{k: getattr(a, k) for k in ("fp8_scaling", "fp8_block")
+                      if getattr(a, k) is not None},
                    experts=a.experts, top_k=a.top_k, text=a.text, **extra)
 
 

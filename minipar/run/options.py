@@ -29,8 +29,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from minipar.cli.options import (ArgumentParser, add_fp8_arguments, add_json_options, integer, number, output_file,
-                                 seconds)
+from minipar.cli.options import (ArgumentParser, add_fp8_arguments, add_json_options,
+                                 check_fp8_options, integer, number, output_file, seconds)
 from minipar.registry import PLANNED_STRATEGIES, STRATEGIES
 
 PROG = "minipar run"
@@ -123,6 +123,7 @@ def check(options: dict[str, Any]) -> Any:
     from minipar import checks
 
     resolve_data_options(options)
+    check_fp8_options(options)
     if options.get("node") is not None:
         checks.divides("--node", options["node"], "-n", options["ranks"],
                        "K consecutive ranks share a simulated node")
