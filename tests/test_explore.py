@@ -75,6 +75,18 @@ def test_memory_offload_experts_and_bad_layouts():
     assert ring - 25e6 == 2 * 2 * 4096 * kv and gather - 25e6 == 2 * 8192 * kv
 
 
+def test_fp8_is_one_more_precision_entry():
+    """DeepSeek-V3's FP8: 1 + 4 + 8 = 13 bytes of model states a parameter (FP8 weights,
+    FP32 grads, FP32 master + BF16 moments), activations counted as bf16's."""
+    fp8, bf16 = (memory.memory("Llama 3 8B", dp=1, tp=1, pp=1, zero=0, precision=p).numbers
+                 for p in ("fp8 (DeepSeek-V3)", "bf16 mixed"))
+    psi = fp8["params_per_rank"]
+    assert (fp8["params"], fp8["grads"], fp8["optimizer"]) == (psi, 4 * psi, 8 * psi)
+    assert fp8["params"] + fp8["grads"] + fp8["optimizer"] == 13 * psi
+    assert fp8["activations"] == bf16["activations"]
+    assert "fp8 (DeepSeek-V3)" in memory.CONTROLS["precision"]
+
+
 def test_memory_explorer_against_a_measured_run():
     """minipar run zero --stage 3 -n 2 (float64): the model states one rank holds, measured,
     are the memory explorer's params + grads + optimizer for the same small GPT."""

@@ -82,11 +82,16 @@ MODELS: dict[str, tuple[ModelSpec, Experts | None]] = {
     "DeepSeek-V3": (llama_model(61, 7168, 128, 128, 18432, 129280, 4096, name="deepseek-v3"),
                     Experts(256, 8, 2048, shared=1, dense_layers=3)),
 }
-#: name -> (bytes of a parameter, gradient and activation element, K optimizer bytes)
-PRECISIONS: dict[str, tuple[int, float]] = {
+#: name -> (bytes of a parameter, gradient and activation element, K optimizer bytes), or
+#: (parameter bytes, K, gradient bytes, activation bytes) where those differ
+PRECISIONS: dict[str, tuple[float, ...]] = {
     "bf16 mixed": (2, 12),  # 16-bit params and grads; fp32 master, m, v (ZeRO §3.1)
     "fp32": (4, 8),  # fp32 params and grads; Adam's m and v
     "float64": (8, 16),  # minipar's parity runs: float64 params, grads, m, v
+    # DeepSeek-V3 (arXiv 2412.19437 §3.3): FP8 weights for the GEMMs, FP32 grads, K = FP32
+    # master 4 + BF16 m, v 2 + 2: 13 bytes a parameter (minipar.precision's count);
+    # activations as bf16 (its FP8-cached linear inputs not split out: an upper bound)
+    "fp8 (DeepSeek-V3)": (1, 8, 4, 2),
 }
 #: device line: name -> bytes (minipar.plan.cluster's presets)
 DEVICES: dict[str, float] = {"H100 80 GB": CLUSTERS["h100"]["memory_gb"] * GB,
@@ -153,7 +158,8 @@ def memory(model: str = "Llama 3 70B", dp: int = 8, tp: int = 8, pp: int = 4, vp
     if model not in MODELS:
         raise ValueError(f"model: one of {', '.join(MODELS)}, got {model!r}")
     spec, moe = MODELS[model]
-    item, K = PRECISIONS[precision]
+    item, K, *split = PRECISIONS[precision]
+    grad_item, act_item = split or (item, item)
     v = SCHEDULE_V.get(schedule, 1) or vp
     if vp > 1 and v != vp:
         raise ValueError(f"vp = {vp} needs the interleaved schedule (or zb-v, v = 2)")
@@ -166,13 +172,13 @@ def memory(model: str = "Llama 3 70B", dp: int = 8, tp: int = 8, pp: int = 4, vp
     lay = Layout(dp, tp, pp, cp, zero, remat, mb, micro_batches, v=v, sp=sp, cp_kind=cp_kind)
     check_layout(spec, lay)
     seq_par = sp and tp > 1
-    layer = activation_bytes_layer(spec, lay, item, "paper", seq_par, cp_kind)
+    layer = activation_bytes_layer(spec, lay, act_item, "paper", seq_par, cp_kind)
     if remat == "full":  # one layer recomputed whole during its backward
-        recomputed = activation_bytes_layer(spec, replace(lay, remat="none"), item, "paper",
-                                            seq_par, cp_kind)
+        recomputed = activation_bytes_layer(spec, replace(lay, remat="none"), act_item,
+                                            "paper", seq_par, cp_kind)
     per_chunk = spec.n_layer // pp / v
     kv = spec.groups * spec.head_dim / tp if spec.groups >= tp else spec.head_dim
-    cp_buffer = CP_KINDS[cp_kind](mb, spec.seq, cp, kv) * item if cp > 1 else 0.0
+    cp_buffer = CP_KINDS[cp_kind](mb, spec.seq, cp, kv) * act_item if cp > 1 else 0.0
     N = dp * cp
     best: dict[str, Any] = {}
     for stage in sorted({0, pp - 1}):
@@ -187,16 +193,16 @@ def memory(model: str = "Llama 3 70B", dp: int = 8, tp: int = 8, pp: int = 4, vp
             a = _stage_params(spec, moe, pv, tp, ep, stage)
             b = _stage_params(spec, moe, pv, tp, ep, pv - 1 - stage)
             dense, experts = a[0] + b[0], a[1] + b[1]
-        kinds = zero_model_state_breakdown(dense, N, zero, K, item, item)
+        kinds = zero_model_state_breakdown(dense, N, zero, K, item, grad_item)
         if experts:
-            ek = zero_model_state_breakdown(experts, max(1, N // ep), zero, K, item, item)
+            ek = zero_model_state_breakdown(experts, max(1, N // ep), zero, K, item, grad_item)
             kinds = {k: kinds[k] + ek[k] for k in kinds}
         held = in_flight(stage_schedule(schedule, stage, pp, micro_batches, v)) if pp > 1 else 1
         acts = held * per_chunk * layer + (recomputed if remat == "full" else 0.0)
         if zero == 3:  # the layer in use and the prefetched one, gathered whole
             buffers = 2 * (dense + experts) / max(1, spec.n_layer // pp) * item
         else:
-            buffers = min(DDP_BUCKET, (dense + experts) * item) if N > 1 else 0.0
+            buffers = min(DDP_BUCKET, (dense + experts) * grad_item) if N > 1 else 0.0
         row = {"params": kinds["params"], "grads": kinds["grads"],
                "optimizer": 0.0 if offload else kinds["optimizer"], "activations": acts,
                "buffers": buffers + cp_buffer, "offloaded": kinds["optimizer"] if offload else 0.0,
