@@ -22,6 +22,14 @@ Formats for Deep Learning", arXiv 2209.05433): one scale per tensor, E4M3 for th
 forward's x and W, E5M2 for the gradient dy; *current* scaling, not delayed — the
 scale is the amax of the tensor at hand, not of the last steps' history.
 
+**In parallel** the tiles and blocks are those of the global tensor: a rank holding
+a slice of a weight (tensor parallelism: :class:`Split` of its columns or rows) or of
+each sequence (context parallelism: :func:`tokens`) cuts its tiles and promotion
+chunks at the global multiples of 128, and the amax of a tile or block that ranks
+share is all-reduced (MAX) over them, so every rank quantizes as the serial run
+does.  The scales are kept per element (one value repeated over its tile or block),
+which makes a slice's scales just the slice of the global ones.
+
 The FP8 policy (:mod:`minipar.precision`) keeps everything else in FP32: the master
 weights (the parameters themselves), AdamW's moments, the embedding, the output
 head, the LayerNorms, attention's scores and softmax, the MoE router.  Only a
