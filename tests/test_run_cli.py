@@ -32,6 +32,7 @@ BAD = [
     (["zero", "--precision", "fp8", "--optimizer", "sgd"], "--optimizer adamw"),
     (["tp", "--precision", "fp8", "--fp8-block", "0"], "--fp8-block"),
     (["dp", "--fp8-scaling", "delayed"], "--fp8-scaling"),
+    (["tp", "-n", "2", "--experts", "2", "--precision", "fp8"], "--fp8-block 32"),
     (["dp", "--fp8-scaling", "tensor"], "--fp8-scaling sets the recipe of --precision fp8"),
     (["dp", "--bucket-mb", "0"], "--bucket-mb"),
     (["dp", "--lr", "0"], "--lr"),

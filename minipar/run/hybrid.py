@@ -124,6 +124,9 @@ def check(options: dict[str, Any], spec: Any) -> None:
                  _chunks(options), None, True if remat == 0 else remat,
                  options.get("cp_kind", "ring"), options.get("sequence_parallel", False),
                  _cp_ulysses(options, z["cp"]))
+    from minipar.run.tp import check_fp8_experts
+
+    check_fp8_experts(spec, z["tp"])
     if options.get("tp_overlap") and z["tp"] == 1:
         raise ValueError("--tp-overlap needs tensor parallelism, and this grid has tp 1: "
                          "give --tp 2 or more")

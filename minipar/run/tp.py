@@ -110,7 +110,23 @@ def check_sizes(options: dict[str, Any], spec: Any, sequence_parallel: bool) -> 
         if spec.experts:
             raise ValueError("--experts: sequence parallelism with a mixture of experts is not "
                              "built; use minipar run tp")
+    check_fp8_experts(spec, t)
     check_world(spec.batch, dp)
+
+
+def check_fp8_experts(spec: Any, t: int) -> None:
+    """FP8 block scaling with experts sliced over t tensor-parallel ranks: the experts'
+    GEMMs all-reduce no shared block's amax, so no tile or block may straddle two slices
+    (the blocks' own linear layers do: :func:`~minipar.parallel.tensor_parallel.model.
+    fp8_splits`)."""
+    if t > 1 and spec.experts and spec.precision == "fp8" and spec.fp8_scaling == "block":
+        w = spec.config().expert_width // t
+        if w % spec.fp8_block:
+            ok = max(b for b in range(1, min(w, 128) + 1) if w % b == 0)
+            raise ValueError(f"--precision fp8 with --experts over tp {t}: --fp8-block "
+                             f"{spec.fp8_block} must divide each rank's slice of an expert, "
+                             f"expert width / t = {w} (the experts' GEMMs share no block's "
+                             f"amax across ranks here); use --fp8-block {ok}")
 
 
 def check(options: dict[str, Any], spec: Any) -> None:

@@ -120,7 +120,9 @@ CASES["hybrid"].append(({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2},
 FP8 = {"precision": "fp8", "fp8_block": 6}
 CASES["dp"] += [({"dp": 2}, {}, FP8), ({"dp": 4}, {}, FP8)]
 CASES["zero"] += [({"dp": 2}, {"stage": 1}, FP8), ({"dp": 4}, {"stage": 3}, FP8)]
-CASES["tp"] += [({"tp": 2}, {}, FP8), ({"dp": 2, "tp": 2}, {}, FP8)]
+CASES["tp"] += [({"tp": 2}, {}, FP8), ({"dp": 2, "tp": 2}, {}, FP8),
+                ({"dp": 2, "tp": 2}, {}, {**FP8, "fp8_block": 8, "experts": 4, "top_k": 2,
+                                          "capacity_factor": 1.0, "routing": (2,)})]
 CASES["sp"] += [({"tp": 2}, {}, FP8), ({"tp": 4}, {}, {**FP8, "heads": 4, "vocab": 12})]
 CASES["cp"] += [({"cp": 2}, {"kind": "ring", "zigzag": True}, {**FP8, "seq": 16}),
                 ({"cp": 4}, {"kind": "ulysses"}, {**FP8, "seq": 16, "heads": 4})]
