@@ -42,9 +42,13 @@ AdamW's moments are FP32: DeepSeek-V3 keeps its moments in BF16, FP32 is minipar
 choice (one fewer rounding to explain).  The embedding, the output head, the
 LayerNorms, attention's scores and softmax and the MoE router stay in FP32, as the
 paper keeps them in higher precision.  So a replica holds 4 + 4 + 4 + 4 = 16 bytes
-per parameter (params = master, grads, m, v: tests/test_fp8.py measures it), where
-DeepSeek-V3 keeps FP32 master weights and gradients and BF16 moments, 4 + 4 + 2 + 2
-= 12, plus the low-precision copy its GEMMs read.  What is FP8 here is each GEMM's
+per parameter (params = master, grads, m, v: tests/test_fp8.py measures it).  Against
+the Ultra-Scale Playbook's table of FP8 recipes (bytes per parameter: master weights,
+accumulated gradients, model weights, gradients, optimizer states): the BF16 baseline
+4 + 4 + 2 + 2 + 4 + 4 = 20 (16 without FP32 gradient accumulation); Transformer Engine
+4 + 4 + 4 + 4 = 16 — minipar's row; DeepSeek-V3 4 + 4 + 1 + 2 + 2 + 2 = 15 (FP8
+weights, BF16 gradients and moments); FP8-LM O3 9; Nanotron's FP8 10.  minipar holds
+no FP8 copy of the weights: what is FP8 here is each GEMM's
 *input*, made on the fly: 1 byte per element plus one FP32 scale per 1×128 tile
 (activations, gradients) or 128×128 block (weights) — M·K + 4·M·⌈K/128⌉ bytes for an
 (M, K) activation; the activations a layer saves for its backward stay FP32 (DeepSeek-V3
