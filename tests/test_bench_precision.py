@@ -20,25 +20,25 @@ TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "8", "--bat
 def test_the_bench_runs_every_recipe_and_zero_and_draws_the_curves(tmp_path: Path,
                                                                   capsys) -> None:
     out, png = tmp_path / "p.json", tmp_path / "p.png"
-    rc = bench.main([*TINY, "-n", "2", "--node", "1", "--zeropp", "none,all",
+    rc = bench.main([*TINY, "-n", "2", "--node", "1", "--zeropp", "all",
                      "--plot", str(png), "--json-out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     data = json.loads(out.read_text())
     rows = {r["name"]: r for r in data["rows"]}
-    assert list(rows) == ["float32", "bf16 mixed", "fp8 tensor", "fp8 block", "ZeRO-3",
+    assert list(rows) == ["float32", "bf16 mixed", "fp8 tensor", "fp8 block",
                           "ZeRO-3 + qwz+hpz+qgz"]
     assert all([s for s, _ in r["validation"]] == [2, 4] for r in rows.values())
-    # the serial float32 row is the serial engine, bit for bit; ZeRO-3 on 2 ranks its float32
-    # twin up to the order of the sums
+    # the serial float32 row is the serial engine, bit for bit
     spec = RunSpec(**bench.spec_fields(bench._parser().parse_args(TINY)), precision="float32")
     assert rows["float32"]["losses"] == serial_reference(spec)["losses"]
-    z = rows["ZeRO-3"]
-    assert z["losses"] == pytest.approx(rows["float32"]["losses"], rel=1e-5)
-    assert z["bytes_per_step"] > 0 and z["inter_node_bytes_per_step"] > 0  # nodes of 1 rank
-    zpp = rows["ZeRO-3 + qwz+hpz+qgz"]  # INT8 weights, INT4 gradients: fewer bytes,
-    assert 0 < zpp["bytes_per_step"] < z["bytes_per_step"] / 2  # losses near ZeRO-3's
-    assert zpp["losses"] != z["losses"] and zpp["losses"] == pytest.approx(z["losses"], rel=1e-2)
+    # ZeRO++ (INT8 weights, INT4 gradients) on 2 ranks in nodes of 1: under half of ZeRO-3's
+    # bytes, all of them across nodes; losses near float32's, not equal
+    z = rows["ZeRO-3 + qwz+hpz+qgz"]
+    assert 0 < z["bytes_per_step"] < z["zero3_bytes_per_step"] / 2
+    assert z["inter_node_bytes_per_step"] > 0
+    f32 = rows["float32"]["losses"]
+    assert z["losses"] != f32 and z["losses"] == pytest.approx(f32, rel=1e-2)
     assert png.stat().st_size > 0 and "final validation" in text and "ZeRO-3" in text
 
 
@@ -52,8 +52,7 @@ def test_tiles_beat_one_scale_per_tensor_on_outliers() -> None:
 
 
 @pytest.mark.parametrize("args,option", [
-    (["--recipes", "fp16"], "--recipes"), (["--zeropp", "qwz,zpp"], "--zeropp"),
-    (["-n", "4", "--node", "3"], "--node"), (["-n", "8"], "--batch"),
+    (["--zeropp", "qwz,zpp"], "--zeropp"), (["-n", "4", "--node", "3"], "--node"),
 ])
 def test_bad_options_are_refused_in_one_line(args: list[str], option: str,
                                               tmp_path: Path) -> None:

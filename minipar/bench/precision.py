@@ -149,7 +149,8 @@ def zero_argv(parts: tuple[str, ...], fields: dict[str, Any], ranks: int, node: 
 
 def zero_row(key: str, argv: list[str], timeout: float) -> dict[str, Any]:
     """One ``minipar run`` launch: validation, losses, bytes per rank per step (mean of the
-    ranks) and the bytes that crossed a node boundary (mean of the ranks)."""
+    ranks), the bytes that crossed a node boundary (mean of the ranks) and ZeRO-3's exact
+    bytes for the same model (``zero3_bytes_per_step``; a ZeRO++ run's summary has them)."""
     from minipar import launch
     from minipar.run import SUMMARY_PREFIX, parse
 
@@ -161,7 +162,10 @@ def zero_row(key: str, argv: list[str], timeout: float) -> dict[str, Any]:
     inter = [sum(b["inter"] for b in axes.values())
              for axes in s["hosts"]["bytes_by_axis_per_rank"]]
     name = "ZeRO-3" + ("" if key == "none" else f" + {'+'.join(ZEROPP[key])}")
+    zpp = s.get("zeropp") or {}  # a ZeRO++ run also says what ZeRO-3 sends: its exact figure
+    zero3 = zpp.get("zero3_bytes_exact_per_rank", per_rank)
     return {"name": name, "kind": "zero", "losses": s["losses"],
+            "zero3_bytes_per_step": sum(zero3) / len(zero3),
             "validation": sorted((int(k), v) for k, v in s["validation"].items()),
             "seconds": time.perf_counter() - t0,
             "bytes_per_step": sum(per_rank) / len(per_rank),
