@@ -76,13 +76,14 @@ def test_memory_offload_experts_and_bad_layouts():
 
 
 def test_fp8_is_one_more_precision_entry():
-    """DeepSeek-V3's FP8: 1 + 4 + 8 = 13 bytes of model states a parameter (FP8 weights,
-    FP32 grads, FP32 master + BF16 moments), activations counted as bf16's."""
+    """DeepSeek-V3's FP8, the Playbook's row: 1 + 6 + 8 = 15 bytes of model states a
+    parameter (FP8 weights; BF16 + FP32 accumulated grads; FP32 master + BF16 moments),
+    activations counted as bf16's."""
     fp8, bf16 = (memory.memory("Llama 3 8B", dp=1, tp=1, pp=1, zero=0, precision=p).numbers
                  for p in ("fp8 (DeepSeek-V3)", "bf16 mixed"))
     psi = fp8["params_per_rank"]
-    assert (fp8["params"], fp8["grads"], fp8["optimizer"]) == (psi, 4 * psi, 8 * psi)
-    assert fp8["params"] + fp8["grads"] + fp8["optimizer"] == 13 * psi
+    assert (fp8["params"], fp8["grads"], fp8["optimizer"]) == (psi, 6 * psi, 8 * psi)
+    assert fp8["params"] + fp8["grads"] + fp8["optimizer"] == 15 * psi
     assert fp8["activations"] == bf16["activations"]
     assert "fp8 (DeepSeek-V3)" in memory.CONTROLS["precision"]
 

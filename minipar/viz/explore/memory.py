@@ -88,10 +88,11 @@ PRECISIONS: dict[str, tuple[float, ...]] = {
     "bf16 mixed": (2, 12),  # 16-bit params and grads; fp32 master, m, v (ZeRO §3.1)
     "fp32": (4, 8),  # fp32 params and grads; Adam's m and v
     "float64": (8, 16),  # minipar's parity runs: float64 params, grads, m, v
-    # DeepSeek-V3 (arXiv 2412.19437 §3.3): FP8 weights for the GEMMs, FP32 grads, K = FP32
-    # master 4 + BF16 m, v 2 + 2: 13 bytes a parameter (minipar.precision's count);
-    # activations as bf16 (its FP8-cached linear inputs not split out: an upper bound)
-    "fp8 (DeepSeek-V3)": (1, 8, 4, 2),
+    # DeepSeek-V3 (arXiv 2412.19437 §3.3), the Ultra-Scale Playbook's FP8 table: FP8
+    # weights 1; gradients BF16 2 + FP32 accumulated 4; K = FP32 master 4 + BF16 m, v 2 + 2:
+    # 15 bytes a parameter (minipar.precision); activations as bf16 (its FP8-cached linear
+    # inputs not split out: an upper bound)
+    "fp8 (DeepSeek-V3)": (1, 8, 6, 2),
 }
 #: device line: name -> bytes (minipar.plan.cluster's presets)
 DEVICES: dict[str, float] = {"H100 80 GB": CLUSTERS["h100"]["memory_gb"] * GB,
