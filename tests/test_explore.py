@@ -114,6 +114,9 @@ def test_question_formulas_are_the_counted_numbers():
     assert q["dp-bytes"].formula() == 56_320  # minipar run dp -n 2: Ψ·8
     assert q["tp-bytes"].formula() == 81_920  # minipar run tp -n 2: bytes_exact_per_rank
     assert q["bubble"].formula() == pytest.approx(0.2)
+    # minipar run zero --stage 3 -n 4 --node 2 --zeropp qwz: the paper's 53,130 B, counted
+    # 53,168-53,184 (each shard's blocks have their own scales)
+    assert q["qwz-bytes"].formula() == 2 * 5280 * (1 + 8 / 256) + 5280 * 8 == 53_130
     assert q["moe-memory"].formula() == 365_568  # minipar run ep -n 2 --experts 4
 
 

@@ -93,6 +93,12 @@ def _ring_bytes() -> float:
     return float(max(row["ring_sent"] for row in data["rows"]))
 
 
+def _qwz_bytes() -> float:
+    from minipar.parallel.zero.measure import zeropp_formula_bytes
+
+    return zeropp_formula_bytes(7040, 4, 2, ("qwz",), 256, 8)["total"]
+
+
 def _moe_states() -> float:
     b = gpt_param_breakdown(2, 16, 10, 8, n_experts=4)
     return 32.0 * (b["total"] - b["experts"] + b["experts"] / 2)
@@ -135,6 +141,19 @@ QUESTIONS: dict[str, Question] = {
         "The usual mistakes: the paper's 16 bytes per parameter (that is mixed precision; "
         "float64 Adam is 8 + 8 + 16 = 32), or dividing only the optimizer states (stage 1): "
         "stage 3 divides all three by N."),
+    "qwz-bytes": Question(
+        "ZeRO++'s qwZ on N = 4 ranks (nodes of 2), minipar run's GPT: Ψ = 7,040 float64 "
+        "parameters, INT8 blocks of 256 with one float64 scale each. How many bytes does "
+        "each rank send per step (both weight all-gathers and the gradients' "
+        "reduce-scatter)?", "B", _qwz_bytes,
+        lambda: run_summary("zero", 4, "--stage", "3", "--node", "2", "--zeropp", "qwz",
+                            "--steps", "1")["zeropp"]["bytes_per_rank"][0],
+        "minipar run zero --stage 3 -n 4 --node 2 --zeropp qwz --steps 1",
+        "The usual mistake is 3Ψ(N − 1)/N at 1 byte, or ZeRO-3's 3Ψ(N − 1)/N × 8 halved: "
+        "qwZ quantizes only the two weight all-gathers (1 byte + 8/256 for the scales); "
+        "the gradients' reduce-scatter stays float64, Ψ(N − 1)/N × 8.",
+        measured_note="each rank's shards are cut into blocks of 256: a few scales more "
+        "than the formula's Ψ/256"),
     "tp-bytes": Question(
         "Tensor parallelism, t = 2, minipar run's GPT (L = 2 blocks, b = 10 rows, s = 8, "
         "h = 16, float64): how many bytes does each rank send per step in the blocks' f "
