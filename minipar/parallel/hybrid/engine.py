@@ -76,7 +76,7 @@ __all__ = ["OPTIONS", "build"]
 #: and the hybrid's own
 OPTIONS = tuple(o for o in PIPELINE_OPTIONS if o != "instructions") + (
     "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel", "tp_overlap",
-    "prefetch", "reshard_after_forward")
+    "prefetch", "reshard_after_forward", "zeropp", "zeropp_block")
 
 
 def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
@@ -88,7 +88,9 @@ def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
     or "usp" (``cp_ulysses`` U Ulysses ranks × cp/U ring groups);
     ``scatter_gather`` (PTD-P §4.1, tp > 1) and ``sequence_parallel`` (tp > 1);
     ``tp_overlap`` (tp > 1), ``prefetch`` K and ``reshard_after_forward`` (zero 3:
-    :class:`~minipar.parallel.hybrid.sync.ZeroSync`).  Bad sizes
+    :class:`~minipar.parallel.hybrid.sync.ZeroSync`); ``zeropp`` (zero 3: ZeRO++'s parts,
+    :class:`~minipar.parallel.zero.zeropp.ZeroPPHooks` over the dp·cp ranks in the nodes
+    of the grid's hosts) with its ``zeropp_block``.  Bad sizes
     raise ``ValueError`` on every rank before any message (:func:`check_hybrid`)."""
     checks.known("the hybrid engine", options, OPTIONS)
     if grid is None:
@@ -102,7 +104,8 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
              cp_kind: str = "ring", scatter_gather: bool = True,
              sequence_parallel: bool = False, cp_ulysses: int = 0,
              tp_overlap: bool = False, prefetch: int = 0,
-             reshard_after_forward: bool = True) -> PipelineParallel:
+             reshard_after_forward: bool = True, zeropp: Any = (),
+             zeropp_block: int = 256) -> PipelineParallel:
     """The checks, the three parts, the pipeline engine given them."""
     lay = grid.layout
     check_hybrid(grid.world.size, spec, lay.dp, lay.pp, lay.tp, lay.cp, lay.ep, zero,
@@ -114,6 +117,10 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
     if (prefetch or not reshard_after_forward) and zero != 3:
         raise ValueError(f"prefetch and reshard_after_forward are ZeRO-3's (parameters "
                          f"gathered unit by unit); got zero {zero}: use zero=3")
+    from minipar.parallel.zero.engine import check_zeropp, node_comms
+
+    zeropp = check_zeropp(zeropp, zero, zeropp_block,
+                          reshard_after_forward, remat, offload)
     stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel, cp_ulysses,
                         tp_overlap)
     wire: Any = Whole()
@@ -124,8 +131,13 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
     # the ranks that hold the same shard of the same stage: dp·cp of them
     shard_comm = grid.comm("dp" if lay.cp == 1 else "edp")
     if zero:
+        extra: dict[str, Any] = {}
+        if zeropp:  # ZeRO++ over the shard group, its nodes from the grid's hosts
+            node, cross = node_comms(grid, shard_comm, "dp" if lay.cp == 1 else "edp")
+            extra = {"parts": zeropp, "block": int(zeropp_block), "node": node,
+                     "cross": cross}
         sync: Any = ZeroSync(zero, shard_comm, grid.world, prefetch,
-                             bool(reshard_after_forward))
+                             bool(reshard_after_forward), extra)
     elif lay.ep > 1:  # dense over dp, experts over their replicas (edp)
         sync = AllReduceSync(grid.world, expert_reduce(grid))
     else:

@@ -180,8 +180,25 @@ def engine_bytes(engine: Any) -> dict[str, int]:
     zero = h.sync.stage if isinstance(h.sync, ZeroSync) else 0
     gathers = recvs if isinstance(h.wire, ScatterGather) else 0
     coords = {a: h.grid.coord(a) for a in ("dp", "pp", "cp", "tp")}
-    return bytes_formula(h.spec, h.grid.layout, coords, h.m, blocks, sends,
+    out = bytes_formula(h.spec, h.grid.layout, coords, h.m, blocks, sends,
                          h.stage_layout.size, h.states.params.itemsize, zero, model.cp_kind,
                          gathers, model.sp, recomputed,
                          (list(at.values()), [at[u.name] for u in again]), model.cp_ulysses,
                          getattr(h.sync, "reshard", True))
+    if zero == 3 and h.sync.zeropp:  # ZeRO++: what its ZeRO communicator carries
+        out["dp" if h.grid.layout.cp == 1 else "edp"] = zeropp_stage_bytes(h)["shard"]
+    return out
+
+
+def zeropp_stage_bytes(engine: Any, parts: Any = None) -> dict[str, int]:
+    """The exact ZeRO++ bytes per step of this rank of a hybrid engine with ZeRO-3's ZeRO++
+    (``parts``: these instead, () for ZeRO-3's own): :func:`~minipar.parallel.zero.measure.\
+zeropp_exact_bytes` on the stage's units over the dp·cp ranks, m micro-batches."""
+    from minipar.nn.units import spans as unit_spans
+    from minipar.parallel.zero.measure import zeropp_exact_bytes
+
+    h, z = engine, engine.sync.zeropp
+    comm, k = h.sync.comm, z["node"].size
+    return zeropp_exact_bytes(list(unit_spans(h.units, h.stage_layout)), comm.size, k,
+                              comm.rank, z["parts"] if parts is None else parts, z["block"],
+                              h.states.params.itemsize, h.m)

@@ -70,7 +70,7 @@ OP_GRADS, OP_EXPERT_GRADS = "hybrid_grad_allreduce", "hybrid_expert_allreduce"
 OP_ZERO_RS, OP_ZERO_AG = "hybrid_zero_reduce_scatter", "hybrid_zero_all_gather"
 
 
-def _learning_hooks() -> type:
+def _learning_hooks(zeropp: bool = False) -> type:
     """ZeRO's hooks that learn a pipeline stage's walk: the fetches of the first step, in
     order (its instruction list: each micro-batch's forward and backward through the
     stage's units, recomputations included), become the plan of every later step, along
@@ -78,10 +78,12 @@ def _learning_hooks() -> type:
     execution order in the first iteration and prefetches along it afterwards.  Without
     resharding after forward (``keep``, the learning step) a unit fetched stays gathered
     until the step ends, as the plan keeps it later; ``peak_gathered_bytes`` is measured
-    (:class:`~minipar.parallel.zero.engine.MeteredZeroHooks`)."""
-    from minipar.parallel.zero.engine import MeteredZeroHooks
+    (:class:`~minipar.parallel.zero.engine.MeteredZeroHooks`; ``zeropp``: ZeRO++'s,
+    :class:`~minipar.parallel.zero.engine.MeteredZeroPPHooks`, which plan the first step's
+    walk fetch by fetch)."""
+    from minipar.parallel.zero.engine import MeteredZeroHooks, MeteredZeroPPHooks
 
-    class LearningZeroHooks(MeteredZeroHooks):
+    class LearningZeroHooks(MeteredZeroPPHooks if zeropp else MeteredZeroHooks):  # type: ignore
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.learned: list[str] = []  # the walk of the first step (empty until it ends)
@@ -123,9 +125,10 @@ class ZeroSync:
     ``grad_accumulation_bytes`` (ZeRO-2's full gradient buffer of the step)."""
 
     def __init__(self, stage: int, comm: Any, world: Any, prefetch: int = 0,
-                 reshard: bool = True) -> None:
+                 reshard: bool = True, zeropp: dict[str, Any] | None = None) -> None:
         self.stage, self.comm, self.world, self.prefetch = stage, comm, world, prefetch
         self.reshard = reshard
+        self.zeropp = zeropp or {}  # ZeRO-3's ZeRO++: its hooks' parts, block, node, cross
         self.full_buf: Any = None  # ZeRO-2: the full parameters
         self.zero_hooks: Any = None
         self.grad_accumulation_bytes = 0
@@ -152,11 +155,10 @@ class ZeroSync:
             return self.states
         from minipar.parallel.zero.shard import units_table
 
-        self.zero_hooks = _learning_hooks()(3, comm, self.layout.size, (lo, hi), self.states,
-                                            units_table(units, self.layout),
-                                            dtype=self.states.policy.param_dtype,
-                                            accumulate=True, prefetch=self.prefetch,
-                                            reshard=self.reshard)
+        self.zero_hooks = _learning_hooks(bool(self.zeropp))(
+            3, comm, self.layout.size, (lo, hi), self.states, units_table(units, self.layout),
+            dtype=self.states.policy.param_dtype, accumulate=True, prefetch=self.prefetch,
+            reshard=self.reshard, **self.zeropp)
         return self.states
 
     def step_hooks(self) -> Any:
@@ -169,8 +171,9 @@ class ZeroSync:
             self._acc = xp.zeros(lay.size, self.full_buf.dtype)
             self.grad_accumulation_bytes = int(self._acc.nbytes)
             return StageHooks(lay.unflatten(self.full_buf), lay.unflatten(self._acc))
-        if self.stage == 3 and (self.prefetch or not self.reshard):  # the first step learns
-            hooks = self.zero_hooks  # the walk, later ones prefetch / keep along it
+        if self.stage == 3 and (self.prefetch or not self.reshard or self.zeropp):
+            hooks = self.zero_hooks  # the first step learns the walk, later ones prefetch /
+            # keep along it (ZeRO++: a walk planned per step, a unit's first fetch global)
             hooks.plan(hooks.learned or [])
             hooks.walk, hooks.keep = [], not (self.reshard or hooks.learned)
         return self.zero_hooks
@@ -209,6 +212,13 @@ class ZeroSync:
             with comm.operation(OP_ZERO_AG):
                 full[...] = all_gather(comm, st.params[st.lo:st.hi])
         return done
+
+    def close(self) -> None:
+        """Free ZeRO++'s node and cross communicators."""
+        for key in ("node", "cross"):
+            if self.zeropp.get(key) is not None:
+                self.zeropp[key].Free()
+                self.zeropp[key] = None
 
     def gathered_peak(self) -> tuple[int, int]:
         """ZeRO-3: the most bytes held all-gathered at once (measured) and its formula along

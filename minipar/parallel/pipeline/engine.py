@@ -379,6 +379,7 @@ class PipelineParallel:
     def close(self) -> None:
         """Remove what an interrupted step left offloaded (the grid is the caller's)."""
         self.stage_memory.end_step()
+        getattr(self.sync, "close", lambda: None)()  # (the hybrid's ZeRO++ communicators)
         if self.mirror is not None:
             self.mirror.Free()
             self.mirror = None

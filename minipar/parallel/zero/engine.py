@@ -166,7 +166,7 @@ class MeteredZeroHooks(ZeroHooks):
         self._watched = [r for r in self._watched if not r.done]
 
     def fetch(self, unit: Any) -> dict[str, Any]:
-        if not self.order:
+        if self.at >= len(self.order):  # unplanned (ZeRO++ plans such a walk as it goes)
             self.walk.append(unit.name)
         before, t0 = list(self.inflight.values()), time.perf_counter()
         params = super().fetch(unit)
@@ -508,13 +508,14 @@ class ZeRO:
             self.zero_hooks.node = self.zero_hooks.cross = None
 
 
-def node_comms(grid: Any, comm: Any) -> tuple[Any, Any]:
+def node_comms(grid: Any, comm: Any, axis: str = "dp") -> tuple[Any, Any]:
     """ZeRO++'s two communicators over ``comm`` (the dp ranks): my node's ranks
     (``"zeropp_node"``, rank k) and the ranks of my local index in every node
-    (``"zeropp_cross"``, rank m), so that dp rank r = mK + k.  The nodes are the grid's
+    (``"zeropp_cross"``, rank m), so that dp rank r = mK + k (``axis``: the grid's axis of
+    ``comm``).  The nodes are the grid's
     hosts (``--node K``, or MPI's own); ValueError (on every rank, before any message)
     unless every node holds K consecutive dp ranks."""
-    hosts = [grid.hosts[w] for w in grid.ranks("dp")]
+    hosts = [grid.hosts[w] for w in grid.ranks(axis)]  # (the hybrid's: dp or edp = dp·cp)
     n, k = comm.size, hosts.count(hosts[0])  # the same on every rank
     blocks = [hosts[r - r % k] for r in range(n)] if n % k == 0 else []
     if blocks != hosts or len(set(hosts)) * k != n:

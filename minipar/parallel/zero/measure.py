@@ -251,7 +251,8 @@ ZEROPP_OPS = ("all_gather", "reduce_scatter", "qwz_all_gather", "qgz_all_to_all_
 
 
 def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
-                       parts: tuple[str, ...], block: int, itemsize: int) -> dict[str, int]:
+                       parts: tuple[str, ...], block: int, itemsize: int,
+                       micro_batches: int = 1) -> dict[str, int]:
     """Bytes rank ``rank`` of ``n`` (nodes of ``k`` consecutive ranks) sends in one ZeRO-3
     step with ZeRO++'s ``parts`` (none: ZeRO-3's own), exactly, and how many of them
     stay inside its node (``intra``) or cross to another (``inter``).  ``spans``: the
@@ -278,7 +279,13 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
     Summed over the units: ZeRO-3's 3Ψ(N-1)/N b becomes, in the paper's terms,
     Ψ(N-1)/N (1 + b/block) for qwZ's gather, Ψ(k-1)/k b inside the node for hpZ's, and
     Ψ(k-1)/k (1/2 + b/block) inside plus Ψ(M-1)/(Mk) (1/2 + b/block) across nodes for qgZ
-    (M = n/k nodes; :func:`zeropp_formula_bytes`)."""
+    (M = n/k nodes; :func:`zeropp_formula_bytes`).
+
+    With ``micro_batches`` m (a pipeline stage's ZeRO-3, :mod:`minipar.parallel.hybrid.sync`)
+    a unit is fetched 2m times a step and reduce-scattered m times: its first fetch is the
+    forward all-gather above, the 2m − 1 others the backward's (hpZ: the node's), m times the
+    reduce-scatter.  ``shard``: the bytes on ZeRO's own communicator (its global all-gathers
+    and ring reduce-scatters; hpZ's and qgZ's go on the node and cross ones)."""
     import numpy as np
 
     from minipar.parallel.zero.shard import shard_range
@@ -289,7 +296,8 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
     node_shards = [shard_range(psi, k, i) for i in range(k)]
     m, j = divmod(rank, k)
     same = (rank + 1) % n // k == m  # my ring message stays in the node
-    out = {"intra": 0, "inter": 0}
+    out = {"intra": 0, "inter": 0, "shard": 0}
+    mb = micro_batches
 
     def cut(a: int, b: int, table: list[tuple[int, int]]) -> list[int]:
         return [max(0, min(b, hi) - max(a, lo)) for lo, hi in table]
@@ -299,6 +307,7 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
 
     def ring(nbytes: int) -> None:
         out["intra" if same else "inter"] += nbytes
+        out["shard"] += nbytes
 
     for a, b in spans:
         c, d = cut(a, b, shards), cut(a, b, node_shards)
@@ -307,22 +316,24 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
                   for q, x in enumerate(c) if q != right)
         ring(fwd)
         if "hpz" in parts:
-            out["intra"] += sum(x for i, x in enumerate(d) if i != (j + 1) % k) * itemsize
+            out["intra"] += (2 * mb - 1) * sum(x for i, x in enumerate(d)
+                                               if i != (j + 1) % k) * itemsize
         else:
-            ring(fwd)
+            ring((2 * mb - 1) * fwd)
         if "qgz" in parts:
             if k > 1:
-                out["intra"] += sum(w(c[mm * k + i], "int4") for i in range(k) if i != j
-                                    for mm in range(n // k))
+                out["intra"] += mb * sum(w(c[mm * k + i], "int4") for i in range(k) if i != j
+                                         for mm in range(n // k))
             if n // k > 1:
-                out["inter"] += sum(w(c[mm * k + j], "int4") for mm in range(n // k) if mm != m)
+                out["inter"] += mb * sum(w(c[mm * k + j], "int4") for mm in range(n // k)
+                                         if mm != m)
         else:
-            ring(sum(x for q, x in enumerate(c) if q != rank) * itemsize)
+            ring(mb * sum(x for q, x in enumerate(c) if q != rank) * itemsize)
     return {"total": out["intra"] + out["inter"], **out}
 
 
 def zeropp_formula_bytes(psi: int, n: int, k: int, parts: tuple[str, ...], block: int,
-                         itemsize: int) -> dict[str, float]:
+                         itemsize: int, micro_batches: int = 1) -> dict[str, float]:
     """The paper's per-rank volumes for Ψ parameters on n ranks in nodes of k (M = n/k),
     b = ``itemsize`` (the run's dtype, not the paper's fp16), scales included, by
     collective and in all (``total``) and across nodes (``inter``, what ZeRO++ cuts):
@@ -330,15 +341,17 @@ def zeropp_formula_bytes(psi: int, n: int, k: int, parts: tuple[str, ...], block
     same, or Ψ(k-1)/k · b inside the node with hpZ; reduce-scatter Ψ(N-1)/N · b, or with
     qgZ Ψ(k-1)/k · (1/2 + b/block) inside and Ψ(M-1)/(Mk) · (1/2 + b/block) across.
     ``inter`` counts a ring's bytes as the paper does for its slow links: the whole
-    volume of a global collective (its ring crosses nodes) and none of a node's."""
-    mm = n // k
+    volume of a global collective (its ring crosses nodes) and none of a node's.  With
+    ``micro_batches`` m (a pipeline stage): the backward all-gather 2m − 1 times, the
+    reduce-scatter m times (:func:`zeropp_exact_bytes`)."""
+    mm, mb = n // k, micro_batches
     w8, w4 = 1 + itemsize / block, 0.5 + itemsize / block
     fwd = psi * (n - 1) / n * (w8 if "qwz" in parts else itemsize)
-    bwd = psi * (k - 1) / k * itemsize if "hpz" in parts else fwd
+    bwd = (2 * mb - 1) * (psi * (k - 1) / k * itemsize if "hpz" in parts else fwd)
     if "qgz" in parts:
-        rs_in, rs_out = psi * (k - 1) / k * w4, psi * (mm - 1) / (mm * k) * w4
+        rs_in, rs_out = mb * psi * (k - 1) / k * w4, mb * psi * (mm - 1) / (mm * k) * w4
     else:
-        rs_in, rs_out = 0.0, psi * (n - 1) / n * itemsize
+        rs_in, rs_out = 0.0, mb * psi * (n - 1) / n * itemsize
     total = fwd + bwd + rs_in + rs_out
     inter = (fwd if mm > 1 else 0.0) + (bwd if mm > 1 and "hpz" not in parts else 0.0) + (
         rs_out if mm > 1 else 0.0)
@@ -347,13 +360,17 @@ def zeropp_formula_bytes(psi: int, n: int, k: int, parts: tuple[str, ...], block
 
 
 def zeropp_measured(stats: Any, hosts: list[int], world_ranks: list[int], rank: int,
-                    steps: int) -> dict[str, float]:
-    """Bytes per step this rank sent in ZeRO++'s operations (:data:`ZEROPP_OPS`), in all and
-    to ranks of its own node (``intra``) or of others (``inter``), by each peer's host."""
+                    steps: int, comms: tuple[str, ...] = ()) -> dict[str, float]:
+    """Bytes per step this rank sent in ZeRO++'s operations (:data:`ZEROPP_OPS`), or on the
+    communicators ``comms`` (the hybrid's: its ZeRO communicator, ``zeropp_node``,
+    ``zeropp_cross``), in all and to ranks of its own node (``intra``) or of others
+    (``inter``), by each peer's host."""
     host = {w: hosts[r] for r, w in enumerate(world_ranks)}
     mine, out = hosts[rank], {"intra": 0, "inter": 0}
-    for op in ZEROPP_OPS:
-        for peer, b in stats.peers_sent(op).items():
+    sent = ([stats.peers_sent_on(c) for c in comms] if comms
+            else [stats.peers_sent(op) for op in ZEROPP_OPS])
+    for peers in sent:
+        for peer, b in peers.items():
             out["intra" if host.get(peer, -1) == mine else "inter"] += b
     return {"total": (out["intra"] + out["inter"]) / steps, "intra": out["intra"] / steps,
             "inter": out["inter"] / steps}

@@ -23,7 +23,9 @@ the serial run that repeats the arithmetic on the same parts equals this one bit
 for bit (:mod:`minipar.parallel.zero.oracle`).  The walk is always planned
 (:meth:`~minipar.parallel.zero.hooks.ZeroHooks.plan`), so prefetching K units
 posts their quantized all-gathers, and their node all-gathers once the secondary
-slice they read exists.
+slice they read exists.  A walk not planned (a pipeline's first step, which learns
+its walk) is planned fetch by fetch: a unit's first fetch of a walk gathers globally and
+keeps the slice, its later ones (other micro-batches' too) read the node.
 """
 
 from __future__ import annotations
@@ -111,6 +113,11 @@ class ZeroPPHooks(ZeroHooks):
                                                   self.int8)
         else:
             super()._post(k)
+
+    def fetch(self, unit: Unit) -> dict[str, Any]:
+        if self.stage == 3 and self.at == len(self.order):  # unplanned (a pipeline's first
+            self.order.append(unit.name)  # step, learning its walk): planned fetch by fetch
+        return super().fetch(unit)
 
     def _fetch_planned(self, unit: Unit) -> Any:
         first = not self._later(self.at)
