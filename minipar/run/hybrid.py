@@ -6,7 +6,7 @@ ZH 3D 并行（混合并行）
     minipar run hybrid --dp D --tp T --pp P [--cp C] [--ep E] [--zero S]
                        [--schedule gpipe|1f1b|interleaved] [--micro-batches M]
                        [--chunks V] [--remat [K]] [--sequence-parallel]
-                       [--no-scatter-gather] -n N
+                       [--no-scatter-gather] [--zero 3 --zeropp qwz,hpz,qgz [--node K]] -n N
 
 Launcher side: :func:`minipar.parallel.hybrid.layout.check_hybrid` before MPI starts
 (dp·pp·cp·tp = N, tp dividing heads / d_ff / vocab, pp at most the layers, ep dividing
@@ -17,6 +17,23 @@ Ulysses attention on each tp rank's n_head/t heads, not with --sequence-parallel
 the bytes sent per step on each grid axis (counted) next to the exact formula, the
 model-state and activation bytes held next to the planner's
 (:func:`minipar.plan.layouts.layout_memory`, float64: 8-byte elements, K = 16).
+
+ZeRO++ (``--zero 3 --zeropp qwz,hpz,qgz``, any subset, ``--zeropp-block B``; Wang et al.
+2023, arXiv 2306.10209): ZeRO-3's hooks of each stage become ZeRO++'s
+(:class:`~minipar.parallel.zero.zeropp.ZeroPPHooks`) over the dp·cp ranks of the stage,
+in nodes of the grid's hosts (``--node K``: K consecutive ranks; each stage's shard group
+must fall in equal blocks of consecutive ranks per node).  A unit's first fetch of a step
+gathers globally (qwZ: int8) and keeps hpZ's slice; its other 2m − 1 fetches (backward,
+and the later micro-batches' forwards: the weights do not change within a step) read
+the node.  With tp = cp = ep = 1, one chunk and GPipe, 1F1B, ZB-H1 or ZB-H2, the
+verdict is bit for bit against the serial ZeRO++ arithmetic of the pipeline
+(:func:`minipar.parallel.zero.oracle.hybrid_zeropp_reference`); otherwise "not
+comparable" (TP's and CP's sums are not the serial ones), with the distance from the
+unquantized serial run.  ``--json``'s ``zeropp``: per rank the bytes measured (ZeRO's
+communicator and ZeRO++'s node and cross ones, intra / inter node by each peer's host) and
+exact (:func:`~minipar.parallel.zero.measure.zeropp_exact_bytes` with m micro-batches),
+ZeRO-3's own, the paper's volumes for the rank's stage, hpZ's slices held and their
+formula.
 """
 
 from __future__ import annotations
@@ -84,6 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --zero 3: keep each unit gathered from its first fetch of the "
                         "step to its last (FSDP2's reshard_after_forward=False: one "
                         "all-gather per unit and step, the stage's parameters held whole)")
+    g.add_argument("--zeropp", default=None, metavar="PARTS",
+                   help="with --zero 3: ZeRO++'s parts, comma-separated: qwz (int8 weight "
+                        "all-gather), hpz (later fetches inside the node, --node K), qgz "
+                        "(int4 hierarchical gradient all-to-all); default: none")
+    g.add_argument("--zeropp-block", type=integer(1), default=256, metavar="B",
+                   help="ZeRO++'s quantization block: elements per scale (default 256)")
     g.add_argument("--tp-overlap", action="store_true",
                    help="with --tp: f's backward all-reduce behind the weight gradient, SP's "
                         "all-gather and reduce-scatter decomposed into the GEMMs (the same "
@@ -136,7 +159,45 @@ def check(options: dict[str, Any], spec: Any) -> None:
     if not options.get("reshard_after_forward", True) and options.get("zero", 0) != 3:
         raise ValueError(f"--no-reshard-after-forward is ZeRO-3's (parameters gathered unit "
                          f"by unit); got --zero {options.get('zero', 0)}: add --zero 3")
+    check_zeropp(options, z)
     remat_offload.check(options, spec)
+
+
+def check_zeropp(options: dict[str, Any], z: dict[str, int]) -> None:
+    """Launcher side: ``--zeropp`` needs ``--zero 3``, resharding, no remat or offload, and
+    nodes that cut every stage's dp·cp ranks into equal blocks of consecutive ranks."""
+    from minipar.run.zero import ZEROPP_BLOCK, zeropp_parts
+
+    zero = options.get("zero", 0)
+    if not zeropp_parts(options.get("zeropp")):
+        if options.get("zeropp_block", ZEROPP_BLOCK) != ZEROPP_BLOCK:
+            raise ValueError("--zeropp-block is ZeRO++'s quantization block: add --zeropp "
+                             "PARTS (with --zero 3)")
+        return
+    if zero != 3:
+        raise ValueError(f"--zeropp is ZeRO-3's (it changes the parameter all-gathers and "
+                         f"gradient reduce-scatters of --zero 3); got --zero {zero}: add "
+                         "--zero 3")
+    if not options.get("reshard_after_forward", True):
+        raise ValueError("--zeropp with --no-reshard-after-forward: ZeRO++ changes the later "
+                         "all-gathers that this option removes; drop one of them")
+    if options.get("remat") is not None or options.get("offload") is not None:
+        raise ValueError("--zeropp with --remat or --offload is not built in the hybrid; "
+                         "drop --remat/--offload")
+    k = options.get("node")
+    if k is None:
+        return
+    n, pp, cp, tp = z["dp"] * z["cp"], z["pp"], z["cp"], z["tp"]
+    for p in range(pp):  # world rank ((d·pp + p)·cp + c)·tp + t; the group: e = d·cp + c
+        for t in range(tp):
+            hosts = [(((e // cp * pp + p) * cp + e % cp) * tp + t) // k for e in range(n)]
+            per = hosts.count(hosts[0])
+            if n % per or hosts != [hosts[e - e % per] for e in range(n)] or \
+                    len(set(hosts)) * per != n:
+                raise ValueError(f"--zeropp with --node {k}: the dp·cp = {n} ranks of stage "
+                                 f"{p} sit on nodes {hosts}, not in equal blocks of "
+                                 "consecutive ranks; give --node a multiple of pp·cp·tp "
+                                 f"= {pp * cp * tp} dividing -n")
 
 
 def _cp_ulysses(options: dict[str, Any], cp: int) -> int:
@@ -170,7 +231,16 @@ def engine_options(options: dict[str, Any], spec: Any) -> dict[str, Any]:
             "sequence_parallel": options.get("sequence_parallel", False),
             "tp_overlap": options.get("tp_overlap", False),
             "prefetch": options.get("prefetch", 0),
-            "reshard_after_forward": options.get("reshard_after_forward", True)}
+            "reshard_after_forward": options.get("reshard_after_forward", True),
+            **({"zeropp": zeropp_parts(options["zeropp"]),
+                "zeropp_block": options.get("zeropp_block", 256)}
+               if options.get("zeropp") else {})}
+
+
+def zeropp_parts(text: Any) -> tuple[str, ...]:
+    from minipar.run.zero import zeropp_parts as parts
+
+    return parts(text)
 
 
 def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
@@ -198,6 +268,8 @@ def report(h: Any, grid: Any, options: dict[str, Any], spec: Any,
         peak, want = h.sync.gathered_peak()
         keep = not options.get("reshard_after_forward", True)
         mine["gathered"] = (peak, want if keep or options.get("remat") is None else None)
+    if zero3 and h.sync.zeropp:
+        mine["zeropp"] = zeropp_row(h, grid, steps)
     records = h.gather_records()  # every stage of replica 0, for --trace
     everyone = grid.world.comm.gather(mine, root=0)  # a report: MPI's pickled gather
     if grid.rank != 0:
@@ -307,7 +379,12 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
                      "count dense models only")
         balance = balance_report([r["balance"] for r in everyone], spec)
         notes += balance.pop("notes")
-    return {"ranks": dp * pp * cp * tp, "data_parallel_ranks": dp * m if spec.experts else 1,
+    zeropp: dict[str, Any] = {}
+    if everyone[0].get("zeropp"):
+        zeropp = zeropp_summary([r["zeropp"] for r in everyone], options)
+        notes += zeropp.pop("lines")
+    return {**zeropp, "ranks": dp * pp * cp * tp,
+            "data_parallel_ranks": dp * m if spec.experts else 1,
             "dp": dp, "pp": pp, "cp": cp, "tp": tp, **balance,
             "ep": ep, "zero": zero, "schedule": options.get("schedule", "1f1b"),
             "micro_batches": m, "coords_per_rank": [r["coords"] for r in everyone],
@@ -330,6 +407,114 @@ def _summary(options: dict[str, Any], spec: Any, z: dict[str, int], h: Any,
                                    if not any(r["coords"][x] for x in ("dp", "cp", "tp"))
                                    for k, a, b in r["flights"]],
             "plan_memory": plan, "notes": notes}
+
+
+def zeropp_row(h: Any, grid: Any, steps: int) -> dict[str, Any]:
+    """This rank's ZeRO++ figures per step: bytes measured on ZeRO's communicator and ZeRO++'s
+    node and cross ones (inside / across its node, by each peer's host), exact, ZeRO-3's own
+    exact, the paper's volumes for its stage, hpZ's slices held at most and their formula."""
+    from minipar.parallel.hybrid.measure import zeropp_stage_bytes
+    from minipar.parallel.zero.measure import (
+        hpz_secondary_elements,
+        zeropp_formula_bytes,
+        zeropp_measured,
+    )
+
+    z, comm = h.sync.zeropp, h.sync.comm
+    k, b, psi = z["node"].size, h.states.params.itemsize, h.stage_layout.size
+    axis = "dp" if grid.layout.cp == 1 else "edp"
+    return {"parts": list(z["parts"]), "block": z["block"], "node": k,
+            "measured": zeropp_measured(grid.world.stats, grid.hosts, grid.world.world_ranks,
+                                        grid.rank, steps, (axis, "zeropp_node", "zeropp_cross")),
+            "exact": zeropp_stage_bytes(h), "zero3": zeropp_stage_bytes(h, ()),
+            "formula": zeropp_formula_bytes(psi, comm.size, k, z["parts"], z["block"], b, h.m),
+            "zero3_formula": zeropp_formula_bytes(psi, comm.size, k, (), z["block"], b, h.m),
+            "hpz_held": h.sync.zero_hooks.peak_secondary_bytes,
+            "hpz_formula": (hpz_secondary_elements(psi, k, z["node"].rank) * b
+                            if "hpz" in z["parts"] else 0)}
+
+
+def zeropp_summary(rows: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0: the summary's ``zeropp`` key (per rank, as ``run zero``'s) and its lines."""
+    z = rows[0]
+    out = {"parts": z["parts"], "block": z["block"], "node": z["node"],
+           "bytes_per_rank": [r["measured"]["total"] for r in rows],
+           "bytes_exact_per_rank": [r["exact"]["total"] for r in rows],
+           "intra_per_rank": [r["measured"]["intra"] for r in rows],
+           "inter_per_rank": [r["measured"]["inter"] for r in rows],
+           "intra_exact_per_rank": [r["exact"]["intra"] for r in rows],
+           "inter_exact_per_rank": [r["exact"]["inter"] for r in rows],
+           "zero3_bytes_exact_per_rank": [r["zero3"]["total"] for r in rows],
+           "zero3_inter_exact_per_rank": [r["zero3"]["inter"] for r in rows],
+           "formula_per_rank": [r["formula"] for r in rows],
+           "zero3_formula_per_rank": [r["zero3_formula"] for r in rows],
+           "hpz_held_per_rank": [r["hpz_held"] for r in rows],
+           "hpz_formula_per_rank": [r["hpz_formula"] for r in rows]}
+    ratio = max(out["zero3_bytes_exact_per_rank"]) / max(max(out["bytes_per_rank"]), 1)
+    same = out["bytes_per_rank"] == out["bytes_exact_per_rank"] and \
+        out["intra_per_rank"] == out["intra_exact_per_rank"]
+    lines = [f"ZeRO++ {'+'.join(z['parts'])} over each stage's dp·cp ranks (block {z['block']}, "
+             f"nodes of {z['node']} of them): bytes per rank per step measured "
+             + ", ".join(f"{x:,.0f}" for x in out["bytes_per_rank"])
+             + f" ({'=' if same else 'vs'} exact "
+             + ", ".join(f"{x:,}" for x in out["bytes_exact_per_rank"]) + "); ZeRO-3's own "
+             + ", ".join(f"{x:,}" for x in out["zero3_bytes_exact_per_rank"])
+             + f": {ratio:.2f}x fewer",
+             "  inside the node / across nodes, measured: " + ", ".join(
+                 f"{a:,.0f}/{e:,.0f}" for a, e in zip(out["intra_per_rank"],
+                                                      out["inter_per_rank"]))
+             + "; ZeRO-3's across nodes " + ", ".join(
+                 f"{x:,}" for x in out["zero3_inter_exact_per_rank"]),
+             "  the paper's volumes per rank (its stage's Ψ_p, m micro-batches: 2m - 1 later "
+             "fetches, m reduce-scatters): " + ", ".join(
+                 f"{f['total']:,.0f}" for f in out["formula_per_rank"])]
+    if "hpz" in z["parts"]:
+        lines.append("  hpZ's secondary slices held at most (bytes per rank): " + ", ".join(
+            f"{x:,}" for x in out["hpz_held_per_rank"]) + " (formula Ψ_p/K x b: " + ", ".join(
+            f"{x:,}" for x in out["hpz_formula_per_rank"]) + ")")
+    return {"zeropp": out, "lines": lines}
+
+
+#: the schedules whose ZeRO++ runs the serial ZeRO++ arithmetic replays (one chunk a stage)
+ORACLE_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
+
+
+def _oracle_reason(options: dict[str, Any]) -> str | None:
+    """Why the serial ZeRO++ arithmetic cannot be replayed for this ZeRO++ run (None: it can)."""
+    z = {a: options.get(a) or 1 for a in ("tp", "cp", "ep")}
+    if options.get("resume"):
+        return ("a resumed ZeRO++ run: its serial ZeRO++ arithmetic is replayed from the "
+                "initial parameters only; run it from the start to compare bit for bit")
+    if z["tp"] > 1 or z["cp"] > 1:
+        return ("ZeRO++ with tp or cp: TP's and CP's sums are not the serial run's, so the "
+                "quantized blocks see other numbers; the serial ZeRO++ arithmetic is replayed "
+                "for tp = cp = 1 (the distance below is from the unquantized serial run)")
+    if z["ep"] > 1 or options.get("experts") or _chunks(options) > 1 or \
+            options.get("schedule", "1f1b") not in ORACLE_SCHEDULES:
+        return ("the serial ZeRO++ arithmetic of the hybrid is replayed for a dense GPT, one "
+                f"chunk per stage, schedules {', '.join(ORACLE_SCHEDULES)}; the distance below "
+                "is from the unquantized serial run")
+    return None
+
+
+def not_comparable(options: dict[str, Any]) -> str | None:
+    """A ZeRO++ run whose serial ZeRO++ arithmetic is not replayed (:func:`own_reference`)."""
+    return _oracle_reason(options) if options.get("zeropp") else None
+
+
+def own_reference(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank 0: a ZeRO++ run's reference, the serial run that repeats its quantized arithmetic
+    through the pipeline (:func:`minipar.parallel.zero.oracle.hybrid_zeropp_reference`);
+    None for a run without ZeRO++ or one it cannot replay (:func:`not_comparable`)."""
+    z = m.get("zeropp")
+    if not z or _oracle_reason(options) is not None:
+        return None
+    from minipar.parallel.zero.oracle import hybrid_zeropp_reference
+
+    ref = hybrid_zeropp_reference(spec, m["dp"], m["pp"], m["micro_batches"],
+                                  tuple(z["parts"]), z["node"], z["block"],
+                                  options.get("schedule", "1f1b"))
+    return {**ref, "against": "the serial ZeRO++ arithmetic of the pipeline"}
 
 
 def _mean(xs: list[float | None]) -> float | None:

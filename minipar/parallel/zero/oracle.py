@@ -143,7 +143,7 @@ def mpi4py_sum(xs: list[float]) -> float:
 def hybrid_zeropp_reference(spec: Any, dp: int, pp: int, m: int, parts: tuple[str, ...],
                             node: int, block: int, schedule: str = "1f1b") -> dict[str, Any]:
     """The serial ZeRO++ run of the hybrid's ZeRO-3 on dp x pp ranks (tp = cp = 1, one chunk
-    per stage, a dense GPT), ``m`` micro-batches, nodes of ``node`` over the dp ranks of a
+    per stage, a dense GPT), ``m`` micro-batches of ``schedule``, nodes of ``node`` over the dp ranks of a
     stage: what :func:`zeropp_reference` does, per pipeline stage (its units, its flat
     buffer cut N = dp ways), per micro-batch i of replica d (rows ``spans.span``, loss
     weight w_i = b_i/B: the stage loop's, :mod:`minipar.parallel.pipeline.stage_loop`):
@@ -152,8 +152,8 @@ def hybrid_zeropp_reference(spec: Any, dp: int, pp: int, m: int, parts: tuple[st
     2. micro-batch i of replica d through the stages in turn (the wire carries the exact
        activations and their gradients), each stage's loss Σ_i (w_i Σ aux + w_i ce_i on the
        last), the gradients of w_i·ℓ_i per unit;
-    3. per micro-batch, in micro-batch order (a stage's backwards: GPipe's and 1F1B's), each
-       part's sum over the dp ranks (qgZ's or the ring's, as in :func:`zeropp_reference`)
+    3. per micro-batch, in the order of the stage's backwards (its schedule's Backward or
+       BackwardWeight instructions: GPipe's last micro-batch first), each part's sum over the dp ranks (qgZ's or the ring's, as in :func:`zeropp_reference`)
        *added* to the shard's gradient (ZeRO-3's accumulation, from 0);
     4. each stage's optimizer on its whole buffer; the loss: every rank's part summed as
        mpi4py adds them (:func:`mpi4py_sum`, world rank d·pp + s).  Its ``losses``, final
@@ -163,6 +163,8 @@ def hybrid_zeropp_reference(spec: Any, dp: int, pp: int, m: int, parts: tuple[st
     from minipar.optim import FlatParams
     from minipar.parallel.pipeline.partition import check_pipeline, stage_units
     from minipar.parallel.pipeline.parts import replica_rows
+    from minipar.parallel.pipeline.schedule import stage_schedule
+    from minipar.parallel.pipeline.stage_loop import Backward, BackwardWeight
     from minipar.parallel.zero.shard import units_table
 
     model, policy = spec.model(), get(spec.precision)
@@ -180,6 +182,8 @@ def hybrid_zeropp_reference(spec: Any, dp: int, pp: int, m: int, parts: tuple[st
         stages.append((su, whole.layout, st, units_table(su, whole.layout),
                        [shard_range(size, dp, r) for r in range(dp)]))
     pd, int8 = policy.param_dtype, BlockCodec("int8", block)
+    order = [[i.mb for i in stage_schedule(schedule, s, pp, m, 1)
+              if isinstance(i, (Backward, BackwardWeight))] for s in range(pp)]
     table = [row for *_, t, _ in stages for row in t]
     losses = []
     for step in range(spec.steps):
@@ -190,10 +194,9 @@ def hybrid_zeropp_reference(spec: Any, dp: int, pp: int, m: int, parts: tuple[st
                 pieces = [st.params[max(a, lo):max(a, min(b, hi))] for lo, hi in shards]
                 weights[u.name] = np.concatenate(
                     [int8.roundtrip(p) if "qwz" in parts else p for p in pieces])
-        for *_, st, _, _ in stages:
-            st.grads[...] = 0
         local = [[0.0] * pp for _ in range(dp)]
         xs = [replica_rows(batch, d, dp) for d in range(dp)]
+        by_mb = []
         for i in range(m):
             by_rank = []
             for d in range(dp):
@@ -213,7 +216,11 @@ def hybrid_zeropp_reference(spec: Any, dp: int, pp: int, m: int, parts: tuple[st
                 for s in reversed(range(pp)):
                     dy = executor.backward(stages[s][0], hooks, kept[s], dy, scale)
                 by_rank.append(hooks.flat)
-            for _, _, st, tab, shards in stages:
+            by_mb.append(by_rank)
+        for s, (_, _, st, tab, shards) in enumerate(stages):
+            st.grads[...] = 0
+            for i in order[s]:
+                by_rank = by_mb[i]
                 for u, a, b, _ in tab:
                     for q, (lo, hi) in enumerate(shards):
                         i0, j0 = max(a, lo), max(a, min(b, hi))
