@@ -34,7 +34,7 @@ from minipar.parallel.hybrid.measure import bytes_formula
 MPI_DIR = Path(__file__).parent / "mpi"
 
 
-@pytest.mark.parametrize(("n", "runs"), [(4, 28), (8, 27)])
+@pytest.mark.parametrize(("n", "runs"), [(4, 30), (8, 28)])
 def test_parity_bytes_and_memory_on_every_grid(n: int, runs: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "hybrid_check.py"), timeout=300,
                       env={"MINIPAR_WATCHDOG_S": "120"})
@@ -78,6 +78,15 @@ def test_bad_layouts_are_one_line_without_mpi(sizes: dict, says: str) -> None:
     (["-n", "4", "--ep", "2", "--experts", "2", "--zero", "3"], "--zero 3 with ep = 2"),
     (["-n", "8", "--cp", "2", "--tp", "2", "--sequence-parallel"],
      "cp = 2 with sequence parallelism"),
+    (["-n", "4", "--pp", "2", "--zeropp", "qwz"], "--zeropp is ZeRO-3's"),
+    (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp", "qwx"], "unknown part 'qwx'"),
+    (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp-block", "64"], "add --zeropp PARTS"),
+    (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp", "hpz", "--remat"],
+     "--zeropp with --remat or --offload"),
+    (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp", "hpz", "--no-reshard-after-forward"],
+     "drop one of them"),
+    (["-n", "6", "--dp", "3", "--pp", "2", "--zero", "3", "--zeropp", "hpz", "--node", "3"],
+     "not in equal blocks of consecutive ranks"),
 ])
 def test_the_command_refuses_bad_input_in_one_line(argv: list[str], says: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,3 +141,20 @@ def test_the_glossary_command_runs_and_equals_the_serial_run(
     for i in stage:
         held = s["model_state_bytes_per_rank"][i] + s["activation_peak_bytes_per_rank"][i]
         assert abs(held - plan["total"]) <= 0.05 * plan["total"]
+
+
+def test_zeropp_in_the_hybrid_equals_its_serial_arithmetic_bit_for_bit(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--zero 3 --zeropp on dp 2 x pp 2 in one node: parity true against the serial ZeRO++
+    arithmetic of the pipeline, ZeRO++'s bytes per rank = the exact formula."""
+    assert run.main(["hybrid", "--dp", "2", "--pp", "2", "-n", "4", "--zero", "3", "--zeropp",
+                     "qwz,hpz,qgz", "--node", "4", "--steps", "2", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["parity"] is True and s["verdict"]["status"] == "equal"
+    assert "serial ZeRO++ arithmetic of the pipeline" in s["verdict"]["line"]
+    z = s["zeropp"]
+    assert z["parts"] == ["qwz", "hpz", "qgz"] and z["node"] == 2
+    assert z["bytes_per_rank"] == z["bytes_exact_per_rank"]
+    assert z["inter_per_rank"] == [0, 0, 0, 0] and z["hpz_held_per_rank"] == z["hpz_formula_per_rank"]
+    assert max(z["bytes_per_rank"]) < min(z["zero3_bytes_exact_per_rank"])
+    assert s["from_serial"]["max_param_diff"] > 0

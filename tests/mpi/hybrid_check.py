@@ -15,7 +15,11 @@ For every layout (a Grid rebuilt on the same world, freed after):
    under ZeRO 1-3, equal to ZeRO's formula on the stage's share Ψ_p,
    ``model_state_bytes_3d(Ψ_p·p·t, p, t, N, zero)`` (float64: 8 + 8 + 16 bytes a
    parameter, 4x its (2 + 2 + K) with K = 4), but for the uneven shard C_r vs Ψ_p/N;
-4. bad input: one line, a ValueError on every rank before any message.
+4. bad input: one line, a ValueError on every rank before any message;
+5. ZeRO++ (``zeropp``, with ``node`` ranks per simulated node): bit for bit the serial ZeRO++
+   arithmetic of the pipeline (:func:`~minipar.parallel.zero.oracle.hybrid_zeropp_reference`),
+   ZeRO++'s bytes per rank (all, inside and across the node, by each peer's host) equal to
+   the exact formula with m micro-batches, hpZ's slices held equal to Ψ_p/K·8.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from minipar.comm.topology import Grid
 from minipar.parallel import loop, parity
 from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.hybrid.engine import build
-from minipar.parallel.hybrid.measure import engine_bytes
+from minipar.parallel.hybrid.measure import engine_bytes, zeropp_stage_bytes
+from minipar.parallel.zero.measure import hpz_secondary_elements, zeropp_measured
+from minipar.parallel.zero.oracle import hybrid_zeropp_reference
 from minipar.plan.hybrid import model_state_bytes_3d
 from minipar.plan.layouts import Layout, gpt_model, layout_memory, stage_param_count
 from minipar.plan.step_time import axis_traffic
@@ -56,23 +62,26 @@ def oracle(spec: RunSpec, groups: int) -> dict:
 
 def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep: int = 1,
           kind: str = "1f1b", m: int = 2, v: int = 1, zero: int = 0, cp_kind: str = "ring",
-          **kw) -> None:
+          node: int | None = None, **kw) -> None:
     global runs
     runs += 1
     what = (f"dp{dp} pp{pp} cp{cp} tp{tp} ep{ep} {kind} m={m} v={v} zero={zero}"
             + (f" {cp_kind}" if cp > 1 else "") + (f" E={spec.experts}" if spec.experts else "")
             + (f" {kw}" if kw else ""))
-    grid = Grid(world, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep)
+    grid = Grid(world, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep, node=node)
     world.stats.reset()
     h = build(spec, grid, schedule=kind, micro_batches=m, chunks=v, zero=zero, cp_kind=cp_kind,
               **kw)
     losses = loop.train(h, spec.batch_at, spec.steps).losses
     params = np.concatenate([np.asarray(v).ravel() for v in h.full_params().values()])
-    ser = oracle(spec, dp * m if spec.experts else 1)
-    init = spec.initial_params()
-    flat0 = np.concatenate([init[k].ravel() for k in init])
-    verdict = parity.compare(losses, ser["losses"], params, ser["params"], flat0)
-    check(verdict.status == "equal", f"{what}: {verdict.line()}")
+    if kw.get("zeropp"):  # bit for bit its serial ZeRO++ arithmetic; bytes, hpZ's memory
+        zeropp_trial(h, grid, spec, what, losses, params)
+    else:
+        ser = oracle(spec, dp * m if spec.experts else 1)
+        init = spec.initial_params()
+        flat0 = np.concatenate([init[k].ravel() for k in init])
+        verdict = parity.compare(losses, ser["losses"], params, ser["params"], flat0)
+        check(verdict.status == "equal", f"{what}: {verdict.line()}")
     if ep > 1 and kind in ("dualpipe", "dualpipev"):  # every pair took turns
         pairs = sum(type(i).__name__ == "ForwardBackward" for i in h.instructions)
         check(pairs > 0 and h.overlapped_pairs == [pairs] * spec.steps,
@@ -114,7 +123,8 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
                   f"{what}: model states {held} vs ZeRO-{zero}'s {want}")
             check(zero != 2 or h.sync.grad_accumulation_bytes == psi * 8,
                   f"{what}: ZeRO-2 accumulates {h.sync.grad_accumulation_bytes} bytes, not Ψ_p·8")
-            if zero == 3 and not ("remat" in kw and kw.get("reshard_after_forward", True)):
+            if zero == 3 and not ("remat" in kw and kw.get("reshard_after_forward", True)) \
+                    and "zeropp" not in kw:  # (qwZ's all-gathers in flight: packed bytes)
                 # the most held gathered, to the byte (no reshard: Ψ_p; remat's recomputed
                 # segment is fetched inside a backward: more than the window's formula)
                 peak, want = h.sync.gathered_peak()
@@ -140,7 +150,7 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
         if not v_shape and held_here == max(stage_param_count(model, pp, tp, i)
                                             for i in {0, pp - 1}) and (
                 held_here % (dp * cp) == 0) and zero != 2 and not (zero == 3 and "remat" in kw) and (
-                kw.get("reshard_after_forward", True)):
+                kw.get("reshard_after_forward", True)) and "zeropp" not in kw:
             # the plan: the fuller end stage, even ring chunks; its ZeRO-2 is DeepSpeed's (m
             # reduce-scatters), its ZeRO-3 gathers nothing again for remat and reshards
             red = counted["dp" if cp == 1 else "edp"]
@@ -157,7 +167,27 @@ def trial(spec: RunSpec, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1, ep:
                    if grid.coord("pp") == plan["stage"] else "")
                 + " plan: " + " ".join(f"{a}={traffic[a]['bytes']:g}" for a in traffic))
         rows_out.append(line)
+    h.close()
     grid.free()
+
+
+def zeropp_trial(h, grid, spec, what, losses, params) -> None:
+    z = h.sync.zeropp
+    k = z["node"].size
+    ref = hybrid_zeropp_reference(spec, grid.size("dp"), grid.size("pp"), h.m, z["parts"], k,
+                                  z["block"], h.kind)
+    verdict = parity.bitwise(losses, ref["losses"], params, ref["params"], "its serial ZeRO++")
+    check(verdict.status == "equal", f"{what}: {verdict.line()}")
+    got = zeropp_measured(world.stats, grid.hosts, world.world_ranks, grid.rank, spec.steps,
+                          ("dp", "zeropp_node", "zeropp_cross"))
+    want = zeropp_stage_bytes(h)
+    check(all(got[x] == want[x] for x in ("total", "intra", "inter")),
+          f"{what}: ZeRO++ bytes {got} vs exact {want}")
+    check(bool(want["intra"]) == (k > 1) and bool(want["inter"]) == (k < grid.size("dp")),
+          f"{what}: nodes of {k}: intra {want['intra']}, inter {want['inter']}")
+    held = 8 * hpz_secondary_elements(h.stage_layout.size, k, z["node"].rank)
+    check(h.sync.zero_hooks.peak_secondary_bytes == (held if "hpz" in z["parts"] else 0),
+          f"{what}: hpZ held {h.sync.zero_hooks.peak_secondary_bytes}, formula {held}")
 
 
 def bad_input(spec: RunSpec) -> list[str]:
@@ -222,6 +252,8 @@ def run_all() -> list[str]:
         trial(dense, 2, 2, 2, kind="zb-h1", m=2, sequence_parallel=True)
         trial(dense, 2, 2, 2, kind="zb-h2", m=4, zero=1)
         trial(dense, 2, 2, 2, kind="zb-v", m=4, v=2, zero=1)
+        # ZeRO++ over dp 4 in 2 nodes of 2 per stage: qgZ's two hops, hpZ inside the node
+        trial(dense, 4, 2, 1, zero=3, node=4, zeropp=("qwz", "hpz", "qgz"))
     if N == 4:  # --tp-overlap inside a pipeline stage, with and without SP
         trial(dense, 1, 2, 2, tp_overlap=True)
         trial(dense, 1, 2, 2, sequence_parallel=True, tp_overlap=True)
@@ -245,6 +277,10 @@ def run_all() -> list[str]:
         trial(dense, 2, 1, 2, kind="gpipe", zero=3, remat=True, prefetch=1,
               reshard_after_forward=False)
         trial(dense, 1, 2, 1, cp=2, zero=3)
+        # ZeRO++: dp 2 in one node (hpZ, qgZ's node hop), across 2 nodes (the cross hop);
+        # the first step plans its walk fetch by fetch, prefetch along the learnt one after
+        trial(dense, 2, 2, 1, zero=3, node=4, prefetch=1, zeropp=("qwz", "hpz", "qgz"))
+        trial(dense, 2, 2, 1, kind="gpipe", zero=3, node=2, zeropp=("qwz", "hpz", "qgz"))
         moe = dense.with_(experts=4, top_k=1)
         trial(moe, 2, 2, 1, ep=2, m=2)
         trial(moe, 4, 1, 1, ep=2, m=1)
