@@ -17,10 +17,12 @@ The technique: read ``shard.py`` (41 code lines), ``hooks.py`` (96 code lines),
   the gradients, step the own shard, all-gather the parameters (1-2).
 
 ZeRO++ (Wang et al. 2023, arXiv 2306.10209), stage 3 with quantized and hierarchical
-communication: read ``zeropp.py`` (81 code lines), then
+communication: read ``zeropp.py`` (85 code lines), then
 ``minipar/collectives/quantized.py`` (39 code lines) — ``ZeroPPHooks`` override where
 stage 3 gathers (qwZ's int8 all-gather, hpZ's node all-gather in backward) and how it
-reduces (qgZ's int4 all-to-all, in the node then across nodes).
+reduces (qgZ's int4 all-to-all, in the node then across nodes).  The same hooks run in
+the hybrid's ZeRO-3 (:mod:`minipar.parallel.hybrid.sync`), per pipeline stage, over its
+dp·cp ranks (``minipar run hybrid --zero 3 --zeropp``).
 
 Then the shell:
 
