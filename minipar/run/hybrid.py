@@ -27,7 +27,7 @@ gathers globally (qwZ: int8) and keeps hpZ's slice; its other 2m − 1 fetches (
 and the later micro-batches' forwards: the weights do not change within a step) read
 the node.  With tp = cp = ep = 1, one chunk and GPipe, 1F1B, ZB-H1 or ZB-H2, the
 verdict is bit for bit against the serial ZeRO++ arithmetic of the pipeline
-(:func:`minipar.parallel.zero.oracle.hybrid_zeropp_reference`); otherwise "not
+(:func:`minipar.parallel.hybrid.oracle.hybrid_zeropp_reference`); otherwise "not
 comparable" (TP's and CP's sums are not the serial ones), with the distance from the
 unquantized serial run.  ``--json``'s ``zeropp``: per rank the bytes measured (ZeRO's
 communicator and ZeRO++'s node and cross ones, intra / inter node by each peer's host) and
@@ -504,12 +504,12 @@ def not_comparable(options: dict[str, Any]) -> str | None:
 
 def own_reference(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, Any] | None:
     """Rank 0: a ZeRO++ run's reference, the serial run that repeats its quantized arithmetic
-    through the pipeline (:func:`minipar.parallel.zero.oracle.hybrid_zeropp_reference`);
+    through the pipeline (:func:`minipar.parallel.hybrid.oracle.hybrid_zeropp_reference`);
     None for a run without ZeRO++ or one it cannot replay (:func:`not_comparable`)."""
     z = m.get("zeropp")
     if not z or _oracle_reason(options) is not None:
         return None
-    from minipar.parallel.zero.oracle import hybrid_zeropp_reference
+    from minipar.parallel.hybrid.oracle import hybrid_zeropp_reference
 
     ref = hybrid_zeropp_reference(spec, m["dp"], m["pp"], m["micro_batches"],
                                   tuple(z["parts"]), z["node"], z["block"],

@@ -17,7 +17,7 @@ For every layout (a Grid rebuilt on the same world, freed after):
    parameter, 4x its (2 + 2 + K) with K = 4), but for the uneven shard C_r vs Ψ_p/N;
 4. bad input: one line, a ValueError on every rank before any message;
 5. ZeRO++ (``zeropp``, with ``node`` ranks per simulated node): bit for bit the serial ZeRO++
-   arithmetic of the pipeline (:func:`~minipar.parallel.zero.oracle.hybrid_zeropp_reference`),
+   arithmetic of the pipeline (:func:`~minipar.parallel.hybrid.oracle.hybrid_zeropp_reference`),
    ZeRO++'s bytes per rank (all, inside and across the node, by each peer's host) equal to
    the exact formula with m micro-batches, hpZ's slices held equal to Ψ_p/K·8.
 """
@@ -34,7 +34,7 @@ from minipar.parallel.common import RunSpec, serial_reference
 from minipar.parallel.hybrid.engine import build
 from minipar.parallel.hybrid.measure import engine_bytes, zeropp_stage_bytes
 from minipar.parallel.zero.measure import hpz_secondary_elements, zeropp_measured
-from minipar.parallel.zero.oracle import hybrid_zeropp_reference
+from minipar.parallel.hybrid.oracle import hybrid_zeropp_reference
 from minipar.plan.hybrid import model_state_bytes_3d
 from minipar.plan.layouts import Layout, gpt_model, layout_memory, stage_param_count
 from minipar.plan.step_time import axis_traffic

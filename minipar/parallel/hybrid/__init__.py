@@ -29,5 +29,7 @@ Read in this order (one module each; nothing is imported here):
 - :mod:`.engine` — ``build``: those three parts made from the grid and the options, handed
   to the one pipeline engine (:class:`~minipar.parallel.pipeline.engine.PipelineParallel`):
   the :class:`~minipar.parallel.engine.Engine` interface (``minipar run hybrid``);
-- :mod:`.measure` — ``bytes_formula``: the exact bytes per step on each grid axis.
+- :mod:`.measure` — ``bytes_formula``: the exact bytes per step on each grid axis;
+- :mod:`.oracle` — ``hybrid_zeropp_reference``: the serial arithmetic a ZeRO++ run
+  (ZeRO-3's ``zeropp``) equals bit for bit.
 """
