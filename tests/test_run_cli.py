@@ -145,6 +145,8 @@ def test_fp8_tp_equals_the_serial_fp8_run_and_counts_its_amax_bytes(
     reason = not_comparable_reason({"strategy": "tp", "precision": "fp8",
                                     "fp8_scaling": "tensor"})
     assert reason is not None and "per-tensor" in reason
+    assert not_comparable_reason({"strategy": "zero", "precision": "fp8",
+                                  "fp8_scaling": "tensor", "experts": 0}) is None
 
 
 def test_json_view_and_a_hostfile_that_lists_localhost(tmp_path: Path,

@@ -27,7 +27,8 @@ a slice of a weight (tensor parallelism: :class:`Split` of its columns or rows) 
 each sequence (context parallelism: :func:`tokens`) cuts its tiles and promotion
 chunks at the global multiples of 128, and the amax of a tile or block that ranks
 share is all-reduced (MAX) over them, so every rank quantizes as the serial run
-does.  The scales are kept per element (one value repeated over its tile or block),
+does; per tensor, the ranks that split the batch all-reduce each activation's and
+gradient's amax (:func:`rows`).  The scales are kept per element (one value repeated over its tile or block),
 which makes a slice's scales just the slice of the global ones.
 
 The FP8 policy (:mod:`minipar.precision`) keeps everything else in FP32: the master
@@ -58,18 +59,23 @@ class Recipe:
     block: int = 128
 
 
-#: the recipe of the GEMMs running now (None: no FP8), and the tokens' Split (or None)
-_ACTIVE: list[Any] = [None, None]
+#: the recipe of the GEMMs running now (None: no FP8), the tokens' Split (context
+#: parallelism), the rows' amax all-reduce (data parallelism, per-tensor scaling)
+_ACTIVE: list[Any] = [None, None, None]
 
 
 @contextmanager
-def gemms(recipe: Recipe | None) -> Iterator[None]:
-    """Run the linear layers' GEMMs under ``recipe`` (None: in the storage dtype)."""
-    before, _ACTIVE[0] = _ACTIVE[0], recipe
+def _set(i: int, value: Any) -> Iterator[None]:
+    before, _ACTIVE[i] = _ACTIVE[i], value
     try:
         yield
     finally:
-        _ACTIVE[0] = before
+        _ACTIVE[i] = before
+
+
+def gemms(recipe: Recipe | None) -> Any:
+    """Run the linear layers' GEMMs under ``recipe`` (None: in the storage dtype)."""
+    return _set(0, recipe)
 
 
 @dataclass(frozen=True)
@@ -84,16 +90,19 @@ class Split:
     reduce_max: Callable[[Any], Any]
 
 
-@contextmanager
-def tokens(split: Split | None) -> Iterator[None]:
+def tokens(split: Split | None) -> Any:
     """The weight gradients' tokens are this rank's positions ``split.index`` of each
     sequence (context parallelism): their 128-token tiles are cut where the serial
     run cuts them, and a tile's amax is reduced over the ranks."""
-    before, _ACTIVE[1] = _ACTIVE[1], split
-    try:
-        yield
-    finally:
-        _ACTIVE[1] = before
+    return _set(1, split)
+
+
+def rows(reduce_max: Callable[[Any], Any] | None) -> Any:
+    """Per-tensor scaling with the batch's rows over ranks (data parallelism): an
+    activation's or gradient's amax is all-reduced (MAX) over them, so every rank scales
+    by the whole batch's amax, as the serial run does (every rank must run the same
+    GEMMs: a dense model)."""
+    return _set(2, reduce_max)
 
 
 def active() -> Recipe | None:
@@ -101,14 +110,13 @@ def active() -> Recipe | None:
 
 
 def bound(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run later under the recipe and tokens of now (a weight gradient deferred
-    to W)."""
-    recipe, split = _ACTIVE
+    """``fn`` run later under the settings of now (a weight gradient deferred to W)."""
+    recipe, split, reduce_max = _ACTIVE
     if recipe is None:
         return fn
 
     def run(*args: Any) -> Any:
-        with gemms(recipe), tokens(split):
+        with gemms(recipe), tokens(split), rows(reduce_max):
             return fn(*args)
     return run
 
@@ -128,12 +136,16 @@ def _amax(a: Any, block: tuple[int, ...], split: Split | None, axis: int) -> Any
 
 
 def _q(a: Any, fmt: str, r: Recipe, block: tuple[int, ...], split: Split | None = None,
-       axis: int = -1) -> tuple[Any, Any]:
+       axis: int = -1, batch: bool = True) -> tuple[Any, Any]:
     """``a`` in ``fmt`` with one scale per element: its block's (per tensor: the whole
-    global tensor's) amax over the format's largest value."""
+    global tensor's, over the batch's ranks too unless ``batch`` is False: a weight)
+    amax over the format's largest value."""
     if r.scaling == "tensor":
         block = tuple(split.n if split and i == axis else n for i, n in enumerate(a.shape))
-    return quantize(a, fmt, (1,) * a.ndim, _amax(a, block, split, axis))
+    amax = _amax(a, block, split, axis)
+    if batch and r.scaling == "tensor" and _ACTIVE[2] is not None:
+        amax = xp.full_like(amax, _ACTIVE[2](xp.asarray([amax.max(initial=0)]))[0])
+    return quantize(a, fmt, (1,) * a.ndim, amax)
 
 
 def promoted(qa: Any, sa: Any, qb: Any, sb: Any, bounds: list[tuple[int, int]]) -> Any:
@@ -159,11 +171,11 @@ def _chunks(n: int, b: int, split: Split | None = None) -> list[tuple[int, int]]
 def forward(x: Any, w: Any, split: Split | None = None) -> Any:
     """y = x · W: E4M3 1×128 tiles of x, 128×128 blocks of W, promoted every 128."""
     r = _ACTIVE[0]
-    if r is None:
+    if r is None or x.size == 0:
         return matmul(x, w)
     x2, ks = x.reshape(-1, x.shape[-1]), (split if split and split.axis == 0 else None)
     qx, sx = _q(x2, "e4m3", r, (1, r.block), ks, 1)
-    qw, sw = _q(w, "e4m3", r, (r.block, r.block), split, split.axis if split else -1)
+    qw, sw = _q(w, "e4m3", r, (r.block, r.block), split, split.axis if split else -1, False)
     y = promoted(qx, sx, qw, sw, _chunks(w.shape[0], r.block, ks))
     return down(y.reshape(*x.shape[:-1], w.shape[1]), x.dtype)
 
@@ -171,11 +183,11 @@ def forward(x: Any, w: Any, split: Split | None = None) -> Any:
 def dgrad(dy: Any, w: Any, split: Split | None = None) -> Any:
     """dx = dy · Wᵀ: dy in 1×128 tiles along d_out (E5M2 per tensor), Wᵀ's blocks."""
     r = _ACTIVE[0]
-    if r is None:
+    if r is None or dy.size == 0:
         return matmul(dy, w.T)
     dy2, ns = dy.reshape(-1, dy.shape[-1]), (split if split and split.axis == 1 else None)
     qd, sd = _q(dy2, "e5m2" if r.scaling == "tensor" else "e4m3", r, (1, r.block), ns, 1)
-    qw, sw = _q(w, "e4m3", r, (r.block, r.block), split, split.axis if split else -1)
+    qw, sw = _q(w, "e4m3", r, (r.block, r.block), split, split.axis if split else -1, False)
     dx = promoted(qd, sd, qw.T, sw.T, _chunks(w.shape[1], r.block, ns))
     return down(dx.reshape(*dy.shape[:-1], w.shape[0]), dy.dtype)
 

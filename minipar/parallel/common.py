@@ -43,6 +43,8 @@ from minipar.nn.gpt_config import check_moe
 from minipar.parallel.engine import Batch
 from minipar.parallel.engine import build as engine_build
 from minipar.parallel.parity import PARITY_ATOL, PARITY_RTOL  # noqa: F401 (tests' bounds)
+from minipar.collectives import allreduce
+from minipar.nn import fp8
 from minipar.nn.fp8 import SCALINGS
 from minipar.precision import POLICIES
 from minipar.precision import get as get_policy
@@ -282,6 +284,25 @@ VALIDATION_STEP = 10**9
 @functools.lru_cache(maxsize=4)
 def _text_data(path: str | None, seed: int) -> text.TextData:
     return text.load(None if path == EMBEDDED else path, seed)
+
+
+#: FP8's amax all-reduces (MAX): tiles or blocks that ranks share, per-tensor over the rows
+OP_FP8_AMAX = "fp8_amax"
+
+
+def fp8_rows(spec: RunSpec, comm: Any) -> Any:
+    """The context a data-parallel step runs in: under ``--fp8-scaling tensor`` (a dense
+    model) every activation's and gradient's amax all-reduced (MAX, op ``fp8_amax``)
+    over ``comm``, the ranks that split the batch (:func:`minipar.nn.fp8.rows`), so they
+    scale as the serial run scales the whole batch; otherwise no change."""
+    if not (get_policy(spec.precision).fp8 and spec.fp8_scaling == "tensor"
+            and not spec.experts):
+        return fp8.rows(None)
+
+    def reduce_max(a: Any) -> Any:
+        with comm.operation(OP_FP8_AMAX):
+            return allreduce(comm, a, "max", "ring")
+    return fp8.rows(reduce_max)
 
 
 def _option(name: str) -> str:

@@ -77,11 +77,12 @@ def not_comparable_reason(options: dict[str, Any]) -> str | None:
     if precision == "float32":
         return ("float32 sums across ranks round in another order than the serial sum "
                 "(parity is defined in float64)")
-    if precision == "fp8" and options.get("fp8_scaling") == "tensor":
+    if (precision == "fp8" and options.get("fp8_scaling") == "tensor"
+            and (options["strategy"] not in ("dp", "zero") or options.get("experts"))):
         return ("fp8 per-tensor current scaling takes the amax of what each rank holds (its "
-                "rows, micro-batch, sequence or weight-gradient slice), the serial run that "
-                "of the whole tensor: other scales by design (--fp8-scaling block equals the "
-                "serial run)")
+                "micro-batch, sequence or weight-gradient slice), the serial run that of the "
+                "whole tensor: other scales by design (--fp8-scaling block equals the serial "
+                "run; per tensor, dp and zero all-reduce each amax over the batch's ranks)")
     if precision not in ("float64", "fp8"):  # fp8: its own tolerance (parallel.parity)
         return (f"{precision} keeps 16-bit gradients, and 16-bit sums across ranks round in "
                 "another order than the serial sum (parity is defined in float64)")

@@ -118,7 +118,10 @@ CASES["hybrid"].append(({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2},
 #: of 6: d_model 16 = 6 + 6 + a tail of 4, shards of 8 (tp 2) or 4 (cp 2) cut tiles, whose
 #: amax the ranks reduce; held to the FP8 tolerance (minipar.parallel.parity)
 FP8 = {"precision": "fp8", "fp8_block": 6}
-CASES["dp"] += [({"dp": 2}, {}, FP8), ({"dp": 4}, {}, FP8)]
+#: per tensor (Micikevicius et al. 2022): dp and ZeRO all-reduce each amax over the rows
+TENSOR = {"precision": "fp8", "fp8_scaling": "tensor"}
+CASES["dp"] += [({"dp": 2}, {}, FP8), ({"dp": 4}, {}, FP8), ({"dp": 2}, {}, TENSOR)]
+CASES["zero"].append(({"dp": 4}, {"stage": 3}, TENSOR))
 CASES["zero"] += [({"dp": 2}, {"stage": 1}, FP8), ({"dp": 4}, {"stage": 3}, FP8)]
 CASES["tp"] += [({"tp": 2}, {}, FP8), ({"dp": 2, "tp": 2}, {}, FP8),
                 ({"dp": 2, "tp": 2}, {}, {**FP8, "fp8_block": 8, "experts": 4, "top_k": 2,

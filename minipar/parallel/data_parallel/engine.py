@@ -46,7 +46,7 @@ from minipar.collectives import allreduce
 from minipar.collectives.cost_model import LinkCosts, allreduce_time, choose_by_model, load_costs
 from minipar.comm.topology import Grid, require_grid
 from minipar.comm.traced import TracedComm
-from minipar.parallel.common import RunSpec, check_world
+from minipar.parallel.common import RunSpec, check_world, fp8_rows
 from minipar.parallel.data_parallel.ddp import (
     OP_GRADS,
     Bucket,
@@ -219,7 +219,8 @@ class DataParallel:
         if walk is not hooks and hasattr(walk, "close"):
             self.walks.append(walk)
         records: list[tuple[str, str, float, float]] = []
-        loss, done = ddp_step(units, hooks, st, x, y, weight, walk, records)
+        with fp8_rows(self.spec, c):  # per-tensor FP8: the whole batch's amax
+            loss, done = ddp_step(units, hooks, st, x, y, weight, walk, records)
         t1 = time.perf_counter()
         self.timelines.append(self.timeline(records, hooks.inflight, t0, t1))
         self.steps_done += 1
@@ -245,7 +246,8 @@ class DataParallel:
     def evaluate(self, batch: Batch) -> float:
         """Forward only: this rank's rows' mean loss x b_r / B, summed over the ranks."""
         x, y, weight = self.local_batch(batch)
-        loss = self.model.loss(self.states.param_views(), x, y)
+        with fp8_rows(self.spec, self.comm):
+            loss = self.model.loss(self.states.param_views(), x, y)
         with self.comm.operation(OP_EVAL):
             return float(allreduce(self.comm, np.array([weight * loss]))[0])
 

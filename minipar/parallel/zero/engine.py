@@ -90,7 +90,7 @@ from minipar.comm.traced import TracedComm
 from minipar.memory import Ledger
 from minipar.nn import executor
 from minipar.nn.loss import cross_entropy_forward
-from minipar.parallel.common import local_rows, loss_weight
+from minipar.parallel.common import fp8_rows, local_rows, loss_weight
 from minipar.parallel.engine import (
     AxisTraffic,
     Batch,
@@ -385,10 +385,11 @@ class ZeRO:
         walk = names + names[::-1] if self.memory_wrap is None else self._learned
         self.zero_hooks.walk = []
         self._plan(walk)
-        loss, done = zero_step(self.stage, self.comm, self.units, self.hooks, x, y,
-                               self.weight * self.states.loss_scale, self.states, self.params,
-                               self.grads, self.offload, self.allreduce, self.zero_hooks,
-                               self.records)
+        with fp8_rows(self.spec, self.comm):  # per-tensor FP8: the whole batch's amax
+            loss, done = zero_step(self.stage, self.comm, self.units, self.hooks, x, y,
+                                   self.weight * self.states.loss_scale, self.states,
+                                   self.params, self.grads, self.offload, self.allreduce,
+                                   self.zero_hooks, self.records)
         self._learned = self._learned or list(self.zero_hooks.walk)
         self.steps_done += 1
         return StepResult(self._global_loss(loss, OP_LOSS), skipped=not done)
@@ -399,7 +400,8 @@ class ZeRO:
         x, y = self._local(batch)
         aux: list[float] = []
         self._plan([u.name for u in self.units])
-        logits, kept = executor.forward(self.units, self.zero_hooks, x, aux=aux)
+        with fp8_rows(self.spec, self.comm):
+            logits, kept = executor.forward(self.units, self.zero_hooks, x, aux=aux)
         del kept
         return self._global_loss(cross_entropy_forward(logits, y)[0] + sum(aux), OP_EVAL)
 
