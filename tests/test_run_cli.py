@@ -147,6 +147,12 @@ def test_fp8_tp_equals_the_serial_fp8_run_and_counts_its_amax_bytes(
     assert reason is not None and "per-tensor" in reason
     assert not_comparable_reason({"strategy": "zero", "precision": "fp8",
                                   "fp8_scaling": "tensor", "experts": 0}) is None
+    # per tensor on dp: every amax all-reduced over the rows' ranks, equal, bytes = formula
+    rc = run.main(["dp", "-n", "2", "--steps", "2", "--precision", "fp8", "--fp8-scaling",
+                   "tensor", "--json"])
+    s = json.loads(capsys.readouterr().out)
+    assert rc == 0 and s["verdict"]["status"] == "equal" and s["parity"] is True
+    assert any("per rank per step: 128, 128 B; exact 128, 128" in n for n in s["notes"])
 
 
 def test_json_view_and_a_hostfile_that_lists_localhost(tmp_path: Path,

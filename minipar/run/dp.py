@@ -90,11 +90,14 @@ def report(dp: Any, grid: Any, options: dict[str, Any], spec: Any,
     """Rank side, after training: every rank's bytes per step next to the exact figure of
     what each bucket ran and the ring's 2(N-1)/N x S, the model-state bytes held and the
     last step's timeline; rank 0 returns them (None elsewhere)."""
+    from minipar.parallel.common import OP_FP8_AMAX
     from minipar.parallel.data_parallel.measure import bytes_formula, replica_model_state_bytes
     from minipar.run import remat_offload
 
     held = sum(dp.memory().values())
-    mine = (dp.bytes_sent_per_step(), bytes_formula(dp), held, dp.timelines[-1].as_dict())
+    amax = dp.comm.stats.bytes_sent(OP_FP8_AMAX) / max(1, len(dp.timelines))
+    mine = (dp.bytes_sent_per_step(), bytes_formula(dp), held, dp.timelines[-1].as_dict(),
+            amax)
     everyone = dp.comm.comm.gather(mine, root=0)  # reporting only: MPI's pickled gather
     memory, memory_notes = remat_offload.summary_notes(dp.wrap_hooks)
     if dp.rank != 0:
@@ -125,9 +128,25 @@ def report(dp: Any, grid: Any, options: dict[str, Any], spec: Any,
                    f"{dp.algorithm}, overlap {'on' if dp.overlap else 'off'}"),
                   algorithm_note(dp.algorithm, dp.bucket_algorithms, n, dp.overlap,
                                  dp.choice_note)]
-        + memory_notes,
+        + memory_notes + _fp8_amax_notes(spec, n, [e[4] for e in everyone]),
         **({"memory": memory} if memory else {}),
     }
+
+
+def _fp8_amax_notes(spec: Any, n: int, sent: list[float]) -> list[str]:
+    """Per-tensor FP8 (:func:`minipar.parallel.common.fp8_rows`): the amax all-reduces'
+    bytes per step, counted, against 4 per linear layer (x and dy of the forward, the
+    input gradient and the weight gradient's two) x 4 layers a block, one FP32 each."""
+    if not any(sent):
+        return []
+    from minipar.collectives import allreduce_bytes_sent
+    from minipar.parallel.common import OP_FP8_AMAX
+
+    calls = 16 * spec.layers
+    exact = [calls * allreduce_bytes_sent(1, 4, n, r, "ring") for r in range(n)]
+    return [f"fp8 per-tensor amax all-reduces (op {OP_FP8_AMAX}) per rank per step: "
+            f"{', '.join(f'{b:,.0f}' for b in sent)} B; exact {', '.join(map(str, exact))}: "
+            f"{calls} ring all-reduces of one FP32 number (16 per block)"]
 
 
 def trace_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
