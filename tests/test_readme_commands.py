@@ -67,6 +67,11 @@ SHORTER = {
     "minipar bench train": ["--steps", "2", "--eval-every", "2"],
     # 5 s: 4 model depths, 5 timed steps each; one depth, one step
     "minipar bench remat": ["--layers", "4", "--repeat", "1"],
+    # minutes: 9 trainings of 200 steps (5 on 4 ranks); the four serial recipes of a tiny
+    # model, 2 steps, no launch (tests/test_bench_precision.py runs its ZeRO++ row)
+    "minipar bench precision": ["--steps", "2", "--eval-every", "2", "--eval-batches", "1",
+                                "--layers", "1", "--d-model", "16", "--heads", "2",
+                                "--seq", "8", "--batch", "4", "--no-zero"],
 }
 
 #: what the learner does between two commands: the file a command needs first
