@@ -81,8 +81,6 @@ def test_bad_layouts_are_one_line_without_mpi(sizes: dict, says: str) -> None:
     (["-n", "4", "--pp", "2", "--zeropp", "qwz"], "--zeropp is ZeRO-3's"),
     (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp", "qwx"], "unknown part 'qwx'"),
     (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp-block", "64"], "add --zeropp PARTS"),
-    (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp", "hpz", "--remat"],
-     "--zeropp with --remat or --offload"),
     (["-n", "4", "--pp", "2", "--zero", "3", "--zeropp", "hpz", "--no-reshard-after-forward"],
      "drop one of them"),
     (["-n", "6", "--dp", "3", "--pp", "2", "--zero", "3", "--zeropp", "hpz", "--node", "3"],

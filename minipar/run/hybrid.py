@@ -25,15 +25,16 @@ in nodes of the grid's hosts (``--node K``: K consecutive ranks; each stage's sh
 must fall in equal blocks of consecutive ranks per node).  A unit's first fetch of a step
 gathers globally (qwZ: int8) and keeps hpZ's slice; its other 2m − 1 fetches (backward,
 and the later micro-batches' forwards: the weights do not change within a step) read
-the node.  With tp = cp = ep = 1, one chunk and GPipe, 1F1B, ZB-H1 or ZB-H2, the
-verdict is bit for bit against the serial ZeRO++ arithmetic of the pipeline
-(:func:`minipar.parallel.hybrid.oracle.hybrid_zeropp_reference`); otherwise "not
-comparable" (TP's and CP's sums are not the serial ones), with the distance from the
-unquantized serial run.  ``--json``'s ``zeropp``: per rank the bytes measured (ZeRO's
-communicator and ZeRO++'s node and cross ones, intra / inter node by each peer's host) and
-exact (:func:`~minipar.parallel.zero.measure.zeropp_exact_bytes` with m micro-batches),
-ZeRO-3's own, the paper's volumes for the rank's stage, hpZ's slices held and their
-formula.
+the node; under ``--remat`` a recomputed unit is fetched once more (the exact figure
+counts each unit's fetches of the learnt walk).  With tp = cp = ep = 1, one chunk and
+GPipe, 1F1B, ZB-H1 or ZB-H2, the verdict is bit for bit against the serial ZeRO++
+arithmetic of the pipeline (:func:`minipar.parallel.hybrid.oracle.hybrid_zeropp_reference`);
+otherwise "not comparable" (TP's and CP's sums are not the serial ones), with the distance
+from the unquantized serial run.  ``--json``'s ``zeropp``: per rank the bytes measured
+(ZeRO's communicator and ZeRO++'s node and cross ones, intra / inter node by each peer's
+host) and exact (:func:`~minipar.parallel.zero.measure.zeropp_exact_bytes` with m
+micro-batches), ZeRO-3's own, the paper's volumes for the rank's stage, hpZ's slices held
+and their formula.
 """
 
 from __future__ import annotations
@@ -164,8 +165,8 @@ def check(options: dict[str, Any], spec: Any) -> None:
 
 
 def check_zeropp(options: dict[str, Any], z: dict[str, int]) -> None:
-    """Launcher side: ``--zeropp`` needs ``--zero 3``, resharding, no remat or offload, and
-    nodes that cut every stage's dp·cp ranks into equal blocks of consecutive ranks."""
+    """Launcher side: ``--zeropp`` needs ``--zero 3``, resharding, and nodes that cut every
+    stage's dp·cp ranks into equal blocks of consecutive ranks."""
     from minipar.run.zero import ZEROPP_BLOCK, zeropp_parts
 
     zero = options.get("zero", 0)
@@ -181,9 +182,6 @@ def check_zeropp(options: dict[str, Any], z: dict[str, int]) -> None:
     if not options.get("reshard_after_forward", True):
         raise ValueError("--zeropp with --no-reshard-after-forward: ZeRO++ changes the later "
                          "all-gathers that this option removes; drop one of them")
-    if options.get("remat") is not None or options.get("offload") is not None:
-        raise ValueError("--zeropp with --remat or --offload is not built in the hybrid; "
-                         "drop --remat/--offload")
     k = options.get("node")
     if k is None:
         return

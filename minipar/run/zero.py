@@ -38,9 +38,11 @@ ranks of the same node / of other nodes, measured; ``*_exact_per_rank`` their ex
 figures), ``zero3_bytes_exact_per_rank`` and ``zero3_inter_exact_per_rank`` (what
 ZeRO-3 sends in the same run), ``formula`` / ``zero3_formula`` (the paper's volumes:
 ``total``, ``inter``, by collective) and ``hpz_held_per_rank`` / ``hpz_formula_per_rank``
-(the memory hpZ adds).  Refused in one line, before MPI starts: a stage other than 3,
-an unknown part, a block that is not positive, ``--node`` not dividing ``-n``, and
-``--no-reshard-after-forward``, ``--remat`` or ``--offload`` with ``--zeropp``.
+(the memory hpZ adds).  With ``--remat`` the first step's walk is planned fetch by fetch
+and learnt; a recomputed unit is fetched once more (hpZ: from the node), and the exact
+figure counts each unit's fetches of that walk.  Refused in one line, before MPI starts:
+a stage other than 3, an unknown part, a block that is not positive, ``--node`` not
+dividing ``-n``, and ``--no-reshard-after-forward`` with ``--zeropp``.
 """
 
 from __future__ import annotations
@@ -120,9 +122,6 @@ def check(options: dict[str, Any], spec: Any) -> None:
         if keep:
             raise ValueError("--zeropp with --no-reshard-after-forward: ZeRO++ changes the "
                              "backward all-gather that this option removes; drop one of them")
-        if options.get("remat") is not None or options.get("offload") is not None:
-            raise ValueError("--zeropp with --remat or --offload is not built (ZeRO++ plans "
-                             "its walk from the start); drop --remat/--offload")
     elif options.get("zeropp_block", ZEROPP_BLOCK) != ZEROPP_BLOCK:
         raise ValueError("--zeropp-block is ZeRO++'s quantization block: add --zeropp PARTS")
     from minipar.run import remat_offload
@@ -275,12 +274,17 @@ def zeropp_row(engine: Any, grid: Any, steps: int) -> dict[str, Any]:
 
     c, node, block = engine.comm, engine.zero_hooks.node, engine.zero_hooks.block
     k = node.size
-    spans = [(a, b) for _, a, b, _ in unit_table(engine.model.cfg)]
+    table = unit_table(engine.model.cfg)
+    spans = [(a, b) for _, a, b, _ in table]
     b = engine.policy.param_dtype.itemsize
+    walk = engine._learned  # remat's walk (a recomputed unit fetched once more), or none
+    fetches = [walk.count(u.name) for u, *_ in table] if walk else None
     return {"measured": zeropp_measured(grid.world.stats, grid.hosts, grid.world.world_ranks,
                                         grid.rank, steps),
-            "exact": zeropp_exact_bytes(spans, c.size, k, c.rank, engine.zeropp, block, b),
-            "zero3": zeropp_exact_bytes(spans, c.size, k, c.rank, (), block, b),
+            "exact": zeropp_exact_bytes(spans, c.size, k, c.rank, engine.zeropp, block, b,
+                                        fetches=fetches),
+            "zero3": zeropp_exact_bytes(spans, c.size, k, c.rank, (), block, b,
+                                        fetches=fetches),
             "hpz_held": engine.zero_hooks.peak_secondary_bytes,
             "hpz_formula": (hpz_secondary_elements(engine.layout.size, k, node.rank) * b
                             if "hpz" in engine.zeropp else 0)}

@@ -280,7 +280,8 @@ def run_all() -> list[str]:
         # ZeRO++: dp 2 in one node (hpZ, qgZ's node hop), across 2 nodes (the cross hop);
         # the first step plans its walk fetch by fetch, prefetch along the learnt one after
         trial(dense, 2, 2, 1, zero=3, node=4, prefetch=1, zeropp=("qwz", "hpz", "qgz"))
-        trial(dense, 2, 2, 1, kind="gpipe", zero=3, node=2, zeropp=("qwz", "hpz", "qgz"))
+        trial(dense, 2, 2, 1, kind="gpipe", zero=3, node=2, remat=True,  # a unit recomputed:
+              zeropp=("qwz", "hpz", "qgz"))  # fetched once more (the learnt walk's count)
         moe = dense.with_(experts=4, top_k=1)
         trial(moe, 2, 2, 1, ep=2, m=2)
         trial(moe, 4, 1, 1, ep=2, m=1)

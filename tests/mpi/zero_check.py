@@ -111,12 +111,13 @@ for stage in STAGES:
 # figure, hpZ's secondary slices against Ψ/K
 node = 2 if comm.size == 4 else 1
 zgrid = Grid(comm, dp=comm.size, node=node)
-for parts, k in ((("qwz",), 0), (("hpz",), 0), (("qgz",), 0), (("qwz", "hpz", "qgz"), 0),
-                 (("qwz", "hpz", "qgz"), 2)):
-    eng = ZeRO(zgrid, PARITY, stage=3, zeropp=parts, prefetch=k)
+for parts, k, remat in ((("qwz",), 0, None), (("hpz",), 0, None), (("qgz",), 0, None),
+                        (("qwz", "hpz", "qgz"), 0, None), (("qwz", "hpz", "qgz"), 2, None),
+                        (("qwz", "hpz", "qgz"), 1, 1)):  # remat: the first walk learnt
+    eng = ZeRO(zgrid, PARITY, stage=3, zeropp=parts, prefetch=k, remat=remat)
     eng.step(PARITY.batch_at(0))  # first-use caches; then the measured steps
     eng.close()
-    eng = ZeRO(zgrid, PARITY, stage=3, zeropp=parts, prefetch=k)
+    eng = ZeRO(zgrid, PARITY, stage=3, zeropp=parts, prefetch=k, remat=remat)
     ws = comm.world_ranks
     before = (step_bytes(comm.stats), zeropp_measured(comm.stats, zgrid.hosts, ws, comm.rank, 1))
     losses = [eng.step(PARITY.batch_at(s)).loss for s in range(PARITY.steps)]
@@ -124,10 +125,13 @@ for parts, k in ((("qwz",), 0), (("hpz",), 0), (("qgz",), 0), (("qwz", "hpz", "q
     final = eng.layout.flatten(eng.full_params())
     spans = [(a, b) for _, a, b, _ in unit_table(PARITY.config())]
     block = eng.zero_hooks.block
+    fetches = [eng._learned.count(u.name) for u in eng.units] if remat else None
     row = {"sent": (after[0] - before[0]) / PARITY.steps, "exact": engine_exact_bytes(eng),
            **{w: (after[1][w] - before[1][w]) / PARITY.steps for w in ("intra", "inter")},
-           "exact_split": zeropp_exact_bytes(spans, comm.size, node, comm.rank, parts, block, 8),
-           "zero3": zeropp_exact_bytes(spans, comm.size, node, comm.rank, (), block, 8),
+           "exact_split": zeropp_exact_bytes(spans, comm.size, node, comm.rank, parts, block, 8,
+                                             fetches=fetches),
+           "zero3": zeropp_exact_bytes(spans, comm.size, node, comm.rank, (), block, 8,
+                                       fetches=fetches),
            "secondary": eng.zero_hooks.peak_secondary_bytes,
            "secondary_formula": 8 * hpz_secondary_elements(eng.layout.size, node,
                                                            comm.rank % node),
@@ -136,7 +140,8 @@ for parts, k in ((("qwz",), 0), (("hpz",), 0), (("qgz",), 0), (("qwz", "hpz", "q
     eng.close()
     if comm.rank == 0:
         ref = zeropp_reference(PARITY, comm.size, parts, node, block)
-        out["zeropp"]["+".join(parts) + (f",prefetch {k}" if k else "")] = {
+        out["zeropp"]["+".join(parts) + (f",prefetch {k}" if k else "")
+                       + (f",remat {remat}" if remat else "")] = {
             "bitwise": final.tobytes() == ref["params"].tobytes() and losses == ref["losses"],
             "from_serial": max_abs_diff(final, serial["params"]), "node": node,
             "psi": eng.layout.size, "ranks": rows}

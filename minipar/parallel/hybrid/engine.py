@@ -119,8 +119,7 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
                          f"gathered unit by unit); got zero {zero}: use zero=3")
     from minipar.parallel.zero.engine import check_zeropp, node_comms
 
-    zeropp = check_zeropp(zeropp, zero, zeropp_block,
-                          reshard_after_forward, remat, offload)
+    zeropp = check_zeropp(zeropp, zero, zeropp_block, reshard_after_forward)
     stage = HybridStage(grid, spec, micro_batches, cp_kind, sequence_parallel, cp_ulysses,
                         tp_overlap)
     wire: Any = Whole()

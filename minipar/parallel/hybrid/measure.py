@@ -193,12 +193,14 @@ def engine_bytes(engine: Any) -> dict[str, int]:
 def zeropp_stage_bytes(engine: Any, parts: Any = None) -> dict[str, int]:
     """The exact ZeRO++ bytes per step of this rank of a hybrid engine with ZeRO-3's ZeRO++
     (``parts``: these instead, () for ZeRO-3's own): :func:`~minipar.parallel.zero.measure.\
-zeropp_exact_bytes` on the stage's units over the dp·cp ranks, m micro-batches."""
+zeropp_exact_bytes` on the stage's units over the dp·cp ranks, m micro-batches, each
+    unit fetched as often as the learnt walk fetches it (remat: once more per micro-batch)."""
     from minipar.nn.units import spans as unit_spans
     from minipar.parallel.zero.measure import zeropp_exact_bytes
 
     h, z = engine, engine.sync.zeropp
-    comm, k = h.sync.comm, z["node"].size
+    comm, k, walk = h.sync.comm, z["node"].size, h.sync.zero_hooks.learned
     return zeropp_exact_bytes(list(unit_spans(h.units, h.stage_layout)), comm.size, k,
                               comm.rank, z["parts"] if parts is None else parts, z["block"],
-                              h.states.params.itemsize, h.m)
+                              h.states.params.itemsize, h.m,
+                              [walk.count(u.name) for u in h.units] if walk else None)

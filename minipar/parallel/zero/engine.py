@@ -208,10 +208,10 @@ class MeteredZeroPPHooks(MeteredZeroHooks, ZeroPPHooks):
 
 
 def check_zeropp(parts: Any, stage: int = 3, block: Any = ZEROPP_BLOCK,
-                 reshard: bool = True, remat: Any = None, offload: Any = None) -> tuple[str, ...]:
+                 reshard: bool = True) -> tuple[str, ...]:
     """ZeRO++'s parts as a tuple in :data:`PARTS` order ("qwz,hpz" or a sequence; empty: off);
     ValueError for an unknown part, a stage other than 3, a block size that is not positive,
-    or an option ZeRO++ does not serve."""
+    or ``reshard`` False (ZeRO++ changes the later all-gathers it removes)."""
     names = [p.strip() for p in (parts.split(",") if isinstance(parts, str) else parts or ())]
     names = [p for p in names if p]
     for p in names:
@@ -224,9 +224,6 @@ def check_zeropp(parts: Any, stage: int = 3, block: Any = ZEROPP_BLOCK,
     if names and not reshard:
         raise ValueError("--zeropp with --no-reshard-after-forward: ZeRO++ changes the "
                          "backward all-gather that this option removes; drop one of them")
-    if names and (remat is not None or offload is not None):
-        raise ValueError("--zeropp with --remat or --offload (activations) is not built: "
-                         "ZeRO++ plans its walk from the start; drop --remat/--offload")
     return tuple(p for p in PARTS if p in names)
 
 
@@ -290,8 +287,7 @@ class ZeRO:
                  ) -> None:
         self.stage, self.policy = check_stage(stage), get(spec.precision)
         # ZeRO++'s parts, block and communicators live in its hooks (``zeropp``: a property)
-        zeropp = check_zeropp(zeropp, self.stage, zeropp_block, reshard_after_forward, remat,
-                              offload)
+        zeropp = check_zeropp(zeropp, self.stage, zeropp_block, reshard_after_forward)
         self.prefetch = checks.integer("prefetch", prefetch, 0, None)
         if (self.prefetch or not reshard_after_forward) and self.stage != 3:
             raise ValueError(f"prefetch and reshard_after_forward are stage 3's (parameters "

@@ -121,10 +121,12 @@ def engine_exact_bytes(eng: Any) -> int:
         spans = [(a, b) for _, a, b, _ in unit_table(eng.model.cfg)]
         inf = (allreduce_bytes_sent(1, 8, eng.comm.size, eng.comm.rank, eng.allreduce)
                if eng.states.scaler is not None else 0)
-        hooks = eng.zero_hooks
+        hooks, walk = eng.zero_hooks, eng._learned  # (remat's walk: fetches per unit)
+        fetches = [walk.count(u.name) for u, *_ in unit_table(eng.model.cfg)] if walk else None
         return inf + zeropp_exact_bytes(spans, eng.comm.size, hooks.node.size, eng.comm.rank,
                                         eng.zeropp, hooks.block,
-                                        eng.policy.param_dtype.itemsize)["total"]
+                                        eng.policy.param_dtype.itemsize,
+                                        fetches=fetches)["total"]
     return exact_bytes_sent(eng.layout.size, eng.comm.size, eng.comm.rank, eng.stage,
                             eng.policy.param_dtype.itemsize, eng.allreduce,
                             found_inf=eng.states.scaler is not None, reshard=eng.reshard)
@@ -252,7 +254,8 @@ ZEROPP_OPS = ("all_gather", "reduce_scatter", "qwz_all_gather", "qgz_all_to_all_
 
 def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
                        parts: tuple[str, ...], block: int, itemsize: int,
-                       micro_batches: int = 1) -> dict[str, int]:
+                       micro_batches: int = 1, fetches: list[int] | None = None
+                       ) -> dict[str, int]:
     """Bytes rank ``rank`` of ``n`` (nodes of ``k`` consecutive ranks) sends in one ZeRO-3
     step with ZeRO++'s ``parts`` (none: ZeRO-3's own), exactly, and how many of them
     stay inside its node (``intra``) or cross to another (``inter``).  ``spans``: the
@@ -284,8 +287,10 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
     With ``micro_batches`` m (a pipeline stage's ZeRO-3, :mod:`minipar.parallel.hybrid.sync`)
     a unit is fetched 2m times a step and reduce-scattered m times: its first fetch is the
     forward all-gather above, the 2m − 1 others the backward's (hpZ: the node's), m times the
-    reduce-scatter.  ``shard``: the bytes on ZeRO's own communicator (its global all-gathers
-    and ring reduce-scatters; hpZ's and qgZ's go on the node and cross ones)."""
+    reduce-scatter; ``fetches``: each unit's fetches a step instead of 2m (remat fetches a
+    recomputed unit once more: the learnt walk's count).  ``shard``: the bytes on ZeRO's own
+    communicator (its global all-gathers and ring reduce-scatters; hpZ's and qgZ's go on
+    the node and cross ones)."""
     import numpy as np
 
     from minipar.parallel.zero.shard import shard_range
@@ -309,17 +314,18 @@ def zeropp_exact_bytes(spans: list[tuple[int, int]], n: int, k: int, rank: int,
         out["intra" if same else "inter"] += nbytes
         out["shard"] += nbytes
 
-    for a, b in spans:
+    for u, (a, b) in enumerate(spans):
         c, d = cut(a, b, shards), cut(a, b, node_shards)
+        later = (2 * mb if fetches is None else fetches[u]) - 1  # fetches after the first
         right = (rank + 1) % n
         fwd = sum(w(x, "int8") if "qwz" in parts else x * itemsize
                   for q, x in enumerate(c) if q != right)
         ring(fwd)
         if "hpz" in parts:
-            out["intra"] += (2 * mb - 1) * sum(x for i, x in enumerate(d)
-                                               if i != (j + 1) % k) * itemsize
+            out["intra"] += later * sum(x for i, x in enumerate(d)
+                                        if i != (j + 1) % k) * itemsize
         else:
-            ring((2 * mb - 1) * fwd)
+            ring(later * fwd)
         if "qgz" in parts:
             if k > 1:
                 out["intra"] += mb * sum(w(c[mm * k + i], "int4") for i in range(k) if i != j
