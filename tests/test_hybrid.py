@@ -34,7 +34,7 @@ from minipar.parallel.hybrid.measure import bytes_formula
 MPI_DIR = Path(__file__).parent / "mpi"
 
 
-@pytest.mark.parametrize(("n", "runs"), [(4, 30), (8, 28)])
+@pytest.mark.parametrize(("n", "runs"), [(4, 31), (8, 28)])
 def test_parity_bytes_and_memory_on_every_grid(n: int, runs: int) -> None:
     proc = launch.run(n, str(MPI_DIR / "hybrid_check.py"), timeout=300,
                       env={"MINIPAR_WATCHDOG_S": "120"})
