@@ -157,3 +157,18 @@ def test_zeropp_in_the_hybrid_equals_its_serial_arithmetic_bit_for_bit(
     assert z["hpz_held_per_rank"] == z["hpz_formula_per_rank"]
     assert max(z["bytes_per_rank"]) < min(z["zero3_bytes_exact_per_rank"])
     assert s["from_serial"]["max_param_diff"] > 0
+
+
+def test_zeropp_runs_the_oracle_cannot_replay_say_why() -> None:
+    """tp or cp, experts, other schedules, fp8: "not comparable", naming why (no bitwise
+    oracle); dp x pp with one chunk of GPipe, 1F1B or ZB-H1/H2: none (bit for bit)."""
+    from minipar.run import hybrid, zero
+
+    assert hybrid.not_comparable({"zeropp": "qwz", "pp": 2}) is None
+    assert hybrid.not_comparable({"zeropp": "qwz", "schedule": "zb-h1"}) is None
+    assert "TP's and CP's sums" in hybrid.not_comparable({"zeropp": "qwz", "tp": 2})
+    assert "TP's and CP's sums" in hybrid.not_comparable({"zeropp": "qwz", "cp": 2})
+    assert "dense GPT" in hybrid.not_comparable({"zeropp": "qwz", "schedule": "dualpipe"})
+    assert "fp8 with ZeRO++" in hybrid.not_comparable({"zeropp": "qwz", "precision": "fp8"})
+    assert "fp8 with ZeRO++" in zero.not_comparable({"zeropp": "qwz", "precision": "fp8"})
+    assert hybrid.not_comparable({"tp": 2}) is None

@@ -29,12 +29,12 @@ the node; under ``--remat`` a recomputed unit is fetched once more (the exact fi
 counts each unit's fetches of the learnt walk).  With tp = cp = ep = 1, one chunk and
 GPipe, 1F1B, ZB-H1 or ZB-H2, the verdict is bit for bit against the serial ZeRO++
 arithmetic of the pipeline (:func:`minipar.parallel.hybrid.oracle.hybrid_zeropp_reference`);
-otherwise "not comparable" (TP's and CP's sums are not the serial ones), with the distance
-from the unquantized serial run.  ``--json``'s ``zeropp``: per rank the bytes measured
-(ZeRO's communicator and ZeRO++'s node and cross ones, intra / inter node by each peer's
-host) and exact (:func:`~minipar.parallel.zero.measure.zeropp_exact_bytes` with m
-micro-batches), ZeRO-3's own, the paper's volumes for the rank's stage, hpZ's slices held
-and their formula.
+otherwise, and with fp8, "not comparable" (TP's and CP's sums are not the serial ones),
+with the distance from the unquantized serial run.  ``--json``'s ``zeropp``: per rank the
+bytes measured (ZeRO's communicator and ZeRO++'s node and cross ones, intra / inter node
+by each peer's host) and exact (:func:`~minipar.parallel.zero.measure.zeropp_exact_bytes`
+with m micro-batches), ZeRO-3's own, the paper's volumes for the rank's stage, hpZ's
+slices held and their formula.
 """
 
 from __future__ import annotations
@@ -480,18 +480,22 @@ ORACLE_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
 def _oracle_reason(options: dict[str, Any]) -> str | None:
     """Why the serial ZeRO++ arithmetic cannot be replayed for this ZeRO++ run (None: it can)."""
     z = {a: options.get(a) or 1 for a in ("tp", "cp", "ep")}
+    if options.get("precision") == "fp8":
+        from minipar.run.zero import FP8_ZEROPP
+
+        return FP8_ZEROPP
     if options.get("resume"):
         return ("a resumed ZeRO++ run: its serial ZeRO++ arithmetic is replayed from the "
                 "initial parameters only; run it from the start to compare bit for bit")
     if z["tp"] > 1 or z["cp"] > 1:
         return ("ZeRO++ with tp or cp: TP's and CP's sums are not the serial run's, so the "
                 "quantized blocks see other numbers; the serial ZeRO++ arithmetic is replayed "
-                "for tp = cp = 1 (the distance below is from the unquantized serial run)")
+                "for tp = cp = 1 (the max |diff| given is from the unquantized serial run)")
     if z["ep"] > 1 or options.get("experts") or _chunks(options) > 1 or \
             options.get("schedule", "1f1b") not in ORACLE_SCHEDULES:
         return ("the serial ZeRO++ arithmetic of the hybrid is replayed for a dense GPT, one "
-                f"chunk per stage, schedules {', '.join(ORACLE_SCHEDULES)}; the distance below "
-                "is from the unquantized serial run")
+                f"chunk per stage, schedules {', '.join(ORACLE_SCHEDULES)}; the max |diff| "
+                "given is from the unquantized serial run")
     return None
 
 

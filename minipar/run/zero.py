@@ -30,7 +30,8 @@ intervals in Perfetto.
 ZeRO++ (stage 3; Wang et al. 2023, arXiv 2306.10209; :mod:`minipar.parallel.zero.zeropp`):
 ``--zeropp qwz,hpz,qgz`` (any subset) with ``--zeropp-block B`` (elements per scale,
 default 256) and ``--node K`` (ranks per node; default MPI's own).  The verdict is bit
-for bit against the serial ZeRO++ arithmetic (:func:`own_reference`), with the distance
+for bit against the serial ZeRO++ arithmetic (:func:`own_reference`; fp8: not comparable,
+:data:`FP8_ZEROPP`), with the distance
 from the unquantized serial run as a number (``from_serial``).  ``--json`` gives the
 key ``zeropp``: ``parts``, ``block``, ``node``; per rank ``bytes_per_rank`` (measured,
 per step) and ``bytes_exact_per_rank``, ``intra_per_rank`` / ``inter_per_rank`` (to
@@ -346,8 +347,16 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
             "bytes_exact_text": "ZeRO++'s collectives, packed parts counted exactly"}
 
 
+FP8_ZEROPP = ("fp8 with ZeRO++: the serial ZeRO++ arithmetic is replayed for the other "
+              "precisions, and fp8's tolerance is for unquantized communication; the max |diff| "
+              "given is from the unquantized serial run")
+
+
 def not_comparable(options: dict[str, Any]) -> str | None:
-    """A resumed ZeRO++ run: its serial arithmetic is replayed from the start only."""
+    """A resumed ZeRO++ run: its serial arithmetic is replayed from the start only; fp8 with
+    ZeRO++ (:data:`FP8_ZEROPP`)."""
+    if options.get("zeropp") and options.get("precision") == "fp8":
+        return FP8_ZEROPP
     if options.get("zeropp") and options.get("resume"):
         return ("a resumed ZeRO++ run: its serial ZeRO++ arithmetic is replayed from the "
                 "initial parameters only; run it from the start to compare bit for bit")
