@@ -63,9 +63,15 @@ def _blocks(shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.ceil(n / b) for n, b in zip(shape, block))
 
 
+def _fit(shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
+    """A block no longer than its axis (the same blocks: one along an axis it covers), so
+    the padding and the expanded scales never outgrow the tensor."""
+    return tuple(max(1, min(int(b), n)) for n, b in zip(shape, block))
+
+
 def block_amax(x: Any, block: tuple[int, ...]) -> Any:
     """max |x| of every block (shape ``ceil(n_i / b_i)``): zeros pad the tails."""
-    nb = _blocks(x.shape, block)
+    nb, block = _blocks(x.shape, block), _fit(x.shape, block)
     pad = [(0, k * b - n) for n, b, k in zip(x.shape, block, nb)]
     a = xp.pad(xp.abs(x.astype(_wide(x.dtype))), pad)
     a = a.reshape([d for k, b in zip(nb, block) for d in (k, b)])
@@ -74,7 +80,7 @@ def block_amax(x: Any, block: tuple[int, ...]) -> Any:
 
 def expand(scales: Any, block: tuple[int, ...], shape: tuple[int, ...]) -> Any:
     """Every block's entry repeated over its elements, cut to ``shape``."""
-    for axis, b in enumerate(block):
+    for axis, b in enumerate(_fit(shape, block)):
         scales = xp.repeat(scales, b, axis=axis)
     return scales[tuple(slice(0, n) for n in shape)]
 

@@ -15,6 +15,7 @@ from minipar.quantize import (
     FORMATS,
     block_amax,
     dequantize,
+    expand,
     pack_int4,
     quantize,
     storage_dtype,
@@ -161,3 +162,16 @@ def test_bad_block_and_format():
         quantize(np.ones((2, 2)), "e4m3", (2,))
     with pytest.raises(ValueError, match="format"):
         quantize(np.ones(2), "fp4", (2,))
+
+
+def test_a_block_longer_than_the_tensor_costs_only_the_tensor():
+    """A block beyond an axis is one block along it: the same scales, and no B x B
+    padding (--fp8-block 100000 once asked for 75 GB)."""
+    x = np.random.default_rng(0).standard_normal((5, 7))
+    for block in [(10**6, 10**6), (1, 10**6), (10**6, 1)]:
+        whole = tuple(min(b, n) for b, n in zip(block, x.shape))
+        q, s = quantize(x, "e4m3", block)
+        q2, s2 = quantize(x, "e4m3", whole)
+        assert s.shape == s2.shape and np.array_equal(s, s2)
+        assert np.array_equal(q.astype(np.float64), q2.astype(np.float64))
+        assert expand(s, block, x.shape).shape == x.shape

@@ -345,13 +345,17 @@ def add_fp8_arguments(p: Any) -> None:
 
 def check_fp8_options(options: dict[str, Any]) -> None:
     """ValueError (one line) when ``--fp8-scaling`` / ``--fp8-block`` come without
-    ``--precision fp8``: they would change nothing."""
+    ``--precision fp8``, or ``--fp8-block`` with ``--fp8-scaling tensor``: they would
+    change nothing."""
     given = [f"--fp8-{k}" for k in ("scaling", "block") if options.get(f"fp8_{k}") is not None]
     if given and options.get("precision") != "fp8":
         verb = "sets" if len(given) == 1 else "set"
         raise ValueError(f"{' and '.join(given)} {verb} the recipe of --precision fp8, not of "
                          f"--precision {options.get('precision')}: add --precision fp8 or "
                          f"drop {'it' if len(given) == 1 else 'them'}")
+    if options.get("fp8_block") is not None and options.get("fp8_scaling") == "tensor":
+        raise ValueError("--fp8-block is the tile of block scaling; --fp8-scaling tensor has one "
+                         "scale per tensor: drop --fp8-block or use --fp8-scaling block")
 
 
 def add_json_options(p: argparse.ArgumentParser, what: str) -> None:

@@ -39,6 +39,7 @@ from minipar import checks, spans
 from minipar.backend import to_host
 from minipar.data import synthetic, text, tokenizer
 from minipar.nn import GPT, GPTConfig
+from minipar.nn.gpt import param_shapes
 from minipar.nn.gpt_config import check_moe
 from minipar.parallel.engine import Batch
 from minipar.parallel.engine import build as engine_build
@@ -185,7 +186,13 @@ class RunSpec:
                 not checks.is_integer(g) or g < 1 for g in self.routing):
             raise ValueError(f"routing groups must be a tuple of positive integers, "
                              f"got {self.routing!r}")
-        self.config()  # anything GPTConfig still refuses
+        cfg = self.config()  # anything GPTConfig still refuses
+        if get_policy(self.precision).fp8 and self.fp8_scaling == "block":
+            longest = max(cfg.block_size, *(n for k, s in param_shapes(cfg).items()
+                                            if ".w_" in k for n in s))  # blocks' linears
+            checks.integer("--fp8-block", self.fp8_block, 1, max(128, longest),
+                           why=f"the default 128 or the longest dimension a GEMM cuts, {longest} "
+                           f"here: a longer tile cuts nothing more")
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> RunSpec:
