@@ -111,6 +111,25 @@ def get(name: str) -> Policy:
     return POLICIES[checks.one_of("precision", name, POLICIES)]
 
 
+def fp8_recipe(scaling: str, block: int, linear_layers: int) -> dict[str, Any]:
+    """What ``--precision fp8`` ran, for the run summaries (``minipar run``, ``train``):
+    the JSON fields ``fp8_scaling``, ``fp8_block`` (None per tensor), ``fp8_gemms_per_pass``
+    (3 GEMMs — forward, input grad, weight grad — of each of the blocks'
+    ``linear_layers``; a count of the model, not of calls) and ``fp8_recipe``, one line."""
+    gemms = 3 * linear_layers
+    if scaling == "block":
+        how = (f"DeepSeek-V3 block scaling, E4M3 everywhere, 1x{block} tiles (activations, "
+               f"gradients) / {block}x{block} blocks (weights), FP32 promotion every {block}")
+    else:
+        how = ("per-tensor current scaling (one scale per tensor, the amax of the tensor at "
+               "hand), E4M3 forward, E5M2 gradients")
+    line = (f"fp8: {how}; {gemms} GEMMs per forward+backward in FP8 (3 of each of the "
+            f"blocks' {linear_layers} linear layers); embedding, head, LayerNorms, softmax, "
+            "router in FP32; master weights, gradients and AdamW moments FP32")
+    return {"fp8_scaling": scaling, "fp8_block": block if scaling == "block" else None,
+            "fp8_gemms_per_pass": gemms, "fp8_recipe": line}
+
+
 class DynamicLossScaler:
     """Loss scale S: backward of S·loss, grads divided by S before the update.
 

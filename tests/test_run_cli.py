@@ -145,6 +145,8 @@ def test_fp8_tp_equals_the_serial_fp8_run_and_counts_its_amax_bytes(
     by_op = s["bytes_by_op_per_rank"][0]
     assert by_op["fp8_amax"] > 0
     assert s["tp_axis_bytes_exact_per_rank"][0] == s["bytes_by_axis_per_rank"][0]["tp"]
+    assert (s["precision"], s["fp8_scaling"], s["fp8_block"]) == ("fp8", "block", 6)
+    assert "1x6 tiles" in s["fp8_recipe"] and any(n.startswith("fp8_amax: ") for n in s["notes"])
     reason = not_comparable_reason({"strategy": "tp", "precision": "fp8",
                                     "fp8_scaling": "tensor"})
     assert reason is not None and "per-tensor" in reason
@@ -156,6 +158,13 @@ def test_fp8_tp_equals_the_serial_fp8_run_and_counts_its_amax_bytes(
     s = json.loads(capsys.readouterr().out)
     assert rc == 0 and s["verdict"]["status"] == "equal" and s["parity"] is True
     assert any("per rank per step: 128, 128 B; exact 128, 128" in n for n in s["notes"])
+    # what ran, in the JSON and one line: the recipe (none of it FP8 but the GEMMs)
+    assert (s["precision"], s["fp8_scaling"], s["fp8_block"]) == ("fp8", "tensor", None)
+    assert s["fp8_gemms_per_pass"] == 3 * 4 * 2 and "E5M2 gradients" in s["fp8_recipe"]
+    assert "optimizer states of fp8" not in s["model_state_formula_text"]
+    from minipar.run.summary import format_summary
+
+    assert format_summary(s).splitlines()[2] == s["fp8_recipe"]
 
 
 def test_json_view_and_a_hostfile_that_lists_localhost(tmp_path: Path,

@@ -127,3 +127,19 @@ def test_micro_batches_are_the_routing_groups_of_a_mixture_of_experts() -> None:
         T.train(model, task, steps=1, micro_batches=11)
     with pytest.raises(ValueError, match="micro_batches must be a positive integer"):
         T.train(model, task, steps=1, micro_batches=0)
+
+
+def test_fp8_states_its_recipe(capsys) -> None:
+    """``--precision fp8`` says what it ran: the recipe in a line and in the JSON."""
+    assert train_main(["--model", "gpt", "--steps", "1", "--vocab", "7", "--seq", "8",
+                       "--d-model", "16", "--layers", "1", "--heads", "2", "--batch", "4",
+                       "--precision", "fp8", "--fp8-block", "8", "--quiet"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("fp8: DeepSeek-V3 block scaling") and "1x8 tiles" in line
+    assert "12 GEMMs per forward+backward" in line and "AdamW moments FP32" in line
+    assert train_main(["--model", "gpt", "--steps", "1", "--vocab", "7", "--seq", "8",
+                       "--d-model", "16", "--layers", "1", "--heads", "2", "--batch", "4",
+                       "--precision", "fp8", "--fp8-scaling", "tensor", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["precision"], record["fp8_scaling"], record["fp8_block"]) == (
+        "fp8", "tensor", None)

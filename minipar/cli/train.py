@@ -267,6 +267,14 @@ def main(argv: list[str]) -> int:
     record = {"args": args, "start": out.start, "losses": losses, "seconds": out.seconds,
               "tokens_per_second": out.tokens_per_second,
               "validation": {str(k): v for k, v in out.validation.items()}}
+    record["precision"] = a.precision
+    if a.precision == "fp8":  # what it ran: the recipe, in the record and one line
+        from minipar.nn.gpt import param_shapes
+        from minipar.precision import fp8_recipe
+
+        record.update(fp8_recipe(a.spec.fp8_scaling, a.spec.fp8_block, sum(
+            k.startswith("blocks.") and ".w_" in k for k in param_shapes(model.cfg))))
+        line += "\n" + record["fp8_recipe"]
     if a.model == "gpt" and a.text is not None:
         record["text"] = a.spec.text_data().as_dict()
         record["unigram_entropy"] = floor

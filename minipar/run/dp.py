@@ -120,7 +120,10 @@ def report(dp: Any, grid: Any, options: dict[str, Any], spec: Any,
         "model_state_bytes_per_rank": [e[2] for e in everyone],
         "model_state_formula": replica_model_state_bytes(psi, spec.precision, spec.optimizer),
         "model_state_formula_text": ("(2+2+K)Ψ, K = 12" if spec.precision.startswith("mixed")
-                                     else f"params + grads + optimizer states of {spec.precision}"),
+                                     else "FP32 params (the master weights) + grads + "
+                                     "AdamW's m and v: fp8 runs only the GEMMs in FP8"
+                                     if spec.precision == "fp8" else
+                                     f"params + grads + optimizer states of {spec.precision}"),
         "buckets": [list(b.names) for b in dp.buckets],
         "timeline": [e[3] for e in everyone],
         "bucket_algorithms": dp.bucket_algorithms,

@@ -99,7 +99,9 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
     copied into the summary as they are."""
     from minipar.optim import FlatParams
     from minipar.parallel import parity
+    from minipar.nn.gpt import param_shapes
     from minipar.parallel.common import serial_reference
+    from minipar.precision import fp8_recipe
 
     m = dict(m)
     params, losses = m.pop("params"), [float(v) for v in m.pop("losses")]
@@ -152,7 +154,12 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
                      "engine resumed from the same checkpoint")
     if options.get("save"):
         notes.append(f"checkpoints written to {options['save']}")
-    return {"strategy": options["strategy"], "ranks": m.pop("ranks"), "steps": spec.steps,
+    recipe = {"precision": spec.precision}
+    if fp8:
+        recipe.update(fp8_recipe(spec.fp8_scaling, spec.fp8_block, sum(
+            k.startswith("blocks.") and ".w_" in k for k in param_shapes(spec.config()))))
+    return {**recipe, "strategy": options["strategy"], "ranks": m.pop("ranks"),
+            "steps": spec.steps,
             "start": start, "losses": losses, "serial_losses": [float(x) for x in serial["losses"]],
             "verdict": verdict, "parity": v.status == "equal",
             "max_param_diff": verdict.get("max_param_diff"),
@@ -164,6 +171,8 @@ def format_summary(s: dict[str, Any]) -> str:
     ranks = f"{s['ranks']} rank{'s' if s['ranks'] != 1 else ''}"
     steps = f"{s['steps']} step{'s' if s['steps'] != 1 else ''}"
     lines = [f"minipar run {s['strategy']}: {ranks}, {steps}", look_first(s)]
+    if s.get("fp8_recipe"):
+        lines.append(s["fp8_recipe"])
     lines.append(f"{'step':>4}  {'loss (parallel)':>16}  {'loss (serial)':>16}")
     for i, (a, b) in enumerate(zip(s["losses"], s["serial_losses"]), start=s.get("start", 0)):
         lines.append(f"{i:>4}  {a:>16.10f}  {b:>16.10f}")

@@ -220,7 +220,11 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
         notes.append(f"tp axis (rank 0): {rows[0][2].get('tp', 0):,.0f} bytes per step; exact "
                      f"{rows[0][6]:,}: the blocks' f and g, the embedding's g and the head's f "
                      f"(a ring all-reduce of b·s·h each), the loss's all-reduces of b·s and "
-                     f"2·b·s numbers")
+                     f"2·b·s numbers" + (", and fp8_amax" if "fp8_amax" in rows[0][3] else ""))
+    if "fp8_amax" in rows[0][3]:
+        notes.append("fp8_amax: the all-reduces (MAX, FP32) of the amax of every FP8 tile or "
+                     "block that the tp slices share, so each rank scales its part as the serial "
+                     "run scales the whole")
     if dp > 1:
         from minipar.collectives.cost import allreduce_bytes_sent
         from minipar.nn import GPT
