@@ -64,6 +64,13 @@ def test_json_matches_best_first(capsys: pytest.CaptureFixture[str]) -> None:
     assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
 
 
+@pytest.mark.parametrize("word", ["quantization", "квантование", "квантизация", "量化"])
+def test_quantization_is_one_card_in_every_language(word: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert minipar(["glossary", word, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["id"] == "block-scaling"
+
+
 def test_unknown_query_says_no_match_and_suggests(capsys: pytest.CaptureFixture[str]) -> None:
     assert minipar(["glossary", "alreduse-xq"]) == 1
     err = capsys.readouterr().err
