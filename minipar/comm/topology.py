@@ -218,6 +218,8 @@ class Grid:
         self._coords = self.layout.coords(self.rank)
         self._groups = {a: self.layout.ranks(self.rank, a) for a in AXES + EXPERT_AXES}
         self._comms: dict[str, TracedComm] = {}
+        #: communicators split off an axis's (ZeRO++'s node and cross-node ones): name -> axis
+        self.served: dict[str, str] = {}
         for name in COMM_NAMES:  # the same order on every rank: Split is collective
             axis = "pp" if name == "pp_p2p" else name
             group = self._groups[axis]
@@ -264,10 +266,20 @@ class Grid:
         return p + 1 if p < self.layout.pp - 1 else None
 
     # -- what did I send -----------------------------------------------------------------
+    def serves(self, name: str, axis: str) -> None:
+        """Count the bytes of communicator ``name`` (split off ``axis``'s, e.g. ZeRO++'s
+        ``zeropp_node``) under ``axis``: every per-axis figure then covers all traffic."""
+        self.served[name] = axis
+
+    def _names(self, axis: str) -> list[str]:
+        return [axis] + [n for n, a in self.served.items() if a == axis]
+
     def bytes_by_axis(self) -> dict[str, int]:
-        """Bytes this rank sent on each of the grid's communicators (shared Stats)."""
+        """Bytes this rank sent on each of the grid's communicators (shared Stats), those
+        split off an axis (:meth:`serves`) counted under it."""
         stats = self.world.stats
-        return {name: stats.bytes_sent(comm=name) for name in COMM_NAMES}
+        return {name: sum(stats.bytes_sent(comm=n) for n in self._names(name))
+                for name in COMM_NAMES}
 
     def inside_host(self, axis: str, rank: int | None = None) -> bool:
         """Whether every group of ``axis`` (or only ``rank``'s) lies inside one host."""
@@ -281,7 +293,10 @@ class Grid:
         mine = self.hosts[self.rank]
         out = {}
         for name in COMM_NAMES:
-            sent = self.world.stats.peers_sent_on(name)
+            sent: dict[int, int] = {}
+            for n in self._names(name):
+                for p, b in self.world.stats.peers_sent_on(n).items():
+                    sent[p] = sent.get(p, 0) + b
             inter = sum(b for p, b in sent.items() if host.get(p, -1) != mine)
             out[name] = {"intra": sum(sent.values()) - inter, "inter": inter}
         return out

@@ -185,8 +185,8 @@ def engine_bytes(engine: Any) -> dict[str, int]:
                          gathers, model.sp, recomputed,
                          (list(at.values()), [at[u.name] for u in again]), model.cp_ulysses,
                          getattr(h.sync, "reshard", True))
-    if zero == 3 and h.sync.zeropp:  # ZeRO++: what its ZeRO communicator carries
-        out["dp" if h.grid.layout.cp == 1 else "edp"] = zeropp_stage_bytes(h)["shard"]
+    if zero == 3 and h.sync.zeropp:  # ZeRO++: its ZeRO, node and cross-node communicators
+        out["dp" if h.grid.layout.cp == 1 else "edp"] = zeropp_stage_bytes(h)["total"]
     return out
 
 

@@ -363,7 +363,8 @@ class ZeRO:
 
     def _global_loss(self, local: float, what: str) -> float:
         """Σ_r w_r ℓ_r over the ranks: the global mean loss, the same on every rank."""
-        with self.comm.operation(what):
+        # set aside (not a step's ZeRO traffic: step_bytes, the host split leave it out)
+        with self.comm.stats.set_aside(), self.comm.operation(what):
             return float(allreduce(self.comm, np.array([self.weight * local]),
                                    algorithm=self.allreduce)[0])
 
@@ -520,6 +521,8 @@ def node_comms(grid: Any, comm: Any, axis: str = "dp") -> tuple[Any, Any]:
         raise ValueError(f"ZeRO++ needs nodes of equally many consecutive data-parallel ranks; "
                          f"the {n} ranks sit on hosts {hosts}: use --node K with K dividing {n}")
     r = comm.rank
+    for name in ("zeropp_node", "zeropp_cross"):  # their bytes are the axis's (Grid.serves)
+        grid.serves(name, axis)
     return (comm.Split(r // k, r % k, name="zeropp_node"),
             comm.Split(r % k, r // k, name="zeropp_cross"))
 
