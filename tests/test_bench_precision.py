@@ -30,7 +30,7 @@ def test_the_bench_runs_every_recipe_and_zero_and_draws_the_curves(tmp_path: Pat
                           "ZeRO-3 + qwz+hpz+qgz"]
     assert all([s for s, _ in r["validation"]] == [2, 4] for r in rows.values())
     # the serial float32 row is the serial engine, bit for bit
-    spec = RunSpec(**bench.spec_fields(bench._parser().parse_args(TINY)), precision="float32")
+    spec = RunSpec(**bench.spec_fields(bench.parse_args(TINY)), precision="float32")
     assert rows["float32"]["losses"] == serial_reference(spec)["losses"]
     # ZeRO++ (INT8 weights, INT4 gradients) on 2 ranks in nodes of 1: under half of ZeRO-3's
     # bytes, all of them across nodes; losses near float32's, not equal
@@ -49,6 +49,15 @@ def test_tiles_beat_one_scale_per_tensor_on_outliers() -> None:
     assert e[1e3, "int8"]["tensor_zeros"] > 0.99 and e[1e3, "int8"]["tile"] < 0.2
     assert e[1e3, "e4m3"]["tensor"] < 0.03 and e[1e3, "e4m3"]["tile"] < 0.03
     assert e[1e5, "e4m3"]["tensor"] > 3 * e[1e5, "e4m3"]["tile"]
+
+
+def test_steps_alone_picks_a_validation_interval_and_names_take_hyphens() -> None:
+    """--steps 10 alone: validation every 10 (the last step); 148: every 4; "fp8-block" is
+    "fp8 block"."""
+    assert bench.parse_args(["--steps", "10"]).eval_every == 10
+    assert bench.parse_args(["--steps", "148"]).eval_every == 4
+    a = bench.parse_args(["--recipes", "fp8-block,bf16-mixed,fp8 tensor"])
+    assert a.recipes == ["fp8 block", "bf16 mixed", "fp8 tensor"]
 
 
 @pytest.mark.parametrize("args,option", [

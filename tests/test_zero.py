@@ -624,3 +624,19 @@ def test_zeropp_options_are_refused_in_one_line() -> None:
                             "--no-reshard-after-forward")):
         with pytest.raises(ValueError, match=words):
             ZeRO(one_rank(), spec, **options)
+
+
+def test_zeropp_parts_twice_or_empty_and_nodes_that_do_nothing_are_said() -> None:
+    """``--zeropp qwz,qwz`` and ``qwz,``: one line naming the option; one node of every
+    rank, or nodes of one rank: the summary says what hpZ/qgZ then do."""
+    from minipar.run import zero as run_zero
+
+    for text in ("qwz,qwz", "qwz,", ",hpz"):
+        with pytest.raises(ValueError, match="--zeropp") as e:
+            run_zero.zeropp_parts(text)
+        assert len(str(e.value).splitlines()) == 1
+    assert run_zero.zeropp_parts(" qgz , qwz") == ("qwz", "qgz")
+    assert "--node 2" in run_zero.zeropp_node_note(("hpz",), 4, 4, "ranks")
+    assert "whole replica" in run_zero.zeropp_node_note(("qwz", "hpz"), 4, 1, "ranks")
+    assert run_zero.zeropp_node_note(("qwz",), 4, 4, "ranks") is None
+    assert run_zero.zeropp_node_note(("hpz",), 4, 2, "ranks") is None

@@ -27,7 +27,7 @@ Numbers are reported as measured: at this size the newer recipe need not win (a 
 this small has few outliers; E4M3's exponent absorbs outliers up to ~10^4 x; FP8's
 rounding is noise next to a short run's).
 
-    minipar bench precision                      # 200 steps, ZeRO on 4 ranks, nodes of 2
+    minipar bench precision                      # 100 steps, ZeRO on 4 ranks, nodes of 2
     minipar bench precision --steps 50 --plot precision.png --json-out precision.json
 """
 
@@ -55,7 +55,8 @@ RECIPES: dict[str, dict[str, str]] = {
 #: ``--zeropp`` entries: ZeRO-3 alone, each part, all three
 ZEROPP: dict[str, tuple[str, ...]] = {"none": (), "qwz": ("qwz",), "hpz": ("hpz",),
                                       "qgz": ("qgz",), "all": ("qwz", "hpz", "qgz")}
-SIZES = {"layers": 2, "heads": 4, "d_model": 128, "seq": 64, "batch": 8}
+#: the default size: docs/PERFORMANCE.md's table (a few minutes on 2 cores)
+SIZES = {"layers": 2, "heads": 2, "d_model": 64, "seq": 32, "batch": 8}
 #: the outlier tensor: rows x columns of standard normal values, ``count`` of them large
 OUTLIER_SHAPE, OUTLIER_COUNT, MAGNITUDES = (64, 1024), 8, (1e2, 1e3, 1e4, 1e5)
 
@@ -158,8 +159,8 @@ def zero_row(key: str, argv: list[str], timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     s, _ = launch.run_json(options["ranks"], "minipar.run.worker", options, timeout=timeout,
                            prefix=SUMMARY_PREFIX, check=True)
-    per_rank = s["bytes_sent_per_rank"]
-    inter = [sum(b["inter"] for b in axes.values())
+    per_rank = s["bytes_sent_per_rank"]  # every communicator, ZeRO++'s node and cross ones
+    inter = [sum(b["inter"] for b in axes.values())  # (the same steps' bytes, by peer's host)
              for axes in s["hosts"]["bytes_by_axis_per_rank"]]
     name = "ZeRO-3" + ("" if key == "none" else f" + {'+'.join(ZEROPP[key])}")
     zpp = s.get("zeropp") or {}  # a ZeRO++ run also says what ZeRO-3 sends: its exact figure
@@ -174,12 +175,45 @@ def zero_row(key: str, argv: list[str], timeout: float) -> dict[str, Any]:
 
 
 # -- the report ----------------------------------------------------------------------------
+def look_first(rows: list[dict[str, Any]]) -> str:
+    """The line to read first: each row's final validation against float32's (or the first
+    row's), and ZeRO++'s bytes against ZeRO-3's, in all and across nodes."""
+    done = [r for r in rows if r["validation"]]
+    words = []
+    if done:
+        ref = next((r for r in done if r["name"] == "float32"), done[0])
+        v0 = ref["validation"][-1][1]
+        words.append(f"final validation {ref['name']} {v0:.4f}" + "".join(
+            f", {r['name']} {round(r['validation'][-1][1] - v0, 4) + 0.0:+.4f}"
+            for r in done if r is not ref))
+    zero = {r["name"]: r for r in rows if r["kind"] == "zero"}
+    best = zero.get("ZeRO-3 + qwz+hpz+qgz") or next(
+        (r for n, r in zero.items() if n != "ZeRO-3"), None)
+    if best is not None:
+        z3 = zero.get("ZeRO-3")
+        total = best["bytes_per_step"] / best["zero3_bytes_per_step"]
+        across = (f", {best['inter_node_bytes_per_step'] / z3['inter_node_bytes_per_step']:.3f}x"
+                  " across nodes" if z3 and z3["inter_node_bytes_per_step"] else "")
+        words.append(f"{best['name']} sends {total:.2f}x ZeRO-3's bytes{across}")
+    return "look first: " + ("; ".join(words) or "no rows")
+
+
 def report(out: dict[str, Any]) -> str:
     sp, z = out["spec"], out["zero"]
+    zero_rows = any(r["kind"] == "zero" for r in out["rows"])
     lines = [f"GPT {sp['layers']} layers x {sp['heads']} heads, d_model {sp['d_model']}, "
              f"context {sp['seq']}, batch {sp['batch']}, {sp['steps']} steps, AdamW lr "
-             f"{sp['lr']:g}, the embedded text; ZeRO rows on {z['ranks']} ranks in nodes of "
-             f"{z['node']}, {z['precision']}; load average {out['load']}"]
+             f"{sp['lr']:g}, the embedded text"
+             + (f"; ZeRO rows on {z['ranks']} ranks in nodes of {z['node']}, {z['precision']}"
+                if zero_rows else "") + f"; load average {out['load']}",
+             look_first(out["rows"]),
+             f"final validation: the held-out loss after step {sp['steps']} (lower is better; "
+             f"every {out['eval_every']} steps{out.get('eval_note', '')}); float32 is the "
+             "reference, one seed: differences of ~0.01 are within noise"]
+    if zero_rows:
+        lines.append("bytes/rank/step: what each rank sent per training step, counted on "
+                     "every communicator, mean of the ranks; across nodes: the part of it "
+                     "sent to a rank of another node")
     head = (f"{'recipe':<22} {'final validation':>16} {'bytes/rank/step':>16} "
             f"{'across nodes':>13} {'seconds':>8}")
     lines += [head, "-" * len(head)]
@@ -219,11 +253,13 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=integer(1), default=200,
+    p.add_argument("--steps", type=integer(1), default=100,
                    help="training steps of every row (default %(default)s)")
-    p.add_argument("--eval-every", type=integer(1), default=20,
-                   help="validation every K steps, at most --steps (default %(default)s)")
-    p.add_argument("--eval-batches", type=integer(1), default=4,
+    p.add_argument("--eval-every", type=integer(1), default=None,
+                   help="validation every K steps, at most --steps (default: the largest "
+                        "divisor of --steps up to 10, so the last validation is at the last "
+                        "step)")
+    p.add_argument("--eval-batches", type=integer(1), default=2,
                    help="held-out batches averaged per validation (default %(default)s)")
     for name, value in SIZES.items():
         p.add_argument("--" + name.replace("_", "-"), type=integer(1), default=value,
@@ -256,19 +292,32 @@ def _parser() -> ArgumentParser:
 
 def choices_list(option: str, known: dict[str, Any]) -> Any:
     """An argparse ``type``: comma-separated names from ``known``."""
-    def parse(text: str) -> list[str]:
-        names = [t.strip() for t in text.split(",")]
+    def parse(text: str) -> list[str]:  # "fp8-block" = "fp8 block"
+        names = [" ".join(t.strip().replace("-", " ").split()) for t in text.split(",")]
         bad = [t for t in names if t not in known]
-        if bad or not names:
+        if bad or not names or len(set(names)) < len(names):
             raise argparse.ArgumentTypeError(
-                f"must be names from {', '.join(known)}, comma-separated, got {text!r}")
+                f"must be distinct names from {', '.join(known)}, comma-separated (a space "
+                f"or a hyphen inside a name), got {text!r}")
         return names
     return parse
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The bench's options (``argv`` without the program name), ``eval_every`` filled in
+    when not given: the largest divisor of ``steps`` up to 10 (``eval_note`` says so)."""
+    a = _parser().parse_args(argv)
+    a.eval_note = ""
+    if a.eval_every is None:  # the last validation at the last step
+        a.eval_every = max(k for k in range(1, min(10, a.steps) + 1) if a.steps % k == 0)
+        a.eval_note = ": the largest divisor of --steps up to 10"
+    return a
+
+
 def main(argv: list[str]) -> int:
     p = _parser()
-    a = p.parse_args(argv)
+    a = parse_args(argv)
+    eval_note = a.eval_note
     if a.eval_every > a.steps:
         p.error(f"--eval-every must be at most --steps ({a.steps}), got {a.eval_every}: "
                 "no validation would run")
@@ -306,6 +355,7 @@ def main(argv: list[str]) -> int:
     out = {"spec": {k: v for k, v in fields.items() if k != "text"},
            "zero": {"ranks": a.ranks, "node": a.node, "precision": a.zero_precision},
            "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+           "eval_every": a.eval_every, "eval_note": eval_note,
            "rows": rows, "outliers": outlier_errors()}
     if a.plot:
         plot(rows, a.plot)

@@ -421,7 +421,7 @@ def zeropp_row(h: Any, grid: Any, steps: int) -> dict[str, Any]:
     z, comm = h.sync.zeropp, h.sync.comm
     k, b, psi = z["node"].size, h.states.params.itemsize, h.stage_layout.size
     axis = "dp" if grid.layout.cp == 1 else "edp"
-    return {"parts": list(z["parts"]), "block": z["block"], "node": k,
+    return {"parts": list(z["parts"]), "block": z["block"], "node": k, "ranks": comm.size,
             "measured": zeropp_measured(grid.world.stats, grid.hosts, grid.world.world_ranks,
                                         grid.rank, steps, (axis, "zeropp_node", "zeropp_cross")),
             "exact": zeropp_stage_bytes(h), "zero3": zeropp_stage_bytes(h, ()),
@@ -470,6 +470,15 @@ def zeropp_summary(rows: list[dict[str, Any]], options: dict[str, Any]) -> dict[
         lines.append("  hpZ's secondary slices held at most (bytes per rank): " + ", ".join(
             f"{x:,}" for x in out["hpz_held_per_rank"]) + " (formula Ψ_p/K x b: " + ", ".join(
             f"{x:,}" for x in out["hpz_formula_per_rank"]) + ")")
+    from minipar.run.zero import zeropp_node_note
+
+    inner = [a for a in ("pp", "tp") if (options.get(a) or 1) > 1]
+    why = (f" (a node holds --node consecutive ranks, and {' and '.join(inner)} "
+           f"{'is an inner axis' if len(inner) == 1 else 'are inner axes'}: a stage's "
+           "data-parallel ranks sit further apart)" if inner else "")
+    note = zeropp_node_note(z["parts"], z["ranks"], z["node"], "dp·cp ranks of a stage", why)
+    if note:
+        lines.append("  " + note)
     return {"zeropp": out, "lines": lines}
 
 

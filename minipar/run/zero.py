@@ -91,8 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def zeropp_parts(text: Any) -> tuple[str, ...]:
-    """``--zeropp``'s parts, in ZeRO++'s order; ValueError naming an unknown one."""
-    names = [p.strip() for p in (text or "").split(",") if p.strip()]
+    """``--zeropp``'s parts, in ZeRO++'s order; ValueError naming an unknown one, an empty
+    one (``qwz,``) or one given twice."""
+    names = [p.strip() for p in (text or "").split(",")]
+    if text is not None and any(names) and (not all(names) or len(set(names)) < len(names)):
+        raise ValueError(f"--zeropp {text!r}: each part once, none empty, comma-separated, "
+                         f"e.g. --zeropp {','.join(ZEROPP_PARTS)}")
+    names = [p for p in names if p]
     for p in names:
         if p not in ZEROPP_PARTS:
             raise ValueError(f"--zeropp: unknown part {p!r}; parts: {', '.join(ZEROPP_PARTS)} "
@@ -319,20 +324,28 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
            "hpz_held_per_rank": [r["hpz_held"] for r in rows],
            "hpz_formula_per_rank": [r["hpz_formula"] for r in rows]}
     ratio = max(out["zero3_bytes_exact_per_rank"]) / max(max(out["bytes_per_rank"]), 1)
+    fewer = f"{ratio:.2f}x fewer" if max(out["zero3_bytes_exact_per_rank"]) else \
+        "no messages on one rank"
     lines = [f"ZeRO++ {'+'.join(engine.zeropp)} (block {block}, {n // k} node(s) of {k} "
              f"ranks, {engine.policy.param_dtype} elements): bytes per rank per step measured "
              + ", ".join(f"{x:,.0f}" for x in out["bytes_per_rank"]) + " (exact "
              + ", ".join(f"{x:,}" for x in out["bytes_exact_per_rank"]) + "); ZeRO-3's own "
              + ", ".join(f"{x:,}" for x in out["zero3_bytes_exact_per_rank"])
-             + f": {ratio:.2f}x fewer",
+             + f": {fewer}",
              "  inside the node / across nodes, measured: " + ", ".join(
                  f"{a:,.0f}/{e:,.0f}" for a, e in zip(out["intra_per_rank"],
                                                       out["inter_per_rank"]))
              + "; ZeRO-3's across nodes " + ", ".join(
                  f"{x:,}" for x in out["zero3_inter_exact_per_rank"]),
              f"  the paper's volumes per rank: {formula['total']:,.0f} in all, "
-             f"{formula['inter']:,.0f} across nodes (ZeRO-3: {zero3['total']:,.0f}, "
-             f"{zero3['inter']:,.0f})"]
+             f"{formula['inter']:,.0f} across nodes (ZeRO-3: {zero3['total']:,.0f} in all, "
+             f"{zero3['inter']:,.0f} across nodes" + (
+                 ": the paper counts all of a rank's volume across; measured, a ring's rank "
+                 "sends across only from a node's last rank to the next node's first"
+                 if zero3["inter"] else "") + ")"]
+    note = zeropp_node_note(engine.zeropp, n, k, "ranks")
+    if note:
+        lines.append("  " + note)
     if "hpz" in engine.zeropp:
         lines.append("  hpZ's secondary slices held at most (bytes per rank): " + ", ".join(
             f"{x:,}" for x in out["hpz_held_per_rank"]) + " (formula Ψ/K x b: " + ", ".join(
@@ -340,11 +353,30 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
     out["lines"] = lines
     head = (f"ZeRO++ sends {max(out['bytes_per_rank']):,.0f} B per rank per step "
             f"{'=' if out['bytes_per_rank'] == out['bytes_exact_per_rank'] else 'vs'} its exact "
-            f"figure, ZeRO-3 {max(out['zero3_bytes_exact_per_rank']):,} ({ratio:.2f}x)")
+            f"figure, ZeRO-3 {max(out['zero3_bytes_exact_per_rank']):,} ("
+            + (f"{ratio:.2f}x)" if max(out["zero3_bytes_exact_per_rank"]) else
+               "no messages on one rank)"))
     return {"zeropp": out, "headline": head, "bytes_formula": formula["total"],
             "bytes_formula_text": f"ZeRO++ {'+'.join(engine.zeropp)}'s volumes (module "
                                   "minipar.parallel.zero.measure, zeropp_formula_bytes)",
             "bytes_exact_text": "ZeRO++'s collectives, packed parts counted exactly"}
+
+
+def zeropp_node_note(parts: Any, n: int, k: int, who: str, why: str = "") -> str | None:
+    """One line when the nodes make hpZ or qgZ do nothing useful: one node of every one of
+    the ``n`` ranks (``who``), or nodes of one of them (``why``: how that came about)."""
+    if n == 1 or not {"hpz", "qgz"} & set(parts):
+        return None
+    if k == n:
+        return (f"one node holds all {n} {who} (--node not given, or as large): hpZ's "
+                "secondary partition covers every rank, so its copies save no bytes, and "
+                "nothing crosses a node; set --node K (K dividing "
+                f"{n}, e.g. --node {n // 2 if n % 2 == 0 else 1}) to see the hierarchy")
+    if k == 1:
+        return (f"nodes of 1 of the {n} {who}{why}: hpZ's secondary partition is a whole "
+                "replica on every rank (gathered once, read locally), qgZ has no hop inside "
+                "a node: every byte crosses nodes; a larger --node puts 2 or more in a node")
+    return None
 
 
 FP8_ZEROPP = ("fp8 with ZeRO++: the serial ZeRO++ arithmetic is replayed for the other "

@@ -61,7 +61,7 @@ def draw_formats(ax: Any = None) -> Any:
         x = 0
         for field, n in fields:
             for _ in range(n):
-                ax.add_patch(plt.Rectangle((x, y + 0.1), 0.95, 0.8, color=colours[field]))
+                ax.add_patch(plt.Rectangle((x, y + 0.1), 0.8, 0.8, color=colours[field]))
                 x += 1
         ax.text(-0.4, y + 0.5, r["name"], ha="right", va="center", fontsize=10)
         ax.text(17, y + 0.5, f"max {r['max']:.4g}, smallest normal {r['smallest_normal']:.3g}",
@@ -69,9 +69,9 @@ def draw_formats(ax: Any = None) -> Any:
     for field, colour in colours.items():
         ax.add_patch(plt.Rectangle((0, 0), 0, 0, color=colour, label=field))
     ax.set_xlim(-3, 34)
-    ax.set_ylim(0, len(rows))
+    ax.set_ylim(0, len(rows) + 1)  # a free row on top for the legend: no note covered
     ax.axis("off")
-    ax.legend(loc="upper right", ncol=3, fontsize=8, frameon=False)
+    ax.legend(loc="upper left", ncol=3, fontsize=8, frameon=False)
     ax.set_title("bits of each format (one box per bit)")
     return ax
 
@@ -111,9 +111,12 @@ def loss_curves(rows: list[dict[str, Any]], ax: Any = None) -> Any:
     return ax
 
 
-def bytes_bars(rows: list[dict[str, Any]], ax: Any = None) -> Any:
-    """Bytes sent per rank per step, stacked: inside a node and across nodes."""
+def bytes_bars(rows: list[dict[str, Any]], ax: Any = None,
+               title: str = "ZeRO++: bytes each rank sends per step") -> Any:
+    """Bytes sent per rank per step, stacked: inside a node and across nodes (ticks with
+    thousands separators, each bar's total written on it)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
@@ -122,7 +125,11 @@ def bytes_bars(rows: list[dict[str, Any]], ax: Any = None) -> Any:
     total = np.array([r["bytes_per_step"] for r in rows])
     ax.bar(names, total - inter, label="inside a node")
     ax.bar(names, inter, bottom=total - inter, label="across nodes")
+    for i, t in enumerate(total):
+        ax.text(i, t, f"{t:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_ylabel("bytes sent per rank per step")
+    ax.set_title(title)
     ax.tick_params(axis="x", rotation=20)
     ax.legend()
     return ax
