@@ -157,6 +157,10 @@ def test_zeropp_in_the_hybrid_equals_its_serial_arithmetic_bit_for_bit(
     assert z["hpz_held_per_rank"] == z["hpz_formula_per_rank"]
     assert max(z["bytes_per_rank"]) < min(z["zero3_bytes_exact_per_rank"])
     assert s["from_serial"]["max_param_diff"] > 0
+    # every bytes line counts hpZ's and qgZ's communicators: the dp axis is ZeRO++'s all
+    assert [r["dp"] for r in s["bytes_by_axis_per_rank"]] == z["bytes_per_rank"]
+    assert s["serial_losses"] == s["losses"] != s["unquantized_serial_losses"]
+    assert any("one node holds all 2" in n for n in s["notes"])  # --node 4: K = every dp rank
 
 
 def test_zeropp_runs_the_oracle_cannot_replay_say_why() -> None:
