@@ -116,3 +116,25 @@ def test_every_case_has_a_tail_but_the_exact_one():
     assert all(c["length"] == len(c["shape"]) + math.prod(
         -(-n // b) for n, b in zip(c["shape"], c["block"])) + 2 * math.prod(c["shape"])
         for c in grader.cases(1)[1:])
+
+
+def test_start_names_the_three_functions_and_check_runs_on_one_rank(tmp_path, capsys,
+                                                                   monkeypatch):
+    """``start`` names all three functions and the check it suggests; ``check`` without
+    ``-n`` runs on the one rank the docstring says is enough (other exercises: 4)."""
+    from minipar.exercises import cli as ex_cli
+    from minipar.exercises import grading
+
+    assert ex_cli.main(["start", "block_quantize", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fill in to_e4m3(), quantize() and dequantize(), then run" in out
+    assert out.rstrip().endswith(f"check block_quantize {tmp_path / 'block_quantize.py'} -n 1")
+    ranks = []
+
+    def fake_check(name, file, n, **kw):
+        ranks.append(n)
+        raise ValueError("stop here")
+    monkeypatch.setattr(grading, "check", fake_check)
+    for name in ("block_quantize", "ring_allreduce"):
+        assert ex_cli.main(["check", name, "--solution"]) == 2
+    assert ranks == [1, 4]

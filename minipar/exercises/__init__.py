@@ -52,11 +52,21 @@ class Exercise:
     #: the function the learner writes, where the worker calls another one (a fixed shim at
     #: the end of the learner's file hands it to the grader); empty: ``function`` itself
     writes: str = ""
+    #: the ranks ``check`` runs on without ``-n`` (what ``start`` suggests)
+    ranks: int = 4
+    #: what ``start`` says to fill in, where the learner writes more than one function
+    #: (empty: ``learner_function()``)
+    fill_in: str = ""
 
     @property
     def learner_function(self) -> str:
         """The function the learner fills in (what ``start`` and the diagnoses name)."""
         return self.writes or self.function
+
+    @property
+    def to_fill_in(self) -> str:
+        """What ``start`` tells the learner to write."""
+        return self.fill_in or f"{self.learner_function}()"
 
     @property
     def package(self) -> str:
@@ -213,6 +223,8 @@ EXERCISES: dict[str, Exercise] = {
             min_ranks=1,  # arithmetic on each rank: no message to get wrong
             writes_communication=False,
             writes="quantize",
+            ranks=1,  # the same arithmetic on every rank: more ranks prove nothing more
+            fill_in="to_e4m3(), quantize() and dequantize()",
         ),
     )
 }

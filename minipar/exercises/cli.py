@@ -64,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("name", metavar="NAME", choices=list(EXERCISES), help=f"one of {names}")
     c.add_argument("file", nargs="?", help="your solution (a .py file; no default: give FILE "
                                            "or --solution)")
-    c.add_argument("-n", type=integer(1, MAX_RANKS), default=4,
-                   help=f"number of ranks, 1 to {MAX_RANKS} (default: %(default)s)")
+    c.add_argument("-n", type=integer(1, MAX_RANKS), default=None,
+                   help=f"number of ranks, 1 to {MAX_RANKS} (default: the exercise's, 4 for "
+                   "most; 1 where each rank's arithmetic is all there is to check)")
     c.add_argument("--json", action="store_true",
                    help="machine-readable report (default: off, a report for people)")
     c.add_argument("--solution", action="store_true",
@@ -129,8 +130,9 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             return error_line("minipar exercise start", f"cannot write {target}: {e.strerror or e}")
         print(
-            f"wrote {target}: fill in {ex.learner_function}(), then run\n"
+            f"wrote {target}: fill in {ex.to_fill_in}, then run\n"
             f"  minipar exercise check {ex.name} {target}"
+            + (f" -n {ex.ranks}" if ex.ranks != 4 else "")
         )
         return 0
     prog = "minipar exercise check"
@@ -142,6 +144,7 @@ def main(argv: list[str]) -> int:
     if not file.is_file():
         return error_line(prog, f"FILE {file}: no such file (minipar exercise start "
                           f"{ex.name} writes one)")
+    args.n = ex.ranks if args.n is None else args.n
     if args.n < ex.min_ranks:
         return error_line(prog, f"-n {args.n}: {ex.name} needs at least {ex.min_ranks} ranks "
                           f"({ex.why_min_ranks})")
