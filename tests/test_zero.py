@@ -636,7 +636,8 @@ def test_zeropp_parts_twice_or_empty_and_nodes_that_do_nothing_are_said() -> Non
             run_zero.zeropp_parts(text)
         assert len(str(e.value).splitlines()) == 1
     assert run_zero.zeropp_parts(" qgz , qwz") == ("qwz", "qgz")
-    assert "--node 2" in run_zero.zeropp_node_note(("hpz",), 4, 4, "ranks")
+    assert "set --node 2" in run_zero.zeropp_node_note(("hpz",), 4, 4, "ranks")
+    assert "-n 4 --node 2" in run_zero.zeropp_node_note(("qgz",), 2, 2, "ranks")
     assert "whole replica" in run_zero.zeropp_node_note(("qwz", "hpz"), 4, 1, "ranks")
     assert run_zero.zeropp_node_note(("qwz",), 4, 4, "ranks") is None
     assert run_zero.zeropp_node_note(("hpz",), 4, 2, "ranks") is None

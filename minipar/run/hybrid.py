@@ -476,7 +476,10 @@ def zeropp_summary(rows: list[dict[str, Any]], options: dict[str, Any]) -> dict[
     why = (f" (a node holds --node consecutive ranks, and {' and '.join(inner)} "
            f"{'is an inner axis' if len(inner) == 1 else 'are inner axes'}: a stage's "
            "data-parallel ranks sit further apart)" if inner else "")
-    note = zeropp_node_note(z["parts"], z["ranks"], z["node"], "dp·cp ranks of a stage", why)
+    note = zeropp_node_note(z["parts"], z["ranks"], z["node"], "dp·cp ranks of a stage", why,
+                            "use 4 or more dp·cp ranks and a --node that puts 2 or more of "
+                            "them in each of 2 or more nodes (e.g. -n 8 --dp 4 --pp 2 "
+                            "--node 4)")
     if note:
         lines.append("  " + note)
     return {"zeropp": out, "lines": lines}

@@ -362,20 +362,27 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
             "bytes_exact_text": "ZeRO++'s collectives, packed parts counted exactly"}
 
 
-def zeropp_node_note(parts: Any, n: int, k: int, who: str, why: str = "") -> str | None:
+def zeropp_node_note(parts: Any, n: int, k: int, who: str, why: str = "",
+                     hint: str = "") -> str | None:
     """One line when the nodes make hpZ or qgZ do nothing useful: one node of every one of
-    the ``n`` ranks (``who``), or nodes of one of them (``why``: how that came about)."""
+    the ``n`` ranks (``who``), or nodes of one of them (``why``: how that came about);
+    ``hint``: the options that would show the hierarchy (default: ``run zero``'s)."""
     if n == 1 or not {"hpz", "qgz"} & set(parts):
         return None
+    hint = hint or (f"set --node {n // 2} (K ranks per node, K dividing {n})"
+                    if n >= 4 and n % 2 == 0 else "run -n 4 --node 2")
+    hpz = "hpz" in parts
     if k == n:
-        return (f"one node holds all {n} {who} (--node not given, or as large): hpZ's "
-                "secondary partition covers every rank, so its copies save no bytes, and "
-                "nothing crosses a node; set --node K (K dividing "
-                f"{n}, e.g. --node {n // 2 if n % 2 == 0 else 1}) to see the hierarchy")
+        return (f"one node holds all {n} {who} (--node not given, or as large): "
+                + ("hpZ's secondary partition covers every rank, so its copies save no "
+                   "bytes, and " if hpz else "qgZ has no hop across nodes: ")
+                + f"nothing crosses a node; to see the hierarchy, {hint}")
     if k == 1:
-        return (f"nodes of 1 of the {n} {who}{why}: hpZ's secondary partition is a whole "
-                "replica on every rank (gathered once, read locally), qgZ has no hop inside "
-                "a node: every byte crosses nodes; a larger --node puts 2 or more in a node")
+        return (f"nodes of 1 of the {n} {who}{why}: "
+                + ("hpZ's secondary partition is a whole replica on every rank (gathered "
+                   "once, read locally), " if hpz else "")
+                + ("qgZ has no hop inside a node, " if "qgz" in parts else "")
+                + f"every byte crosses nodes; for 2 or more in a node, {hint}")
     return None
 
 
