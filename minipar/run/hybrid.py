@@ -434,44 +434,19 @@ def zeropp_row(h: Any, grid: Any, steps: int) -> dict[str, Any]:
 
 def zeropp_summary(rows: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
     """Rank 0: the summary's ``zeropp`` key (per rank, as ``run zero``'s) and its lines."""
+    from minipar.run.zero import zeropp_lines, zeropp_node_note, zeropp_per_rank
+
     z = rows[0]
     out = {"parts": z["parts"], "block": z["block"], "node": z["node"],
-           "bytes_per_rank": [r["measured"]["total"] for r in rows],
-           "bytes_exact_per_rank": [r["exact"]["total"] for r in rows],
-           "intra_per_rank": [r["measured"]["intra"] for r in rows],
-           "inter_per_rank": [r["measured"]["inter"] for r in rows],
-           "intra_exact_per_rank": [r["exact"]["intra"] for r in rows],
-           "inter_exact_per_rank": [r["exact"]["inter"] for r in rows],
-           "zero3_bytes_exact_per_rank": [r["zero3"]["total"] for r in rows],
-           "zero3_inter_exact_per_rank": [r["zero3"]["inter"] for r in rows],
+           **zeropp_per_rank(rows),
            "formula_per_rank": [r["formula"] for r in rows],
-           "zero3_formula_per_rank": [r["zero3_formula"] for r in rows],
-           "hpz_held_per_rank": [r["hpz_held"] for r in rows],
-           "hpz_formula_per_rank": [r["hpz_formula"] for r in rows]}
-    ratio = max(out["zero3_bytes_exact_per_rank"]) / max(max(out["bytes_per_rank"]), 1)
-    same = out["bytes_per_rank"] == out["bytes_exact_per_rank"] and \
-        out["intra_per_rank"] == out["intra_exact_per_rank"]
-    lines = [f"ZeRO++ {'+'.join(z['parts'])} over each stage's dp·cp ranks (block {z['block']}, "
-             f"nodes of {z['node']} of them): bytes per rank per step measured "
-             + ", ".join(f"{x:,.0f}" for x in out["bytes_per_rank"])
-             + f" ({'=' if same else 'vs'} exact "
-             + ", ".join(f"{x:,}" for x in out["bytes_exact_per_rank"]) + "); ZeRO-3's own "
-             + ", ".join(f"{x:,}" for x in out["zero3_bytes_exact_per_rank"])
-             + f": {ratio:.2f}x fewer",
-             "  inside the node / across nodes, measured: " + ", ".join(
-                 f"{a:,.0f}/{e:,.0f}" for a, e in zip(out["intra_per_rank"],
-                                                      out["inter_per_rank"]))
-             + "; ZeRO-3's across nodes " + ", ".join(
-                 f"{x:,}" for x in out["zero3_inter_exact_per_rank"]),
-             "  the paper's volumes per rank (its stage's Ψ_p, m micro-batches: 2m - 1 later "
-             "fetches, m reduce-scatters): " + ", ".join(
-                 f"{f['total']:,.0f}" for f in out["formula_per_rank"])]
-    if "hpz" in z["parts"]:
-        lines.append("  hpZ's secondary slices held at most (bytes per rank): " + ", ".join(
-            f"{x:,}" for x in out["hpz_held_per_rank"]) + " (formula Ψ_p/K x b: " + ", ".join(
-            f"{x:,}" for x in out["hpz_formula_per_rank"]) + ")")
-    from minipar.run.zero import zeropp_node_note
-
+           "zero3_formula_per_rank": [r["zero3_formula"] for r in rows]}
+    lines = zeropp_lines(
+        out, f"ZeRO++ {'+'.join(z['parts'])} over each stage's dp·cp ranks (block "
+        f"{z['block']}, nodes of {z['node']} of them)",
+        "  the paper's volumes per rank (its stage's Ψ_p, m micro-batches: 2m - 1 later "
+        "fetches, m reduce-scatters): " + ", ".join(
+            f"{f['total']:,.0f}" for f in out["formula_per_rank"]), z["parts"], "Ψ_p")
     inner = [a for a in ("pp", "tp") if (options.get(a) or 1) > 1]
     why = (f" (a node holds --node consecutive ranks, and {' and '.join(inner)} "
            f"{'is an inner axis' if len(inner) == 1 else 'are inner axes'}: a stage's "

@@ -296,6 +296,56 @@ def zeropp_row(engine: Any, grid: Any, steps: int) -> dict[str, Any]:
                             if "hpz" in engine.zeropp else 0)}
 
 
+def zeropp_per_rank(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's ZeRO++ row (:func:`zeropp_row`, the hybrid's too) as per-rank lists: bytes
+    measured and exact in all, inside and across its node, ZeRO-3's, hpZ's slices held."""
+    keys = {"bytes_per_rank": ("measured", "total"), "bytes_exact_per_rank": ("exact", "total"),
+            "intra_per_rank": ("measured", "intra"), "inter_per_rank": ("measured", "inter"),
+            "intra_exact_per_rank": ("exact", "intra"),
+            "inter_exact_per_rank": ("exact", "inter"),
+            "zero3_bytes_exact_per_rank": ("zero3", "total"),
+            "zero3_inter_exact_per_rank": ("zero3", "inter")}
+    out = {k: [r[a][b] for r in rows] for k, (a, b) in keys.items()}
+    out["hpz_held_per_rank"] = [r["hpz_held"] for r in rows]
+    out["hpz_formula_per_rank"] = [r["hpz_formula"] for r in rows]
+    return out
+
+
+def zeropp_ratio(out: dict[str, Any]) -> str:
+    """ZeRO-3's exact bytes over ZeRO++'s measured ones, as the summary says it."""
+    zero3 = max(out["zero3_bytes_exact_per_rank"])
+    if not zero3:
+        return "no messages on one rank"
+    return f"{zero3 / max(max(out['bytes_per_rank']), 1):.2f}x"
+
+
+def zeropp_lines(out: dict[str, Any], what: str, volumes: str, parts: Any,
+                 psi: str) -> list[str]:
+    """The summary's ZeRO++ lines: ``what`` ran (parts, block, nodes), bytes per rank measured
+    against the exact figure and ZeRO-3's, inside / across nodes, the paper's ``volumes``,
+    and hpZ's slices held against their formula (``psi``: the parameters it partitions)."""
+    same = out["bytes_per_rank"] == out["bytes_exact_per_rank"] and \
+        out["intra_per_rank"] == out["intra_exact_per_rank"]
+    ratio = zeropp_ratio(out)
+    lines = [f"{what}: bytes per rank per step measured "
+             + ", ".join(f"{x:,.0f}" for x in out["bytes_per_rank"])
+             + f" ({'=' if same else 'vs'} exact "
+             + ", ".join(f"{x:,}" for x in out["bytes_exact_per_rank"]) + "); ZeRO-3's own "
+             + ", ".join(f"{x:,}" for x in out["zero3_bytes_exact_per_rank"])
+             + (f": {ratio} fewer" if ratio.endswith("x") else f": {ratio}"),
+             "  inside the node / across nodes, measured: " + ", ".join(
+                 f"{a:,.0f}/{e:,.0f}" for a, e in zip(out["intra_per_rank"],
+                                                      out["inter_per_rank"]))
+             + "; ZeRO-3's across nodes " + ", ".join(
+                 f"{x:,}" for x in out["zero3_inter_exact_per_rank"]),
+             volumes]
+    if "hpz" in parts:
+        lines.append("  hpZ's secondary slices held at most (bytes per rank): " + ", ".join(
+            f"{x:,}" for x in out["hpz_held_per_rank"]) + f" (formula {psi}/K x b: "
+            + ", ".join(f"{x:,}" for x in out["hpz_formula_per_rank"]) + ")")
+    return lines
+
+
 def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
                    spec: Any) -> dict[str, Any]:
     """Rank 0: the summary's ``zeropp`` key (per rank: bytes measured and exact, in all,
@@ -311,51 +361,24 @@ def zeropp_summary(engine: Any, rows: list[dict[str, Any]], f: dict[str, Any],
     zero3 = zeropp_formula_bytes(psi, n, k, (), block, b)
     loss_ar = engine.allreduce if engine.allreduce != "auto" else choose_allreduce(8, n)
     out = {"parts": list(engine.zeropp), "block": block, "node": k,
-           "loss_allreduce": loss_ar,
-           "bytes_per_rank": [r["measured"]["total"] for r in rows],
-           "bytes_exact_per_rank": [r["exact"]["total"] for r in rows],
-           "intra_per_rank": [r["measured"]["intra"] for r in rows],
-           "inter_per_rank": [r["measured"]["inter"] for r in rows],
-           "intra_exact_per_rank": [r["exact"]["intra"] for r in rows],
-           "inter_exact_per_rank": [r["exact"]["inter"] for r in rows],
-           "zero3_bytes_exact_per_rank": [r["zero3"]["total"] for r in rows],
-           "zero3_inter_exact_per_rank": [r["zero3"]["inter"] for r in rows],
-           "formula": formula, "zero3_formula": zero3,
-           "hpz_held_per_rank": [r["hpz_held"] for r in rows],
-           "hpz_formula_per_rank": [r["hpz_formula"] for r in rows]}
-    ratio = max(out["zero3_bytes_exact_per_rank"]) / max(max(out["bytes_per_rank"]), 1)
-    fewer = f"{ratio:.2f}x fewer" if max(out["zero3_bytes_exact_per_rank"]) else \
-        "no messages on one rank"
-    lines = [f"ZeRO++ {'+'.join(engine.zeropp)} (block {block}, {n // k} node(s) of {k} "
-             f"ranks, {engine.policy.param_dtype} elements): bytes per rank per step measured "
-             + ", ".join(f"{x:,.0f}" for x in out["bytes_per_rank"]) + " (exact "
-             + ", ".join(f"{x:,}" for x in out["bytes_exact_per_rank"]) + "); ZeRO-3's own "
-             + ", ".join(f"{x:,}" for x in out["zero3_bytes_exact_per_rank"])
-             + f": {fewer}",
-             "  inside the node / across nodes, measured: " + ", ".join(
-                 f"{a:,.0f}/{e:,.0f}" for a, e in zip(out["intra_per_rank"],
-                                                      out["inter_per_rank"]))
-             + "; ZeRO-3's across nodes " + ", ".join(
-                 f"{x:,}" for x in out["zero3_inter_exact_per_rank"]),
-             f"  the paper's volumes per rank: {formula['total']:,.0f} in all, "
-             f"{formula['inter']:,.0f} across nodes (ZeRO-3: {zero3['total']:,.0f} in all, "
-             f"{zero3['inter']:,.0f} across nodes" + (
-                 ": the paper counts all of a rank's volume across; measured, a ring's rank "
-                 "sends across only from a node's last rank to the next node's first"
-                 if zero3["inter"] else "") + ")"]
+           "loss_allreduce": loss_ar, **zeropp_per_rank(rows),
+           "formula": formula, "zero3_formula": zero3}
+    what = (f"ZeRO++ {'+'.join(engine.zeropp)} (block {block}, {n // k} node(s) of {k} "
+            f"ranks, {engine.policy.param_dtype} elements)")
+    volumes = (f"  the paper's volumes per rank: {formula['total']:,.0f} in all, "
+               f"{formula['inter']:,.0f} across nodes (ZeRO-3: {zero3['total']:,.0f} in all, "
+               f"{zero3['inter']:,.0f} across nodes" + (
+                   ": the paper counts all of a rank's volume across; measured, a ring's rank "
+                   "sends across only from a node's last rank to the next node's first"
+                   if zero3["inter"] else "") + ")")
+    lines = zeropp_lines(out, what, volumes, engine.zeropp, "Ψ")
     note = zeropp_node_note(engine.zeropp, n, k, "ranks")
     if note:
         lines.append("  " + note)
-    if "hpz" in engine.zeropp:
-        lines.append("  hpZ's secondary slices held at most (bytes per rank): " + ", ".join(
-            f"{x:,}" for x in out["hpz_held_per_rank"]) + " (formula Ψ/K x b: " + ", ".join(
-            f"{x:,}" for x in out["hpz_formula_per_rank"]) + ")")
     out["lines"] = lines
     head = (f"ZeRO++ sends {max(out['bytes_per_rank']):,.0f} B per rank per step "
             f"{'=' if out['bytes_per_rank'] == out['bytes_exact_per_rank'] else 'vs'} its exact "
-            f"figure, ZeRO-3 {max(out['zero3_bytes_exact_per_rank']):,} ("
-            + (f"{ratio:.2f}x)" if max(out["zero3_bytes_exact_per_rank"]) else
-               "no messages on one rank)"))
+            f"figure, ZeRO-3 {max(out['zero3_bytes_exact_per_rank']):,} ({zeropp_ratio(out)})")
     return {"zeropp": out, "headline": head, "bytes_formula": formula["total"],
             "bytes_formula_text": f"ZeRO++ {'+'.join(engine.zeropp)}'s volumes (module "
                                   "minipar.parallel.zero.measure, zeropp_formula_bytes)",
