@@ -147,11 +147,26 @@ def test_fp8_tp_equals_the_serial_fp8_run_and_counts_its_amax_bytes(
     assert s["tp_axis_bytes_exact_per_rank"][0] == s["bytes_by_axis_per_rank"][0]["tp"]
     assert (s["precision"], s["fp8_scaling"], s["fp8_block"]) == ("fp8", "block", 6)
     assert "1x6 tiles" in s["fp8_recipe"] and any(n.startswith("fp8_amax: ") for n in s["notes"])
-    reason = not_comparable_reason({"strategy": "tp", "precision": "fp8",
-                                    "fp8_scaling": "tensor"})
-    assert reason is not None and "per-tensor" in reason
-    assert not_comparable_reason({"strategy": "zero", "precision": "fp8",
-                                  "fp8_scaling": "tensor", "experts": 0}) is None
+    tensor = {"precision": "fp8", "fp8_scaling": "tensor"}
+    reason = not_comparable_reason({"strategy": "pp", **tensor})
+    assert "per-tensor" in reason and "micro-batch" in reason and "delayed scaling" in reason
+    assert "micro-batch" in not_comparable_reason({"strategy": "hybrid", "micro_batches": 2,
+                                                   **tensor})
+    assert "--tp-overlap" in not_comparable_reason({"strategy": "tp", "tp_overlap": True,
+                                                    **tensor})
+    assert "experts" in not_comparable_reason({"strategy": "dp", "experts": 4, **tensor})
+    assert "ep does not" in not_comparable_reason({"strategy": "ep", **tensor})
+    for strategy in ("dp", "zero", "tp", "sp", "cp"):
+        assert not_comparable_reason({"strategy": strategy, "experts": 0, **tensor}) is None
+    assert not_comparable_reason({"strategy": "hybrid", "pp": 1, "micro_batches": 1,
+                                  **tensor}) is None
+    # per tensor on tp: W's slices, the cut x and dy (in dgrad and wgrad) reduced over tp
+    rc = run.main(["tp", "-n", "2", "--steps", "2", "--precision", "fp8", "--fp8-scaling",
+                   "tensor", "--json"])
+    s = json.loads(capsys.readouterr().out)
+    assert rc == 0 and s["verdict"]["status"] == "equal" and s["parity"] is True
+    assert s["tp_axis_bytes_exact_per_rank"][0] == s["bytes_by_axis_per_rank"][0]["tp"]
+    assert s["bytes_by_op_per_rank"][0]["fp8_amax"] == 2 * 4 * 4 * 4  # L·4 layers·4·4 B
     # per tensor on dp: every amax all-reduced over the rows' ranks, equal, bytes = formula
     rc = run.main(["dp", "-n", "2", "--steps", "2", "--precision", "fp8", "--fp8-scaling",
                    "tensor", "--json"])

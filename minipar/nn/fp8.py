@@ -27,9 +27,11 @@ a slice of a weight (tensor parallelism: :class:`Split` of its columns or rows) 
 each sequence (context parallelism: :func:`tokens`) cuts its tiles and promotion
 chunks at the global multiples of 128, and the amax of a tile or block that ranks
 share is all-reduced (MAX) over them, so every rank quantizes as the serial run
-does; per tensor, the ranks that split the batch all-reduce each activation's and
-gradient's amax (:func:`rows`).  The scales are kept per element (one value repeated over its tile or block),
-which makes a slice's scales just the slice of the global ones.
+does.  Per tensor, the amax of a tensor cut over ranks is all-reduced over exactly them:
+a weight's slices and the channels it cuts (:class:`Split`, also in :func:`wgrad`),
+the batch's rows and each sequence's tokens (data and context parallelism,
+:func:`rows`).  The scales are kept per element (one value repeated over its tile or
+block), which makes a slice's scales just the slice of the global ones.
 
 The FP8 policy (:mod:`minipar.precision`) keeps everything else in FP32: the master
 weights (the parameters themselves), AdamW's moments, the embedding, the output
@@ -98,10 +100,10 @@ def tokens(split: Split | None) -> Any:
 
 
 def rows(reduce_max: Callable[[Any], Any] | None) -> Any:
-    """Per-tensor scaling with the batch's rows over ranks (data parallelism): an
-    activation's or gradient's amax is all-reduced (MAX) over them, so every rank scales
-    by the whole batch's amax, as the serial run does (every rank must run the same
-    GEMMs: a dense model)."""
+    """Per-tensor scaling with the batch's rows or tokens over ranks (data, context
+    parallelism): an activation's or gradient's amax is all-reduced (MAX) over them, so
+    every rank scales by the whole batch's amax, as the serial run does (every rank must
+    run the same GEMMs: a dense model, the whole batch in one pass)."""
     return _set(2, reduce_max)
 
 
@@ -192,17 +194,22 @@ def dgrad(dy: Any, w: Any, split: Split | None = None) -> Any:
     return down(dx.reshape(*dy.shape[:-1], w.shape[0]), dy.dtype)
 
 
-def wgrad(x: Any, dy: Any) -> Any:
+def wgrad(x: Any, dy: Any, split: Split | None = None) -> Any:
     """dW = xᵀ · dy over every token: x and dy in 128×1 tiles along each sequence's
-    tokens (x, dy of shape (..., T, d); a 2-D input is one sequence)."""
+    tokens (x, dy of shape (..., T, d); a 2-D input is one sequence).  Per tensor, the
+    channels a weight's ``split`` cuts (x's for its rows, dy's for its columns) have their
+    amax reduced too; the tokens' by :func:`rows`, whose ranks split them (CP too)."""
     r = _ACTIVE[0]
     if r is None or x.size == 0:
         return matmul(x.reshape(-1, x.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
     t, din, dout = x.shape[-2], x.shape[-1], dy.shape[-1]
     x3, dy3 = x.reshape(-1, t, din), dy.reshape(-1, t, dout)
     ts = _ACTIVE[1] if x.ndim == 3 else None  # the sequence cut over ranks (CP), if any
-    qx, sx = _q(x3, "e4m3", r, (1, r.block, 1), ts, 1)
-    qd, sd = _q(dy3, "e5m2" if r.scaling == "tensor" else "e4m3", r, (1, r.block, 1), ts, 1)
+    xs = ds = (ts, 1)
+    if r.scaling == "tensor":
+        xs, ds = [(split, 2) if split and split.axis == a else (None, 1) for a in (0, 1)]
+    qx, sx = _q(x3, "e4m3", r, (1, r.block, 1), *xs)
+    qd, sd = _q(dy3, "e5m2" if r.scaling == "tensor" else "e4m3", r, (1, r.block, 1), *ds)
     bounds = [(s * t + lo, s * t + hi) for s in range(x3.shape[0])
               for lo, hi in _chunks(t, r.block, ts)]
     dw = promoted(qx.reshape(-1, din).T, sx.reshape(-1, din).T, qd.reshape(-1, dout),

@@ -299,10 +299,11 @@ OP_FP8_AMAX = "fp8_amax"
 def fp8_rows(spec: RunSpec, comm: Any) -> Any:
     """The context a data-parallel step runs in: under ``--fp8-scaling tensor`` (a dense
     model) every activation's and gradient's amax all-reduced (MAX, op ``fp8_amax``)
-    over ``comm``, the ranks that split the batch (:func:`minipar.nn.fp8.rows`), so they
-    scale as the serial run scales the whole batch; otherwise no change."""
+    over ``comm``, the ranks that split the batch's rows or tokens (dp, dp·cp:
+    :func:`minipar.nn.fp8.rows`; a tp slice's own reduce is its ``fp8.Split``'s), so they
+    scale as the serial run scales the whole batch; otherwise (or alone) no change."""
     if not (get_policy(spec.precision).fp8 and spec.fp8_scaling == "tensor"
-            and not spec.experts):
+            and not spec.experts and comm is not None and comm.Get_size() > 1):
         return fp8.rows(None)
 
     from minipar.collectives import allreduce  # here: an exercise's grader watches imports

@@ -84,10 +84,12 @@ the sums, make FP8's gap.  So an FP8 run has its own horizon and tolerance:
 gradient turns AdamW's step in FP8 as in float64) is equal; a longer run whose first 5
 losses agree within :data:`FP8_EARLY_LOSS_TOLERANCE` = 2e-4 (the correct runs'
 7.8e-5 below, the bugs' 3.9e-4 above) is not comparable; anything else is different.
-Per-tensor scaling (``--fp8-scaling tensor``): dp and ZeRO all-reduce every activation's
-and gradient's amax over the batch's ranks (:func:`minipar.parallel.common.fp8_rows`) and
-are held to the same rule; elsewhere a rank's micro-batch, sequence shard or slice has
-its own amax, so the run is not comparable (``minipar.run.summary``).
+Per-tensor scaling (``--fp8-scaling tensor``): dp, ZeRO, tp, sp, cp and hybrid with one
+pass over the batch (pp 1, one micro-batch) all-reduce every GEMM input's amax over the
+ranks holding its parts — the batch's rows and tokens (:func:`minipar.parallel.common.fp8_rows`),
+a weight's slices and the channels they cut (:class:`minipar.nn.fp8.Split`) — and are held
+to the same rule; under micro-batches (pp), experts or ``--tp-overlap`` each micro-batch
+or chunk has its own amax, so the run is not comparable (``minipar.run.summary``).
 
 Runs that cannot be equal at all — asynchronous updates with staleness > 0,
 16-bit or float32 arithmetic (u = 2^-24 or coarser: the rounding gap reaches a

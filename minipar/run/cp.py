@@ -145,7 +145,9 @@ def report(engine: Any, grid: Any, options: dict[str, Any], spec: Any,
         "kind": kind, "zigzag": m["zigzag"], "cp": n,
         **({"ulysses": U, "ring": n // U} if kind == "usp" else {}),
         "bytes_sent_per_rank": per, "bytes_exact_per_rank": exact,
-        "bytes_exact_text": "attention exchange + ring all-reduce of the gradients and the loss",
+        "bytes_exact_text": "attention exchange + ring all-reduce of the gradients and the loss"
+        + (" + per-tensor fp8's amax all-reduces" if "fp8_amax" in rows[0]["bytes_by_op_formula"]
+           else ""),
         "bytes_by_op_per_rank": [r["bytes_by_op"] for r in rows],
         "bytes_by_axis_per_rank": [r["bytes_by_axis"] for r in rows],
         "attention_forward_bytes_per_layer_per_rank": [r["attention_forward_bytes_per_layer"]

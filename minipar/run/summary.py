@@ -69,7 +69,42 @@ from minipar.registry import STRATEGIES
 SUMMARY_PREFIX = "MINIPAR_SUMMARY "
 
 
-def not_comparable_reason(options: dict[str, Any]) -> str | None:
+#: the strategies whose per-tensor FP8 amax is all-reduced over the ranks that hold parts
+#: of each tensor (hybrid: with --pp 1 --micro-batches 1)
+FP8_TENSOR_EQUAL = ("dp", "zero", "tp", "sp", "cp", "hybrid")
+
+
+def fp8_tensor_reason(options: dict[str, Any], spec: Any = None) -> str | None:
+    """Why a ``--fp8-scaling tensor`` run scales otherwise than the serial run (None: every
+    tensor's amax is all-reduced, MAX, over exactly the ranks holding its parts)."""
+    strategy, tail = options["strategy"], "; --fp8-scaling block equals the serial run"
+    if options.get("experts"):
+        return ("fp8 per-tensor current scaling with experts: each rank's experts multiply "
+                "other tokens and their GEMMs' amax is not all-reduced" + tail)
+    if options.get("tp_overlap"):
+        return ("fp8 per-tensor current scaling under --tp-overlap: the overlapped layers "
+                "multiply a tensor chunk by chunk as its pieces arrive, each chunk with its own "
+                "amax (without --tp-overlap the amax is all-reduced over the ranks)" + tail)
+    m = options.get("micro_batches")
+    if strategy == "hybrid" and m is None and spec is not None and "ranks" in options:
+        from minipar.run.hybrid import sizes
+
+        m = sizes(options, spec)["m"]
+    if strategy == "pp" or strategy == "hybrid" and ((options.get("pp") or 1) > 1 or m != 1):
+        return ("fp8 per-tensor current scaling over micro-batches: the serial run scales each "
+                "tensor by its amax over the whole batch, which is known only after every "
+                "micro-batch's forward, but a pipeline runs micro-batch 1's GEMMs before the "
+                "others exist, so each micro-batch gets its own scale; only delayed scaling "
+                "(the amax of earlier steps) could give them all the serial one (hybrid with "
+                "--pp 1 --micro-batches 1 equals the serial run, as does --fp8-scaling block)")
+    if strategy not in FP8_TENSOR_EQUAL:
+        return (f"fp8 per-tensor current scaling: {strategy} does not all-reduce each "
+                f"tensor's amax over its ranks ({', '.join(FP8_TENSOR_EQUAL)} with --pp 1 "
+                f"--micro-batches 1 do)" + tail)
+    return None
+
+
+def not_comparable_reason(options: dict[str, Any], spec: Any = None) -> str | None:
     """Why this run cannot equal the serial one (None when it must).
 
     Any precision but float64 rounds differently: the ranks' partial sums are
@@ -80,12 +115,10 @@ def not_comparable_reason(options: dict[str, Any]) -> str | None:
     if precision == "float32":
         return ("float32 sums across ranks round in another order than the serial sum "
                 "(parity is defined in float64)")
-    if (precision == "fp8" and options.get("fp8_scaling") == "tensor"
-            and (options["strategy"] not in ("dp", "zero") or options.get("experts"))):
-        return ("fp8 per-tensor current scaling takes the amax of what each rank holds (its "
-                "micro-batch, sequence or weight-gradient slice), the serial run that of the "
-                "whole tensor: other scales by design (--fp8-scaling block equals the serial "
-                "run; per tensor, dp and zero all-reduce each amax over the batch's ranks)")
+    if precision == "fp8" and options.get("fp8_scaling") == "tensor":
+        why = fp8_tensor_reason(options, spec)
+        if why is not None:
+            return why
     if precision not in ("float64", "fp8"):  # fp8: its own tolerance (parallel.parity)
         return (f"{precision} keeps 16-bit gradients, and 16-bit sums across ranks round in "
                 "another order than the serial sum (parity is defined in float64)")
@@ -122,7 +155,7 @@ def build(options: dict[str, Any], spec: Any, m: dict[str, Any]) -> dict[str, An
         initial = FlatParams.like(init).flatten(init)
     else:
         initial = serial["initial"]
-    reason = not_comparable_reason(options)
+    reason = not_comparable_reason(options, spec)
     module = importlib.import_module(STRATEGIES[options["strategy"]][0])
     fp8 = options.get("precision") == "fp8"
     # a run whose reference repeats its arithmetic (ZeRO++, any precision but fp8): bit for bit

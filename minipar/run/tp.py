@@ -223,8 +223,10 @@ def report_grid(run: Any, grid: Any, options: dict[str, Any], spec: Any,
                      f"2·b·s numbers" + (", and fp8_amax" if "fp8_amax" in rows[0][3] else ""))
     if "fp8_amax" in rows[0][3]:
         notes.append("fp8_amax: the all-reduces (MAX, FP32) of the amax of every FP8 tile or "
-                     "block that the tp slices share, so each rank scales its part as the serial "
-                     "run scales the whole")
+                     "block (per tensor: every tensor) that the tp slices share"
+                     + (", and per tensor of every activation and gradient over the dp ranks"
+                        if dp > 1 and spec.fp8_scaling == "tensor" else "")
+                     + ", so each rank scales its part as the serial run scales the whole")
     if dp > 1:
         from minipar.collectives.cost import allreduce_bytes_sent
         from minipar.nn import GPT

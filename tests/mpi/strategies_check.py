@@ -118,7 +118,8 @@ CASES["hybrid"].append(({"dp": 2, "pp": 2, "tp": 2}, {"micro_batches": 2},
 #: of 6: d_model 16 = 6 + 6 + a tail of 4, shards of 8 (tp 2) or 4 (cp 2) cut tiles, whose
 #: amax the ranks reduce; held to the FP8 tolerance (minipar.parallel.parity)
 FP8 = {"precision": "fp8", "fp8_block": 6}
-#: per tensor (Micikevicius et al. 2022): dp and ZeRO all-reduce each amax over the rows
+#: per tensor (Micikevicius et al. 2022): each GEMM input's amax all-reduced over the ranks
+#: holding its parts: the rows (dp, ZeRO), the tokens (cp), the tp slices and their channels
 TENSOR = {"precision": "fp8", "fp8_scaling": "tensor"}
 CASES["dp"] += [({"dp": 2}, {}, FP8), ({"dp": 4}, {}, FP8), ({"dp": 2}, {}, TENSOR)]
 CASES["zero"].append(({"dp": 2}, {"stage": 3}, TENSOR))
@@ -136,6 +137,11 @@ CASES["ep"] += [({"dp": 2, "ep": 2}, {}, {**FP8, "experts": 4, "routing": (2,)})
 CASES["hybrid"] += [({"dp": 2, "pp": 2}, {"micro_batches": 2, "zero": 1}, {**FP8, "layers": 4}),
                     ({"cp": 2, "tp": 2}, {}, {**FP8, "seq": 16, "heads": 4, "vocab": 8,
                                               "batch": 8})]
+CASES["tp"].append(({"tp": 2}, {}, TENSOR))
+CASES["sp"].append(({"tp": 2}, {}, TENSOR))
+CASES["cp"].append(({"cp": 2}, {"kind": "ring", "zigzag": True}, {**TENSOR, "seq": 16}))
+CASES["hybrid"].append(({"cp": 2, "tp": 2}, {}, {**TENSOR, "seq": 16, "heads": 4, "vocab": 8,
+                                                 "batch": 8}))  # one pass: pp 1, m 1
 
 
 def digest(params: dict) -> str:

@@ -57,7 +57,7 @@ from minipar.backend import to_device
 from minipar.collectives import allreduce
 from minipar.comm.topology import Grid, require_grid
 from minipar.nn import cross_entropy_forward, executor
-from minipar.parallel.common import RunSpec
+from minipar.parallel.common import RunSpec, fp8_rows
 from minipar.parallel.context_parallel.model import cp_units
 from minipar.parallel.context_parallel.options import check, sharding
 from minipar.parallel.engine import (
@@ -134,8 +134,9 @@ class ContextParallel:
         """The serial (loss, grads) of the full batch, computed over the cp shards: the
         loss and the gradients all-reduced over ``cp`` (the same on every rank)."""
         hooks = executor.Hooks(params)
-        local = executor.loss_and_grads(self.units, hooks, self.shard(tokens),
-                                        self.shard(targets), self.weight * loss_scale)
+        with fp8_rows(self.spec, self.comm):  # per-tensor FP8: the amax over every shard
+            local = executor.loss_and_grads(self.units, hooks, self.shard(tokens),
+                                            self.shard(targets), self.weight * loss_scale)
         loss = self.global_loss(local)
         layout = self.states.layout
         flat = layout.flatten({k: hooks.grads[k] for k in params}, self.states.grads.dtype)
@@ -155,7 +156,8 @@ class ContextParallel:
 
     def evaluate(self, batch: Batch) -> float:
         """The global mean loss of ``batch``, forward only (the same on every rank)."""
-        logits, kept = self.forward(self.states.param_views(), batch.tokens)
+        with fp8_rows(self.spec, self.comm):
+            logits, kept = self.forward(self.states.param_views(), batch.tokens)
         del kept
         return self.global_loss(cross_entropy_forward(logits, self.shard(batch.targets))[0])
 

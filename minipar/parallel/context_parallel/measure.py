@@ -65,6 +65,7 @@ from minipar.nn import GPT, executor
 from minipar.nn.dtypes import compute_dtype
 from minipar.parallel.context_parallel import ulysses
 from minipar.parallel.context_parallel.allgather_attention import OP as ALLGATHER_OP
+from minipar.parallel.common import OP_FP8_AMAX
 from minipar.parallel.context_parallel.engine import OP_GRADS, OP_LOSS, ContextParallel
 from minipar.parallel.context_parallel.layout import Sharding
 from minipar.parallel.context_parallel.model import CPAttention
@@ -252,10 +253,15 @@ def attention_bytes_per_layer(cp: ContextParallel) -> dict[str, int]:
 
 
 def step_bytes_formula(cp: ContextParallel) -> dict[str, int]:
-    """Exact bytes per operation this rank sends in one training step."""
+    """Exact bytes per operation this rank sends in one training step; per-tensor FP8
+    (``fp8_amax``): a ring all-reduce of one FP32 amax for each of a linear layer's four
+    cut inputs (x forward, dy in dgrad, x and dy in wgrad), four linear layers a block."""
     psi, gi = cp.states.layout.size, cp.states.grads.dtype.itemsize
     out = {op: cp.spec.layers * (f["forward"] + f["backward"])
            for op, f in attention_bytes_by_op(cp).items()}
+    if cp.cfg.fp8 == "tensor" and not cp.spec.experts and cp.world > 1:
+        out[OP_FP8_AMAX] = 16 * cp.spec.layers * allreduce_bytes_sent(1, 4, cp.world, cp.rank,
+                                                                      "ring")
     return {**out, OP_GRADS: allreduce_bytes_sent(psi, gi, cp.world, cp.rank, "ring"),
             OP_LOSS: allreduce_bytes_sent(1, 8, cp.world, cp.rank, "ring")}
 

@@ -61,6 +61,7 @@ from __future__ import annotations
 from typing import Any
 
 from minipar import checks
+from minipar.parallel.common import fp8_rows
 from minipar.parallel.hybrid.layout import check_hybrid
 from minipar.parallel.hybrid.stages import HybridStage
 from minipar.parallel.hybrid.sync import OP_GRADS, ZeroSync, expert_reduce
@@ -70,13 +71,30 @@ from minipar.parallel.pipeline.engine import PipelineParallel
 from minipar.parallel.pipeline.p2p import Whole
 from minipar.parallel.pipeline.parts import AllReduceSync, all_reduce
 
-__all__ = ["OPTIONS", "build"]
+__all__ = ["OPTIONS", "HybridEngine", "build"]
 
 #: the keyword options of :func:`build`: the pipeline's (but a learner's instruction list)
 #: and the hybrid's own
 OPTIONS = tuple(o for o in PIPELINE_OPTIONS if o != "instructions") + (
     "zero", "cp_kind", "cp_ulysses", "scatter_gather", "sequence_parallel", "tp_overlap",
     "prefetch", "reshard_after_forward", "zeropp", "zeropp_block")
+
+
+class HybridEngine(PipelineParallel):
+    """The pipeline engine given the hybrid's parts; ``rows_comm``: the dp·cp ranks whose
+    per-tensor FP8 amax is all-reduced (:func:`~minipar.parallel.common.fp8_rows`) when the
+    step is one pass over the whole batch (pp 1, one micro-batch), else None: per-tensor
+    current scaling would need every micro-batch's amax before the first GEMM."""
+
+    rows_comm: Any = None
+
+    def step(self, batch: Any) -> Any:
+        with fp8_rows(self.spec, self.rows_comm):
+            return super().step(batch)
+
+    def evaluate(self, batch: Any) -> float:
+        with fp8_rows(self.spec, self.rows_comm):
+            return super().evaluate(batch)
 
 
 def build(spec: Any, grid: Any, **options: Any) -> PipelineParallel:
@@ -144,7 +162,10 @@ def _compose(grid: Any, spec: Any, schedule: str = "1f1b", micro_batches: int = 
     def replica_of(kind: str, name: str) -> int:  # ZeRO: each rank of dp·cp its own range
         return stage.replica(name, isinstance(sync, ZeroSync) and sync.ranged(kind))
 
-    return PipelineParallel(grid, spec, schedule, micro_batches, chunks, balance, remat,
-                            offload, offload_dir, stage_model=stage, wire=wire, sync=sync,
-                            loss_weight=stage.loss_weight, reports_loss=stage.reports_loss,
-                            replica_of=replica_of)
+    engine = HybridEngine(grid, spec, schedule, micro_batches, chunks, balance, remat,
+                          offload, offload_dir, stage_model=stage, wire=wire, sync=sync,
+                          loss_weight=stage.loss_weight, reports_loss=stage.reports_loss,
+                          replica_of=replica_of)
+    if lay.pp == 1 and micro_batches == 1:  # per-tensor FP8: the whole batch in one pass
+        engine.rows_comm = shard_comm
+    return engine

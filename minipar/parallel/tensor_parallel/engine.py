@@ -45,7 +45,7 @@ from minipar.collectives import allreduce
 from minipar.nn import executor
 from minipar.nn.gpt_config import GPTConfig
 from minipar.nn.units import Unit
-from minipar.parallel.common import RunSpec, check_world, found_inf, local_rows
+from minipar.parallel.common import RunSpec, check_world, fp8_rows, found_inf, local_rows
 from minipar.parallel.engine import (
     AxisTraffic,
     Batch,
@@ -205,7 +205,9 @@ class TensorParallel:
         st, dp = self.states, self.dp
         x, y, weight = self._mine(batch)
         hooks = self.hooks(st.param_views())
-        loss = tp_loss_and_grads(self.model.units(), hooks, self.tp, x, y, weight * st.loss_scale)
+        with fp8_rows(self.spec, dp):  # per-tensor FP8: the amax over the replicas' rows too
+            loss = tp_loss_and_grads(self.model.units(), hooks, self.tp, x, y,
+                                     weight * st.loss_scale)
         st.set_grads(hooks.grads)
         del hooks
         if dp.size > 1:
@@ -218,7 +220,8 @@ class TensorParallel:
     def evaluate(self, batch: Batch) -> float:
         """The global mean loss, forward only (each replica's rows one routing group)."""
         x, y, weight = self._mine(batch)
-        loss = self.model.loss(self.states.param_views(), x, y)
+        with fp8_rows(self.spec, self.dp):
+            loss = self.model.loss(self.states.param_views(), x, y)
         return self._sum_over_dp(weight * loss, "dp_eval_allreduce")
 
     def state_dict(self) -> State:

@@ -66,15 +66,15 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "vocab_parallel_cross_entropy_backward", "vocab_parallel_cross_entropy_forward"]
 
 
-def _dw(x: Any, dy: Any) -> Any:
-    return fp8.wgrad(x, dy)  # xᵀ dy; FP8 under a recipe (minipar.nn.fp8)
+def _dw(x: Any, dy: Any, split: Any = None) -> Any:
+    return fp8.wgrad(x, dy, split)  # xᵀ dy; FP8 under a recipe (minipar.nn.fp8)
 
 
-def _regathered_dw(comm: Any, x: Any, dy: Any) -> Any:
+def _regathered_dw(comm: Any, x: Any, dy: Any, split: Any = None) -> Any:
     """SP's dW: the input's sequence shards all-gathered again (op ``sp_regather``), then
     xᵀ dy.  Split into B and W (:mod:`minipar.nn.weight_grad`) this all-gather is part
     of W: the stage keeps only its shard of x until then."""
-    return _dw(gather_from_sequence_parallel_region.forward(comm, x, op="sp_regather"), dy)
+    return _dw(gather_from_sequence_parallel_region.forward(comm, x, op="sp_regather"), dy, split)
 
 
 def _gather_last(comm: Any, x: Any) -> Any:
@@ -114,8 +114,8 @@ class ColumnParallelLinear:
         if self.gather_output:
             dy = _mine_last(self.comm, dy)
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
-        grads["w"] = (weight_grad(_regathered_dw, self.comm, x, dy) if self.sp
-                      else weight_grad(_dw, x, dy))
+        grads["w"] = (weight_grad(_regathered_dw, self.comm, x, dy, self.split) if self.sp
+                      else weight_grad(_dw, x, dy, self.split))
         return self.f.backward(self.comm, fp8.dgrad(dy, p["w"], self.split), op=self.op), grads
 
 
@@ -145,7 +145,7 @@ class RowParallelLinear:
         (x,) = saved
         grads = {} if p.get("b") is None else {"b": bias_backward(dy)}
         dy = self.g.backward(self.comm, dy, op=self.op)
-        grads["w"] = weight_grad(_dw, x, dy)
+        grads["w"] = weight_grad(_dw, x, dy, self.split)
         dx = fp8.dgrad(dy, p["w"], self.split)
         return (dx if self.input_is_parallel else _gather_last(self.comm, dx)), grads
 

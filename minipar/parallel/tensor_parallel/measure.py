@@ -103,7 +103,9 @@ def fp8_amax_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int) ->
     blocks along the cut axis by the other axis' blocks or tokens — the weight's in the
     forward and again in the input gradient, and the cut activation's (the row-parallel
     input x, the column-parallel dy) over its b·s tokens; one number each per tensor
-    under ``--fp8-scaling tensor``."""
+    under ``--fp8-scaling tensor``, and a fourth: the same cut activation again in the
+    weight gradient (its per-tensor amax; block tiles there run along the tokens, uncut).
+    The dp (or dp·cp) ranks' per-tensor all-reduces travel on their own axis."""
     if not cfg.fp8:
         return 0
     c, m, h, f = cfg.fp8_block, b * s, cfg.d_model, cfg.d_ff
@@ -114,7 +116,8 @@ def fp8_amax_bytes_formula(cfg: GPTConfig, b: int, s: int, t: int, rank: int) ->
     attn, mlp = [(width, h), (h, h)], [(f, h), (f, h)]
     ring = allreduce_bytes_sent
     per = [sum(2 * ring(up(cut) * up(other), 4, t, rank, "ring")
-               + ring(up(cut) * tokens, 4, t, rank, "ring") for cut, other in layers)
+               + ring(up(cut) * tokens, 4, t, rank, "ring")
+               + (cfg.fp8 == "tensor") * ring(1, 4, t, rank, "ring") for cut, other in layers)
            for layers in (attn, mlp)]
     moe = sum(cfg.is_moe_block(i) for i in range(cfg.n_layer))
     return cfg.n_layer * per[0] + (cfg.n_layer - moe) * per[1]
