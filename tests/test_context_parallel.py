@@ -234,12 +234,15 @@ def test_the_command_runs_both_kinds(capsys: pytest.CaptureFixture[str]) -> None
     from minipar.run import cp as run_cp
 
     assert run_cp.KINDS == cp_options.KINDS
-    for args in (["--kind", "ulysses", "--heads", "2"], ["--kind", "ring"],
+    for args in (["--kind", "ulysses", "--heads", "2"],  # ring: per-tensor FP8, amax bytes exact
+                 ["--kind", "ring", "--precision", "fp8", "--fp8-scaling", "tensor"],
                  ["--kind", "allgather", "--kv-heads", "1"]):
         rc = run.main(["cp", "-n", "2", "--steps", "2", "--seq", "8", "--json", *args])
         s = json.loads(capsys.readouterr().out)
         assert rc == 0 and s["verdict"]["status"] == "equal", s["verdict"]
         assert s["bytes_sent_per_rank"] == s["bytes_exact_per_rank"]
+        assert (s["bytes_by_op_per_rank"][0].get("fp8_amax", 0)
+                == (2 * 16 * 4 if "--precision" in args else 0))  # 16 one-FP32 rings a block
         assert s["activation_bytes_per_rank"] == [s["activation_formula"]] * 2
         assert s["activation_formula"] < s["serial_activation_bytes"]
         tm = s["activation_tracemalloc_bytes_per_rank"]
