@@ -187,6 +187,13 @@ def engine_bytes(engine: Any) -> dict[str, int]:
                          getattr(h.sync, "reshard", True))
     if zero == 3 and h.sync.zeropp:  # ZeRO++: its ZeRO, node and cross-node communicators
         out["dp" if h.grid.layout.cp == 1 else "edp"] = zeropp_stage_bytes(h)["total"]
+    rows = getattr(h, "rows_comm", None)  # per-tensor FP8 (fp8_rows): 16 one-FP32 rings a block
+    if (rows is not None and rows.Get_size() > 1 and h.spec.precision == "fp8"
+            and h.spec.fp8_scaling == "tensor" and not h.spec.experts):
+        from minipar.collectives.cost import allreduce_bytes_sent
+
+        out["dp" if h.grid.layout.cp == 1 else "edp"] += 16 * blocks * allreduce_bytes_sent(
+            1, 4, rows.Get_size(), rows.Get_rank(), "ring")
     return out
 
 
