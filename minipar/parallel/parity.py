@@ -90,6 +90,12 @@ ranks holding its parts — the batch's rows and tokens (:func:`minipar.parallel
 a weight's slices and the channels they cut (:class:`minipar.nn.fp8.Split`) — and are held
 to the same rule; under micro-batches (pp), experts or ``--tp-overlap`` each micro-batch
 or chunk has its own amax, so the run is not comparable (``minipar.run.summary``).
+The margin is thinnest there: over seeds 0-5 (4 steps, the test models) per-tensor context
+parallelism reached param gaps of 0.12-0.20 (cp 2 ring 0.19 on seed 4, hybrid dp 2 × cp 2
+0.20 on seed 1, cp 4 Ulysses 0.17 on seed 0) while its first step's gap stays ~1e-4 — one
+flipped E4M3 rounding of a whole-tensor scale, not a missing reduction (dp, tp and sp share
+0.019 on seed 2) — so :data:`FP8_CORRECT_CEILING` is the block recipe's measured ceiling,
+and a correct per-tensor CP run can fall just either side of :data:`FP8_TOLERANCE`.
 
 Runs that cannot be equal at all — asynchronous updates with staleness > 0,
 16-bit or float32 arithmetic (u = 2^-24 or coarser: the rounding gap reaches a
