@@ -40,6 +40,10 @@ def test_block_gemms_are_the_dequantized_products_promoted_per_chunk():
     for got, want in ((y.reshape(-1, 24), want_y), (dx.reshape(-1, 40), want_dx),
                       (dw, want_dw)):
         assert got.dtype == np.float32
+        # float32 accumulation (the recipe's FP32) against the float64 product of the same
+        # dequantized values: u = 6e-8 over sums of <= 40 terms with cancellation; a wrong
+        # scale or tile moves results by >= 2^-4 (E4M3's step), far above this.  The
+        # promotion loop is checked exactly in test_promotion_adds_each_chunks_scaled_sum_in_fp32.
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     assert not np.allclose(y.reshape(-1, 24), x2 @ W, rtol=1e-4)  # it did quantize
 
@@ -50,6 +54,7 @@ def test_tensor_recipe_e4m3_forward_e5m2_gradients():
         y, saved = linear_forward(X, W)
         dx, dw = linear_backward(W, saved, DY)
     x2, dy2 = X.reshape(-1, 40), DY.reshape(-1, 24)
+    # rtol 2e-5: float32 accumulation against float64, as in the block recipe's test above
     np.testing.assert_allclose(y.reshape(-1, 24), deq(x2, "e4m3", x2.shape)
                                @ deq(W, "e4m3", W.shape), rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(dx.reshape(-1, 40), deq(dy2, "e5m2", dy2.shape)
